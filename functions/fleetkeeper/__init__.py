@@ -1,0 +1,1 @@
+"""fleetkeeper: a serverless control plane for long-running services on replica instances."""

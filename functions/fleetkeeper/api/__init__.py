@@ -1,0 +1,1 @@
+"""The api function: HTTPS API over the service commands."""

@@ -1,0 +1,142 @@
+"""Request and response bodies of the HTTPS API (also the OpenAPI document's schemas)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from fleetkeeper.model import ReplicaRecord, ServiceRecord, ServiceState, VersionRecord
+from fleetkeeper.spec import ServiceSpec
+
+NAME_PATTERN = r"^[a-z][a-z0-9-]{0,62}$"
+ServiceName = Annotated[str, Field(pattern=NAME_PATTERN, description="lower-case letters, digits and dashes")]
+
+
+class _Request(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class CreateServiceRequest(_Request):
+    name: ServiceName
+    spec: ServiceSpec
+
+
+class UpdateServiceRequest(_Request):
+    spec: ServiceSpec
+    mode: Literal["rolling", "blue_green"] | None = None
+
+
+class RollbackRequest(_Request):
+    version: Annotated[int, Field(ge=1)] | None = None
+
+
+class ReplicaView(BaseModel):
+    replica_id: int
+    version: int
+    status: str
+    status_message: str
+    instance_id: str | None
+    url: str | None
+    created_at: str
+    updated_at: str
+
+
+class ServiceSummary(BaseModel):
+    name: str
+    uid: str
+    status: str
+    status_message: str
+    lifecycle: str
+    target_version: int
+    latest_version: int
+    generation: int
+    observed_generation: int
+    created_at: str
+    updated_at: str
+
+
+class ServiceView(ServiceSummary):
+    replicas: list[ReplicaView]
+    spec: dict[str, Any] | None = Field(description="the target version's spec")
+    mode: str | None = Field(description="how the target version rolls out: rolling or blue_green")
+
+
+class ServiceList(BaseModel):
+    services: list[ServiceSummary]
+    next_token: str | None
+
+
+class VersionView(BaseModel):
+    version: int
+    mode: str
+    state: str
+    state_message: str
+    created_at: str
+    spec: dict[str, Any]
+
+
+class VersionList(BaseModel):
+    name: str
+    target_version: int
+    versions: list[VersionView]
+
+
+class ErrorDetail(BaseModel):
+    code: str
+    message: str
+    details: list[dict[str, Any]]
+
+
+class ErrorBody(BaseModel):
+    error: ErrorDetail
+
+
+def summary(service: ServiceRecord) -> dict[str, Any]:
+    return {
+        "name": service.name,
+        "uid": service.uid,
+        "status": service.status.value,
+        "status_message": service.status_message,
+        "lifecycle": service.lifecycle.value,
+        "target_version": service.target_version,
+        "latest_version": service.latest_version,
+        "generation": service.generation,
+        "observed_generation": service.observed_generation,
+        "created_at": service.created_at,
+        "updated_at": service.updated_at,
+    }
+
+
+def replica_view(replica: ReplicaRecord) -> dict[str, Any]:
+    return {
+        "replica_id": replica.replica_id,
+        "version": replica.version,
+        "status": replica.status.value,
+        "status_message": replica.status_message,
+        "instance_id": replica.instance_id,
+        "url": replica.url,
+        "created_at": replica.created_at,
+        "updated_at": replica.updated_at,
+    }
+
+
+def service_view(state: ServiceState) -> dict[str, Any]:
+    target = state.target
+    return {
+        **summary(state.service),
+        "replicas": [replica_view(state.replicas[r]) for r in sorted(state.replicas)],
+        "spec": target.spec.to_json_dict() if target else None,
+        "mode": target.mode if target else None,
+    }
+
+
+def version_view(version: VersionRecord) -> dict[str, Any]:
+    return {
+        "version": version.version,
+        "mode": version.mode,
+        "state": version.state.value,
+        "state_message": version.state_message,
+        "created_at": version.created_at,
+        "spec": version.spec.to_json_dict(),
+    }

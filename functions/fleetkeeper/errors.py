@@ -1,0 +1,57 @@
+"""Domain errors. Each carries the HTTP status it maps to; the api maps them in one place."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+
+class FleetkeeperError(Exception):
+    status: ClassVar[int] = 500
+    code: ClassVar[str] = "internal_error"
+
+    def __init__(self, message: str, *, details: list[dict[str, Any]] | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.details = details or []
+
+    def to_body(self) -> dict[str, Any]:
+        return {"error": {"code": self.code, "message": self.message, "details": self.details}}
+
+
+class InvalidRequest(FleetkeeperError):
+    status = 400
+    code = "invalid_request"
+
+
+class NotFound(FleetkeeperError):
+    status = 404
+    code = "not_found"
+
+
+class Conflict(FleetkeeperError):
+    status = 409
+    code = "conflict"
+
+
+class PreconditionFailed(FleetkeeperError):
+    status = 412
+    code = "precondition_failed"
+
+
+class PayloadTooLarge(FleetkeeperError):
+    status = 413
+    code = "payload_too_large"
+
+
+class IdempotencyMismatch(FleetkeeperError):
+    """The same Idempotency-Key was sent again with a different request."""
+
+    status = 422
+    code = "idempotency_key_reused"
+
+
+class RequestInProgress(FleetkeeperError):
+    """A request with the same Idempotency-Key is still being processed."""
+
+    status = 409
+    code = "request_in_progress"

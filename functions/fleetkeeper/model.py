@@ -1,0 +1,137 @@
+"""The records fleetkeeper keeps, and the status vocabulary (SkyPilot Serve's, DESIGN.md)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from fleetkeeper.spec import ServiceSpec
+
+
+class Lifecycle(StrEnum):
+    ACTIVE = "ACTIVE"
+    DELETING = "DELETING"
+
+
+class ServiceStatus(StrEnum):
+    NO_REPLICA = "NO_REPLICA"
+    REPLICA_INIT = "REPLICA_INIT"
+    READY = "READY"
+    UPDATING = "UPDATING"
+    FAILED = "FAILED"
+    SHUTTING_DOWN = "SHUTTING_DOWN"
+
+
+class ReplicaStatus(StrEnum):
+    PENDING = "PENDING"
+    PROVISIONING = "PROVISIONING"
+    STARTING = "STARTING"
+    READY = "READY"
+    NOT_READY = "NOT_READY"
+    SHUTTING_DOWN = "SHUTTING_DOWN"
+    FAILED_PROVISION = "FAILED_PROVISION"
+    FAILED_INITIAL_DELAY = "FAILED_INITIAL_DELAY"
+    FAILED_PROBING = "FAILED_PROBING"
+    PREEMPTED = "PREEMPTED"
+
+    @property
+    def failed(self) -> bool:
+        return self in _FAILED
+
+
+_FAILED = {
+    ReplicaStatus.FAILED_PROVISION,
+    ReplicaStatus.FAILED_INITIAL_DELAY,
+    ReplicaStatus.FAILED_PROBING,
+    ReplicaStatus.PREEMPTED,
+}
+
+
+class VersionState(StrEnum):
+    """What the reconciler learned about a version: never ran, reached READY once, or was given up on."""
+
+    NEW = "NEW"
+    READY = "READY"
+    FAILED = "FAILED"
+
+
+UpdateMode = str  # "rolling" | "blue_green", validated by the spec and the api
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+def to_iso(moment: datetime) -> str:
+    return moment.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def from_iso(text: str) -> datetime:
+    return datetime.fromisoformat(text)
+
+
+@dataclass(frozen=True)
+class ServiceRecord:
+    name: str
+    uid: str
+    generation: int
+    lifecycle: Lifecycle
+    target_version: int
+    latest_version: int
+    status: ServiceStatus
+    status_message: str
+    observed_generation: int
+    created_at: str
+    updated_at: str
+    # Next replica number: replica ids are never reused within an incarnation, so an EC2
+    # ClientToken derived from one never names two different launches.
+    replica_seq: int = 0
+
+
+@dataclass(frozen=True)
+class VersionRecord:
+    name: str
+    uid: str
+    version: int
+    spec: ServiceSpec
+    mode: str
+    created_at: str
+    state: VersionState = VersionState.NEW
+    state_message: str = ""
+
+
+@dataclass(frozen=True)
+class ReplicaRecord:
+    name: str
+    uid: str
+    replica_id: int
+    version: int
+    status: ReplicaStatus
+    created_at: str
+    updated_at: str
+    instance_id: str | None = None
+    url: str | None = None
+    status_message: str = ""
+    # Probe bookkeeping.
+    ready_at: str | None = None
+    last_probe_ok_at: str | None = None
+    probe_failures: int = 0
+    # Launch bookkeeping: how many RunInstances attempts AWS refused, and when to try again.
+    launch_attempts: int = 0
+    next_attempt_at: str | None = None
+
+
+@dataclass(frozen=True)
+class ServiceState:
+    """Everything one Query on a service's partition returns for its current incarnation."""
+
+    service: ServiceRecord
+    versions: dict[int, VersionRecord] = field(default_factory=dict)
+    replicas: dict[int, ReplicaRecord] = field(default_factory=dict)
+
+    @property
+    def target(self) -> VersionRecord | None:
+        return self.versions.get(self.service.target_version)

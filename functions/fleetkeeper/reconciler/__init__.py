@@ -1,0 +1,1 @@
+"""The reconciler function: observe, plan, apply, record."""

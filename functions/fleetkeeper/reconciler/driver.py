@@ -1,0 +1,99 @@
+"""The replica driver interface: how the reconciler's shell starts, finds and stops replicas.
+
+Two drivers implement it: `ec2` (production) and `process` (embedded mode: replicas are local
+process groups that really serve HTTP). The reconciler never talks to EC2 or processes directly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from fleetkeeper.spec import ServiceSpec
+
+# Tags every instance fleetkeeper launches carries; the managed tag is what its IAM policy keys on.
+MANAGED_TAG = "fleetkeeper:managed"
+SERVICE_TAG = "fleetkeeper:service"
+UID_TAG = "fleetkeeper:uid"
+VERSION_TAG = "fleetkeeper:version"
+REPLICA_TAG = "fleetkeeper:replica-id"
+
+
+class InstanceState(StrEnum):
+    PENDING = "pending"
+    RUNNING = "running"
+    SHUTTING_DOWN = "shutting-down"
+    TERMINATED = "terminated"
+    STOPPING = "stopping"
+    STOPPED = "stopped"
+
+
+@dataclass(frozen=True)
+class Instance:
+    """One replica's machine as the driver sees it now."""
+
+    instance_id: str
+    state: InstanceState
+    service: str
+    uid: str
+    version: int
+    replica_id: int
+    private_ip: str | None = None
+    spot: bool = False
+    # Why the instance stopped or terminated, when known (e.g. "Server.SpotInstanceTermination").
+    state_reason: str | None = None
+    launched_at: str | None = None
+    tags: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class LaunchRequest:
+    service: str
+    uid: str
+    version: int
+    replica_id: int
+    spec: ServiceSpec
+
+    @property
+    def client_token(self) -> str:
+        """Idempotency token for the launch: unique per (incarnation, replica), at most 64 characters."""
+        return f"fk-{self.uid}-{self.replica_id}"
+
+
+class LaunchRefused(Exception):
+    """The cloud refused the launch (capacity, quota, bad parameter); the message says what AWS said."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(f"{code}: {message}")
+        self.code = code
+        self.message = message
+
+
+class ReplicaDriver(Protocol):
+    def list_instances(self) -> list[Instance]:
+        """Every managed instance, in every state but long-gone, in as few calls as possible."""
+        ...
+
+    def find_instance(self, uid: str, replica_id: int) -> Instance | None:
+        """The live instance launched for this replica, if any (looked up by tag before a launch)."""
+        ...
+
+    def launch(self, request: LaunchRequest) -> Instance:
+        """Start the replica's instance. Idempotent per `request.client_token`. Raises LaunchRefused."""
+        ...
+
+    def terminate(self, instance_ids: Sequence[str]) -> None:
+        """Terminate these instances; already-terminated ones are not an error."""
+        ...
+
+    def base_url(self, instance: Instance, port: int) -> str | None:
+        """`http://host:port` of the replica, None while it has no address.
+
+        `port` is the spec's service port; a driver whose replicas get their own ports (process)
+        uses theirs. The ec2 driver honours FLEETKEEPER_REPLICA_HOST (tests and benchmarks).
+        """
+        ...

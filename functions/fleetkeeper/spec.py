@@ -1,0 +1,216 @@
+"""The service spec: a subset of SkyPilot's service YAML plus fleetkeeper's `update:` section.
+
+Users bring their SkyPilot YAML; anything we do not support is rejected by name (its dotted path,
+e.g. ``spec.file_mounts``) instead of being silently ignored, because a spec field that does nothing
+is a production incident waiting to happen.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from fleetkeeper.errors import InvalidRequest
+
+DEFAULT_PORT = 8080
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+# Fields that SkyPilot accepts but fleetkeeper cannot honour: each gets a specific reason.
+_UNSUPPORTED: dict[str, str] = {
+    "file_mounts": "file mounts are not supported; bake files into the image or fetch them in `setup`",
+    "workdir": "workdir sync is not supported; fetch code in `setup`",
+    "num_nodes": "multi-node replicas are not supported",
+    "resources.cloud": "fleetkeeper runs on AWS only; remove `cloud`",
+    "resources.region": "the region is the stack's region; remove `region`",
+    "resources.zone": "zones come from the stack's subnets; remove `zone`",
+    "resources.cpus": "give an explicit `instance_type` instead of `cpus`",
+    "resources.memory": "give an explicit `instance_type` instead of `memory`",
+    "resources.any_of": "alternative resources are not supported",
+    "resources.ordered": "alternative resources are not supported",
+    "service.load_balancing_policy": "fleetkeeper does not run a load balancer",
+    "service.tls": "fleetkeeper does not terminate TLS",
+}
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+
+class ReadinessProbe(_Strict):
+    path: Annotated[str, Field(pattern=r"^/", max_length=2048)]
+    initial_delay_seconds: Annotated[int, Field(ge=0, le=86_400)] = 1200
+    timeout_seconds: Annotated[int, Field(ge=1, le=300)] = 15
+    headers: dict[str, str] = Field(default_factory=dict)
+    post_data: dict[str, Any] | list[Any] | str | None = None
+
+
+class ReplicaPolicy(_Strict):
+    min_replicas: Annotated[int, Field(ge=0, le=1000)]
+    max_replicas: Annotated[int, Field(ge=0, le=1000)] | None = None
+    target_qps_per_replica: Annotated[float, Field(gt=0)] | None = None
+    upscale_delay_seconds: Annotated[int, Field(ge=0)] = 300
+    downscale_delay_seconds: Annotated[int, Field(ge=0)] = 1200
+
+    @model_validator(mode="after")
+    def _skypilot_rules(self) -> ReplicaPolicy:
+        if self.max_replicas is not None:
+            if self.max_replicas < self.min_replicas:
+                raise ValueError(
+                    f"max_replicas ({self.max_replicas}) must be >= min_replicas ({self.min_replicas})"
+                )
+            if self.max_replicas > self.min_replicas and self.target_qps_per_replica is None:
+                raise ValueError("max_replicas > min_replicas requires target_qps_per_replica for autoscaling")
+        return self
+
+
+class ServiceSection(_Strict):
+    readiness_probe: ReadinessProbe
+    replicas: Annotated[int, Field(ge=0, le=1000)] | None = None
+    replica_policy: ReplicaPolicy | None = None
+    ports: Annotated[int, Field(ge=1, le=65535)] | None = None
+
+    @field_validator("readiness_probe", mode="before")
+    @classmethod
+    def _path_shorthand(cls, value: Any) -> Any:
+        return {"path": value} if isinstance(value, str) else value
+
+    @model_validator(mode="after")
+    def _replicas_xor_policy(self) -> ServiceSection:
+        if self.replicas is not None and self.replica_policy is not None:
+            raise ValueError("give either `replicas` or `replica_policy`, not both")
+        return self
+
+
+class Resources(_Strict):
+    instance_type: Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9-]*\.[a-z0-9]+$")] | None = None
+    image_id: Annotated[str, Field(pattern=r"^(ami-[0-9a-f]{8,17}|resolve:ssm:/.+)$")] | None = None
+    use_spot: bool = False
+    ports: Annotated[int, Field(ge=1, le=65535)] | None = None
+    disk_size: Annotated[int, Field(ge=8, le=16_384)] | None = None
+    # Accepted only next to an explicit instance_type (it then documents what that type carries).
+    accelerators: str | dict[str, int] | None = None
+
+    @model_validator(mode="after")
+    def _accelerators_need_instance_type(self) -> Resources:
+        if self.accelerators is not None and self.instance_type is None:
+            raise ValueError(
+                "`accelerators` without `instance_type` is not supported: name the instance type "
+                "that carries them (e.g. g5.xlarge)"
+            )
+        return self
+
+
+class UpdatePolicy(_Strict):
+    mode: Literal["rolling", "blue_green"] = "rolling"
+    max_surge: Annotated[int, Field(ge=0, le=1000)] = 1
+    max_unavailable: Annotated[int, Field(ge=0, le=1000)] = 0
+
+    @model_validator(mode="after")
+    def _can_make_progress(self) -> UpdatePolicy:
+        if self.mode == "rolling" and self.max_surge == 0 and self.max_unavailable == 0:
+            raise ValueError("a rolling update needs max_surge or max_unavailable above 0 to make progress")
+        return self
+
+
+class ServiceSpec(_Strict):
+    name: Annotated[str, Field(pattern=r"^[a-z][a-z0-9-]{0,62}$")] | None = None
+    service: ServiceSection
+    resources: Resources = Field(default_factory=Resources)
+    setup: Annotated[str, Field(max_length=16_384)] | None = None
+    run: Annotated[str, Field(min_length=1, max_length=16_384)]
+    envs: dict[str, str] = Field(default_factory=dict)
+    update: UpdatePolicy = Field(default_factory=UpdatePolicy)
+
+    @field_validator("envs", mode="before")
+    @classmethod
+    def _env_values_as_strings(cls, value: Any) -> Any:
+        if not isinstance(value, dict):
+            return value
+        out: dict[Any, Any] = {}
+        for key, item in value.items():
+            if isinstance(key, str) and not _ENV_NAME.match(key):
+                raise ValueError(f"environment variable name {key!r} is not a valid shell name")
+            if isinstance(item, bool):
+                out[key] = "true" if item else "false"
+            elif isinstance(item, int | float):
+                out[key] = str(item)
+            else:
+                out[key] = item
+        return out
+
+    @property
+    def port(self) -> int:
+        """The port a replica serves on: `service.ports`, else `resources.ports`, else 8080."""
+        return self.service.ports or self.resources.ports or DEFAULT_PORT
+
+    @property
+    def target_replicas(self) -> int:
+        """Replicas to keep. Autoscaling has no QPS signal yet, so a policy runs at its minimum."""
+        if self.service.replicas is not None:
+            return self.service.replicas
+        if self.service.replica_policy is not None:
+            return self.service.replica_policy.min_replicas
+        return 1
+
+    def to_json_dict(self) -> dict[str, Any]:
+        return self.model_dump(mode="json", exclude_none=True)
+
+
+_LOCATIONS = {"body": "", "query": "query parameter ", "path": "path parameter ", "header": "header "}
+
+
+def _dotted(loc: tuple[int | str, ...]) -> str:
+    parts: list[str] = []
+    for part in loc:
+        if isinstance(part, int):
+            parts[-1:] = [f"{parts[-1]}[{part}]"] if parts else [f"[{part}]"]
+        elif part.startswith(("function-", "json-or-python", "union[", "nullable[")) or "[" in part:
+            continue  # pydantic's internal validator frames, not fields a user wrote
+        else:
+            parts.append(part)
+    return ".".join(parts)
+
+
+def describe_validation_errors(errors: Sequence[Any], prefix: str = "") -> list[dict[str, str]]:
+    """Turn pydantic's (or Powertools') error list into [{field, problem}] a person can act on.
+
+    `loc` is made a dotted path (`spec.service.replicas`); Powertools' leading "body"/"query" is
+    turned into words. Unsupported SkyPilot fields get the reason we do not support them.
+    """
+    details: list[dict[str, str]] = []
+    for item in errors:
+        loc = tuple(item.get("loc", ()))
+        where = ""
+        if loc and loc[0] in _LOCATIONS:
+            where, loc = _LOCATIONS[str(loc[0])], loc[1:]
+        field = _dotted(((prefix,) if prefix else ()) + loc) or "body"
+        kind = item.get("type", "")
+        if kind == "extra_forbidden":
+            reason = _UNSUPPORTED.get(field.removeprefix("spec."), "unknown field; fleetkeeper does not support it")
+            problem = f"unsupported field: {reason}"
+        elif kind == "missing":
+            problem = "required field is missing"
+        elif kind == "json_invalid":
+            field, problem = "body", "the body is not valid JSON"
+        else:
+            problem = str(item.get("msg", "invalid value")).removeprefix("Value error, ")
+        details.append({"field": f"{where}{field}", "problem": problem})
+    return details
+
+
+def parse_spec(data: Any, *, prefix: str = "spec") -> ServiceSpec:
+    """Validate a decoded spec (from JSON or YAML), raising InvalidRequest that names each bad field."""
+    if not isinstance(data, dict):
+        raise InvalidRequest(
+            f"{prefix}: expected a mapping with `service`, `resources`, `run`...",
+            details=[{"field": prefix, "problem": f"expected an object, got {type(data).__name__}"}],
+        )
+    try:
+        return ServiceSpec.model_validate(data)
+    except ValidationError as exc:
+        details = describe_validation_errors(exc.errors(include_url=False), prefix)
+        message = "; ".join(f"{d['field']}: {d['problem']}" for d in details)
+        raise InvalidRequest(f"invalid service spec: {message}", details=details) from exc

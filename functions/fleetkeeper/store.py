@@ -1,0 +1,618 @@
+"""The one table: every key, index and condition expression fleetkeeper uses lives in this module.
+
+Layout (DESIGN.md):
+
+    service  PK=SVC#<name>  SK=META                          + list_pk/list_sk (sparse index)
+    version  PK=SVC#<name>  SK=V#<uid>#<version:010d>
+    replica  PK=SVC#<name>  SK=R#<uid>#<replica_id:010d>
+
+Every child key carries the incarnation uid, so work on an old incarnation (cleanup, a slow
+reconciler) can never touch a newer one of the same name. Condition failures are told apart by the
+item DynamoDB returns with `ReturnValuesOnConditionCheckFailure`, never by parsing messages.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import secrets
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+from boto3.dynamodb.types import TypeDeserializer, TypeSerializer
+from botocore.exceptions import ClientError
+
+from fleetkeeper.errors import Conflict, InvalidRequest, NotFound, PreconditionFailed
+from fleetkeeper.model import (
+    Lifecycle,
+    ReplicaRecord,
+    ReplicaStatus,
+    ServiceRecord,
+    ServiceState,
+    ServiceStatus,
+    VersionRecord,
+    VersionState,
+)
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator, Mapping
+
+    from mypy_boto3_dynamodb import DynamoDBClient
+    from mypy_boto3_dynamodb.type_defs import AttributeValueTypeDef, TransactWriteItemTypeDef
+
+    from fleetkeeper.spec import ServiceSpec
+
+# --- keys -----------------------------------------------------------------------------------------
+
+SERVICE_SK = "META"
+SERVICES_INDEX = "services"
+LIST_PK_ATTR = "list_pk"
+LIST_SK_ATTR = "list_sk"
+LIST_PK_VALUE = "SERVICE"
+# Powertools idempotency records share the table under their own partition and expire by TTL.
+TTL_ATTR = "expiration"
+
+Item = dict[str, Any]
+RawItem = dict[str, "AttributeValueTypeDef"]
+
+
+def service_pk(name: str) -> str:
+    return f"SVC#{name}"
+
+
+def version_prefix(uid: str) -> str:
+    return f"V#{uid}#"
+
+
+def replica_prefix(uid: str) -> str:
+    return f"R#{uid}#"
+
+
+def version_sk(uid: str, version: int) -> str:
+    return f"{version_prefix(uid)}{version:010d}"
+
+
+def replica_sk(uid: str, replica_id: int) -> str:
+    return f"{replica_prefix(uid)}{replica_id:010d}"
+
+
+def child_prefixes(uid: str) -> tuple[str, str]:
+    """The sort-key prefixes of every child item of one incarnation (what cleanup deletes)."""
+    return version_prefix(uid), replica_prefix(uid)
+
+
+def new_uid() -> str:
+    return secrets.token_hex(8)
+
+
+# --- (de)serialisation --------------------------------------------------------------------------
+
+_serializer = TypeSerializer()
+_deserializer = TypeDeserializer()
+
+
+def to_raw(item: Mapping[str, Any]) -> RawItem:
+    return {k: _serializer.serialize(v) for k, v in item.items() if v is not None}  # type: ignore[misc]
+
+
+def from_raw(raw: Mapping[str, Any]) -> Item:
+    return {k: _deserializer.deserialize(v) for k, v in raw.items()}
+
+
+def _values(**values: Any) -> dict[str, AttributeValueTypeDef]:
+    return {f":{k}": _serializer.serialize(v) for k, v in values.items()}  # type: ignore[misc]
+
+
+def service_item(record: ServiceRecord) -> Item:
+    return {
+        "PK": service_pk(record.name),
+        "SK": SERVICE_SK,
+        LIST_PK_ATTR: LIST_PK_VALUE,
+        LIST_SK_ATTR: record.name,
+        "kind": "service",
+        "name": record.name,
+        "uid": record.uid,
+        "generation": record.generation,
+        "lifecycle": record.lifecycle.value,
+        "target_version": record.target_version,
+        "latest_version": record.latest_version,
+        "status": record.status.value,
+        "status_message": record.status_message,
+        "observed_generation": record.observed_generation,
+        "replica_seq": record.replica_seq,
+        "created_at": record.created_at,
+        "updated_at": record.updated_at,
+    }
+
+
+def service_from_item(item: Mapping[str, Any]) -> ServiceRecord:
+    return ServiceRecord(
+        name=str(item["name"]),
+        uid=str(item["uid"]),
+        generation=int(item["generation"]),
+        lifecycle=Lifecycle(item["lifecycle"]),
+        target_version=int(item["target_version"]),
+        latest_version=int(item["latest_version"]),
+        status=ServiceStatus(item["status"]),
+        status_message=str(item.get("status_message", "")),
+        observed_generation=int(item.get("observed_generation", 0)),
+        created_at=str(item["created_at"]),
+        updated_at=str(item["updated_at"]),
+        replica_seq=int(item.get("replica_seq", 0)),
+    )
+
+
+def version_item(record: VersionRecord) -> Item:
+    return {
+        "PK": service_pk(record.name),
+        "SK": version_sk(record.uid, record.version),
+        "kind": "version",
+        "name": record.name,
+        "uid": record.uid,
+        "version": record.version,
+        # Stored as JSON text: specs hold floats, which DynamoDB's number type would turn into Decimals.
+        "spec": json.dumps(record.spec.to_json_dict(), separators=(",", ":"), sort_keys=True),
+        "mode": record.mode,
+        "state": record.state.value,
+        "state_message": record.state_message,
+        "created_at": record.created_at,
+    }
+
+
+def version_from_item(item: Mapping[str, Any]) -> VersionRecord:
+    from fleetkeeper.spec import ServiceSpec
+
+    return VersionRecord(
+        name=str(item["name"]),
+        uid=str(item["uid"]),
+        version=int(item["version"]),
+        spec=ServiceSpec.model_validate_json(str(item["spec"])),
+        mode=str(item["mode"]),
+        created_at=str(item["created_at"]),
+        state=VersionState(item.get("state", VersionState.NEW.value)),
+        state_message=str(item.get("state_message", "")),
+    )
+
+
+def replica_item(record: ReplicaRecord) -> Item:
+    return {
+        "PK": service_pk(record.name),
+        "SK": replica_sk(record.uid, record.replica_id),
+        "kind": "replica",
+        "name": record.name,
+        "uid": record.uid,
+        "replica_id": record.replica_id,
+        "version": record.version,
+        "status": record.status.value,
+        "status_message": record.status_message,
+        "instance_id": record.instance_id,
+        "url": record.url,
+        "ready_at": record.ready_at,
+        "last_probe_ok_at": record.last_probe_ok_at,
+        "probe_failures": record.probe_failures,
+        "launch_attempts": record.launch_attempts,
+        "next_attempt_at": record.next_attempt_at,
+        "created_at": record.created_at,
+        "updated_at": record.updated_at,
+    }
+
+
+def replica_from_item(item: Mapping[str, Any]) -> ReplicaRecord:
+    def opt(key: str) -> str | None:
+        value = item.get(key)
+        return None if value is None else str(value)
+
+    return ReplicaRecord(
+        name=str(item["name"]),
+        uid=str(item["uid"]),
+        replica_id=int(item["replica_id"]),
+        version=int(item["version"]),
+        status=ReplicaStatus(item["status"]),
+        status_message=str(item.get("status_message", "")),
+        instance_id=opt("instance_id"),
+        url=opt("url"),
+        ready_at=opt("ready_at"),
+        last_probe_ok_at=opt("last_probe_ok_at"),
+        probe_failures=int(item.get("probe_failures", 0)),
+        launch_attempts=int(item.get("launch_attempts", 0)),
+        next_attempt_at=opt("next_attempt_at"),
+        created_at=str(item["created_at"]),
+        updated_at=str(item["updated_at"]),
+    )
+
+
+def state_from_items(items: list[Item]) -> ServiceState | None:
+    """Assemble a service from its partition's items, keeping only the current incarnation's children."""
+    meta = next((i for i in items if i["SK"] == SERVICE_SK), None)
+    if meta is None:
+        return None
+    service = service_from_item(meta)
+    versions: dict[int, VersionRecord] = {}
+    replicas: dict[int, ReplicaRecord] = {}
+    vprefix, rprefix = child_prefixes(service.uid)
+    for item in items:
+        sk = str(item["SK"])
+        if sk.startswith(vprefix):
+            version = version_from_item(item)
+            versions[version.version] = version
+        elif sk.startswith(rprefix):
+            replica = replica_from_item(item)
+            replicas[replica.replica_id] = replica
+    return ServiceState(service=service, versions=versions, replicas=replicas)
+
+
+# --- pagination tokens ----------------------------------------------------------------------------
+
+
+def encode_token(last_key: Mapping[str, Any] | None) -> str | None:
+    if not last_key:
+        return None
+    return base64.urlsafe_b64encode(json.dumps(from_raw(last_key), sort_keys=True).encode()).decode()
+
+
+def decode_token(token: str) -> RawItem:
+    try:
+        key = json.loads(base64.urlsafe_b64decode(token.encode() + b"=" * (-len(token) % 4)))
+    except (ValueError, binascii.Error, UnicodeError) as exc:
+        raise InvalidRequest(
+            "next_token is not a token this API issued; pass back `next_token` from the previous page as is",
+            details=[{"field": "next_token", "problem": "malformed"}],
+        ) from exc
+    expected = {"PK", "SK", LIST_PK_ATTR, LIST_SK_ATTR}
+    if not isinstance(key, dict) or set(key) != expected or not all(isinstance(v, str) for v in key.values()):
+        raise InvalidRequest(
+            "next_token is not a token this API issued; pass back `next_token` from the previous page as is",
+            details=[{"field": "next_token", "problem": "unknown token"}],
+        )
+    return to_raw(key)
+
+
+# --- condition failures ---------------------------------------------------------------------------
+
+
+def _cancellation_reasons(exc: ClientError) -> list[dict[str, Any]]:
+    reasons: list[dict[str, Any]] = exc.response.get("CancellationReasons", [])  # type: ignore[assignment]
+    return reasons
+
+
+def _is(exc: ClientError, code: str) -> bool:
+    return exc.response.get("Error", {}).get("Code") == code
+
+
+def _failed_item(reason: Mapping[str, Any]) -> Item | None:
+    """The item as it was when its condition failed (None when it did not exist)."""
+    raw = reason.get("Item")
+    return from_raw(raw) if raw else None
+
+
+def _explain_service_condition(
+    name: str, current: Item | None, *, expected_uid: str, expected_generation: int | None
+) -> Exception:
+    if current is None or current.get("uid") != expected_uid:
+        if current is None:
+            return NotFound(f"service {name!r} does not exist")
+        return Conflict(f"service {name!r} was deleted and re-created while this request ran; retry it")
+    if current.get("lifecycle") == Lifecycle.DELETING.value:
+        return Conflict(f"service {name!r} is being deleted; wait for it to go, then create it again")
+    if expected_generation is not None and int(current["generation"]) != expected_generation:
+        return PreconditionFailed(
+            f"service {name!r} is at generation {int(current['generation'])}, not {expected_generation} "
+            "(If-Match); fetch it again and retry with the current generation"
+        )
+    # Same uid, ACTIVE, generation as asked: someone else moved latest_version; the caller may retry.
+    return _Raced(name)
+
+
+class _Raced(Conflict):
+    def __init__(self, name: str) -> None:
+        super().__init__(f"service {name!r} was changed by another request at the same time; retry")
+
+
+Raced = _Raced
+
+
+# --- the store ------------------------------------------------------------------------------------
+
+
+class Store:
+    """Data access for services, versions and replicas. One instance per table."""
+
+    def __init__(self, table_name: str, client: DynamoDBClient | None = None) -> None:
+        self.table_name = table_name
+        self._client = client
+
+    @property
+    def client(self) -> DynamoDBClient:
+        if self._client is None:
+            from fleetkeeper import aws
+
+            self._client = aws.dynamodb()
+        return self._client
+
+    # -- reads --
+
+    def _query_pages(self, **kwargs: Any) -> Iterator[dict[str, Any]]:
+        while True:
+            page = self.client.query(TableName=self.table_name, **kwargs)
+            yield dict(page)
+            last = page.get("LastEvaluatedKey")
+            if not last:
+                return
+            kwargs["ExclusiveStartKey"] = last
+
+    def load(self, name: str) -> ServiceState | None:
+        """The service with its versions and replicas: one Query (paginated past 1 MB)."""
+        items: list[Item] = []
+        for page in self._query_pages(
+            KeyConditionExpression="PK = :pk",
+            ExpressionAttributeValues=_values(pk=service_pk(name)),
+            ConsistentRead=True,
+        ):
+            items.extend(from_raw(raw) for raw in page["Items"])
+        return state_from_items(items)
+
+    def require(self, name: str) -> ServiceState:
+        state = self.load(name)
+        if state is None:
+            raise NotFound(f"service {name!r} does not exist")
+        return state
+
+    def list_services(self, *, limit: int, next_token: str | None = None) -> tuple[list[ServiceRecord], str | None]:
+        """A page of service items from the sparse index (never version or replica items)."""
+        kwargs: dict[str, Any] = {
+            "IndexName": SERVICES_INDEX,
+            "KeyConditionExpression": f"{LIST_PK_ATTR} = :lpk",
+            "ExpressionAttributeValues": _values(lpk=LIST_PK_VALUE),
+            "Limit": limit,
+        }
+        if next_token:
+            kwargs["ExclusiveStartKey"] = decode_token(next_token)
+        page = self.client.query(TableName=self.table_name, **kwargs)
+        services = [service_from_item(from_raw(raw)) for raw in page["Items"]]
+        return services, encode_token(page.get("LastEvaluatedKey"))
+
+    def iter_services(self) -> Iterator[ServiceRecord]:
+        """Every service item, page by page through the sparse index."""
+        for page in self._query_pages(
+            IndexName=SERVICES_INDEX,
+            KeyConditionExpression=f"{LIST_PK_ATTR} = :lpk",
+            ExpressionAttributeValues=_values(lpk=LIST_PK_VALUE),
+        ):
+            for raw in page["Items"]:
+                yield service_from_item(from_raw(raw))
+
+    # -- writes from the api --
+
+    def create_service(self, name: str, spec: ServiceSpec, mode: str, now: str) -> ServiceState:
+        """Service item + version 1 in ONE transaction: neither can exist without the other."""
+        uid = new_uid()
+        service = ServiceRecord(
+            name=name,
+            uid=uid,
+            generation=1,
+            lifecycle=Lifecycle.ACTIVE,
+            target_version=1,
+            latest_version=1,
+            status=ServiceStatus.NO_REPLICA,
+            status_message=f"waiting for the reconciler to launch {spec.target_replicas} replica(s)",
+            observed_generation=0,
+            created_at=now,
+            updated_at=now,
+        )
+        version = VersionRecord(name=name, uid=uid, version=1, spec=spec, mode=mode, created_at=now)
+        try:
+            self.client.transact_write_items(
+                TransactItems=[
+                    {
+                        "Put": {
+                            "TableName": self.table_name,
+                            "Item": to_raw(service_item(service)),
+                            "ConditionExpression": "attribute_not_exists(PK)",
+                            "ReturnValuesOnConditionCheckFailure": "ALL_OLD",
+                        }
+                    },
+                    {
+                        "Put": {
+                            "TableName": self.table_name,
+                            "Item": to_raw(version_item(version)),
+                            "ConditionExpression": "attribute_not_exists(PK)",
+                        }
+                    },
+                ]
+            )
+        except ClientError as exc:
+            if not _is(exc, "TransactionCanceledException"):
+                raise
+            reasons = _cancellation_reasons(exc)
+            existing = _failed_item(reasons[0]) if reasons else None
+            if existing is not None and existing.get("lifecycle") == Lifecycle.DELETING.value:
+                raise Conflict(
+                    f"service {name!r} is still being deleted; create it again once it is gone"
+                ) from exc
+            if reasons and reasons[0].get("Code") == "ConditionalCheckFailed":
+                raise Conflict(f"service {name!r} already exists; use PUT /v1/services/{name} to update it") from exc
+            raise
+        return ServiceState(service=service, versions={1: version})
+
+    def add_version(
+        self,
+        state: ServiceState,
+        spec: ServiceSpec,
+        mode: str,
+        now: str,
+        *,
+        expected_generation: int | None,
+    ) -> ServiceState:
+        """Version n+1 and the service's move to it, in ONE transaction conditioned on what we read."""
+        current = state.service
+        new_version = current.latest_version + 1
+        version = VersionRecord(
+            name=current.name, uid=current.uid, version=new_version, spec=spec, mode=mode, created_at=now
+        )
+        condition = "uid = :uid AND lifecycle = :active AND latest_version = :latest"
+        values = _values(
+            uid=current.uid,
+            active=Lifecycle.ACTIVE.value,
+            latest=current.latest_version,
+            one=1,
+            new=new_version,
+            now=now,
+        )
+        if expected_generation is not None:
+            condition += " AND generation = :expected"
+            values.update(_values(expected=expected_generation))
+        self._transact_on_service(
+            current,
+            expected_generation,
+            update={
+                "Update": {
+                    "TableName": self.table_name,
+                    "Key": to_raw({"PK": service_pk(current.name), "SK": SERVICE_SK}),
+                    "UpdateExpression": (
+                        "SET target_version = :new, latest_version = :new, "
+                        "generation = generation + :one, updated_at = :now"
+                    ),
+                    "ConditionExpression": condition,
+                    "ExpressionAttributeValues": values,
+                    "ReturnValuesOnConditionCheckFailure": "ALL_OLD",
+                }
+            },
+            other={
+                "Put": {
+                    "TableName": self.table_name,
+                    "Item": to_raw(version_item(version)),
+                    "ConditionExpression": "attribute_not_exists(PK)",
+                }
+            },
+        )
+        service = replace(
+            current,
+            target_version=new_version,
+            latest_version=new_version,
+            generation=current.generation + 1,
+            updated_at=now,
+        )
+        return replace(state, service=service, versions={**state.versions, new_version: version})
+
+    def set_target(
+        self, state: ServiceState, version: int, now: str, *, expected_generation: int | None
+    ) -> ServiceState:
+        """Roll the target back (or forward) to an existing version: ONE transaction that checks it exists."""
+        current = state.service
+        condition = "uid = :uid AND lifecycle = :active AND generation = :generation"
+        values = _values(
+            uid=current.uid,
+            active=Lifecycle.ACTIVE.value,
+            generation=current.generation if expected_generation is None else expected_generation,
+            one=1,
+            target=version,
+            now=now,
+        )
+        try:
+            self._transact_on_service(
+                current,
+                expected_generation,
+                update={
+                    "Update": {
+                        "TableName": self.table_name,
+                        "Key": to_raw({"PK": service_pk(current.name), "SK": SERVICE_SK}),
+                        "UpdateExpression": (
+                            "SET target_version = :target, generation = generation + :one, updated_at = :now"
+                        ),
+                        "ConditionExpression": condition,
+                        "ExpressionAttributeValues": values,
+                        "ReturnValuesOnConditionCheckFailure": "ALL_OLD",
+                    }
+                },
+                other={
+                    "ConditionCheck": {
+                        "TableName": self.table_name,
+                        "Key": to_raw({"PK": service_pk(current.name), "SK": version_sk(current.uid, version)}),
+                        "ConditionExpression": "attribute_exists(PK)",
+                    }
+                },
+            )
+        except _MissingChild as exc:
+            raise NotFound(
+                f"service {current.name!r} has no version {version} (latest is {current.latest_version})"
+            ) from exc
+        service = replace(current, target_version=version, generation=current.generation + 1, updated_at=now)
+        return replace(state, service=service)
+
+    def _transact_on_service(
+        self,
+        current: ServiceRecord,
+        expected_generation: int | None,
+        *,
+        update: TransactWriteItemTypeDef,
+        other: TransactWriteItemTypeDef,
+    ) -> None:
+        try:
+            self.client.transact_write_items(TransactItems=[update, other])
+        except ClientError as exc:
+            if not _is(exc, "TransactionCanceledException"):
+                raise
+            reasons = _cancellation_reasons(exc)
+            if reasons and reasons[0].get("Code") == "ConditionalCheckFailed":
+                raise _explain_service_condition(
+                    current.name,
+                    _failed_item(reasons[0]),
+                    expected_uid=current.uid,
+                    expected_generation=expected_generation,
+                ) from exc
+            if len(reasons) > 1 and reasons[1].get("Code") == "ConditionalCheckFailed":
+                raise _MissingChild from exc
+            raise
+
+    def mark_deleting(self, state: ServiceState, now: str) -> ServiceState:
+        """Lifecycle DELETING, generation+1. Deleting a service that is already going changes nothing."""
+        current = state.service
+        if current.lifecycle is Lifecycle.DELETING:
+            return state
+        try:
+            self.client.update_item(
+                TableName=self.table_name,
+                Key=to_raw({"PK": service_pk(current.name), "SK": SERVICE_SK}),
+                UpdateExpression=(
+                    "SET lifecycle = :deleting, generation = generation + :one, #status = :shutting, "
+                    "status_message = :message, updated_at = :now"
+                ),
+                ConditionExpression="uid = :uid AND lifecycle = :active",
+                ExpressionAttributeNames={"#status": "status"},
+                ExpressionAttributeValues=_values(
+                    deleting=Lifecycle.DELETING.value,
+                    active=Lifecycle.ACTIVE.value,
+                    one=1,
+                    shutting=ServiceStatus.SHUTTING_DOWN.value,
+                    message="deleting: terminating every replica",
+                    now=now,
+                    uid=current.uid,
+                ),
+                ReturnValuesOnConditionCheckFailure="ALL_OLD",
+            )
+        except ClientError as exc:
+            if not _is(exc, "ConditionalCheckFailedException"):
+                raise
+            raw = exc.response.get("Item")  # type: ignore[typeddict-item]
+            existing = from_raw(raw) if raw else None
+            if existing is None:
+                raise NotFound(f"service {current.name!r} does not exist") from exc
+            if existing.get("uid") != current.uid:
+                raise Conflict(
+                    f"service {current.name!r} was re-created while this request ran; retry to delete the new one"
+                ) from exc
+            return replace(state, service=service_from_item(existing))  # already DELETING: harmless
+        service = replace(
+            current,
+            lifecycle=Lifecycle.DELETING,
+            generation=current.generation + 1,
+            status=ServiceStatus.SHUTTING_DOWN,
+            status_message="deleting: terminating every replica",
+            updated_at=now,
+        )
+        return replace(state, service=service)
+
+
+class _MissingChild(Exception):
+    """A transaction's ConditionCheck on a child item failed: the item does not exist."""

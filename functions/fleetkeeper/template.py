@@ -1,0 +1,77 @@
+"""Reads template.yaml so that tests and the embedded mode build the table the template declares.
+
+The template stays the single source of the table's shape: keys, the sparse index, the stream and
+the TTL attribute all come from it. Not used inside Lambda.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import yaml
+
+if TYPE_CHECKING:
+    from mypy_boto3_dynamodb import DynamoDBClient
+
+TEMPLATE_PATH = Path(__file__).resolve().parents[2] / "template.yaml"
+
+
+class _CfnLoader(yaml.SafeLoader):
+    """SafeLoader that understands CloudFormation's short tags (!Ref, !Sub, !GetAtt...)."""
+
+
+def _cfn_tag(loader: yaml.SafeLoader, suffix: str, node: yaml.Node) -> dict[str, Any]:
+    name = "Ref" if suffix == "Ref" else f"Fn::{suffix}"
+    value: Any
+    if isinstance(node, yaml.ScalarNode):
+        value = loader.construct_scalar(node)
+        if suffix == "GetAtt":
+            value = str(value).split(".", 1)
+    elif isinstance(node, yaml.SequenceNode):
+        value = loader.construct_sequence(node, deep=True)
+    else:
+        value = loader.construct_mapping(node, deep=True)  # type: ignore[arg-type]
+    return {name: value}
+
+
+_CfnLoader.add_multi_constructor("!", _cfn_tag)
+
+
+def load_template(path: Path = TEMPLATE_PATH) -> dict[str, Any]:
+    if not path.exists():
+        raise FileNotFoundError(f"{path} not found: run fleetkeeper from a checkout of the repository")
+    with path.open(encoding="utf-8") as handle:
+        document: dict[str, Any] = yaml.load(handle, Loader=_CfnLoader)  # noqa: S506 - a SafeLoader subclass
+    return document
+
+
+def resource(template: dict[str, Any], logical_id: str) -> dict[str, Any]:
+    found: dict[str, Any] = template["Resources"][logical_id]
+    return found
+
+
+def create_table_kwargs(template: dict[str, Any], table_name: str) -> dict[str, Any]:
+    """CreateTable arguments from the template's `Table` resource (what moto models of it)."""
+    props = resource(template, "Table")["Properties"]
+    kwargs: dict[str, Any] = {
+        "TableName": table_name,
+        "AttributeDefinitions": props["AttributeDefinitions"],
+        "KeySchema": props["KeySchema"],
+        "BillingMode": props["BillingMode"],
+    }
+    if "GlobalSecondaryIndexes" in props:
+        kwargs["GlobalSecondaryIndexes"] = props["GlobalSecondaryIndexes"]
+    if "StreamSpecification" in props:
+        kwargs["StreamSpecification"] = {"StreamEnabled": True, **props["StreamSpecification"]}
+    return kwargs
+
+
+def create_table(client: DynamoDBClient, table_name: str, template: dict[str, Any] | None = None) -> None:
+    """Create the table as template.yaml declares it, with its TTL setting, and wait until it exists."""
+    template = template or load_template()
+    client.create_table(**create_table_kwargs(template, table_name))
+    client.get_waiter("table_exists").wait(TableName=table_name, WaiterConfig={"Delay": 1, "MaxAttempts": 30})
+    ttl = resource(template, "Table")["Properties"].get("TimeToLiveSpecification")
+    if ttl:
+        client.update_time_to_live(TableName=table_name, TimeToLiveSpecification=ttl)

@@ -1,0 +1,128 @@
+"""Shared fixtures: an in-process moto AWS with the table template.yaml declares, and an api client."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+# Fake credentials and a region before anything creates a boto3 client; never real AWS.
+os.environ.update(
+    {
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_SESSION_TOKEN": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_REGION": "us-east-1",
+        "POWERTOOLS_SERVICE_NAME": "fleetkeeper-tests",
+        "POWERTOOLS_LOG_LEVEL": "WARNING",
+        "POWERTOOLS_METRICS_NAMESPACE": "fleetkeeper-tests",
+        "AWS_ACCOUNT_ID_ENDPOINT_MODE": "disabled",
+    }
+)
+for _var in ("FLEETKEEPER_AWS_ENDPOINT_URL", "RECONCILER_FUNCTION_NAME", "FLEETKEEPER_KICK_URL"):
+    os.environ.pop(_var, None)
+
+TABLE = "fleetkeeper-test"
+
+
+@pytest.fixture
+def aws(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """A fresh in-memory AWS for one test, with fleetkeeper's clients pointed at it."""
+    from moto import mock_aws
+
+    from fleetkeeper import aws as aws_clients
+
+    aws_clients.reset_clients()
+    with mock_aws():
+        yield
+    aws_clients.reset_clients()
+
+
+@pytest.fixture
+def table(aws: None, monkeypatch: pytest.MonkeyPatch) -> str:
+    from fleetkeeper import aws as aws_clients
+    from fleetkeeper.template import create_table
+
+    create_table(aws_clients.dynamodb(), TABLE)
+    monkeypatch.setenv("TABLE_NAME", TABLE)
+    return TABLE
+
+
+@dataclass
+class HttpResult:
+    status: int
+    headers: dict[str, str]
+    body: Any
+
+    @property
+    def error(self) -> dict[str, Any]:
+        error: dict[str, Any] = self.body["error"]
+        return error
+
+
+class FakeContext:
+    function_name = "fleetkeeper-api"
+    function_version = "$LATEST"
+    invoked_function_arn = "arn:aws:lambda:us-east-1:123456789012:function:fleetkeeper-api"
+    memory_limit_in_mb = 512
+    aws_request_id = "req-1"
+    log_group_name = "/aws/lambda/fleetkeeper-api"
+    log_stream_name = "local"
+
+    @staticmethod
+    def get_remaining_time_in_millis() -> int:
+        return 30_000
+
+
+class ApiClient:
+    """Calls the api Lambda handler with API Gateway events, as API Gateway would."""
+
+    def call(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        headers: dict[str, str] | None = None,
+        raw: str | bytes | None = None,
+    ) -> HttpResult:
+        from fleetkeeper.api.handler import lambda_handler
+        from fleetkeeper.apigw import rest_event, response_parts
+
+        payload = raw if raw is not None else (json.dumps(body) if body is not None else None)
+        all_headers = {"Content-Type": "application/json", **(headers or {})}
+        event = rest_event(method, path, headers=all_headers, body=payload)
+        status, out_headers, data = response_parts(lambda_handler(event, FakeContext()))
+        return HttpResult(status, out_headers, json.loads(data) if data else None)
+
+    def get(self, path: str, **kw: Any) -> HttpResult:
+        return self.call("GET", path, **kw)
+
+    def post(self, path: str, body: Any = None, **kw: Any) -> HttpResult:
+        return self.call("POST", path, body, **kw)
+
+    def put(self, path: str, body: Any = None, **kw: Any) -> HttpResult:
+        return self.call("PUT", path, body, **kw)
+
+    def delete(self, path: str, **kw: Any) -> HttpResult:
+        return self.call("DELETE", path, **kw)
+
+
+@pytest.fixture
+def api(table: str) -> ApiClient:
+    return ApiClient()
+
+
+def hello_spec(**overrides: Any) -> dict[str, Any]:
+    """A small valid spec; keyword arguments replace top-level sections."""
+    spec: dict[str, Any] = {
+        "service": {"readiness_probe": "/health", "replicas": 2, "ports": 8080},
+        "resources": {"instance_type": "t3.micro"},
+        "run": "python3 -m http.server $PORT",
+    }
+    spec.update(overrides)
+    return spec
