@@ -53,6 +53,39 @@ def table(aws: None, monkeypatch: pytest.MonkeyPatch) -> str:
     return TABLE
 
 
+@pytest.fixture
+def atomic_dynamodb(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Give moto the isolation DynamoDB guarantees, for tests that write from many threads.
+
+    moto evaluates a transaction's conditions and then applies its writes without a lock, so two
+    threads can both pass `attribute_not_exists`; DynamoDB never lets that happen. Serialising
+    moto's read and write operations restores the real semantics while our code stays concurrent.
+    """
+    import functools
+    import threading
+
+    from moto.dynamodb.models import DynamoDBBackend
+
+    lock = threading.RLock()
+    for name in (
+        "put_item",
+        "get_item",
+        "query",
+        "scan",
+        "update_item",
+        "delete_item",
+        "transact_write_items",
+    ):
+        original = getattr(DynamoDBBackend, name)
+
+        @functools.wraps(original)
+        def serialised(*args: Any, __original: Any = original, **kwargs: Any) -> Any:
+            with lock:
+                return __original(*args, **kwargs)
+
+        monkeypatch.setattr(DynamoDBBackend, name, serialised)
+
+
 @dataclass
 class HttpResult:
     status: int
@@ -91,7 +124,7 @@ class ApiClient:
         raw: str | bytes | None = None,
     ) -> HttpResult:
         from fleetkeeper.api.handler import lambda_handler
-        from fleetkeeper.apigw import rest_event, response_parts
+        from fleetkeeper.apigw import response_parts, rest_event
 
         payload = raw if raw is not None else (json.dumps(body) if body is not None else None)
         all_headers = {"Content-Type": "application/json", **(headers or {})}

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from fleetkeeper.errors import Conflict, IdempotencyMismatch, InvalidRequest, RequestInProgress
 from fleetkeeper.model import Lifecycle, ServiceRecord, ServiceState, VersionRecord, to_iso, utcnow
@@ -17,6 +17,8 @@ from fleetkeeper.spec import parse_spec
 from fleetkeeper.store import Raced
 
 if TYPE_CHECKING:
+    from aws_lambda_powertools.utilities.idempotency import IdempotencyConfig
+
     from fleetkeeper.store import Store
 
 # How often an update without If-Match is retried when another writer moved the service under it.
@@ -36,14 +38,16 @@ class ServiceCommands:
     store: Store
     kick: Kick = _no_kick
     now: Callable[[], str] = field(default=lambda: to_iso(utcnow()))
-    _runner: Callable[..., dict[str, Any]] | None = field(default=None, init=False, repr=False)
+    _idempotency: tuple[Callable[..., dict[str, Any]], IdempotencyConfig] | None = field(
+        default=None, init=False, repr=False
+    )
 
     # -- reads --
 
     def get(self, name: str) -> ServiceState:
         return self.store.require(name)
 
-    def list(self, *, limit: int, next_token: str | None) -> tuple[list[ServiceRecord], str | None]:
+    def list_page(self, *, limit: int, next_token: str | None) -> tuple[list[ServiceRecord], str | None]:
         return self.store.list_services(limit=limit, next_token=next_token)
 
     def versions(self, name: str) -> list[VersionRecord]:
@@ -63,9 +67,7 @@ class ServiceCommands:
         self.kick(name)
         return state
 
-    def update(
-        self, name: str, spec_data: Any, *, mode: str | None, expected_generation: int | None
-    ) -> ServiceState:
+    def update(self, name: str, spec_data: Any, *, mode: str | None, expected_generation: int | None) -> ServiceState:
         spec = parse_spec(spec_data)
         if spec.name is not None and spec.name != name:
             raise InvalidRequest(
@@ -127,6 +129,7 @@ class ServiceCommands:
         key: str | None,
         request: dict[str, Any],
         execute: Callable[[], dict[str, Any]],
+        lambda_context: Any = None,
     ) -> dict[str, Any]:
         """Run `execute` once per Idempotency-Key; a replay returns the first result.
 
@@ -140,9 +143,12 @@ class ServiceCommands:
             IdempotencyValidationError,
         )
 
-        if self._runner is None:
-            self._runner = _idempotent_runner(self.store)
-        runner = self._runner
+        if self._idempotency is None:
+            self._idempotency = _idempotent_runner(self.store)
+        runner, config = self._idempotency
+        if lambda_context is not None:
+            # Lets Powertools expire an in-progress record when this invocation times out.
+            config.register_lambda_context(lambda_context)
         try:
             result: dict[str, Any] = runner(command={"key": key, "request": request}, execute=execute)
         except IdempotencyValidationError as exc:
@@ -157,7 +163,7 @@ class ServiceCommands:
         return result
 
 
-def _idempotent_runner(store: Store) -> Callable[..., dict[str, Any]]:
+def _idempotent_runner(store: Store) -> tuple[Callable[..., dict[str, Any]], IdempotencyConfig]:
     """The Powertools-wrapped executor for one store, built on first use (its import is not free)."""
     from aws_lambda_powertools.utilities.idempotency import (
         DynamoDBPersistenceLayer,
@@ -184,4 +190,4 @@ def _idempotent_runner(store: Store) -> Callable[..., dict[str, Any]]:
     def run(command: dict[str, Any], execute: Callable[[], dict[str, Any]]) -> dict[str, Any]:
         return execute()
 
-    return run
+    return cast("Callable[..., dict[str, Any]]", run), config

@@ -18,9 +18,9 @@ import binascii
 import json
 import secrets
 from dataclasses import replace
+from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
-from boto3.dynamodb.types import TypeDeserializer, TypeSerializer
 from botocore.exceptions import ClientError
 
 from fleetkeeper.errors import Conflict, InvalidRequest, NotFound, PreconditionFailed
@@ -87,21 +87,54 @@ def new_uid() -> str:
 
 
 # --- (de)serialisation --------------------------------------------------------------------------
+# DynamoDB's attribute-value format for the few types our items hold. boto3's TypeSerializer would
+# do the same, but importing it imports all of boto3 (~80 ms of every api cold start).
 
-_serializer = TypeSerializer()
-_deserializer = TypeDeserializer()
+
+def _marshal(value: Any) -> Any:
+    if isinstance(value, bool):
+        return {"BOOL": value}
+    if isinstance(value, str):
+        return {"S": value}
+    if isinstance(value, int | Decimal):
+        return {"N": str(value)}
+    if value is None:
+        return {"NULL": True}
+    if isinstance(value, dict):
+        return {"M": {str(k): _marshal(v) for k, v in value.items()}}
+    if isinstance(value, list | tuple):
+        return {"L": [_marshal(v) for v in value]}
+    raise TypeError(f"cannot store {type(value).__name__} in DynamoDB (floats go in JSON text)")
+
+
+def _unmarshal(value: Mapping[str, Any]) -> Any:
+    (kind, data), *_ = value.items()
+    if kind == "S":
+        return data
+    if kind == "N":
+        number = Decimal(data)
+        return int(number) if number == number.to_integral_value() else number
+    if kind == "BOOL":
+        return bool(data)
+    if kind == "NULL":
+        return None
+    if kind == "M":
+        return {k: _unmarshal(v) for k, v in data.items()}
+    if kind == "L":
+        return [_unmarshal(v) for v in data]
+    raise TypeError(f"unexpected DynamoDB type {kind!r}")
 
 
 def to_raw(item: Mapping[str, Any]) -> RawItem:
-    return {k: _serializer.serialize(v) for k, v in item.items() if v is not None}  # type: ignore[misc]
+    return {k: _marshal(v) for k, v in item.items() if v is not None}
 
 
 def from_raw(raw: Mapping[str, Any]) -> Item:
-    return {k: _deserializer.deserialize(v) for k, v in raw.items()}
+    return {k: _unmarshal(v) for k, v in raw.items()}
 
 
 def _values(**values: Any) -> dict[str, AttributeValueTypeDef]:
-    return {f":{k}": _serializer.serialize(v) for k, v in values.items()}  # type: ignore[misc]
+    return {f":{k}": _marshal(v) for k, v in values.items()}
 
 
 def service_item(record: ServiceRecord) -> Item:
@@ -427,11 +460,13 @@ class Store:
             reasons = _cancellation_reasons(exc)
             existing = _failed_item(reasons[0]) if reasons else None
             if existing is not None and existing.get("lifecycle") == Lifecycle.DELETING.value:
-                raise Conflict(
-                    f"service {name!r} is still being deleted; create it again once it is gone"
-                ) from exc
+                raise Conflict(f"service {name!r} is still being deleted; create it again once it is gone") from exc
             if reasons and reasons[0].get("Code") == "ConditionalCheckFailed":
                 raise Conflict(f"service {name!r} already exists; use PUT /v1/services/{name} to update it") from exc
+            if len(reasons) > 1 and reasons[1].get("Code") == "ConditionalCheckFailed":
+                # A version item under a fresh random uid already exists: astronomically unlikely,
+                # and nothing was written; the client can simply retry.
+                raise Conflict(f"could not create {name!r} (incarnation id collision); retry the request") from exc
             raise
         return ServiceState(service=service, versions={1: version})
 
@@ -462,30 +497,34 @@ class Store:
         if expected_generation is not None:
             condition += " AND generation = :expected"
             values.update(_values(expected=expected_generation))
-        self._transact_on_service(
-            current,
-            expected_generation,
-            update={
-                "Update": {
-                    "TableName": self.table_name,
-                    "Key": to_raw({"PK": service_pk(current.name), "SK": SERVICE_SK}),
-                    "UpdateExpression": (
-                        "SET target_version = :new, latest_version = :new, "
-                        "generation = generation + :one, updated_at = :now"
-                    ),
-                    "ConditionExpression": condition,
-                    "ExpressionAttributeValues": values,
-                    "ReturnValuesOnConditionCheckFailure": "ALL_OLD",
-                }
-            },
-            other={
-                "Put": {
-                    "TableName": self.table_name,
-                    "Item": to_raw(version_item(version)),
-                    "ConditionExpression": "attribute_not_exists(PK)",
-                }
-            },
-        )
+        try:
+            self._transact_on_service(
+                current,
+                expected_generation,
+                update={
+                    "Update": {
+                        "TableName": self.table_name,
+                        "Key": to_raw({"PK": service_pk(current.name), "SK": SERVICE_SK}),
+                        "UpdateExpression": (
+                            "SET target_version = :new, latest_version = :new, "
+                            "generation = generation + :one, updated_at = :now"
+                        ),
+                        "ConditionExpression": condition,
+                        "ExpressionAttributeValues": values,
+                        "ReturnValuesOnConditionCheckFailure": "ALL_OLD",
+                    }
+                },
+                other={
+                    "Put": {
+                        "TableName": self.table_name,
+                        "Item": to_raw(version_item(version)),
+                        "ConditionExpression": "attribute_not_exists(PK)",
+                    }
+                },
+            )
+        except _MissingChild as exc:
+            # Version n+1 already exists: another writer added it between our read and our write.
+            raise Raced(current.name) from exc
         service = replace(
             current,
             target_version=new_version,
@@ -594,7 +633,7 @@ class Store:
         except ClientError as exc:
             if not _is(exc, "ConditionalCheckFailedException"):
                 raise
-            raw = exc.response.get("Item")  # type: ignore[typeddict-item]
+            raw: dict[str, Any] | None = exc.response.get("Item")  # type: ignore[assignment]
             existing = from_raw(raw) if raw else None
             if existing is None:
                 raise NotFound(f"service {current.name!r} does not exist") from exc

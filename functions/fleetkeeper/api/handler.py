@@ -9,16 +9,16 @@ from __future__ import annotations
 
 import base64
 import binascii
+import contextlib
 import json
 import os
 import re
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 from aws_lambda_powertools import Logger
 from aws_lambda_powertools.event_handler import APIGatewayRestResolver, Response, content_types
 from aws_lambda_powertools.event_handler.openapi.exceptions import RequestValidationError
 from aws_lambda_powertools.event_handler.openapi.params import Query
-from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from fleetkeeper.api.kick import kick_reconciler
 from fleetkeeper.api.models import (
@@ -35,14 +35,19 @@ from fleetkeeper.api.models import (
     version_view,
 )
 from fleetkeeper.errors import FleetkeeperError, InvalidRequest, PayloadTooLarge
-from fleetkeeper.model import ServiceState
 from fleetkeeper.services import ServiceCommands
 from fleetkeeper.spec import describe_validation_errors
 from fleetkeeper.store import Store
 
+if TYPE_CHECKING:
+    from aws_lambda_powertools.event_handler.openapi.types import OpenAPIResponse
+    from aws_lambda_powertools.utilities.typing import LambdaContext
+
+    from fleetkeeper.model import ServiceState
+
 MAX_BODY_BYTES = 64 * 1024
 _NAME = re.compile(NAME_PATTERN)
-_ERRORS: dict[int | str, dict[str, Any]] = {
+_ERRORS: dict[int, OpenAPIResponse] = {
     400: {"description": "invalid request", "content": {"application/json": {"model": ErrorBody}}},
     404: {"description": "no such service", "content": {"application/json": {"model": ErrorBody}}},
     409: {"description": "conflict", "content": {"application/json": {"model": ErrorBody}}},
@@ -85,8 +90,7 @@ def _with_etag(status: int, state: ServiceState) -> Response[Any]:
 def _valid_name(name: str) -> str:
     if not _NAME.match(name):
         raise InvalidRequest(
-            f"service name {name!r} is invalid: use 1-63 lower-case letters, digits and dashes, starting "
-            "with a letter",
+            f"service name {name!r} is invalid: use 1-63 lower-case letters, digits and dashes, starting with a letter",
             details=[{"field": "name", "problem": f"must match {NAME_PATTERN}"}],
         )
     return name
@@ -99,7 +103,7 @@ def _if_match() -> int | None:
     text = raw.strip().removeprefix("W/").strip('"')
     if not text.isdigit():
         raise InvalidRequest(
-            f"If-Match must be the service's generation as a number (e.g. 7 or \"7\"), got {raw!r}",
+            f'If-Match must be the service\'s generation as a number (e.g. 7 or "7"), got {raw!r}',
             details=[{"field": "If-Match", "problem": "not a generation number"}],
         )
     return int(text)
@@ -118,25 +122,28 @@ def _idempotency_key() -> str | None:
     return key
 
 
-def _replayable(
-    operation: str, name: str, body: Any, execute: Any, *, status: int
-) -> Response[Any]:
+def _replayable(operation: str, name: str, body: Any, execute: Any, *, status: int) -> Response[Any]:
     """Run a write command (once per Idempotency-Key) and answer with the service view."""
 
     def run() -> dict[str, Any]:
         state: ServiceState = execute()
         return {"view": service_view(state), "generation": state.service.generation}
 
-    result = commands().idempotently(
-        _idempotency_key(), {"operation": operation, "name": name, "body": body}, run
-    )
+    request = {"operation": operation, "name": name, "body": body}
+    result = commands().idempotently(_idempotency_key(), request, run, app.lambda_context)
     return _json(status, result["view"], {"ETag": str(result["generation"])})
 
 
 # --- routes -----------------------------------------------------------------------------------------
 
 
-@app.post("/v1/services", responses={201: {"description": "created", "content": {"application/json": {"model": ServiceView}}}, **_ERRORS})  # noqa: E501
+@app.post(
+    "/v1/services",
+    responses={
+        201: {"description": "created", "content": {"application/json": {"model": ServiceView}}},
+        **_ERRORS,
+    },
+)
 def create_service(request: CreateServiceRequest) -> Response[ServiceView]:
     body = app.current_event.json_body
     return _replayable(
@@ -153,7 +160,7 @@ def list_services(
     limit: Annotated[int, Query(ge=1, le=100)] = 50,
     next_token: Annotated[str | None, Query(max_length=2048)] = None,
 ) -> Response[ServiceList]:
-    services, token = commands().list(limit=limit, next_token=next_token)
+    services, token = commands().list_page(limit=limit, next_token=next_token)
     return _json(200, {"services": [summary(s) for s in services], "next_token": token})
 
 
@@ -187,7 +194,10 @@ def list_versions(name: str) -> Response[VersionList]:
     )
 
 
-@app.post("/v1/services/<name>/rollback", responses={**_ERRORS, 412: {"description": "If-Match generation mismatch"}})
+@app.post(
+    "/v1/services/<name>/rollback",
+    responses={**_ERRORS, 412: {"description": "If-Match generation mismatch"}},
+)
 def rollback_service(name: str) -> Response[ServiceView]:
     _valid_name(name)
     request = _optional_body(RollbackRequest)
@@ -215,11 +225,11 @@ def _optional_body(model: type[RollbackRequest]) -> RollbackRequest:
     """A body that may be absent (rollback): validated like the others when present."""
     from pydantic import ValidationError
 
-    raw = app.current_event.body
+    raw = app.current_event.decoded_body
     if raw is None or not raw.strip():
         return model()
     try:
-        return model.model_validate_json(app.current_event.decoded_body)
+        return model.model_validate_json(raw)
     except ValidationError as exc:
         details = describe_validation_errors(exc.errors(include_url=False))
         raise InvalidRequest(_summarise(details), details=details) from exc
@@ -260,18 +270,25 @@ def _unexpected(exc: Exception) -> Response[Any]:
 # --- entry point --------------------------------------------------------------------------------------
 
 
-def _oversized(event: dict[str, Any]) -> dict[str, Any] | None:
-    """The 413 response for a body over 64 KiB (decoded), before any parsing is spent on it."""
-    body = event.get("body") or ""
-    size = len(body.encode())
+def _refuse_body(event: dict[str, Any]) -> dict[str, Any] | None:
+    """A 413 for a body over 64 KiB, or a 400 for one that is not UTF-8, before any parsing."""
+    raw = (event.get("body") or "").encode()
     if event.get("isBase64Encoded"):
+        with contextlib.suppress(binascii.Error, ValueError):  # not base64 after all: measure it as sent
+            raw = base64.b64decode(raw, validate=False)
+    error: FleetkeeperError | None = None
+    if len(raw) > MAX_BODY_BYTES:
+        error = PayloadTooLarge(f"request body is {len(raw)} bytes; the limit is {MAX_BODY_BYTES} (64 KiB)")
+    else:
         try:
-            size = len(base64.b64decode(body, validate=False))
-        except (binascii.Error, ValueError):
-            size = len(body)
-    if size <= MAX_BODY_BYTES:
+            raw.decode("utf-8")
+        except UnicodeDecodeError:
+            error = InvalidRequest(
+                "request body is not UTF-8 text; send JSON",
+                details=[{"field": "body", "problem": "not UTF-8"}],
+            )
+    if error is None:
         return None
-    error = PayloadTooLarge(f"request body is {size} bytes; the limit is {MAX_BODY_BYTES} (64 KiB)")
     return {
         "statusCode": error.status,
         "headers": {"Content-Type": content_types.APPLICATION_JSON},
@@ -282,4 +299,4 @@ def _oversized(event: dict[str, Any]) -> dict[str, Any] | None:
 
 @logger.inject_lambda_context(clear_state=True)
 def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
-    return _oversized(event) or app.resolve(event, context)
+    return _refuse_body(event) or app.resolve(event, context)

@@ -1,0 +1,110 @@
+"""Prints the DynamoDB calls each api operation makes, and the api's cold-start import ratio.
+
+    python bench/api_calls.py
+
+Calls are counted on the handler's own boto3 client (botocore `before-call` events) against an
+in-process moto; the ratio is the wall time of a fresh `import fleetkeeper.api.handler` over a fresh
+`import boto3`, median of 9 runs each. Target: at most 1.6.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+os.environ.update(
+    {
+        "AWS_ACCESS_KEY_ID": "bench",
+        "AWS_SECRET_ACCESS_KEY": "bench",
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_REGION": "us-east-1",
+        "TABLE_NAME": "fleetkeeper-bench",
+        "POWERTOOLS_LOG_LEVEL": "ERROR",
+    }
+)
+for var in ("FLEETKEEPER_AWS_ENDPOINT_URL", "RECONCILER_FUNCTION_NAME", "FLEETKEEPER_KICK_URL"):
+    os.environ.pop(var, None)
+
+READS = {"Query", "GetItem", "Scan", "BatchGetItem"}
+
+
+def count_calls() -> None:
+    from moto import mock_aws
+
+    from fleetkeeper import aws
+    from fleetkeeper.api.handler import lambda_handler
+    from fleetkeeper.apigw import rest_event
+    from fleetkeeper.template import create_table
+    from tests.conftest import FakeContext, hello_spec
+
+    with mock_aws():
+        aws.reset_clients()
+        create_table(aws.dynamodb(), "fleetkeeper-bench")
+        calls: Counter[str] = Counter()
+        aws.dynamodb().meta.events.register("before-call.dynamodb.*", lambda model, **_: calls.update([model.name]))
+
+        def run(label: str, method: str, path: str, body: object = None, headers: dict[str, str] | None = None) -> None:
+            calls.clear()
+            event = rest_event(method, path, headers=headers, body=json.dumps(body) if body is not None else None)
+            status = lambda_handler(event, FakeContext())["statusCode"]
+            reads = sum(n for op, n in calls.items() if op in READS)
+            writes = sum(n for op, n in calls.items() if op not in READS)
+            detail = ", ".join(f"{op} {n}" for op, n in sorted(calls.items()))
+            print(f"| {label} | {status} | {reads} | {writes} | {sum(calls.values())} | {detail} |")
+
+        print("| operation | status | reads | writes | total calls | calls |")
+        print("|---|---|---|---|---|---|")
+        run("create", "POST", "/v1/services", {"name": "web", "spec": hello_spec()})
+        run("get", "GET", "/v1/services/web")
+        run("update", "PUT", "/v1/services/web", {"spec": hello_spec(envs={"V": "2"})})
+        run("update with If-Match", "PUT", "/v1/services/web", {"spec": hello_spec()}, {"If-Match": "2"})
+        run("versions", "GET", "/v1/services/web/versions")
+        run("rollback", "POST", "/v1/services/web/rollback")
+        run("list", "GET", "/v1/services?limit=50")
+        run(
+            "create with Idempotency-Key",
+            "POST",
+            "/v1/services",
+            {"name": "api", "spec": hello_spec()},
+            {"Idempotency-Key": "k1"},
+        )
+        run(
+            "replay of that create",
+            "POST",
+            "/v1/services",
+            {"name": "api", "spec": hello_spec()},
+            {"Idempotency-Key": "k1"},
+        )
+        run("delete", "DELETE", "/v1/services/web")
+
+
+def import_seconds(statement: str) -> float:
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "functions")}
+    start = time.perf_counter()
+    subprocess.run([sys.executable, "-c", statement], check=True, env=env, cwd=ROOT)
+    return time.perf_counter() - start
+
+
+def cold_start_ratio(runs: int = 9) -> None:
+    import_seconds("import boto3")  # warm the OS file cache once for both
+    handler = [import_seconds("import fleetkeeper.api.handler") for _ in range(runs)]
+    boto = [import_seconds("import boto3") for _ in range(runs)]
+    h, b = statistics.median(handler), statistics.median(boto)
+    print()
+    print(
+        f"cold start: import fleetkeeper.api.handler {h * 1000:.0f} ms, import boto3 {b * 1000:.0f} ms "
+        f"(median of {runs}); ratio {h / b:.2f} (target <= 1.6)"
+    )
+
+
+if __name__ == "__main__":
+    count_calls()
+    cold_start_ratio()

@@ -1,0 +1,185 @@
+"""The store's invariants: atomic create/update, conditions told apart, incarnations kept apart."""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import pytest
+
+from fleetkeeper import aws, store
+from fleetkeeper.errors import Conflict, NotFound, PreconditionFailed
+from fleetkeeper.model import to_iso, utcnow
+from fleetkeeper.spec import parse_spec
+from fleetkeeper.store import Store
+from tests.conftest import ApiClient, hello_spec
+
+
+def all_items(table: str) -> list[dict[str, Any]]:
+    pages = aws.dynamodb().get_paginator("scan").paginate(TableName=table)
+    return [store.from_raw(raw) for page in pages for raw in page["Items"]]
+
+
+def count_calls(operation: str) -> Counter[str]:
+    """Count the DynamoDB API calls fleetkeeper's client makes from now on."""
+    calls: Counter[str] = Counter()
+    aws.dynamodb().meta.events.register("before-call.dynamodb.*", lambda model, **_: calls.update([model.name]))
+    return calls
+
+
+def test_create_writes_service_and_version_in_one_transaction(table: str) -> None:
+    calls = count_calls("*")
+    state = Store(table).create_service("web", parse_spec(hello_spec()), "rolling", to_iso(utcnow()))
+    assert calls == Counter({"TransactWriteItems": 1})
+    keys = {(i["PK"], i["SK"]) for i in all_items(table)}
+    assert keys == {("SVC#web", "META"), ("SVC#web", f"V#{state.service.uid}#0000000001")}
+
+
+def test_create_over_an_existing_service_leaves_nothing_written(table: str) -> None:
+    db = Store(table)
+    db.create_service("web", parse_spec(hello_spec()), "rolling", "t0")
+    before = all_items(table)
+    with pytest.raises(Conflict):
+        db.create_service("web", parse_spec(hello_spec(envs={"X": "1"})), "rolling", "t1")
+    assert all_items(table) == before  # no stray version 1 of a second uid
+
+
+def test_create_whose_version_item_exists_writes_no_service(table: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The other half of atomicity: if the version Put fails, the service Put is undone too."""
+    monkeypatch.setattr(store, "new_uid", lambda: "fixeduid")
+    aws.dynamodb().put_item(
+        TableName=table, Item=store.to_raw({"PK": "SVC#web", "SK": store.version_sk("fixeduid", 1)})
+    )
+    with pytest.raises(Conflict):
+        Store(table).create_service("web", parse_spec(hello_spec()), "rolling", "t0")
+    assert [i["SK"] for i in all_items(table)] == [store.version_sk("fixeduid", 1)]
+
+
+def test_update_is_one_transaction_and_a_failed_condition_writes_nothing(table: str) -> None:
+    db = Store(table)
+    db.create_service("web", parse_spec(hello_spec()), "rolling", "t0")
+    state = db.require("web")
+    calls = count_calls("*")
+    db.add_version(state, parse_spec(hello_spec()), "rolling", "t1", expected_generation=1)
+    assert calls == Counter({"TransactWriteItems": 1})
+    before = all_items(table)
+    with pytest.raises(PreconditionFailed):
+        db.add_version(db.require("web"), parse_spec(hello_spec()), "rolling", "t2", expected_generation=1)
+    assert all_items(table) == before
+
+
+def test_update_of_a_service_deleted_underneath_is_not_found(table: str) -> None:
+    db = Store(table)
+    db.create_service("web", parse_spec(hello_spec()), "rolling", "t0")
+    state = db.require("web")
+    aws.dynamodb().delete_item(TableName=table, Key=store.to_raw({"PK": "SVC#web", "SK": "META"}))
+    with pytest.raises(NotFound):
+        db.add_version(state, parse_spec(hello_spec()), "rolling", "t1", expected_generation=None)
+    assert [i["SK"] for i in all_items(table)] == [store.version_sk(state.service.uid, 1)]
+
+
+def test_get_is_one_query(table: str) -> None:
+    db = Store(table)
+    db.create_service("web", parse_spec(hello_spec()), "rolling", "t0")
+    calls = count_calls("*")
+    db.load("web")
+    assert calls == Counter({"Query": 1})
+
+
+def test_recreated_name_shows_only_the_new_incarnation(api: ApiClient, table: str) -> None:
+    """Old version/replica items (cleanup not run yet) never leak into the new service."""
+    old = api.post("/v1/services", {"name": "web", "spec": hello_spec()}).body
+    for i in range(3):
+        api.put("/v1/services/web", {"spec": hello_spec(envs={"OLD": str(i)})})
+    aws.dynamodb().put_item(
+        TableName=table,
+        Item=store.to_raw(
+            {
+                "PK": "SVC#web",
+                "SK": store.replica_sk(old["uid"], 1),
+                "kind": "replica",
+                "name": "web",
+                "uid": old["uid"],
+                "replica_id": 1,
+                "version": 1,
+                "status": "READY",
+                "created_at": "t",
+                "updated_at": "t",
+            }
+        ),
+    )
+    # The reconciler removes the service item at the end of SHUTTING_DOWN; cleanup has not run yet.
+    aws.dynamodb().delete_item(TableName=table, Key=store.to_raw({"PK": "SVC#web", "SK": "META"}))
+    new = api.post("/v1/services", {"name": "web", "spec": hello_spec(envs={"NEW": "1"})})
+    assert new.status == 201
+    assert new.body["uid"] != old["uid"]
+    view = api.get("/v1/services/web").body
+    assert view["replicas"] == []
+    assert view["spec"]["envs"] == {"NEW": "1"}
+    versions = api.get("/v1/services/web/versions").body["versions"]
+    assert [v["version"] for v in versions] == [1]
+    assert versions[0]["spec"]["envs"] == {"NEW": "1"}
+
+
+def test_list_never_reads_version_or_replica_items(api: ApiClient, table: str) -> None:
+    for name in ("a", "b"):
+        api.post("/v1/services", {"name": name, "spec": hello_spec()})
+        api.put(f"/v1/services/{name}", {"spec": hello_spec()})
+    seen: list[dict[str, Any]] = []
+    aws.dynamodb().meta.events.register(
+        "provide-client-params.dynamodb.Query", lambda params, **_: seen.append(dict(params))
+    )
+    services, token = Store(table).list_services(limit=10)
+    assert [s.name for s in services] == ["a", "b"] and token is None
+    assert [p.get("IndexName") for p in seen] == ["services"]
+
+
+# --- concurrency ---------------------------------------------------------------------------------
+
+
+def test_twenty_concurrent_creates_of_one_name_yield_one_201(api: ApiClient, atomic_dynamodb: None) -> None:
+    barrier = threading.Barrier(20)
+
+    def attempt(_: int) -> int:
+        barrier.wait()
+        return api.post("/v1/services", {"name": "web", "spec": hello_spec()}).status
+
+    with ThreadPoolExecutor(20) as pool:
+        statuses = Counter(pool.map(attempt, range(20)))
+    assert statuses == Counter({201: 1, 409: 19})
+    assert api.get("/v1/services/web/versions").body["versions"][0]["version"] == 1
+
+
+def test_ten_concurrent_updates_with_the_same_if_match_yield_one_success(api: ApiClient, atomic_dynamodb: None) -> None:
+    api.post("/v1/services", {"name": "web", "spec": hello_spec()})
+    barrier = threading.Barrier(10)
+
+    def attempt(i: int) -> int:
+        barrier.wait()
+        body = {"spec": hello_spec(envs={"WRITER": str(i)})}
+        return api.put("/v1/services/web", body, headers={"If-Match": "1"}).status
+
+    with ThreadPoolExecutor(10) as pool:
+        statuses = Counter(pool.map(attempt, range(10)))
+    assert statuses == Counter({200: 1, 412: 9})
+    view = api.get("/v1/services/web").body
+    assert (view["latest_version"], view["generation"]) == (2, 2)
+
+
+def test_concurrent_updates_without_if_match_all_land_as_distinct_versions(
+    api: ApiClient, atomic_dynamodb: None
+) -> None:
+    api.post("/v1/services", {"name": "web", "spec": hello_spec()})
+    barrier = threading.Barrier(4)
+
+    def attempt(i: int) -> int:
+        barrier.wait()
+        return api.put("/v1/services/web", {"spec": hello_spec(envs={"W": str(i)})}).status
+
+    with ThreadPoolExecutor(4) as pool:
+        assert list(pool.map(attempt, range(4))) == [200] * 4
+    versions = api.get("/v1/services/web/versions").body["versions"]
+    assert [v["version"] for v in versions] == [1, 2, 3, 4, 5]
+    assert sorted(v["spec"]["envs"]["W"] for v in versions[1:]) == ["0", "1", "2", "3"]
