@@ -9,7 +9,7 @@ PORT   ?= 8080
 # Tests get both cores; override with PYTEST_WORKERS=1 to debug.
 PYTEST_WORKERS ?= 2
 
-.PHONY: local test lint typecheck cfn unit bench clean
+.PHONY: local test lint typecheck cfn unit bench openapi clean
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "fleetkeeper needs Python 3.11 or newer")'
@@ -48,6 +48,10 @@ test: lint typecheck cfn unit
 
 bench: $(STAMP)
 	@for b in bench/*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
+
+# Regenerates the checked-in OpenAPI document; a test fails while it differs from the code's.
+openapi: $(STAMP)
+	TABLE_NAME=unused $(BIN)/python -c 'from fleetkeeper.api.handler import openapi_json; print(openapi_json())' > docs/openapi.json
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .aws-sam

@@ -42,3 +42,15 @@ def test_table_declares_keys_sparse_index_stream_and_ttl() -> None:
     assert props["TimeToLiveSpecification"] == {"AttributeName": "expiration", "Enabled": True}
     assert props["PointInTimeRecoverySpecification"]["PointInTimeRecoveryEnabled"] is True
     assert props["SSESpecification"]["SSEEnabled"] is True
+
+
+def test_the_checked_in_openapi_document_matches_the_code() -> None:
+    import json
+    from pathlib import Path
+
+    from fleetkeeper.api.handler import openapi_json
+
+    checked_in = Path(__file__).resolve().parents[1] / "docs" / "openapi.json"
+    assert json.loads(checked_in.read_text()) == json.loads(openapi_json()), (
+        "docs/openapi.json is stale: run `make openapi` and commit it"
+    )
