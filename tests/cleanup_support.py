@@ -11,43 +11,47 @@ from typing import TYPE_CHECKING, Any
 
 from botocore.exceptions import ClientError
 from fleetkeeper import aws
+from fleetkeeper.model import ReplicaRecord, ReplicaStatus, VersionRecord
+from fleetkeeper.spec import ServiceSpec
 from fleetkeeper.store import (
     BATCH_WRITE_LIMIT,
     SERVICE_SK,
     child_prefixes,
-    replica_sk,
+    replica_item,
     service_pk,
     to_raw,
-    version_sk,
+    version_item,
 )
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable
 
+from tests.conftest import hello_spec
+
 EVENT_PATH = Path(__file__).resolve().parents[1] / "events" / "cleanup_remove.json"
 
 
 def seed_children(table: str, name: str, uid: str, *, versions: int, replicas: int = 0) -> None:
-    """Version (and replica) items of one incarnation, written with BatchWriteItem (10,000 in seconds)."""
+    """Version (and replica) items of one incarnation, as the api and reconciler write them, put with
+    BatchWriteItem directly so 10,000 take seconds."""
+    spec = ServiceSpec.model_validate(hello_spec())
+    now = "2026-11-29T12:00:00.000Z"
     items = [
-        {
-            "PK": service_pk(name),
-            "SK": version_sk(uid, v),
-            "kind": "version",
-            "name": name,
-            "uid": uid,
-            "version": v,
-        }
+        version_item(VersionRecord(name=name, uid=uid, version=v, spec=spec, mode="rolling", created_at=now))
         for v in range(1, versions + 1)
     ] + [
-        {
-            "PK": service_pk(name),
-            "SK": replica_sk(uid, r),
-            "kind": "replica",
-            "name": name,
-            "uid": uid,
-            "replica_id": r,
-        }
+        replica_item(
+            ReplicaRecord(
+                name=name,
+                uid=uid,
+                replica_id=r,
+                version=max(versions, 1),
+                status=ReplicaStatus.SHUTTING_DOWN,
+                created_at=now,
+                updated_at=now,
+                instance_id=f"i-{r:017x}",
+            )
+        )
         for r in range(1, replicas + 1)
     ]
     client = aws.dynamodb()

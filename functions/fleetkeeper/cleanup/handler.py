@@ -45,11 +45,12 @@ def _is_service_removal(record: DynamoDBRecord) -> bool:
 def record_handler(record: DynamoDBRecord, lambda_context: LambdaContext) -> None:
     if not _is_service_removal(record):
         logger.warning("ignoring a record that is not a service removal", extra={"event_id": record.event_id})
+        metrics.add_metric(name="CleanupRecordsIgnored", unit=MetricUnit.Count, value=1)
         return
     assert record.dynamodb is not None  # checked by _is_service_removal
     incarnation = Incarnation.from_old_image(record.dynamodb.old_image)
     log = {
-        "service": incarnation.name,
+        "service_name": incarnation.name,  # not "service": Logger's own key (the function's name)
         "uid": incarnation.uid,
         "sequence_number": record.dynamodb.sequence_number,
     }
