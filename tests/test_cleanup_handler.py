@@ -55,7 +55,7 @@ def test_the_checked_in_event_cleans_up_its_incarnation(table: str) -> None:
 
 @pytest.mark.parametrize("fault", ["dynamodb refuses", "old image without uid"])
 def test_a_failing_middle_record_is_the_only_batch_item_failure(
-    table: str, monkeypatch: pytest.MonkeyPatch, fault: str
+    table: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], fault: str
 ) -> None:
     for name, uid in (("alpha", "aaaa"), ("bravo", "bbbb"), ("charlie", "cccc")):
         seed_children(table, name, uid, versions=60, replicas=2)
@@ -83,6 +83,9 @@ def test_a_failing_middle_record_is_the_only_batch_item_failure(
     assert partition_keys(table, "alpha") == set()
     assert partition_keys(table, "charlie") == set()
     assert partition_keys(table, "bravo") == bravo_before
+    (metrics,) = _metric_blobs(capsys)
+    assert metrics["CleanupItemsDeleted"] == [62.0, 0.0, 62.0]
+    assert metrics["CleanupRecordsIncomplete"] == [1.0]
 
 
 def test_records_the_time_budget_does_not_reach_fail_and_their_redelivery_finishes(table: str) -> None:
@@ -132,8 +135,14 @@ def test_metrics_report_items_deleted_per_record(table: str, capsys: pytest.Capt
 
     invoke([removal_record("alpha", "aaaa", "1"), removal_record("bravo", "bbbb", "2")])
 
-    blobs = [json.loads(line) for line in capsys.readouterr().out.splitlines() if '"_aws"' in line]
-    assert [blob["CleanupItemsDeleted"] for blob in blobs] == [[7.0, 40.0]]
+    (metrics,) = _metric_blobs(capsys)
+    assert metrics["CleanupItemsDeleted"] == [7.0, 40.0]
+    assert "CleanupRecordsIncomplete" not in metrics
+
+
+def _metric_blobs(capsys: pytest.CaptureFixture[str]) -> list[dict[str, Any]]:
+    """The EMF documents the handler flushed to stdout (one per invocation)."""
+    return [json.loads(line) for line in capsys.readouterr().out.splitlines() if '"_aws"' in line]
 
 
 # --- the re-create race -----------------------------------------------------------------------------

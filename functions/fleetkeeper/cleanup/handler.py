@@ -14,7 +14,7 @@ from aws_lambda_powertools.metrics import MetricUnit
 from aws_lambda_powertools.utilities.batch import BatchProcessor, EventType, process_partial_response
 from aws_lambda_powertools.utilities.data_classes.dynamo_db_stream_event import DynamoDBRecordEventName
 
-from fleetkeeper.cleanup.logic import Budget, Cleaner, CleanupError, Incarnation
+from fleetkeeper.cleanup.logic import Budget, Cleaner, Incarnation
 from fleetkeeper.store import SERVICE_SK, ChildKeys, Store, service_pk
 
 if TYPE_CHECKING:
@@ -48,24 +48,25 @@ def record_handler(record: DynamoDBRecord, lambda_context: LambdaContext) -> Non
         metrics.add_metric(name="CleanupRecordsIgnored", unit=MetricUnit.Count, value=1)
         return
     assert record.dynamodb is not None  # checked by _is_service_removal
-    incarnation = Incarnation.from_old_image(record.dynamodb.old_image)
-    log = {
-        "service_name": incarnation.name,  # not "service": Logger's own key (the function's name)
-        "uid": incarnation.uid,
-        "sequence_number": record.dynamodb.sequence_number,
-    }
-    cleaner = Cleaner(
-        children=ChildKeys(_store(), incarnation.name, incarnation.uid),
-        budget=Budget(remaining_ms=lambda_context.get_remaining_time_in_millis),
-    )
+    log: dict[str, Any] = {"sequence_number": record.dynamodb.sequence_number}
+    cleaner: Cleaner | None = None
     try:
+        incarnation = Incarnation.from_old_image(record.dynamodb.old_image)
+        # "service_name", not "service": that is Logger's own key (the function's service name).
+        log.update(service_name=incarnation.name, uid=incarnation.uid)
+        cleaner = Cleaner(
+            children=ChildKeys(_store(), incarnation.name, incarnation.uid),
+            budget=Budget(remaining_ms=lambda_context.get_remaining_time_in_millis),
+        )
         progress = cleaner.run()
-    except CleanupError as exc:
-        metrics.add_metric(name="CleanupItemsDeleted", unit=MetricUnit.Count, value=exc.progress.deleted)
+    except Exception as exc:
+        # Any failure fails this record only; the stream delivers it again (then to the failure queue).
+        deleted = cleaner.progress.deleted if cleaner else 0
+        metrics.add_metric(name="CleanupItemsDeleted", unit=MetricUnit.Count, value=deleted)
         metrics.add_metric(name="CleanupRecordsIncomplete", unit=MetricUnit.Count, value=1)
         logger.warning(
             "cleanup incomplete; the stream will deliver this record again",
-            extra={**log, "reason": str(exc), "deleted": exc.progress.deleted},
+            extra={**log, "reason": f"{type(exc).__name__}: {exc}", "deleted": deleted},
         )
         raise
     metrics.add_metric(name="CleanupItemsDeleted", unit=MetricUnit.Count, value=progress.deleted)

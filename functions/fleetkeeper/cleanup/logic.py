@@ -128,8 +128,10 @@ class Cleaner:
     sleep: Callable[[float], None] = time.sleep
     jitter: Callable[[float], float] = full_jitter
 
+    progress: Progress = field(default_factory=Progress)  # also readable when run() raised
+
     def run(self) -> Progress:
-        progress = Progress()
+        progress = self.progress = Progress()
         for chunk in _chunks(self.children.keys(), BATCH_WRITE_LIMIT):
             if not self.budget.allows():
                 raise OutOfTime(
