@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 from fleetkeeper import aws
+from fleetkeeper.cleanup import manual
 from fleetkeeper.cleanup.logic import (
     Budget,
     Cleaner,
@@ -30,6 +31,7 @@ from tests.cleanup_support import (
     seed_children,
     throttled,
 )
+from tests.conftest import ApiClient, hello_spec
 
 UID_A = "a0a0a0a0a0a0a0a0"
 UID_B = "b1b1b1b1b1b1b1b1"
@@ -241,3 +243,22 @@ def test_an_old_image_without_name_and_uid_is_refused(image: dict[str, Any]) -> 
 
 def _raise(exc: Exception) -> Any:
     raise exc
+
+
+def test_the_manual_run_lists_uids_deletes_an_orphan_and_refuses_the_live_one(
+    api: ApiClient, table: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    live = api.post("/v1/services", {"name": "web", "spec": hello_spec()}).body["uid"]
+    seed_children(table, "web", UID_A, versions=30, replicas=1)  # an orphan the stream gave up on
+
+    assert manual.main(["--table", table, "--name", "web"]) == 0
+    listing = capsys.readouterr().out
+    assert f"{UID_A}  31 child item(s)\n" in listing
+    assert f"{live}  1 child item(s)  (live incarnation)\n" in listing
+
+    assert manual.main(["--table", table, "--name", "web", "--uid", live]) == 2
+    assert manual.main(["--table", table, "--name", "web", "--uid", UID_A]) == 0
+
+    assert children_of(partition_keys(table, "web"), UID_A) == set()
+    assert api.get("/v1/services/web").status == 200
+    assert len(api.get("/v1/services/web/versions").body["versions"]) == 1

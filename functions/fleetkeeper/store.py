@@ -675,3 +675,25 @@ class ChildKeys:
         return [
             dict(request["DeleteRequest"]["Key"]) for request in unprocessed if "DeleteRequest" in request
         ]
+
+
+def partition_uids(store: Store, name: str) -> tuple[str | None, dict[str, int]]:
+    """The live incarnation's uid (None when its service item is gone) and child counts per uid.
+
+    Read-only, for an operator (cleanup/manual.py): a Query is not isolated from a concurrent
+    create's transaction, so what it shows is a hint for a person, never a reason for code to delete.
+    """
+    live: str | None = None
+    counts: dict[str, int] = {}
+    for page in store._query_pages(
+        KeyConditionExpression="PK = :pk",
+        ExpressionAttributeValues=_values(pk=service_pk(name)),
+        ProjectionExpression="SK, uid",
+        ConsistentRead=True,
+    ):
+        for item in map(from_raw, page["Items"]):
+            if item["SK"] == SERVICE_SK:
+                live = str(item["uid"])
+            elif "uid" in item:
+                counts[str(item["uid"])] = counts.get(str(item["uid"]), 0) + 1
+    return live, counts
