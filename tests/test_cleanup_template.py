@@ -11,6 +11,7 @@ import pytest
 from fleetkeeper import aws
 from fleetkeeper.cleanup import handler
 from fleetkeeper.eventfilter import matches_any, patterns_of
+from fleetkeeper.services import IDEMPOTENCY_PARTITION
 from fleetkeeper.store import SERVICE_SK, replica_sk, service_pk, to_raw, version_sk
 from fleetkeeper.template import load_template
 
@@ -119,7 +120,9 @@ def test_the_filter_admits_only_service_removals_of_real_stream_records(
     client = aws.dynamodb()
     # Every kind of write the table sees: service and version INSERT (create), service MODIFY and
     # version INSERT (update), replica INSERT/MODIFY/REMOVE, version REMOVE, service REMOVE.
-    created = api.post("/v1/services", {"name": "web", "spec": hello_spec()})
+    created = api.post(
+        "/v1/services", {"name": "web", "spec": hello_spec()}, headers={"Idempotency-Key": "ci-run-1"}
+    )
     uid = created.body["uid"]
     assert (
         api.put(
@@ -140,13 +143,25 @@ def test_the_filter_admits_only_service_removals_of_real_stream_records(
     client.delete_item(TableName=table, Key=to_raw({"PK": service_pk("web"), "SK": version_sk(uid, 1)}))
     assert api.delete("/v1/services/web").status == 202  # MODIFY: lifecycle DELETING
     client.delete_item(TableName=table, Key=to_raw({"PK": service_pk("web"), "SK": SERVICE_SK}))
+    # The idempotency record's expiry (TTL, which moto does not model) is a REMOVE too.
+    (idempotency_key,) = [
+        {"PK": i["PK"], "SK": i["SK"]}
+        for i in client.scan(TableName=table)["Items"]
+        if i["PK"]["S"] == IDEMPOTENCY_PARTITION
+    ]
+    client.delete_item(TableName=table, Key=idempotency_key)
 
     records = stream_records(table)
-    kinds = {(r["eventName"], r["dynamodb"]["Keys"]["SK"]["S"][:2]) for r in records}
+    kinds = {
+        (r["eventName"], r["dynamodb"]["Keys"]["PK"]["S"][:3], r["dynamodb"]["Keys"]["SK"]["S"][:2])
+        for r in records
+    }
     assert kinds == {
-        ("INSERT", "ME"), ("MODIFY", "ME"), ("REMOVE", "ME"),
-        ("INSERT", "V#"), ("REMOVE", "V#"),
-        ("INSERT", "R#"), ("MODIFY", "R#"), ("REMOVE", "R#"),
+        ("INSERT", "SVC", "ME"), ("MODIFY", "SVC", "ME"), ("REMOVE", "SVC", "ME"),
+        ("INSERT", "SVC", "V#"), ("REMOVE", "SVC", "V#"),
+        ("INSERT", "SVC", "R#"), ("MODIFY", "SVC", "R#"), ("REMOVE", "SVC", "R#"),
+        ("INSERT", "IDE", idempotency_key["SK"]["S"][:2]), ("MODIFY", "IDE", idempotency_key["SK"]["S"][:2]),
+        ("REMOVE", "IDE", idempotency_key["SK"]["S"][:2]),
     }  # fmt: skip
     admitted = [r for r in records if matches_any(patterns, r)]
     assert [(r["eventName"], r["dynamodb"]["Keys"]["SK"]["S"]) for r in admitted] == [("REMOVE", SERVICE_SK)]
