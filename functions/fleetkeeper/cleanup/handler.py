@@ -1,0 +1,90 @@
+"""The cleanup Lambda handler: one DynamoDB stream record = one removed service incarnation.
+
+Thin: Powertools batch processing reports each failed record (ReportBatchItemFailures), so one
+service whose cleanup fails or runs out of time never blocks the others; the logic is in logic.py.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, Any
+
+from aws_lambda_powertools import Logger, Metrics
+from aws_lambda_powertools.metrics import MetricUnit
+from aws_lambda_powertools.utilities.batch import BatchProcessor, EventType, process_partial_response
+from aws_lambda_powertools.utilities.data_classes.dynamo_db_stream_event import DynamoDBRecordEventName
+
+from fleetkeeper.cleanup.logic import Budget, Cleaner, Incarnation
+from fleetkeeper.store import SERVICE_SK, ChildKeys, Store, service_pk
+
+if TYPE_CHECKING:
+    from aws_lambda_powertools.utilities.batch.types import PartialItemFailureResponse
+    from aws_lambda_powertools.utilities.data_classes.dynamo_db_stream_event import DynamoDBRecord
+    from aws_lambda_powertools.utilities.typing import LambdaContext
+
+logger = Logger()
+metrics = Metrics()
+processor = BatchProcessor(event_type=EventType.DynamoDBStreams)
+
+
+def _store() -> Store:
+    table = os.environ.get("TABLE_NAME")
+    if not table:
+        raise RuntimeError("TABLE_NAME is not set: the cleanup function needs its table")
+    return Store(table)  # cheap: the boto3 client behind it is cached in fleetkeeper.aws
+
+
+def _is_service_removal(record: DynamoDBRecord) -> bool:
+    """The event source's filter admits only these; anything else (a pump without it) is not ours."""
+    if record.event_name is not DynamoDBRecordEventName.REMOVE or record.dynamodb is None:
+        return False
+    keys = record.dynamodb.keys
+    return keys.get("SK") == SERVICE_SK and str(keys.get("PK", "")).startswith(service_pk(""))
+
+
+def record_handler(record: DynamoDBRecord, lambda_context: LambdaContext) -> None:
+    if not _is_service_removal(record):
+        logger.warning("ignoring a record that is not a service removal", extra={"event_id": record.event_id})
+        metrics.add_metric(name="CleanupRecordsIgnored", unit=MetricUnit.Count, value=1)
+        return
+    assert record.dynamodb is not None  # checked by _is_service_removal
+    log: dict[str, Any] = {"sequence_number": record.dynamodb.sequence_number}
+    cleaner: Cleaner | None = None
+    try:
+        incarnation = Incarnation.from_old_image(record.dynamodb.old_image)
+        # "service_name", not "service": that is Logger's own key (the function's service name).
+        log.update(service_name=incarnation.name, uid=incarnation.uid)
+        cleaner = Cleaner(
+            children=ChildKeys(_store(), incarnation.name, incarnation.uid),
+            budget=Budget(remaining_ms=lambda_context.get_remaining_time_in_millis),
+        )
+        progress = cleaner.run()
+    except Exception as exc:
+        # Any failure fails this record only; the stream delivers it again (then to the failure queue).
+        deleted = cleaner.progress.deleted if cleaner else 0
+        metrics.add_metric(name="CleanupItemsDeleted", unit=MetricUnit.Count, value=deleted)
+        metrics.add_metric(name="CleanupRecordsIncomplete", unit=MetricUnit.Count, value=1)
+        logger.warning(
+            "cleanup incomplete; the stream will deliver this record again",
+            extra={**log, "reason": f"{type(exc).__name__}: {exc}", "deleted": deleted},
+        )
+        raise
+    metrics.add_metric(name="CleanupItemsDeleted", unit=MetricUnit.Count, value=progress.deleted)
+    logger.info(
+        "incarnation cleaned up",
+        extra={
+            **log,
+            "deleted": progress.deleted,
+            "batch_calls": progress.batch_calls,
+            "retries": progress.retries,
+            "throttles": progress.throttles,
+        },
+    )
+
+
+@metrics.log_metrics
+@logger.inject_lambda_context
+def lambda_handler(event: dict[str, Any], context: LambdaContext) -> PartialItemFailureResponse:
+    return process_partial_response(
+        event=event, record_handler=record_handler, processor=processor, context=context
+    )

@@ -1,0 +1,184 @@
+"""Deleting one removed incarnation's children, within a time budget, retrying what DynamoDB defers.
+
+The function's collaborators come in as parameters (the keys of the incarnation, the remaining time,
+sleep, jitter), so tests can inject throttling, unprocessed items and a clock that runs out.
+
+Resumable by construction: nothing is remembered between attempts. A record that runs out of time
+fails; the stream delivers it again and the next attempt re-queries what is left, so it continues
+where the last one stopped. A record whose items are already gone queries nothing and succeeds.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+from botocore.exceptions import ClientError
+
+from fleetkeeper.store import BATCH_WRITE_LIMIT
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterable, Iterator, Mapping
+
+    from fleetkeeper.store import RawItem
+
+# Errors worth another try inside this attempt: DynamoDB is busy, not wrong. Anything else fails
+# the record at once (the stream retries it, then sends it to the on-failure queue).
+RETRYABLE_ERRORS = frozenset(
+    {
+        "ProvisionedThroughputExceededException",
+        "ThrottlingException",
+        "RequestLimitExceeded",
+        "InternalServerError",
+        "ServiceUnavailable",
+    }
+)
+
+
+class ChildKeysPort(Protocol):
+    """What the cleanup needs from the table (fleetkeeper.store.ChildKeys in production)."""
+
+    def keys(self) -> Iterable[RawItem]: ...
+
+    def delete(self, keys: list[RawItem]) -> list[RawItem]: ...
+
+
+@dataclass(frozen=True)
+class Incarnation:
+    """The removed service item's identity: its name and the uid its children's keys carry."""
+
+    name: str
+    uid: str
+
+    @classmethod
+    def from_old_image(cls, image: Mapping[str, Any]) -> Incarnation:
+        name, uid = image.get("name"), image.get("uid")
+        if not isinstance(name, str) or not name or not isinstance(uid, str) or not uid:
+            # Without the uid we cannot tell this incarnation's children from a newer one's: never guess.
+            raise MalformedRecord(f"the removed service item has no name and uid: {sorted(image)}")
+        return cls(name=name, uid=uid)
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """Exponential backoff with full jitter for UnprocessedItems and throttling, bounded."""
+
+    attempts: int = 8  # BatchWriteItem calls per chunk, the first included
+    base_seconds: float = 0.05
+    cap_seconds: float = 2.0
+
+    def delay(self, retry: int, jitter: Callable[[float], float]) -> float:
+        """The pause before retry number `retry` (1, 2, ...): uniform in [0, min(cap, base * 2^retry)]."""
+        return jitter(min(self.cap_seconds, self.base_seconds * 2**retry))
+
+
+@dataclass(frozen=True)
+class Budget:
+    """The time left in this invocation; stop while `reserve_ms` is still left to report the failure."""
+
+    remaining_ms: Callable[[], int]
+    reserve_ms: int = 5_000
+
+    def allows(self, seconds: float = 0.0) -> bool:
+        return self.remaining_ms() - seconds * 1000 > self.reserve_ms
+
+
+@dataclass
+class Progress:
+    deleted: int = 0  # keys DynamoDB confirmed deleted (gone afterwards, whether or not they existed)
+    batch_calls: int = 0
+    retries: int = 0
+    throttles: int = 0
+
+
+class CleanupError(Exception):
+    """This record could not be completed now; the stream will deliver it again."""
+
+    def __init__(self, message: str, progress: Progress | None = None) -> None:
+        super().__init__(message)
+        self.progress = progress or Progress()
+
+
+class MalformedRecord(CleanupError):
+    pass
+
+
+class OutOfTime(CleanupError):
+    pass
+
+
+class GaveUp(CleanupError):
+    pass
+
+
+def full_jitter(cap: float) -> float:
+    """Full jitter: retries of many throttled chunks spread out instead of arriving together."""
+    return random.uniform(0.0, cap)
+
+
+@dataclass
+class Cleaner:
+    """Deletes every child of one incarnation, chunk by chunk, within the budget."""
+
+    children: ChildKeysPort
+    budget: Budget
+    policy: RetryPolicy = field(default_factory=RetryPolicy)
+    sleep: Callable[[float], None] = time.sleep
+    jitter: Callable[[float], float] = full_jitter
+
+    progress: Progress = field(default_factory=Progress)  # also readable when run() raised
+
+    def run(self) -> Progress:
+        progress = self.progress = Progress()
+        for chunk in _chunks(self.children.keys(), BATCH_WRITE_LIMIT):
+            if not self.budget.allows():
+                raise OutOfTime(
+                    f"time budget spent after deleting {progress.deleted} item(s); the retry continues",
+                    progress,
+                )
+            self._delete_chunk(chunk, progress)
+        return progress
+
+    def _delete_chunk(self, chunk: list[RawItem], progress: Progress) -> None:
+        pending = chunk
+        for attempt in range(1, self.policy.attempts + 1):
+            if attempt > 1:
+                pause = self.policy.delay(attempt - 1, self.jitter)
+                if not self.budget.allows(pause):
+                    raise OutOfTime(
+                        f"time budget spent retrying {len(pending)} deferred delete(s); the retry continues",
+                        progress,
+                    )
+                self.sleep(pause)
+                progress.retries += 1
+            progress.batch_calls += 1
+            try:
+                unprocessed = self.children.delete(pending)
+            except ClientError as exc:
+                if exc.response.get("Error", {}).get("Code") not in RETRYABLE_ERRORS:
+                    raise
+                progress.throttles += 1
+                continue  # the whole chunk again: deleting an item twice is harmless
+            progress.deleted += len(pending) - len(unprocessed)
+            if not unprocessed:
+                return
+            pending = unprocessed
+        raise GaveUp(
+            f"{len(pending)} delete(s) still deferred after {self.policy.attempts} attempts; "
+            "the stream will retry this record",
+            progress,
+        )
+
+
+def _chunks(keys: Iterable[RawItem], size: int) -> Iterator[list[RawItem]]:
+    """Fixed-size chunks across query pages and prefixes, so n keys take ceil(n / size) calls."""
+    chunk: list[RawItem] = []
+    for key in keys:
+        chunk.append(key)
+        if len(chunk) == size:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk

@@ -1,0 +1,213 @@
+"""The cleanup Lambda handler: partial batch failures, the checked-in event, and the re-create race
+played through the api and the table's real stream."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from aws_lambda_powertools.utilities.batch.exceptions import BatchProcessingError
+from fleetkeeper import aws
+from fleetkeeper.cleanup import handler
+from fleetkeeper.store import SERVICE_SK, child_prefixes, service_pk, to_raw, version_sk
+
+from tests.cleanup_support import (
+    EVENT_PATH,
+    FaultyClient,
+    access_denied,
+    children_of,
+    count_calls,
+    partition_keys,
+    removal_record,
+    seed_children,
+    stream_records,
+)
+from tests.conftest import ApiClient, FakeContext, hello_spec
+
+
+class Context(FakeContext):
+    function_name = "fleetkeeper-cleanup"
+
+    def __init__(self, remaining_ms: int = 300_000) -> None:
+        self.remaining_ms = remaining_ms
+
+    def get_remaining_time_in_millis(self) -> int:  # type: ignore[override]
+        return self.remaining_ms
+
+
+def invoke(records: list[dict[str, Any]], context: Context | None = None) -> dict[str, Any]:
+    response: dict[str, Any] = handler.lambda_handler({"Records": records}, context or Context())
+    return response
+
+
+def test_the_checked_in_event_cleans_up_its_incarnation(table: str) -> None:
+    event = json.loads(EVENT_PATH.read_text())
+    image = event["Records"][0]["dynamodb"]["OldImage"]
+    name, uid = image["name"]["S"], image["uid"]["S"]
+    seed_children(table, name, uid, versions=3, replicas=4)
+
+    response = handler.lambda_handler(event, Context())
+
+    assert response == {"batchItemFailures": []}
+    assert partition_keys(table, name) == set()
+
+
+@pytest.mark.parametrize("fault", ["dynamodb refuses", "old image without uid"])
+def test_a_failing_middle_record_is_the_only_batch_item_failure(
+    table: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], fault: str
+) -> None:
+    for name, uid in (("alpha", "aaaa"), ("bravo", "bbbb"), ("charlie", "cccc")):
+        seed_children(table, name, uid, versions=60, replicas=2)
+    bravo_before = partition_keys(table, "bravo")
+    records = [
+        removal_record("alpha", "aaaa", "100"),
+        removal_record("bravo", "bbbb", "200"),
+        removal_record("charlie", "cccc", "300"),
+    ]
+    if fault == "dynamodb refuses":
+        real = aws.dynamodb()
+
+        def refuse_bravo(request_items: dict[str, Any], _call: int) -> None:
+            ((requests),) = request_items.values()
+            if any(r["DeleteRequest"]["Key"]["PK"]["S"] == service_pk("bravo") for r in requests):
+                raise access_denied()
+
+        monkeypatch.setattr(aws, "dynamodb", lambda: FaultyClient(real, refuse_bravo))
+    else:
+        records[1]["dynamodb"]["OldImage"].pop("uid")
+
+    response = invoke(records)
+
+    assert response == {"batchItemFailures": [{"itemIdentifier": "200"}]}
+    assert partition_keys(table, "alpha") == set()
+    assert partition_keys(table, "charlie") == set()
+    assert partition_keys(table, "bravo") == bravo_before
+    (metrics,) = _metric_blobs(capsys)
+    assert metrics["CleanupItemsDeleted"] == [62.0, 0.0, 62.0]
+    assert metrics["CleanupRecordsIncomplete"] == [1.0]
+
+
+def test_records_the_time_budget_does_not_reach_fail_and_their_redelivery_finishes(table: str) -> None:
+    seed_children(table, "alpha", "aaaa", versions=30)
+    seed_children(table, "bravo", "bbbb", versions=30)
+    batch_calls = count_calls("BatchWriteItem")
+    # Each BatchWriteItem takes 2 s of a 9 s budget; the cleanup stops with 5 s in reserve.
+    context = Context()
+    context.get_remaining_time_in_millis = lambda: 9_000 - 2_000 * len(batch_calls)  # type: ignore[method-assign]
+    records = [removal_record("alpha", "aaaa", "100"), removal_record("bravo", "bbbb", "200")]
+
+    assert invoke(records, context) == {"batchItemFailures": [{"itemIdentifier": "200"}]}
+    assert partition_keys(table, "alpha") == set()
+    assert len(partition_keys(table, "bravo")) == 30
+
+    # Lambda delivers again from the failed record on; alpha's is harmless to repeat.
+    assert invoke(records) == {"batchItemFailures": []}
+    assert partition_keys(table, "bravo") == set()
+
+
+def test_a_batch_whose_every_record_fails_is_a_function_error(table: str) -> None:
+    """Powertools raises when nothing succeeded: Lambda then bisects and retries the whole batch."""
+    seed_children(table, "web", "aaaa", versions=30)
+
+    with pytest.raises(BatchProcessingError):
+        invoke([removal_record("web", "aaaa", "100")], Context(remaining_ms=4_000))
+    assert len(partition_keys(table, "web")) == 30
+
+    assert invoke([removal_record("web", "aaaa", "100")]) == {"batchItemFailures": []}
+    assert partition_keys(table, "web") == set()
+
+
+def test_records_that_are_not_service_removals_are_left_alone(table: str) -> None:
+    seed_children(table, "web", "aaaa", versions=2)
+    version_removal = removal_record("web", "aaaa", "100")
+    version_removal["dynamodb"]["Keys"] = to_raw({"PK": service_pk("web"), "SK": version_sk("aaaa", 1)})
+    insert = removal_record("web", "aaaa", "101")
+    insert["eventName"] = "INSERT"
+
+    assert invoke([version_removal, insert]) == {"batchItemFailures": []}
+    assert len(partition_keys(table, "web")) == 2
+
+
+def test_metrics_report_items_deleted_per_record(table: str, capsys: pytest.CaptureFixture[str]) -> None:
+    seed_children(table, "alpha", "aaaa", versions=7)
+    seed_children(table, "bravo", "bbbb", versions=40)
+
+    invoke([removal_record("alpha", "aaaa", "1"), removal_record("bravo", "bbbb", "2")])
+
+    (metrics,) = _metric_blobs(capsys)
+    assert metrics["CleanupItemsDeleted"] == [7.0, 40.0]
+    assert "CleanupRecordsIncomplete" not in metrics
+
+
+def _metric_blobs(capsys: pytest.CaptureFixture[str]) -> list[dict[str, Any]]:
+    """The EMF documents the handler flushed to stdout (one per invocation)."""
+    return [json.loads(line) for line in capsys.readouterr().out.splitlines() if '"_aws"' in line]
+
+
+# --- the re-create race -----------------------------------------------------------------------------
+
+
+def _remove_service_item(table: str, name: str, uid: str) -> None:
+    """What the reconciler does at the end of SHUTTING_DOWN: remove the item of THAT incarnation."""
+    aws.dynamodb().delete_item(
+        TableName=table,
+        Key=to_raw({"PK": service_pk(name), "SK": SERVICE_SK}),
+        ConditionExpression="uid = :uid AND lifecycle = :deleting",
+        ExpressionAttributeValues=to_raw({":uid": uid, ":deleting": "DELETING"}),
+    )
+
+
+def _recreate_with_versions(api: ApiClient, versions: int) -> str:
+    created = api.post("/v1/services", {"name": "web", "spec": hello_spec()})
+    assert created.status == 201, created.body
+    for replicas in range(2, versions + 1):
+        updated = api.put(
+            "/v1/services/web",
+            {"spec": hello_spec(service={"readiness_probe": "/health", "replicas": replicas, "ports": 8080})},
+        )
+        assert updated.status == 200, updated.body
+    uid: str = created.body["uid"]
+    return uid
+
+
+@pytest.mark.parametrize("recreated", ["before the cleanup runs", "while the cleanup runs"])
+def test_recreating_the_name_loses_nothing_of_the_new_incarnation(
+    api: ApiClient, table: str, monkeypatch: pytest.MonkeyPatch, recreated: str
+) -> None:
+    created = api.post("/v1/services", {"name": "web", "spec": hello_spec()})
+    uid_a = created.body["uid"]
+    seed_children(table, "web", uid_a, versions=500, replicas=6)  # version 1 exists: the rest overwrite it
+    assert api.delete("/v1/services/web").status == 202
+    _remove_service_item(table, "web", uid_a)
+    (removal,) = [r for r in stream_records(table) if r["eventName"] == "REMOVE"]
+
+    new: dict[str, str] = {}
+    if recreated == "before the cleanup runs":
+        new["uid"] = _recreate_with_versions(api, versions=4)
+        seed_children(table, "web", new["uid"], versions=0, replicas=3)
+    else:
+        real = aws.dynamodb()
+
+        def recreate_after_first_batch(_items: dict[str, Any], call: int) -> None:
+            if call == 2:  # one chunk of A deleted, the rest still to go
+                monkeypatch.setattr(aws, "dynamodb", lambda: real)  # the api's own writes are not faulted
+                new["uid"] = _recreate_with_versions(api, versions=4)
+                seed_children(table, "web", new["uid"], versions=0, replicas=3)
+
+        monkeypatch.setattr(aws, "dynamodb", lambda: FaultyClient(real, recreate_after_first_batch))
+
+    response = invoke([removal])
+
+    uid_b = new["uid"]
+    assert uid_b != uid_a
+    assert response == {"batchItemFailures": []}
+    keys = partition_keys(table, "web")
+    assert children_of(keys, uid_a) == set()
+    assert keys == {SERVICE_SK} | {f"{child_prefixes(uid_b)[0]}{v:010d}" for v in range(1, 5)} | {
+        f"{child_prefixes(uid_b)[1]}{r:010d}" for r in range(1, 4)
+    }
+    view = api.get("/v1/services/web")
+    assert view.status == 200
+    assert view.body["uid"] == uid_b
+    assert [v["version"] for v in api.get("/v1/services/web/versions").body["versions"]] == [1, 2, 3, 4]
