@@ -28,12 +28,12 @@ os.environ.update(
     }
 )
 
+from moto import mock_aws  # noqa: E402
+
 from fleetkeeper import aws  # noqa: E402
 from fleetkeeper.cleanup.logic import Budget, Cleaner  # noqa: E402
 from fleetkeeper.store import ChildKeys, Store  # noqa: E402
 from fleetkeeper.template import create_table  # noqa: E402
-from moto import mock_aws  # noqa: E402
-
 from tests.cleanup_support import count_calls, partition_keys, seed_children  # noqa: E402
 
 TABLE = "fleetkeeper-bench"

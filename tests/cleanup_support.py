@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from botocore.exceptions import ClientError
+
 from fleetkeeper import aws
 from fleetkeeper.model import ReplicaRecord, ReplicaStatus, VersionRecord
 from fleetkeeper.spec import ServiceSpec
@@ -57,9 +58,7 @@ def seed_children(table: str, name: str, uid: str, *, versions: int, replicas: i
     client = aws.dynamodb()
     for start in range(0, len(items), BATCH_WRITE_LIMIT):
         chunk = items[start : start + BATCH_WRITE_LIMIT]
-        response = client.batch_write_item(
-            RequestItems={table: [{"PutRequest": {"Item": to_raw(i)}} for i in chunk]}
-        )
+        response = client.batch_write_item(RequestItems={table: [{"PutRequest": {"Item": to_raw(i)}} for i in chunk]})
         assert not response.get("UnprocessedItems"), "moto does not defer writes"
 
 

@@ -8,6 +8,7 @@ import math
 from typing import Any
 
 import pytest
+
 from fleetkeeper import aws
 from fleetkeeper.cleanup import manual
 from fleetkeeper.cleanup.logic import (
@@ -20,7 +21,6 @@ from fleetkeeper.cleanup.logic import (
     RetryPolicy,
 )
 from fleetkeeper.store import ChildKeys, Store, version_sk
-
 from tests.cleanup_support import (
     FaultyClient,
     access_denied,
@@ -96,9 +96,7 @@ def test_unprocessed_items_are_retried_with_growing_jittered_pauses(table: str) 
     sleeps: list[float] = []
     policy = RetryPolicy(attempts=5, base_seconds=0.1, cap_seconds=10.0)
 
-    progress = cleaner(
-        table, "web", UID_A, client=client, sleeps=sleeps, policy=policy, jitter=lambda cap: cap
-    ).run()
+    progress = cleaner(table, "web", UID_A, client=client, sleeps=sleeps, policy=policy, jitter=lambda cap: cap).run()
 
     assert partition_keys(table, "web") == set()
     assert progress.deleted == 60
@@ -110,9 +108,7 @@ def test_unprocessed_items_are_retried_with_growing_jittered_pauses(table: str) 
 def test_throttling_errors_are_retried_and_nothing_is_left_behind(table: str) -> None:
     seed_children(table, "web", UID_A, versions=100, replicas=3)
     throttle_on = {1, 2, 5}
-    client = FaultyClient(
-        aws.dynamodb(), lambda items, call: _raise(throttled()) if call in throttle_on else None
-    )
+    client = FaultyClient(aws.dynamodb(), lambda items, call: _raise(throttled()) if call in throttle_on else None)
     sleeps: list[float] = []
 
     progress = cleaner(table, "web", UID_A, client=client, sleeps=sleeps).run()

@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 from aws_lambda_powertools.utilities.batch.exceptions import BatchProcessingError
+
 from fleetkeeper import aws
 from fleetkeeper.cleanup import handler
 from fleetkeeper.store import SERVICE_SK, child_prefixes, service_pk, to_raw, version_sk
-
 from tests.cleanup_support import (
     EVENT_PATH,
     FaultyClient,

@@ -8,13 +8,13 @@ from typing import Any
 from unittest.mock import MagicMock
 
 import pytest
+
 from fleetkeeper import aws
 from fleetkeeper.cleanup import handler
 from fleetkeeper.eventfilter import matches_any, patterns_of
 from fleetkeeper.services import IDEMPOTENCY_PARTITION
 from fleetkeeper.store import SERVICE_SK, replica_sk, service_pk, to_raw, version_sk
 from fleetkeeper.template import load_template
-
 from tests.cleanup_support import EVENT_PATH, partition_keys, seed_children, stream_records
 from tests.conftest import ApiClient, FakeContext, hello_spec
 
@@ -120,14 +120,10 @@ def test_the_filter_admits_only_service_removals_of_real_stream_records(
     client = aws.dynamodb()
     # Every kind of write the table sees: service and version INSERT (create), service MODIFY and
     # version INSERT (update), replica INSERT/MODIFY/REMOVE, version REMOVE, service REMOVE.
-    created = api.post(
-        "/v1/services", {"name": "web", "spec": hello_spec()}, headers={"Idempotency-Key": "ci-run-1"}
-    )
+    created = api.post("/v1/services", {"name": "web", "spec": hello_spec()}, headers={"Idempotency-Key": "ci-run-1"})
     uid = created.body["uid"]
     assert (
-        api.put(
-            "/v1/services/web", {"spec": hello_spec(run="python3 -m http.server $PORT --bind 0.0.0.0")}
-        ).status
+        api.put("/v1/services/web", {"spec": hello_spec(run="python3 -m http.server $PORT --bind 0.0.0.0")}).status
         == 200
     )
     replica_key = {"PK": service_pk("web"), "SK": replica_sk(uid, 1)}
@@ -153,8 +149,7 @@ def test_the_filter_admits_only_service_removals_of_real_stream_records(
 
     records = stream_records(table)
     kinds = {
-        (r["eventName"], r["dynamodb"]["Keys"]["PK"]["S"][:3], r["dynamodb"]["Keys"]["SK"]["S"][:2])
-        for r in records
+        (r["eventName"], r["dynamodb"]["Keys"]["PK"]["S"][:3], r["dynamodb"]["Keys"]["SK"]["S"][:2]) for r in records
     }
     assert kinds == {
         ("INSERT", "SVC", "ME"), ("MODIFY", "SVC", "ME"), ("REMOVE", "SVC", "ME"),
@@ -168,9 +163,7 @@ def test_the_filter_admits_only_service_removals_of_real_stream_records(
     assert admitted[0]["dynamodb"]["OldImage"]["uid"]["S"] == uid
 
 
-def test_the_cleanups_own_deletes_do_not_trigger_it_again(
-    api: ApiClient, table: str, mapping: dict[str, Any]
-) -> None:
+def test_the_cleanups_own_deletes_do_not_trigger_it_again(api: ApiClient, table: str, mapping: dict[str, Any]) -> None:
     """The loop the filter exists for: cleanup deletes children, which must not reach cleanup."""
     patterns = patterns_of(mapping["FilterCriteria"])
     uid = api.post("/v1/services", {"name": "web", "spec": hello_spec()}).body["uid"]

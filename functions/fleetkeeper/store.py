@@ -711,9 +711,7 @@ class ChildKeys:
             RequestItems={self.store.table_name: [{"DeleteRequest": {"Key": key}} for key in keys]}
         )
         unprocessed = response.get("UnprocessedItems", {}).get(self.store.table_name, [])
-        return [
-            dict(request["DeleteRequest"]["Key"]) for request in unprocessed if "DeleteRequest" in request
-        ]
+        return [dict(request["DeleteRequest"]["Key"]) for request in unprocessed if "DeleteRequest" in request]
 
 
 def partition_uids(store: Store, name: str) -> tuple[str | None, dict[str, int]]:

@@ -85,6 +85,4 @@ def record_handler(record: DynamoDBRecord, lambda_context: LambdaContext) -> Non
 @metrics.log_metrics
 @logger.inject_lambda_context
 def lambda_handler(event: dict[str, Any], context: LambdaContext) -> PartialItemFailureResponse:
-    return process_partial_response(
-        event=event, record_handler=record_handler, processor=processor, context=context
-    )
+    return process_partial_response(event=event, record_handler=record_handler, processor=processor, context=context)

@@ -41,9 +41,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         children=ChildKeys(store, args.name, args.uid),
         budget=Budget(remaining_ms=lambda: 10**9),  # no Lambda limit here
     ).run()
-    print(
-        f"deleted {progress.deleted} item(s) of {args.name!r} uid {args.uid} ({progress.batch_calls} calls)"
-    )
+    print(f"deleted {progress.deleted} item(s) of {args.name!r} uid {args.uid} ({progress.batch_calls} calls)")
     return 0
 
 
