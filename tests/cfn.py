@@ -150,8 +150,10 @@ class Resolver:
         pid = self.physical_id(name)
         arns = {
             ("AWS::DynamoDB::Table", "Arn"): f"arn:aws:dynamodb:{REGION}:{ACCOUNT}:table/{pid}",
+            # A real stream label has colons (2026-01-01T00:00:00.000), which parliament splits the
+            # ARN on and then misreads; the label is made colon-free so the ARN itself is audited.
             ("AWS::DynamoDB::Table", "StreamArn"): (
-                f"arn:aws:dynamodb:{REGION}:{ACCOUNT}:table/{pid}/stream/2026-01-01T00:00:00.000"
+                f"arn:aws:dynamodb:{REGION}:{ACCOUNT}:table/{pid}/stream/2026-01-01T00-00-00.000"
             ),
             ("AWS::Lambda::Function", "Arn"): f"arn:aws:lambda:{REGION}:{ACCOUNT}:function:{pid}",
             ("AWS::SQS::Queue", "Arn"): f"arn:aws:sqs:{REGION}:{ACCOUNT}:{pid}",
