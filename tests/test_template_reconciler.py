@@ -28,6 +28,14 @@ from tests.cfn import (
 MANAGED_TAG = "fleetkeeper:managed"
 RESOURCE_TAG = f"aws:resourcetag/{MANAGED_TAG}"
 REQUEST_TAG = f"aws:requesttag/{MANAGED_TAG}"
+# What Lambda itself does with the function's role to attach it to its VPC (hyperplane ENIs);
+# these touch network interfaces, never instances.
+LAMBDA_VPC_ACTIONS = {
+    "ec2:createnetworkinterface",
+    "ec2:deletenetworkinterface",
+    "ec2:assignprivateipaddresses",
+    "ec2:unassignprivateipaddresses",
+}
 
 
 @pytest.fixture(scope="module")
@@ -87,8 +95,8 @@ def test_no_other_instance_mutation_without_the_tag(statements: list[dict[str, A
             name = str(action).lower()
             if not name.startswith("ec2:") or name.startswith(("ec2:describe", "ec2:get")):
                 continue
-            if name == "ec2:runinstances":
-                continue  # checked by resource type above
+            if name == "ec2:runinstances" or name in LAMBDA_VPC_ACTIONS:
+                continue  # RunInstances is checked by resource type above
             keys = condition_keys(statement)
             assert RESOURCE_TAG in keys or REQUEST_TAG in keys, (
                 f"{action} without the managed tag: {statement}"
@@ -153,3 +161,14 @@ def test_schedule_runs_at_the_parameters_rate(translated: dict[str, Any]) -> Non
 def test_default_rate_is_one_minute(translated: dict[str, Any]) -> None:
     _, expression = schedule_of(translated)
     assert Resolver(translated).resolve(expression) == "rate(1 minute)"
+
+
+def test_reconciler_runs_in_the_deployments_vpc(translated: dict[str, Any]) -> None:
+    """Its readiness probes reach replicas' private addresses (.checkov.yaml relies on this test)."""
+    vpc = translated["Resources"]["ReconcilerFunction"]["Properties"].get("VpcConfig")
+    assert vpc, "the reconciler is not in a VPC: it cannot probe replicas"
+    parameters = translated.get("Parameters", {})
+    for key in ("SubnetIds", "SecurityGroupIds"):
+        assert any(vpc[key] == {"Ref": name} for name in parameters), (
+            f"{key} is not a parameter: {vpc[key]!r}"
+        )
