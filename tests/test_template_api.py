@@ -142,3 +142,20 @@ def test_access_log_goes_to_a_log_group_with_retention(translated: dict[str, Any
     # The format is one JSON object per request, naming the caller and the outcome.
     record = json.loads(re.sub(r"\$context\.[A-Za-z.]+", "x", access["Format"]))
     assert {"requestId", "userArn", "httpMethod", "resourcePath", "status"} <= set(record)
+
+
+@pytest.mark.parametrize("kind", ["DEFAULT_4XX", "DEFAULT_5XX"])
+def test_api_gateways_own_errors_have_the_error_shape(translated: dict[str, Any], kind: str) -> None:
+    """A 403 for an unsigned call or a 429 from throttling parses like the function's errors."""
+    responses = rest_api(translated)["Properties"]["Body"]["x-amazon-apigateway-gateway-responses"]
+    template = responses[kind]["responseTemplates"]["application/json"]
+    # messageString is substituted as a quoted JSON string; responseType as a bare word.
+    rendered = template.replace("$context.error.messageString", json.dumps('Missing "Authentication" token'))
+    rendered = rendered.replace("$context.error.responseType", "MISSING_AUTHENTICATION_TOKEN")
+    assert json.loads(rendered) == {
+        "error": {
+            "code": "MISSING_AUTHENTICATION_TOKEN",
+            "message": 'Missing "Authentication" token',
+            "details": [],
+        }
+    }
