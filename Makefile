@@ -18,6 +18,9 @@ CHECKOV_VERSION := 3.3.30
 SAM_CLI_VERSION := 1.170.0
 CHECKOV         := $(TOOLS)/checkov/bin/checkov
 SAM             := $(TOOLS)/sam/bin/sam
+# A stamp per version, so that changing a pin above reinstalls the tool.
+CHECKOV_STAMP   := $(TOOLS)/checkov/.installed-$(CHECKOV_VERSION)
+SAM_STAMP       := $(TOOLS)/sam/.installed-$(SAM_CLI_VERSION)
 # Template checks run with no network at all where Linux allows it: a check that wanted to download
 # something fails here instead of quietly depending on the internet.
 OFFLINE         := $(shell unshare -rn true 2>/dev/null && echo unshare -rn)
@@ -40,17 +43,19 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
-$(CHECKOV):
+$(CHECKOV_STAMP):
 	@test -x $(TOOLS)/checkov/bin/python || $(PYTHON) -m venv $(TOOLS)/checkov
 	$(TOOLS)/checkov/bin/python -m pip install --quiet "checkov==$(CHECKOV_VERSION)"
+	@touch $@
 
-$(SAM):
+$(SAM_STAMP):
 	@test -x $(TOOLS)/sam/bin/python || $(PYTHON) -m venv $(TOOLS)/sam
 	$(TOOLS)/sam/bin/python -m pip install --quiet "aws-sam-cli==$(SAM_CLI_VERSION)"
+	@touch $@
 
 # cfn-lint, `sam validate` (SAM's translator, then its cfn-lint mode) and checkov, all offline.
 # checkov's skips, each with its reason, are in .checkov.yaml.
-cfn: $(STAMP) $(CHECKOV) $(SAM)
+cfn: $(STAMP) $(CHECKOV_STAMP) $(SAM_STAMP)
 	$(BIN)/cfn-lint $(CFN_TEMPLATES)
 	SAM_CLI_TELEMETRY=0 $(OFFLINE) $(SAM) validate --template template.yaml --region us-east-1
 	SAM_CLI_TELEMETRY=0 $(OFFLINE) $(SAM) validate --lint --template template.yaml --region us-east-1
