@@ -159,3 +159,8 @@ def test_api_gateways_own_errors_have_the_error_shape(translated: dict[str, Any]
             "details": [],
         }
     }
+
+
+def test_api_function_gives_up_before_api_gateway_does(translated: dict[str, Any]) -> None:
+    """REST integrations time out at 29 s; a longer function would go on writing after the 504."""
+    assert translated["Resources"]["ApiFunction"]["Properties"]["Timeout"] < 29
