@@ -11,6 +11,21 @@ PYTEST_WORKERS ?= 2
 
 .PHONY: local test lint typecheck cfn unit bench openapi clean
 
+# checkov and the SAM CLI pin boto3 (and each other's dependencies) to exact versions that clash
+# with ours and with each other, so each gets a venv of its own under .venv-tools/.
+TOOLS           := .venv-tools
+CHECKOV_VERSION := 3.3.30
+SAM_CLI_VERSION := 1.170.0
+CHECKOV         := $(TOOLS)/checkov/bin/checkov
+SAM             := $(TOOLS)/sam/bin/sam
+# A stamp per version, so that changing a pin above reinstalls the tool.
+CHECKOV_STAMP   := $(TOOLS)/checkov/.installed-$(CHECKOV_VERSION)
+SAM_STAMP       := $(TOOLS)/sam/.installed-$(SAM_CLI_VERSION)
+# Template checks run with no network at all where Linux allows it: a check that wanted to download
+# something fails here instead of quietly depending on the internet.
+OFFLINE         := $(shell unshare -rn true 2>/dev/null && echo unshare -rn)
+CFN_TEMPLATES   := template.yaml $(wildcard infra/*.yaml)
+
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "fleetkeeper needs Python 3.11 or newer")'
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -28,10 +43,23 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
-cfn: $(STAMP)
-	$(BIN)/cfn-lint template.yaml
-	@if command -v sam >/dev/null 2>&1; then sam validate --lint --template template.yaml; \
-	 else echo "sam CLI not installed: skipping 'sam validate' (the template is still translated offline by the tests)"; fi
+$(CHECKOV_STAMP):
+	@test -x $(TOOLS)/checkov/bin/python || $(PYTHON) -m venv $(TOOLS)/checkov
+	$(TOOLS)/checkov/bin/python -m pip install --quiet "checkov==$(CHECKOV_VERSION)"
+	@touch $@
+
+$(SAM_STAMP):
+	@test -x $(TOOLS)/sam/bin/python || $(PYTHON) -m venv $(TOOLS)/sam
+	$(TOOLS)/sam/bin/python -m pip install --quiet "aws-sam-cli==$(SAM_CLI_VERSION)"
+	@touch $@
+
+# cfn-lint, `sam validate` (SAM's translator, then its cfn-lint mode) and checkov, all offline.
+# checkov's skips, each with its reason, are in .checkov.yaml.
+cfn: $(STAMP) $(CHECKOV_STAMP) $(SAM_STAMP)
+	$(BIN)/cfn-lint $(CFN_TEMPLATES)
+	SAM_CLI_TELEMETRY=0 $(OFFLINE) $(SAM) validate --template template.yaml --region us-east-1
+	SAM_CLI_TELEMETRY=0 $(OFFLINE) $(SAM) validate --lint --template template.yaml --region us-east-1
+	$(OFFLINE) $(CHECKOV) --config-file .checkov.yaml $(addprefix -f ,$(CFN_TEMPLATES))
 
 # The suite runs inside a network namespace with only loopback up where Linux allows it, so a
 # test that tried to reach anything but 127.0.0.1 fails instead of sending traffic.
@@ -54,4 +82,4 @@ openapi: $(STAMP)
 	TABLE_NAME=unused $(BIN)/python -c 'from fleetkeeper.api.handler import openapi_json; print(openapi_json())' > docs/openapi.json
 
 clean:
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .aws-sam
+	rm -rf $(VENV) $(TOOLS) .mypy_cache .ruff_cache .pytest_cache .aws-sam

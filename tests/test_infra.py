@@ -1,0 +1,98 @@
+"""infra/: the CI role may only call the API, from one repository and branch; the network stack
+gives the reconciler what it needs without a route to the internet."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fleetkeeper.template import load_template
+from tests.cfn import as_list, resources_of_type
+
+INFRA = Path(__file__).resolve().parents[1] / "infra"
+
+
+@pytest.fixture(scope="module")
+def ci() -> dict[str, Any]:
+    return load_template(INFRA / "ci-role.yaml")
+
+
+@pytest.fixture(scope="module")
+def network() -> dict[str, Any]:
+    return load_template(INFRA / "network.yaml")
+
+
+def test_ci_role_may_only_invoke_the_api(ci: dict[str, Any]) -> None:
+    role = ci["Resources"]["CiRole"]["Properties"]
+    assert "ManagedPolicyArns" not in role
+    statements = [s for policy in role["Policies"] for s in as_list(policy["PolicyDocument"]["Statement"])]
+    assert [(s["Effect"], s["Action"], s["Resource"]) for s in statements] == [
+        ("Allow", "execute-api:Invoke", {"Ref": "ApiExecuteArn"})
+    ]
+    # The ARN parameter cannot be widened to every API of the account.
+    pattern = ci["Parameters"]["ApiExecuteArn"]["AllowedPattern"]
+    assert ":[a-z0-9]{10}/" in pattern
+
+
+def test_ci_role_trusts_one_repository_and_branch_exactly(ci: dict[str, Any]) -> None:
+    (trust,) = ci["Resources"]["CiRole"]["Properties"]["AssumeRolePolicyDocument"]["Statement"]
+    assert trust["Action"] == "sts:AssumeRoleWithWebIdentity"
+    assert set(trust["Condition"]) == {"StringEquals"}, "StringLike would admit wildcards in sub"
+    condition = trust["Condition"]["StringEquals"]
+    assert condition["token.actions.githubusercontent.com:aud"] == "sts.amazonaws.com"
+    assert condition["token.actions.githubusercontent.com:sub"] == {
+        "Fn::Sub": "repo:${GitHubRepository}:ref:refs/heads/${GitHubBranch}"
+    }
+
+
+def test_network_has_no_route_to_the_internet(network: dict[str, Any]) -> None:
+    kinds = {body["Type"] for body in network["Resources"].values()}
+    assert not kinds & {"AWS::EC2::InternetGateway", "AWS::EC2::NatGateway", "AWS::EC2::Route"}
+    for subnet in resources_of_type(network, "AWS::EC2::Subnet").values():
+        assert subnet["Properties"]["MapPublicIpOnLaunch"] is False
+
+
+def test_network_reaches_the_apis_the_reconciler_calls(network: dict[str, Any]) -> None:
+    services = {
+        body["Properties"]["ServiceName"]["Fn::Sub"].rsplit(".", 1)[-1]: body
+        for body in resources_of_type(network, "AWS::EC2::VPCEndpoint").values()
+    }
+    assert {"ec2", "lambda", "dynamodb"} <= set(services)
+    assert services["dynamodb"]["Properties"]["VpcEndpointType"] == "Gateway"
+    for name in ("ec2", "lambda"):
+        assert "Condition" not in services[name], f"the {name} endpoint must always exist"
+        assert services[name]["Properties"]["PrivateDnsEnabled"] is True
+
+
+def test_nothing_connects_to_the_reconciler(network: dict[str, Any]) -> None:
+    reconciler = network["Resources"]["ReconcilerSecurityGroup"]["Properties"]
+    assert "SecurityGroupIngress" not in reconciler
+    ingress = resources_of_type(network, "AWS::EC2::SecurityGroupIngress").values()
+    assert not [
+        rule for rule in ingress if rule["Properties"]["GroupId"] == {"Ref": "ReconcilerSecurityGroup"}
+    ]
+    # Replicas accept connections from the reconciler's group only.
+    to_replicas = [
+        r["Properties"] for r in ingress if r["Properties"]["GroupId"] == {"Ref": "ReplicaSecurityGroup"}
+    ]
+    assert to_replicas and all(
+        r.get("SourceSecurityGroupId") == {"Ref": "ReconcilerSecurityGroup"} for r in to_replicas
+    )
+
+
+def test_ci_role_policy_passes_parliament(ci: dict[str, Any]) -> None:
+    import json
+
+    import parliament
+
+    (policy,) = ci["Resources"]["CiRole"]["Properties"]["Policies"]
+    document = json.loads(
+        json.dumps(policy["PolicyDocument"]).replace(
+            json.dumps({"Ref": "ApiExecuteArn"}),
+            json.dumps("arn:aws:execute-api:us-east-1:123456789012:abcde12345/api/*/v1/*"),
+        )
+    )
+    assert "Ref" not in json.dumps(document)
+    assert parliament.analyze_policy_string(json.dumps(document)).findings == []

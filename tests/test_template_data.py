@@ -1,0 +1,42 @@
+"""The table's data safety, as CloudFormation receives it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tests.cfn import resources_of_type, sam_template, translate
+
+
+@pytest.fixture(scope="module")
+def table() -> dict[str, Any]:
+    tables = resources_of_type(translate(), "AWS::DynamoDB::Table")
+    assert list(tables) == ["Table"], sorted(tables)
+    return tables["Table"]
+
+
+def test_table_survives_stack_deletion_and_replacement(table: dict[str, Any]) -> None:
+    assert table["DeletionPolicy"] == "Retain"
+    assert table["UpdateReplacePolicy"] == "Retain"
+    assert table["Properties"]["DeletionProtectionEnabled"] is True
+
+
+def test_table_is_recoverable_and_encrypted(table: dict[str, Any]) -> None:
+    props = table["Properties"]
+    assert props["PointInTimeRecoverySpecification"] == {"PointInTimeRecoveryEnabled": True}
+    assert props["SSESpecification"]["SSEEnabled"] is True
+
+
+def test_stream_carries_both_images_for_cleanup(table: dict[str, Any]) -> None:
+    """Cleanup reads the removed service's uid from the OLD image of its REMOVE record."""
+    assert table["Properties"]["StreamSpecification"] == {"StreamViewType": "NEW_AND_OLD_IMAGES"}
+
+
+def test_log_retention_parameter_only_allows_cloudwatch_values() -> None:
+    """CloudFormation rejects other RetentionInDays values only at deploy time; fail here instead."""
+    parameter = sam_template()["Parameters"]["LogRetentionDays"]
+    assert parameter["Default"] in parameter["AllowedValues"]
+    cloudwatch_values = {1, 3, 5, 7, 14, 30, 60, 90, 120, 150, 180, 365, 400, 545, 731}
+    cloudwatch_values |= {1096, 1827, 2192, 2557, 2922, 3288, 3653}
+    assert set(parameter["AllowedValues"]) <= cloudwatch_values
