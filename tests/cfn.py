@@ -79,9 +79,7 @@ def sam_template() -> dict[str, Any]:
     return template
 
 
-def translate(
-    template: dict[str, Any] | None = None, overrides: dict[str, Any] | None = None
-) -> dict[str, Any]:
+def translate(template: dict[str, Any] | None = None, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
     """The CloudFormation template SAM would deploy (no AWS call is made)."""
     from samtranslator.translator.transform import transform
 

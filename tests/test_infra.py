@@ -70,13 +70,9 @@ def test_nothing_connects_to_the_reconciler(network: dict[str, Any]) -> None:
     reconciler = network["Resources"]["ReconcilerSecurityGroup"]["Properties"]
     assert "SecurityGroupIngress" not in reconciler
     ingress = resources_of_type(network, "AWS::EC2::SecurityGroupIngress").values()
-    assert not [
-        rule for rule in ingress if rule["Properties"]["GroupId"] == {"Ref": "ReconcilerSecurityGroup"}
-    ]
+    assert not [rule for rule in ingress if rule["Properties"]["GroupId"] == {"Ref": "ReconcilerSecurityGroup"}]
     # Replicas accept connections from the reconciler's group only.
-    to_replicas = [
-        r["Properties"] for r in ingress if r["Properties"]["GroupId"] == {"Ref": "ReplicaSecurityGroup"}
-    ]
+    to_replicas = [r["Properties"] for r in ingress if r["Properties"]["GroupId"] == {"Ref": "ReplicaSecurityGroup"}]
     assert to_replicas and all(
         r.get("SourceSecurityGroupId") == {"Ref": "ReconcilerSecurityGroup"} for r in to_replicas
     )

@@ -103,9 +103,7 @@ def test_callers_need_no_lambda_permission(translated: dict[str, Any]) -> None:
 
 def test_lambda_permissions_are_scoped_to_this_api(translated: dict[str, Any]) -> None:
     permissions = resources_of_type(translated, "AWS::Lambda::Permission")
-    from_apigw = {
-        k: v for k, v in permissions.items() if v["Properties"]["Principal"] == "apigateway.amazonaws.com"
-    }
+    from_apigw = {k: v for k, v in permissions.items() if v["Properties"]["Principal"] == "apigateway.amazonaws.com"}
     assert from_apigw, "no API Gateway permission found"
     for logical_id, permission in from_apigw.items():
         source = permission["Properties"].get("SourceArn")

@@ -77,9 +77,7 @@ def test_failures_are_bisected_retried_finitely_and_reported_per_item(mapping: d
     assert "ReportBatchItemFailures" in mapping["FunctionResponseTypes"]
 
 
-def test_exhausted_records_go_to_an_alarmed_queue(
-    translated: dict[str, Any], mapping: dict[str, Any]
-) -> None:
+def test_exhausted_records_go_to_an_alarmed_queue(translated: dict[str, Any], mapping: dict[str, Any]) -> None:
     destination = mapping["DestinationConfig"]["OnFailure"]["Destination"]
     queues = resources_of_type(translated, "AWS::SQS::Queue")
     targets = [lid for lid in queues if refers_to(destination, lid)]

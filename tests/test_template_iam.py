@@ -56,9 +56,7 @@ def test_no_role_allows_a_wildcard_action(translated: dict[str, Any]) -> None:
 def test_the_wildcard_check_can_fail() -> None:
     statements = [{"Effect": "Allow", "Action": ["ec2:Describe*", "logs:PutLogEvents"], "Resource": "*"}]
     assert wildcard_actions(statements) == ["ec2:Describe*"]
-    assert wildcard_actions([{"Effect": "Allow", "NotAction": "iam:*", "Resource": "*"}]) == [
-        "NotAction 'iam:*'"
-    ]
+    assert wildcard_actions([{"Effect": "Allow", "NotAction": "iam:*", "Resource": "*"}]) == ["NotAction 'iam:*'"]
 
 
 def test_no_role_attaches_managed_policies(translated: dict[str, Any]) -> None:
@@ -156,8 +154,7 @@ def parliament_findings(policy: dict[str, Any]) -> list[tuple[str, str]]:
 def allowed(role: str, finding: tuple[str, str], entries: list[dict[str, Any]]) -> bool:
     issue, detail = finding
     return any(
-        e["role"] == role and e["issue"] == issue and str(e.get("detail_contains", "")) in detail
-        for e in entries
+        e["role"] == role and e["issue"] == issue and str(e.get("detail_contains", "")) in detail for e in entries
     )
 
 

@@ -17,15 +17,11 @@ def translated() -> dict[str, Any]:
 
 
 def alarms(translated: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    return {
-        lid: a["Properties"] for lid, a in resources_of_type(translated, "AWS::CloudWatch::Alarm").items()
-    }
+    return {lid: a["Properties"] for lid, a in resources_of_type(translated, "AWS::CloudWatch::Alarm").items()}
 
 
 def alarms_on(translated: dict[str, Any], namespace: str, metric: str) -> list[dict[str, Any]]:
-    return [
-        a for a in alarms(translated).values() if a["Namespace"] == namespace and a["MetricName"] == metric
-    ]
+    return [a for a in alarms(translated).values() if a["Namespace"] == namespace and a["MetricName"] == metric]
 
 
 def test_every_alarm_notifies_the_topic_only_when_one_is_given() -> None:
@@ -74,15 +70,11 @@ def test_a_reconciler_that_stops_completing_runs_is_alarmed_within_five_minutes(
     assert stalled["Statistic"] == "Sum"
     window = int(stalled["Period"]) * int(stalled["EvaluationPeriods"])
     assert window == 300, f"the alarm looks at {window}s, not 5 minutes"
-    assert int(stalled.get("DatapointsToAlarm", stalled["EvaluationPeriods"])) == int(
-        stalled["EvaluationPeriods"]
-    )
+    assert int(stalled.get("DatapointsToAlarm", stalled["EvaluationPeriods"])) == int(stalled["EvaluationPeriods"])
     # Powertools Metrics adds a `service` dimension; the alarm must name the same one, or it
     # watches a metric nobody emits.
     service = sam_template()["Globals"]["Function"]["Environment"]["Variables"]["POWERTOOLS_SERVICE_NAME"]
-    reconciler_env = with_reconciler["Resources"]["ReconcilerFunction"]["Properties"]["Environment"][
-        "Variables"
-    ]
+    reconciler_env = with_reconciler["Resources"]["ReconcilerFunction"]["Properties"]["Environment"]["Variables"]
     assert reconciler_env.get("POWERTOOLS_SERVICE_NAME", service) == service
     assert reconciler_env.get("POWERTOOLS_METRICS_NAMESPACE") == "fleetkeeper"
     assert {d["Name"]: d["Value"] for d in stalled["Dimensions"]} == {"service": service}

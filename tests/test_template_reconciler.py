@@ -71,9 +71,7 @@ def test_instance_changes_need_the_managed_tag(statements: list[dict[str, Any]],
             assert tag_conditioned(statement, RESOURCE_TAG), statement
 
 
-def test_launches_must_carry_the_managed_tag(
-    translated: dict[str, Any], statements: list[dict[str, Any]]
-) -> None:
+def test_launches_must_carry_the_managed_tag(translated: dict[str, Any], statements: list[dict[str, Any]]) -> None:
     resolver = Resolver(translated)
     granting = statements_granting(statements, "ec2:RunInstances")
     assert granting, "the reconciler cannot launch instances"
@@ -98,14 +96,10 @@ def test_no_other_instance_mutation_without_the_tag(statements: list[dict[str, A
             if name == "ec2:runinstances" or name in LAMBDA_VPC_ACTIONS:
                 continue  # RunInstances is checked by resource type above
             keys = condition_keys(statement)
-            assert RESOURCE_TAG in keys or REQUEST_TAG in keys, (
-                f"{action} without the managed tag: {statement}"
-            )
+            assert RESOURCE_TAG in keys or REQUEST_TAG in keys, f"{action} without the managed tag: {statement}"
 
 
-def test_pass_role_only_for_the_replicas_role(
-    translated: dict[str, Any], statements: list[dict[str, Any]]
-) -> None:
+def test_pass_role_only_for_the_replicas_role(translated: dict[str, Any], statements: list[dict[str, Any]]) -> None:
     resolver = Resolver(translated)
     granting = statements_granting(statements, "iam:PassRole")
     assert granting, "the reconciler cannot pass the replicas' role (instances would launch without it)"
@@ -149,9 +143,7 @@ def test_schedule_runs_at_the_parameters_rate(translated: dict[str, Any]) -> Non
     resolved = Resolver(translated).resolve(expression)
     assert re.fullmatch(r"rate\(\d+ minutes?\)", str(resolved)), resolved
     # Change every parameter that could hold the rate: the schedule must follow.
-    rate_params = [
-        name for name, value in translated["__parameter_values__"].items() if str(value) == str(resolved)
-    ]
+    rate_params = [name for name, value in translated["__parameter_values__"].items() if str(value) == str(resolved)]
     assert rate_params, f"{resolved} comes from no parameter"
     retranslated = translate(overrides=dict.fromkeys(rate_params, "rate(7 minutes)"))
     _, new_expression = schedule_of(retranslated)
@@ -169,6 +161,4 @@ def test_reconciler_runs_in_the_deployments_vpc(translated: dict[str, Any]) -> N
     assert vpc, "the reconciler is not in a VPC: it cannot probe replicas"
     parameters = translated.get("Parameters", {})
     for key in ("SubnetIds", "SecurityGroupIds"):
-        assert any(vpc[key] == {"Ref": name} for name in parameters), (
-            f"{key} is not a parameter: {vpc[key]!r}"
-        )
+        assert any(vpc[key] == {"Ref": name} for name in parameters), f"{key} is not a parameter: {vpc[key]!r}"
