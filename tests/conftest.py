@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
 
 # Fake credentials and a region before anything creates a boto3 client; never real AWS.
 os.environ.update(
@@ -33,9 +35,8 @@ TABLE = "fleetkeeper-test"
 @pytest.fixture
 def aws(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """A fresh in-memory AWS for one test, with fleetkeeper's clients pointed at it."""
-    from moto import mock_aws
-
     from fleetkeeper import aws as aws_clients
+    from moto import mock_aws
 
     aws_clients.reset_clients()
     with mock_aws():
@@ -91,7 +92,7 @@ class ApiClient:
         raw: str | bytes | None = None,
     ) -> HttpResult:
         from fleetkeeper.api.handler import lambda_handler
-        from fleetkeeper.apigw import rest_event, response_parts
+        from fleetkeeper.apigw import response_parts, rest_event
 
         payload = raw if raw is not None else (json.dumps(body) if body is not None else None)
         all_headers = {"Content-Type": "application/json", **(headers or {})}

@@ -17,6 +17,8 @@ from fleetkeeper.spec import parse_spec
 from fleetkeeper.store import Raced
 
 if TYPE_CHECKING:
+    import builtins
+
     from fleetkeeper.store import Store
 
 # How often an update without If-Match is retried when another writer moved the service under it.
@@ -46,7 +48,8 @@ class ServiceCommands:
     def list(self, *, limit: int, next_token: str | None) -> tuple[list[ServiceRecord], str | None]:
         return self.store.list_services(limit=limit, next_token=next_token)
 
-    def versions(self, name: str) -> list[VersionRecord]:
+    # builtins.list: inside this class `list` names the method above.
+    def versions(self, name: str) -> builtins.list[VersionRecord]:
         state = self.store.require(name)
         return [state.versions[v] for v in sorted(state.versions)]
 
@@ -56,7 +59,8 @@ class ServiceCommands:
         spec = parse_spec(spec_data)
         if spec.name is not None and spec.name != name:
             raise InvalidRequest(
-                f"spec.name is {spec.name!r} but the request creates {name!r}; make them match or drop spec.name",
+                f"spec.name is {spec.name!r} but the request creates {name!r}; "
+                "make them match or drop spec.name",
                 details=[{"field": "spec.name", "problem": f"does not match name {name!r}"}],
             )
         state = self.store.create_service(name, spec, spec.update.mode, self.now())
@@ -69,7 +73,8 @@ class ServiceCommands:
         spec = parse_spec(spec_data)
         if spec.name is not None and spec.name != name:
             raise InvalidRequest(
-                f"spec.name is {spec.name!r} but the request updates {name!r}; make them match or drop spec.name",
+                f"spec.name is {spec.name!r} but the request updates {name!r}; "
+                "make them match or drop spec.name",
                 details=[{"field": "spec.name", "problem": f"does not match name {name!r}"}],
             )
         for attempt in range(_RACE_RETRIES):
@@ -99,7 +104,9 @@ class ServiceCommands:
             if target == state.service.target_version:
                 return state  # already there: nothing to write
             try:
-                updated = self.store.set_target(state, target, self.now(), expected_generation=expected_generation)
+                updated = self.store.set_target(
+                    state, target, self.now(), expected_generation=expected_generation
+                )
             except Raced:
                 if attempt == _RACE_RETRIES - 1:
                     raise
@@ -147,7 +154,8 @@ class ServiceCommands:
             result: dict[str, Any] = runner(command={"key": key, "request": request}, execute=execute)
         except IdempotencyValidationError as exc:
             raise IdempotencyMismatch(
-                "this Idempotency-Key was already used for a different request; use a new key for a new request",
+                "this Idempotency-Key was already used for a different request; "
+                "use a new key for a new request",
                 details=[{"field": "Idempotency-Key", "problem": "reused with another request"}],
             ) from exc
         except IdempotencyAlreadyInProgressError as exc:
@@ -180,8 +188,10 @@ def _idempotent_runner(store: Store) -> Callable[..., dict[str, Any]]:
         expires_after_seconds=IDEMPOTENCY_TTL_SECONDS,
     )
 
-    @idempotent_function(data_keyword_argument="command", persistence_store=persistence, config=config)
     def run(command: dict[str, Any], execute: Callable[[], dict[str, Any]]) -> dict[str, Any]:
         return execute()
 
-    return run
+    wrapped: Callable[..., dict[str, Any]] = idempotent_function(
+        data_keyword_argument="command", persistence_store=persistence, config=config
+    )(run)
+    return wrapped

@@ -8,12 +8,14 @@ is a production incident waiting to happen.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from fleetkeeper.errors import InvalidRequest
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
 
 DEFAULT_PORT = 8080
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -62,7 +64,9 @@ class ReplicaPolicy(_Strict):
                     f"max_replicas ({self.max_replicas}) must be >= min_replicas ({self.min_replicas})"
                 )
             if self.max_replicas > self.min_replicas and self.target_qps_per_replica is None:
-                raise ValueError("max_replicas > min_replicas requires target_qps_per_replica for autoscaling")
+                raise ValueError(
+                    "max_replicas > min_replicas requires target_qps_per_replica for autoscaling"
+                )
         return self
 
 
@@ -189,7 +193,9 @@ def describe_validation_errors(errors: Sequence[Any], prefix: str = "") -> list[
         field = _dotted(((prefix,) if prefix else ()) + loc) or "body"
         kind = item.get("type", "")
         if kind == "extra_forbidden":
-            reason = _UNSUPPORTED.get(field.removeprefix("spec."), "unknown field; fleetkeeper does not support it")
+            reason = _UNSUPPORTED.get(
+                field.removeprefix("spec."), "unknown field; fleetkeeper does not support it"
+            )
             problem = f"unsupported field: {reason}"
         elif kind == "missing":
             problem = "required field is missing"

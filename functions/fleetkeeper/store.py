@@ -18,7 +18,7 @@ import binascii
 import json
 import secrets
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from boto3.dynamodb.types import TypeDeserializer, TypeSerializer
 from botocore.exceptions import ClientError
@@ -93,7 +93,7 @@ _deserializer = TypeDeserializer()
 
 
 def to_raw(item: Mapping[str, Any]) -> RawItem:
-    return {k: _serializer.serialize(v) for k, v in item.items() if v is not None}  # type: ignore[misc]
+    return {k: _serializer.serialize(v) for k, v in item.items() if v is not None}
 
 
 def from_raw(raw: Mapping[str, Any]) -> Item:
@@ -101,7 +101,7 @@ def from_raw(raw: Mapping[str, Any]) -> Item:
 
 
 def _values(**values: Any) -> dict[str, AttributeValueTypeDef]:
-    return {f":{k}": _serializer.serialize(v) for k, v in values.items()}  # type: ignore[misc]
+    return {f":{k}": _serializer.serialize(v) for k, v in values.items()}
 
 
 def service_item(record: ServiceRecord) -> Item:
@@ -358,7 +358,9 @@ class Store:
             raise NotFound(f"service {name!r} does not exist")
         return state
 
-    def list_services(self, *, limit: int, next_token: str | None = None) -> tuple[list[ServiceRecord], str | None]:
+    def list_services(
+        self, *, limit: int, next_token: str | None = None
+    ) -> tuple[list[ServiceRecord], str | None]:
         """A page of service items from the sparse index (never version or replica items)."""
         kwargs: dict[str, Any] = {
             "IndexName": SERVICES_INDEX,
@@ -431,7 +433,9 @@ class Store:
                     f"service {name!r} is still being deleted; create it again once it is gone"
                 ) from exc
             if reasons and reasons[0].get("Code") == "ConditionalCheckFailed":
-                raise Conflict(f"service {name!r} already exists; use PUT /v1/services/{name} to update it") from exc
+                raise Conflict(
+                    f"service {name!r} already exists; use PUT /v1/services/{name} to update it"
+                ) from exc
             raise
         return ServiceState(service=service, versions={1: version})
 
@@ -528,7 +532,9 @@ class Store:
                 other={
                     "ConditionCheck": {
                         "TableName": self.table_name,
-                        "Key": to_raw({"PK": service_pk(current.name), "SK": version_sk(current.uid, version)}),
+                        "Key": to_raw(
+                            {"PK": service_pk(current.name), "SK": version_sk(current.uid, version)}
+                        ),
                         "ConditionExpression": "attribute_exists(PK)",
                     }
                 },
@@ -594,13 +600,15 @@ class Store:
         except ClientError as exc:
             if not _is(exc, "ConditionalCheckFailedException"):
                 raise
-            raw = exc.response.get("Item")  # type: ignore[typeddict-item]
+            # DynamoDB returns the item that failed the condition (ReturnValuesOnConditionCheckFailure).
+            raw: Mapping[str, Any] | None = cast("dict[str, Any]", exc.response).get("Item")
             existing = from_raw(raw) if raw else None
             if existing is None:
                 raise NotFound(f"service {current.name!r} does not exist") from exc
             if existing.get("uid") != current.uid:
                 raise Conflict(
-                    f"service {current.name!r} was re-created while this request ran; retry to delete the new one"
+                    f"service {current.name!r} was re-created while this request ran; "
+                    "retry to delete the new one"
                 ) from exc
             return replace(state, service=service_from_item(existing))  # already DELETING: harmless
         service = replace(

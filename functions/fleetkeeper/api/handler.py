@@ -12,13 +12,12 @@ import binascii
 import json
 import os
 import re
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 from aws_lambda_powertools import Logger
 from aws_lambda_powertools.event_handler import APIGatewayRestResolver, Response, content_types
 from aws_lambda_powertools.event_handler.openapi.exceptions import RequestValidationError
 from aws_lambda_powertools.event_handler.openapi.params import Query
-from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from fleetkeeper.api.kick import kick_reconciler
 from fleetkeeper.api.models import (
@@ -35,14 +34,20 @@ from fleetkeeper.api.models import (
     version_view,
 )
 from fleetkeeper.errors import FleetkeeperError, InvalidRequest, PayloadTooLarge
-from fleetkeeper.model import ServiceState
 from fleetkeeper.services import ServiceCommands
 from fleetkeeper.spec import describe_validation_errors
 from fleetkeeper.store import Store
 
+if TYPE_CHECKING:
+    from aws_lambda_powertools.utilities.typing import LambdaContext
+
+    from fleetkeeper.model import ServiceState
+
 MAX_BODY_BYTES = 64 * 1024
 _NAME = re.compile(NAME_PATTERN)
-_ERRORS: dict[int | str, dict[str, Any]] = {
+# Any: Powertools types each entry as its OpenAPIResponse TypedDict, which these plain literals satisfy
+# at runtime (GET /v1/openapi.json renders them).
+_ERRORS: dict[int, Any] = {
     400: {"description": "invalid request", "content": {"application/json": {"model": ErrorBody}}},
     404: {"description": "no such service", "content": {"application/json": {"model": ErrorBody}}},
     409: {"description": "conflict", "content": {"application/json": {"model": ErrorBody}}},
@@ -75,7 +80,9 @@ def commands() -> ServiceCommands:
 
 
 def _json(status: int, body: Any, headers: dict[str, str] | None = None) -> Response[Any]:
-    return Response(status_code=status, content_type=content_types.APPLICATION_JSON, body=body, headers=headers)
+    return Response(
+        status_code=status, content_type=content_types.APPLICATION_JSON, body=body, headers=headers
+    )
 
 
 def _with_etag(status: int, state: ServiceState) -> Response[Any]:
@@ -99,7 +106,7 @@ def _if_match() -> int | None:
     text = raw.strip().removeprefix("W/").strip('"')
     if not text.isdigit():
         raise InvalidRequest(
-            f"If-Match must be the service's generation as a number (e.g. 7 or \"7\"), got {raw!r}",
+            f'If-Match must be the service\'s generation as a number (e.g. 7 or "7"), got {raw!r}',
             details=[{"field": "If-Match", "problem": "not a generation number"}],
         )
     return int(text)
@@ -118,9 +125,7 @@ def _idempotency_key() -> str | None:
     return key
 
 
-def _replayable(
-    operation: str, name: str, body: Any, execute: Any, *, status: int
-) -> Response[Any]:
+def _replayable(operation: str, name: str, body: Any, execute: Any, *, status: int) -> Response[Any]:
     """Run a write command (once per Idempotency-Key) and answer with the service view."""
 
     def run() -> dict[str, Any]:
@@ -136,7 +141,13 @@ def _replayable(
 # --- routes -----------------------------------------------------------------------------------------
 
 
-@app.post("/v1/services", responses={201: {"description": "created", "content": {"application/json": {"model": ServiceView}}}, **_ERRORS})  # noqa: E501
+@app.post(
+    "/v1/services",
+    responses={
+        201: {"description": "created", "content": {"application/json": {"model": ServiceView}}},
+        **_ERRORS,
+    },
+)
 def create_service(request: CreateServiceRequest) -> Response[ServiceView]:
     body = app.current_event.json_body
     return _replayable(
@@ -187,7 +198,10 @@ def list_versions(name: str) -> Response[VersionList]:
     )
 
 
-@app.post("/v1/services/<name>/rollback", responses={**_ERRORS, 412: {"description": "If-Match generation mismatch"}})
+@app.post(
+    "/v1/services/<name>/rollback",
+    responses={**_ERRORS, 412: {"description": "If-Match generation mismatch"}},
+)
 def rollback_service(name: str) -> Response[ServiceView]:
     _valid_name(name)
     request = _optional_body(RollbackRequest)
@@ -219,7 +233,7 @@ def _optional_body(model: type[RollbackRequest]) -> RollbackRequest:
     if raw is None or not raw.strip():
         return model()
     try:
-        return model.model_validate_json(app.current_event.decoded_body)
+        return model.model_validate_json(app.current_event.decoded_body or raw)
     except ValidationError as exc:
         details = describe_validation_errors(exc.errors(include_url=False))
         raise InvalidRequest(_summarise(details), details=details) from exc
@@ -232,12 +246,10 @@ def _summarise(details: list[dict[str, str]]) -> str:
     return "invalid request: " + "; ".join(f"{d['field']}: {d['problem']}" for d in details)
 
 
-@app.exception_handler(FleetkeeperError)
 def _domain_error(exc: FleetkeeperError) -> Response[Any]:
     return _json(exc.status, exc.to_body())
 
 
-@app.exception_handler(RequestValidationError)
 def _validation_error(exc: RequestValidationError) -> Response[Any]:
     details = describe_validation_errors(list(exc.errors()))
     return _json(400, InvalidRequest(_summarise(details), details=details).to_body())
@@ -250,11 +262,18 @@ def _no_route(_exc: Exception) -> Response[Any]:
     return _json(404, {"error": {"code": "no_route", "message": message, "details": []}})
 
 
-@app.exception_handler(Exception)
 def _unexpected(exc: Exception) -> Response[Any]:
     logger.exception("unhandled error")
-    body = {"error": {"code": "internal_error", "message": "internal error; it has been logged", "details": []}}
+    body = {
+        "error": {"code": "internal_error", "message": "internal error; it has been logged", "details": []}
+    }
     return _json(500, body)
+
+
+# Registered by call, not as decorators: Powertools' decorator is untyped and would erase these types.
+app.exception_handler(FleetkeeperError)(_domain_error)
+app.exception_handler(RequestValidationError)(_validation_error)
+app.exception_handler(Exception)(_unexpected)
 
 
 # --- entry point --------------------------------------------------------------------------------------
