@@ -19,12 +19,11 @@ import os
 import signal
 import sys
 import threading
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fleetkeeper import aws
 from fleetkeeper.local.http_bridge import KICK_PATH, ApiBridge
+from fleetkeeper.local.options import Options, add_arguments, options_from
 from fleetkeeper.local.process_driver import LOCAL_DIR_ENV, LOOPBACK, ProcessDriver
 from fleetkeeper.local.reconcile_loop import ReconcileLoop
 from fleetkeeper.local.stream_pump import StreamPump, StreamSource
@@ -32,22 +31,12 @@ from fleetkeeper.template import create_table, load_template
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
+    from pathlib import Path
 
 logger = logging.getLogger("local.server")
 
-DEFAULT_PORT = 8080
-DEFAULT_TICK = 2.0
-TABLE = "fleetkeeper-local"
 
 Handler = Any  # a Lambda handler: (event, context) -> response
-
-
-@dataclass
-class Options:
-    port: int = DEFAULT_PORT
-    tick: float = DEFAULT_TICK
-    local_dir: Path = field(default_factory=lambda: Path(".fleetkeeper"))
-    table: str = TABLE
 
 
 def _optional_handler(module: str) -> Callable[..., Any] | None:
@@ -227,30 +216,6 @@ def parser(prog: str = "fleetkeeper local") -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=prog, description="Run the whole control plane on 127.0.0.1.")
     add_arguments(p)
     return p
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--port", type=int, default=DEFAULT_PORT, help=f"API port on 127.0.0.1 (default {DEFAULT_PORT})"
-    )
-    p.add_argument(
-        "--tick",
-        type=float,
-        default=DEFAULT_TICK,
-        help=f"seconds between reconciler runs (default {DEFAULT_TICK:g})",
-    )
-    p.add_argument(
-        "--dir",
-        dest="local_dir",
-        type=Path,
-        default=Path(".fleetkeeper"),
-        help="where replica logs go (default ./.fleetkeeper)",
-    )
-    p.add_argument("--quiet", action="store_true", help="log warnings and errors only")
-
-
-def options_from(args: argparse.Namespace) -> Options:
-    return Options(port=args.port, tick=args.tick, local_dir=args.local_dir)
 
 
 def serve(
