@@ -11,8 +11,9 @@ the settings template.yaml declares for it (read at startup, never restated here
   that record and every later one are delivered again;
 - a handler that raises fails the whole batch; with BisectBatchOnFunctionError the retry carries
   half the batch;
-- after MaximumRetryAttempts failed deliveries the records are discarded (in AWS: sent to the
-  OnFailure destination) and logged, so one poisoned record cannot block the shard forever.
+- a retry carries the same records (from the failed one on), never newer ones;
+- after MaximumRetryAttempts failed deliveries the retried batch is discarded (in AWS: described to
+  the OnFailure destination) and logged, so one poisoned record cannot block the shard forever.
 """
 
 from __future__ import annotations
@@ -213,6 +214,9 @@ class StreamPump:
             self.delivered += failed_from  # the records before the first failure are checkpointed
             retry = batch[failed_from:]
             shard.pending = retry + shard.pending[len(batch) :]
+            # The retry is the same batch from the failed record on (never topped up with newer
+            # records), or half of it when a function error bisects it.
+            shard.batch_limit = min(shard.batch_limit or len(retry), len(retry))
             shard.failed_attempts += 1
             limit_reached = 0 <= self.source.maximum_retry_attempts < shard.failed_attempts
             if limit_reached:
@@ -229,8 +233,9 @@ class StreamPump:
             response = self.handler({"Records": batch}, context)
         except Exception:
             logger.exception("%s failed on a batch of %d records", self.source.function_name, len(batch))
+            shard.batch_limit = len(batch)
             if self.source.bisect_on_error and len(batch) > 1:
-                shard.batch_limit = max(1, len(batch) // 2)
+                shard.batch_limit = len(batch) // 2
             return 0
         failures = response.get("batchItemFailures") or [] if isinstance(response, dict) else []
         if not failures:
