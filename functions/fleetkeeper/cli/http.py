@@ -122,13 +122,17 @@ class SigV4Signer:
     @classmethod
     def for_url(cls, url: str) -> SigV4Signer:
         import boto3
+        from botocore.exceptions import BotoCoreError
 
         session = boto3.session.Session()
         match = _EXECUTE_API_HOST.search(urlsplit(url).hostname or "")
         region = match["region"] if match else session.region_name
         if not region:
             raise UsageError(f"cannot tell the AWS region of {url}: set AWS_REGION")
-        credentials = session.get_credentials()
+        try:
+            credentials = session.get_credentials()
+        except BotoCoreError as exc:  # an expired SSO session, a broken profile...
+            raise UsageError(f"cannot load AWS credentials to sign requests: {exc}") from exc
         if credentials is None:
             raise UsageError(
                 "no AWS credentials found to sign requests to the API (environment, profile, SSO or role)"
