@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -98,6 +99,12 @@ class _RequestHandler(BaseHTTPRequestHandler):
 
     def do_PATCH(self) -> None:
         self._handle("PATCH")
+
+    def setup(self) -> None:
+        super().setup()
+        # Headers and body leave in separate writes; without NODELAY, Nagle's algorithm holds the
+        # body back for the client's delayed ACK and every request costs ~40 ms more.
+        self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
     def _handle(self, method: str) -> None:
         started = time.perf_counter()
