@@ -79,3 +79,25 @@ def test_render_shows_non_string_messages_and_values_as_json(restore_root_loggin
     )
     assert "WARNING" in line and "CleanupFunction" in line
     assert '{"a": 1}' in line and "counts=[1, 2]" in line
+
+
+def test_the_logging_thread_names_the_function_when_handlers_share_a_logger(
+    restore_root_logging: None,
+) -> None:
+    import threading
+
+    stream = io.StringIO()
+    logger = Logger(service="fk-readable-test-3", stream=stream)
+
+    @logger.inject_lambda_context
+    def api(event: dict[str, Any], context: Any) -> None:
+        logger.info("api ran")
+
+    make_logs_readable()
+    api({}, LocalContext("ApiFunction", 10))  # leaves function_name=ApiFunction on the shared logger
+    worker = threading.Thread(target=lambda: logger.info("cleaned up"), name="CleanupFunction")
+    worker.start()
+    worker.join()
+    first, second = stream.getvalue().splitlines()
+    assert "ApiFunction" in first
+    assert "CleanupFunction" in second and "ApiFunction" not in second

@@ -28,6 +28,7 @@ _NOISE = {
     "level",
     "message",
     "function_name",
+    "embedded_function",
     "exception",
     "exception_name",
     "stack_trace",
@@ -38,7 +39,7 @@ def render(data: dict[str, Any], fallback_name: str = "") -> str:
     """One readable line (plus the traceback, if any) for a structured record."""
     moment = datetime.now().strftime("%H:%M:%S")  # records are rendered as they are emitted
     level = str(data.get("level", "INFO"))
-    source = str(data.get("function_name") or fallback_name)
+    source = str(data.get("embedded_function") or data.get("function_name") or fallback_name)
     message = data.get("message", "")
     if not isinstance(message, str):
         message = json.dumps(message, default=str)
@@ -73,6 +74,23 @@ def _has_powertools_handler(logger: logging.Logger | None) -> bool:
     return False
 
 
+# Embedded mode runs each function's handler on threads named after it (see server.py).
+EMBEDDED_FUNCTIONS = frozenset({"ApiFunction", "ReconcilerFunction", "CleanupFunction"})
+
+
+class _FunctionByThread(logging.Filter):
+    """Stamps a record with the function whose thread logged it.
+
+    The three handlers share one Powertools logger (one service name), so the `function_name` its
+    Lambda context injection leaves behind is whichever handler ran last; the thread is exact.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.threadName in EMBEDDED_FUNCTIONS:
+            record.embedded_function = record.threadName
+        return True
+
+
 class _NotPowertools(logging.Filter):
     """Keeps records that no Powertools handler prints already (they propagate to the root too)."""
 
@@ -102,6 +120,8 @@ def make_logs_readable(level: int = logging.INFO) -> None:
         for handler in logger.handlers:
             if isinstance(handler.formatter, LambdaPowertoolsFormatter):
                 handler.formatter.json_serializer = _serialize_readably
+                if not any(isinstance(f, _FunctionByThread) for f in handler.filters):
+                    handler.addFilter(_FunctionByThread())
                 if logger.level > level or logger.level == logging.NOTSET:
                     logger.setLevel(level)
 

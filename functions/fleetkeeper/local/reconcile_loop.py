@@ -58,7 +58,7 @@ class ReconcileLoop:
         self._wake.set()
 
     def start(self) -> None:
-        self._thread = threading.Thread(target=self._loop, name="reconciler", daemon=True)
+        self._thread = threading.Thread(target=self._loop, name=RECONCILER_FUNCTION, daemon=True)
         self._thread.start()
 
     def stop(self, timeout: float = 30.0) -> None:

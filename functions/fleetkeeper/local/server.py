@@ -158,12 +158,13 @@ class EmbeddedControlPlane:
             info={"aws_endpoint": self.aws_endpoint, "table": self.options.table, "tick": self.options.tick},
         )
         os.environ["FLEETKEEPER_KICK_URL"] = self._bridge.url + KICK_PATH
-        self._spawn("api", self._bridge.serve_forever)
+        self._spawn("api-server", self._bridge.serve_forever)
         if self._loop is not None:
             self._loop.start()
         if self._pump is not None:
             pump = self._pump
-            self._spawn("stream-pump", lambda: pump.run(self._stop_pump, interval=0.25))
+            # Named after the function: readable logs tell the handlers apart by thread.
+            self._spawn(pump.source.function_name, lambda: pump.run(self._stop_pump, interval=0.25))
 
     def stop(self) -> None:
         """Stop taking requests, stop the loops, then stop every replica and the in-memory AWS."""
