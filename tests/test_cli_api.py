@@ -119,3 +119,8 @@ def test_logs_prints_each_replicas_log_file(api_url: str, tmp_path: Path) -> Non
     ]
     assert cli(api_url, "logs", "web", "2")[1] == "two"
     assert cli(api_url, "logs", "web", "3")[0] == 2
+
+
+def test_a_name_is_one_path_segment_never_another_route(api_url: str) -> None:
+    code, _, err = cli(api_url, "status", "web/versions")
+    assert code == 2 and "is invalid" in err

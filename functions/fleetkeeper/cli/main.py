@@ -102,6 +102,11 @@ class Cli:
         print(text, file=self.err)
 
     @property
+    def name(self) -> str:
+        """NAME as one path segment: a name with a slash must reach the API as a bad name, not a route."""
+        return _quote(self.args.name)
+
+    @property
     def json(self) -> bool:
         return getattr(self.args, "output", "table") == "json"
 
@@ -124,18 +129,18 @@ class Cli:
         body: dict[str, Any] = {"spec": load_spec(self.args.spec)}
         if self.args.mode:
             body["mode"] = self.args.mode
-        view = self.client.request("PUT", f"/v1/services/{self.args.name}", body).body
+        view = self.client.request("PUT", f"/v1/services/{self.name}", body).body
         self._said(f"updating {self.args.name} to v{view['target_version']} ({view.get('mode')})", view)
         return self._maybe_wait(view)
 
     def rollback(self) -> int:
         body = None if self.args.version is None else {"version": self.args.version}
-        view = self.client.request("POST", f"/v1/services/{self.args.name}/rollback", body).body
+        view = self.client.request("POST", f"/v1/services/{self.name}/rollback", body).body
         self._said(f"rolling {self.args.name} back to v{view['target_version']}", view)
         return self._maybe_wait(view)
 
     def down(self) -> int:
-        view = self.client.request("DELETE", f"/v1/services/{self.args.name}").body
+        view = self.client.request("DELETE", f"/v1/services/{self.name}").body
         self._said(f"deleting {self.args.name}: {view['status']}", view)
         if not self.args.wait:
             if self.json:
@@ -149,7 +154,7 @@ class Cli:
 
     def status(self) -> int:
         if self.args.name:
-            view = self.client.request("GET", f"/v1/services/{self.args.name}").body
+            view = self.client.request("GET", f"/v1/services/{self.name}").body
             self.print(render.as_json(view) if self.json else render.service_detail(view))
             return EXIT_OK
         services = self._all_services()
@@ -157,7 +162,7 @@ class Cli:
         return EXIT_OK
 
     def versions(self) -> int:
-        versions = self.client.request("GET", f"/v1/services/{self.args.name}/versions").body
+        versions = self.client.request("GET", f"/v1/services/{self.name}/versions").body
         self.print(render.as_json(versions) if self.json else render.versions_table(versions))
         return EXIT_OK
 
@@ -167,7 +172,7 @@ class Cli:
                 "`fleetkeeper logs` reads replica log files of the embedded mode; on AWS a replica logs "
                 "to its instance's journal (journalctl -u fleetkeeper-replica)"
             )
-        base = f"/_local/logs/{self.args.name}"
+        base = f"/_local/logs/{self.name}"
         if self.args.replica is not None:
             self.out.write(self.client.request("GET", f"{base}/{self.args.replica}", raw=True).body)
             return EXIT_OK

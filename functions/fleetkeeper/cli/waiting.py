@@ -13,6 +13,7 @@ import sys
 import time
 from dataclasses import dataclass
 from typing import IO, TYPE_CHECKING, Any
+from urllib.parse import quote
 
 from fleetkeeper.cli.http import ApiError, Unreachable
 
@@ -134,7 +135,7 @@ def wait_for(
         while True:
             answered = True
             try:
-                view = client.request("GET", f"/v1/services/{goal.name}").body
+                view = client.request("GET", f"/v1/services/{quote(goal.name, safe='')}").body
             except ApiError as exc:
                 if exc.status != 404:
                     raise
