@@ -101,6 +101,15 @@ def test_a_replica_runs_setup_then_run_with_envs_and_its_own_port(driver: Proces
     assert "listening" in log and f"PORT={port}" in log
 
 
+def test_each_replica_runs_in_its_own_working_directory(driver: ProcessDriver) -> None:
+    for replica_id in (1, 2):
+        driver.launch(request(replica_id, run="pwd > where.txt", setup=None))
+    first = eventually(lambda: (driver.work_dir("web", 1) / "where.txt").read_text().strip())
+    second = eventually(lambda: (driver.work_dir("web", 2) / "where.txt").read_text().strip())
+    assert first != second
+    assert first == str(driver.work_dir("web", 1))
+
+
 def test_launch_is_idempotent_per_client_token(driver: ProcessDriver) -> None:
     first = driver.launch(request(1))
     again = driver.launch(request(1))

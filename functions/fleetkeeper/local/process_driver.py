@@ -2,7 +2,8 @@
 
 Embedded mode's stand-in for EC2. A replica runs `setup` then `run` through bash in its own session
 (so terminating it kills everything it started), with the spec's `envs` and `PORT` set to a free
-port on 127.0.0.1, and its output appended to `<local dir>/logs/<service>/replica-<id>.log`.
+port on 127.0.0.1, in its own working directory `<local dir>/work/<service>/replica-<id>/`, and its
+output appended to `<local dir>/logs/<service>/replica-<id>.log`.
 
 It reports what EC2 would: a process that exited by itself is a TERMINATED instance whose
 state_reason says how it exited, so the reconciler sees a failed replica and replaces it.
@@ -198,6 +199,10 @@ class ProcessDriver:
     def log_path(self, service: str, replica_id: int) -> Path:
         return self.local_dir / "logs" / service / f"replica-{replica_id}.log"
 
+    def work_dir(self, service: str, replica_id: int) -> Path:
+        """The replica's working directory: its own, as each EC2 replica has its own disk."""
+        return self.local_dir / "work" / service / f"replica-{replica_id}"
+
     def stop_all(self, timeout: float | None = None) -> None:
         """Stop every replica (shutdown): TERM to all groups, then KILL what is left after the grace."""
         with self._lock:
@@ -228,6 +233,8 @@ class ProcessDriver:
         port = self._free_port()
         log_path = self.log_path(request.service, request.replica_id)
         log_path.parent.mkdir(parents=True, exist_ok=True)
+        work_dir = self.work_dir(request.service, request.replica_id)
+        work_dir.mkdir(parents=True, exist_ok=True)
         log = log_path.open("ab")
         started = to_iso(utcnow())
         log.write(
@@ -245,7 +252,7 @@ class ProcessDriver:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 env=env,
-                cwd=log_path.parent,
+                cwd=work_dir,
                 start_new_session=True,  # its own process group: terminate kills all it started
             )
         except OSError as exc:
