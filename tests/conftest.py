@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
 
 # Fake credentials and a region before anything creates a boto3 client; never real AWS.
 os.environ.update(

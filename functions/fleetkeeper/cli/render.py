@@ -1,0 +1,74 @@
+"""Human output of the CLI (tables). JSON output is the API's own objects, see docs/CLI.md."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from fleetkeeper.cli.waiting import desired_replicas, ready_at
+
+
+def table(headers: list[str], rows: list[list[str]]) -> str:
+    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
+    lines = ["  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row)).rstrip() for row in [headers, *rows]]
+    return "\n".join(lines)
+
+
+def services_table(services: list[dict[str, Any]]) -> str:
+    if not services:
+        return "no services"
+    rows = [
+        [
+            s["name"],
+            s["status"],
+            f"v{s['target_version']}",
+            s.get("lifecycle", ""),
+            s.get("status_message", ""),
+        ]
+        for s in services
+    ]
+    return table(["NAME", "STATUS", "VERSION", "LIFECYCLE", "MESSAGE"], rows)
+
+
+def service_detail(view: dict[str, Any]) -> str:
+    target = int(view["target_version"])
+    head = [
+        f"{view['name']}  {view['status']}  v{target} of {view['latest_version']}  "
+        f"({ready_at(view, target)}/{desired_replicas(view)} ready, {view.get('mode') or 'rolling'})",
+        f"  {view.get('status_message', '')}",
+    ]
+    replicas = view.get("replicas", [])
+    if not replicas:
+        return "\n".join([*head, "  no replicas"])
+    rows = [
+        [
+            str(r["replica_id"]),
+            f"v{r['version']}",
+            r["status"],
+            r.get("url") or "-",
+            r.get("instance_id") or "-",
+            r.get("status_message", ""),
+        ]
+        for r in replicas
+    ]
+    body = table(["REPLICA", "VERSION", "STATUS", "URL", "INSTANCE", "MESSAGE"], rows)
+    return "\n".join([*head, "", body])
+
+
+def versions_table(versions: dict[str, Any]) -> str:
+    target = versions["target_version"]
+    rows = [
+        [
+            ("* " if v["version"] == target else "  ") + f"v{v['version']}",
+            v["state"],
+            v["mode"],
+            v["created_at"],
+            v.get("state_message", ""),
+        ]
+        for v in versions["versions"]
+    ]
+    return table(["VERSION", "STATE", "MODE", "CREATED", "MESSAGE"], rows)
+
+
+def as_json(value: Any) -> str:
+    return json.dumps(value, indent=2, sort_keys=True)

@@ -1,0 +1,157 @@
+"""`--wait`: poll a service until it is READY at the version we asked for, or gone.
+
+A service's status only counts once the reconciler has acted on our write (observed_generation at
+least the generation our write produced): right after an update the service still says READY, for
+the old version. Done: READY with the target's replicas ready at the target version (or, for
+`down`, the service no longer exists). Failed: FAILED, or the target moved away from our version
+(the circuit breaker rolled it back, or someone else changed it), or the timeout passed.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass
+from typing import IO, TYPE_CHECKING, Any
+from urllib.parse import quote
+
+from fleetkeeper.cli.http import ApiError, Unreachable
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from fleetkeeper.cli.http import ApiClient
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+
+
+@dataclass(frozen=True)
+class Goal:
+    name: str
+    uid: str
+    generation: int
+    target_version: int | None  # None: wait for the service to be gone (`down`)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    code: int
+    message: str
+    view: dict[str, Any] | None
+
+
+def desired_replicas(view: dict[str, Any]) -> int:
+    service = (view.get("spec") or {}).get("service") or {}
+    if service.get("replicas") is not None:
+        return int(service["replicas"])
+    policy = service.get("replica_policy") or {}
+    return int(policy.get("min_replicas", 1))
+
+
+def ready_at(view: dict[str, Any], version: int) -> int:
+    return sum(1 for r in view.get("replicas", []) if r.get("status") == "READY" and r.get("version") == version)
+
+
+def judge(goal: Goal, view: dict[str, Any] | None) -> Outcome | None:
+    """The outcome this view settles, or None to keep waiting. `view` None: the service is gone."""
+    if goal.target_version is None:
+        if view is None or view.get("uid") != goal.uid:
+            return Outcome(EXIT_OK, f"{goal.name} is gone", None)
+        return None
+    if view is None or view.get("uid") != goal.uid:
+        return Outcome(EXIT_FAILED, f"{goal.name} was deleted while waiting for it", view)
+    if int(view.get("observed_generation", 0)) < goal.generation:
+        return None  # the reconciler has not acted on our write yet
+    target = int(view.get("target_version", 0))
+    message = view.get("status_message") or ""
+    if target < goal.target_version:
+        return Outcome(EXIT_FAILED, f"{goal.name} was rolled back to v{target}: {message}", view)
+    if target > goal.target_version:
+        return Outcome(EXIT_FAILED, f"{goal.name} moved on to v{target} (another change) while waiting", view)
+    if view.get("status") == "FAILED":
+        return Outcome(EXIT_FAILED, f"{goal.name} FAILED: {message}", view)
+    wanted = desired_replicas(view)
+    ready = ready_at(view, target)
+    if view.get("status") == "READY" and ready >= wanted:
+        return Outcome(EXIT_OK, f"{goal.name} is READY at v{target} ({ready}/{wanted} replicas ready)", view)
+    if wanted == 0 and view.get("status") in {"READY", "NO_REPLICA"}:
+        return Outcome(EXIT_OK, f"{goal.name} is at v{target} with no replicas, as its spec asks", view)
+    return None
+
+
+def progress_line(goal: Goal, view: dict[str, Any] | None) -> str:
+    if view is None:
+        return f"{goal.name}: gone"
+    target = int(view.get("target_version", 0))
+    status = view.get("status", "?")
+    message = view.get("status_message") or ""
+    if goal.target_version is None:
+        return f"{goal.name}: {status}, {len(view.get('replicas', []))} replica(s) left - {message}"
+    wanted = desired_replicas(view)
+    return f"{goal.name}: {status} v{target}, {ready_at(view, target)}/{wanted} ready - {message}"
+
+
+class Progress:
+    """On a terminal: one line redrawn in place. Otherwise (CI logs): a plain line per change."""
+
+    def __init__(self, stream: IO[str] | None = None, *, tty: bool | None = None) -> None:
+        self.stream = stream if stream is not None else sys.stderr
+        self.tty = self.stream.isatty() if tty is None else tty
+        self._last = ""
+        self._drawn = False
+
+    def show(self, line: str, elapsed: float) -> None:
+        if self.tty:
+            self.stream.write(f"\r\x1b[K{line} [{elapsed:.0f}s]")
+            self._drawn = True
+        elif line != self._last:
+            self.stream.write(f"[{elapsed:5.0f}s] {line}\n")
+        self._last = line
+        self.stream.flush()
+
+    def done(self) -> None:
+        if self.tty and self._drawn:
+            self.stream.write("\n")
+            self.stream.flush()
+        self._drawn = False
+
+
+def wait_for(
+    client: ApiClient,
+    goal: Goal,
+    *,
+    timeout: float,
+    progress: Progress,
+    interval: float = 1.0,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> Outcome:
+    started = clock()
+    view: dict[str, Any] | None = None
+    try:
+        while True:
+            answered = True
+            try:
+                view = client.request("GET", f"/v1/services/{quote(goal.name, safe='')}").body
+            except ApiError as exc:
+                if exc.status != 404:
+                    raise
+                view = None  # gone
+            except Unreachable as exc:  # a blip while waiting is not a verdict; the timeout is
+                answered = False
+                progress.show(f"{goal.name}: {exc}", clock() - started)
+            if answered:
+                progress.show(progress_line(goal, view), clock() - started)
+                outcome = judge(goal, view)
+                if outcome is not None:
+                    return outcome
+            if clock() - started >= timeout:
+                what = "to be gone" if goal.target_version is None else f"to be READY at v{goal.target_version}"
+                last = progress_line(goal, view) if view is not None else "no answer"
+                return Outcome(
+                    EXIT_FAILED, f"timed out after {timeout:g}s waiting for {goal.name} {what} ({last})", view
+                )
+            sleep(interval)
+    finally:
+        progress.done()

@@ -1,0 +1,101 @@
+"""`make local`: the embedded control plane plus a demo service, until Ctrl-C.
+
+Starts what `fleetkeeper local` starts, then does what a new user would type in a second terminal:
+`fleetkeeper up examples/hello/service.yaml --wait`, `fleetkeeper status hello`, and one request
+to a replica. Then it keeps running so you can try the CLI against it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import threading
+import urllib.request
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from fleetkeeper.cli.main import run as cli
+from fleetkeeper.local.options import DEFAULT_PORT, DEFAULT_TICK, Options
+from fleetkeeper.local.server import serve
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from fleetkeeper.local.server import EmbeddedControlPlane
+
+EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "hello" / "service.yaml"
+SERVICE = "hello"
+
+
+def say(text: str) -> None:
+    print(text, flush=True)
+
+
+def first_answer(api_url: str) -> str:
+    """GET / from the first READY replica, as the API lists it."""
+    with urllib.request.urlopen(f"{api_url}/v1/services/{SERVICE}", timeout=5) as answer:
+        view = json.load(answer)
+    for replica in view["replicas"]:
+        if replica["status"] == "READY" and replica.get("url"):
+            with urllib.request.urlopen(replica["url"] + "/", timeout=5) as reply:
+                return f"GET {replica['url']}/ -> {reply.status}: {reply.read().decode().strip()}"
+    return "no READY replica to ask"
+
+
+def tour(plane: EmbeddedControlPlane) -> None:
+    url = plane.api_url
+    api = ["--api-url", url]
+    cli_hint = "fleetkeeper" if url.endswith(f":{DEFAULT_PORT}") else f"FLEETKEEPER_API_URL={url} fleetkeeper"
+    if any(note.startswith("reconciler:") for note in plane.notes):
+        say("\nThis build has no reconciler yet: the demo service is stored but nothing runs it.")
+        cli(["up", str(EXAMPLE), *api])
+        cli(["status", SERVICE, *api])
+        return
+    shown = EXAMPLE.relative_to(Path.cwd()) if EXAMPLE.is_relative_to(Path.cwd()) else EXAMPLE
+    say(f"\n$ fleetkeeper up {shown} --wait")
+    if cli(["up", str(EXAMPLE), "--wait", "--timeout", "300", *api]) != 0:
+        say("the demo service did not become READY; see the log lines above")
+        return
+    say(f"\n$ fleetkeeper status {SERVICE}")
+    cli(["status", SERVICE, *api])
+    say("\n$ curl <a replica>/")
+    say(first_answer(url))
+    say(
+        "\nThe control plane keeps running. In another terminal (source .venv/bin/activate first):\n"
+        f"  {cli_hint} status {SERVICE}\n"
+        f"  {cli_hint} logs {SERVICE}\n"
+        f"  {cli_hint} down {SERVICE} --wait\n"
+        "Ctrl-C here stops every replica and exits."
+    )
+
+
+def _quiet_tour(plane: EmbeddedControlPlane) -> None:
+    try:
+        tour(plane)
+    except (OSError, ValueError):
+        return  # the control plane stopped under the tour (Ctrl-C): the shutdown message says it all
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="make local", description=__doc__)
+    parser.add_argument("--port", type=int, default=DEFAULT_PORT)
+    parser.add_argument("--tick", type=float, default=DEFAULT_TICK)
+    parser.add_argument("--dir", dest="local_dir", type=Path, default=Path(".fleetkeeper"))
+    parser.add_argument("--verbose", action="store_true", help="print the handlers' logs (INFO)")
+    args = parser.parse_args(argv)
+
+    def started(plane: EmbeddedControlPlane) -> None:
+        threading.Thread(target=_quiet_tour, args=(plane,), name="demo", daemon=True).start()
+
+    logging.getLogger().setLevel(logging.INFO if args.verbose else logging.WARNING)
+    return serve(
+        Options(port=args.port, tick=args.tick, local_dir=args.local_dir),
+        quiet=not args.verbose,
+        on_started=started,
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(main())

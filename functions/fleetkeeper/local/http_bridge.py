@@ -1,0 +1,181 @@
+"""Real HTTP in front of the api handler: each request becomes the event API Gateway would send.
+
+Every request under /v1 is turned into an API Gateway REST proxy event (`fleetkeeper.apigw`), given
+to the api Lambda handler, and its response becomes the HTTP response: status, headers and body.
+A few embedded-mode routes live beside the API under /_local:
+
+  POST /_local/kick                    {"service": name}: wake the reconciler loop (the kick URL)
+  GET  /_local/info                    where things are: API URL, logs, in-memory AWS endpoint, table
+  GET  /_local/logs/<service>          the service's replica log files
+  GET  /_local/logs/<service>/<id>     one replica's log (text)
+
+The api handler runs one request at a time, as one Lambda execution environment does: Powertools'
+resolver keeps the current event on a module-level object, so concurrent calls would mix requests.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import socket
+import threading
+import time
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import TYPE_CHECKING, Any
+
+from fleetkeeper.api.models import NAME_PATTERN
+from fleetkeeper.apigw import response_parts, rest_event
+from fleetkeeper.local.context import LocalContext
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+# Outside the `fleetkeeper` logger tree: Powertools' logger there would stamp these with a handler's context.
+logger = logging.getLogger("local.http_bridge")
+
+ApiHandler = Callable[[dict[str, Any], Any], dict[str, Any]]
+API_FUNCTION = "ApiFunction"
+KICK_PATH = "/_local/kick"
+_LOG_PATH = re.compile(r"^/_local/logs/(?P<service>[^/]+)(?:/(?P<replica>\d+))?$")
+_SERVICE_NAME = re.compile(NAME_PATTERN)
+_REPLICA_LOG = re.compile(r"^replica-(\d+)\.log$")
+
+
+class ApiBridge(ThreadingHTTPServer):
+    """The embedded control plane's HTTP server (see the module docstring)."""
+
+    daemon_threads = True
+
+    def __init__(
+        self,
+        address: tuple[str, int],
+        api_handler: ApiHandler,
+        *,
+        on_kick: Callable[[str], None],
+        logs_dir: Path,
+        info: dict[str, Any] | None = None,
+        api_timeout_seconds: int = 30,
+    ) -> None:
+        super().__init__(address, _RequestHandler)
+        self.api_handler = api_handler
+        self.on_kick = on_kick
+        self.logs_dir = logs_dir
+        self.info = dict(info or {})
+        self.api_timeout_seconds = api_timeout_seconds
+        self.api_lock = threading.Lock()
+
+    @property
+    def url(self) -> str:
+        host, port = self.server_address[:2]
+        return f"http://{host!s}:{port}"
+
+    def call_api(
+        self, method: str, target: str, headers: dict[str, str], body: bytes
+    ) -> tuple[int, dict[str, str], bytes]:
+        event = rest_event(method, target, headers=headers, body=body or None)
+        with self.api_lock:
+            response = self.api_handler(event, LocalContext(API_FUNCTION, self.api_timeout_seconds))
+        return response_parts(response)
+
+
+class _RequestHandler(BaseHTTPRequestHandler):
+    server: ApiBridge
+    protocol_version = "HTTP/1.1"
+    server_version = "fleetkeeper-local"
+
+    def do_GET(self) -> None:
+        self._handle("GET")
+
+    def do_POST(self) -> None:
+        self._handle("POST")
+
+    def do_PUT(self) -> None:
+        self._handle("PUT")
+
+    def do_DELETE(self) -> None:
+        self._handle("DELETE")
+
+    def do_PATCH(self) -> None:
+        self._handle("PATCH")
+
+    def setup(self) -> None:
+        super().setup()
+        # Headers and body leave in separate writes; without NODELAY, Nagle's algorithm holds the
+        # body back for the client's delayed ACK and every request costs ~40 ms more.
+        self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        threading.current_thread().name = API_FUNCTION  # readable logs tell the handlers apart by thread
+
+    def _handle(self, method: str) -> None:
+        started = time.perf_counter()
+        length = int(self.headers.get("Content-Length") or 0)
+        body = self.rfile.read(length) if length > 0 else b""
+        try:
+            if self.path.startswith("/_local/"):
+                status, headers, payload = self._local(method, body)
+            else:
+                headers_in = dict(self.headers.items())
+                status, headers, payload = self.server.call_api(method, self.path, headers_in, body)
+        except Exception:  # the bridge must answer; the handler's own errors are already responses
+            logger.exception("embedded api bridge failed on %s %s", method, self.path)
+            status, headers, payload = _json(500, _error("internal_error", "the embedded server failed; see its log"))
+        self._send(status, headers, payload)
+        elapsed = (time.perf_counter() - started) * 1000
+        level = logging.DEBUG if method == "GET" or self.path == KICK_PATH else logging.INFO
+        logger.log(level, "%s %s -> %d (%.1f ms)", method, self.path, status, elapsed)
+
+    def _send(self, status: int, headers: dict[str, str], payload: bytes) -> None:
+        self.send_response(status)
+        for key, value in headers.items():
+            if key.lower() not in {"content-length", "connection", "transfer-encoding"}:
+                self.send_header(key, value)
+        self.send_header("Content-Length", str(len(payload)))
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(payload)
+
+    def _local(self, method: str, body: bytes) -> tuple[int, dict[str, str], bytes]:
+        path = self.path.split("?", 1)[0]
+        if path == KICK_PATH and method == "POST":
+            return self._kick(body)
+        if path == "/_local/info" and method == "GET":
+            return _json(200, {**self.server.info, "api_url": self.server.url, "logs_dir": str(self.server.logs_dir)})
+        match = _LOG_PATH.match(path)
+        if match and method == "GET":
+            return self._logs(match["service"], match["replica"])
+        return _json(404, _error("no_route", f"no route for {method} {path}"))
+
+    def _kick(self, body: bytes) -> tuple[int, dict[str, str], bytes]:
+        try:
+            service = json.loads(body or b"{}").get("service")
+        except (ValueError, AttributeError):
+            service = None
+        if not isinstance(service, str) or not _SERVICE_NAME.match(service):
+            return _json(400, _error("invalid_request", 'the kick body is {"service": "<name>"}'))
+        self.server.on_kick(service)
+        return _json(202, {"kicked": service})
+
+    def _logs(self, service: str, replica: str | None) -> tuple[int, dict[str, str], bytes]:
+        if not _SERVICE_NAME.match(service):
+            return _json(400, _error("invalid_request", f"service name {service!r} is invalid"))
+        folder = self.server.logs_dir / service
+        if replica is None:
+            found = sorted((int(m[1]), p) for p in folder.glob("replica-*.log") if (m := _REPLICA_LOG.match(p.name)))
+            logs = [{"replica_id": n, "path": str(p), "bytes": p.stat().st_size} for n, p in found]
+            return _json(200, {"service": service, "logs": logs})
+        path = folder / f"replica-{int(replica)}.log"
+        if not path.is_file():
+            return _json(404, _error("not_found", f"no log for replica {replica} of {service!r} in {folder}"))
+        return 200, {"Content-Type": "text/plain; charset=utf-8"}, path.read_bytes()
+
+    def log_message(self, format: str, *args: Any) -> None:  # `format`: the base class's name
+        """Silence http.server's own access log; `_handle` logs each request once."""
+
+
+def _error(code: str, message: str) -> dict[str, Any]:
+    return {"error": {"code": code, "message": message, "details": []}}
+
+
+def _json(status: int, body: Any) -> tuple[int, dict[str, str], bytes]:
+    return status, {"Content-Type": "application/json"}, json.dumps(body).encode()

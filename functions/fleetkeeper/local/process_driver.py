@@ -1,0 +1,309 @@
+"""The `process` replica driver: each replica is a local process group that really serves HTTP.
+
+Embedded mode's stand-in for EC2. A replica runs `setup` then `run` through bash in its own session
+(so terminating it kills everything it started), with the spec's `envs` and `PORT` set to a free
+port on 127.0.0.1, in its own working directory `<local dir>/work/<service>/replica-<id>/`, and its
+output appended to `<local dir>/logs/<service>/replica-<id>.log`.
+
+It reports what EC2 would: a process that exited by itself is a TERMINATED instance whose
+state_reason says how it exited, so the reconciler sees a failed replica and replaces it.
+Instance ids look like `local-3-pid4242`: the pid is there so a person (or a test) can find and
+kill a replica's process.
+
+State lives in this process only: a replica cannot outlive the embedded control plane that started
+it (`stop_all` on shutdown), so there is nothing to rediscover after a restart.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import threading
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import IO, TYPE_CHECKING, ClassVar
+
+from fleetkeeper.model import to_iso, utcnow
+from fleetkeeper.reconciler.driver import (
+    MANAGED_TAG,
+    REPLICA_TAG,
+    SERVICE_TAG,
+    UID_TAG,
+    VERSION_TAG,
+    Instance,
+    InstanceState,
+    LaunchRefused,
+    LaunchRequest,
+)
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+LOCAL_DIR_ENV = "FLEETKEEPER_LOCAL_DIR"
+DEFAULT_LOCAL_DIR = ".fleetkeeper"
+LOOPBACK = "127.0.0.1"
+
+# bash runs `setup` ($1) and, if it succeeded, replaces itself with `run` ($2): the group leader is
+# then the service itself, and a failing setup ends the replica with setup's exit code.
+_WRAPPER = 'if [ -n "$1" ]; then bash -c "$1" || exit $?; fi; exec bash -c "$2"'
+
+# Variables of the control plane that a replica must not inherit (an EC2 replica would not have
+# them either): fake AWS credentials, the table name, Powertools and fleetkeeper settings.
+_PRIVATE_PREFIXES = ("AWS_", "FLEETKEEPER_", "POWERTOOLS_", "TABLE_NAME")
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind((LOOPBACK, 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+@dataclass
+class _Replica:
+    """One launched replica: its process and what the driver reports about it."""
+
+    instance: Instance
+    process: subprocess.Popen[bytes]
+    port: int
+    log_path: Path
+    log: IO[bytes]
+    terminating: bool = False
+    ended_at: float | None = None
+
+    def refresh(self) -> Instance:
+        """The instance as of now: RUNNING, SHUTTING_DOWN, or TERMINATED with the reason."""
+        code = self.process.poll()
+        if code is None:
+            state = InstanceState.SHUTTING_DOWN if self.terminating else InstanceState.RUNNING
+            if self.instance.state is not state:
+                self.instance = replace(self.instance, state=state)
+            return self.instance
+        if self.instance.state is not InstanceState.TERMINATED:
+            # What the replica started in the background dies with it, as on a terminated machine.
+            _signal_group(self.process, signal.SIGKILL)
+            self.ended_at = time.monotonic()
+            self.log.close()
+            reason = (
+                "Client.UserInitiatedShutdown: terminated by fleetkeeper"
+                if self.terminating
+                else f"Server.ProcessExited: the replica process exited with code {_describe_exit(code)}"
+            )
+            self.instance = replace(self.instance, state=InstanceState.TERMINATED, state_reason=reason)
+        return self.instance
+
+
+def _describe_exit(code: int) -> str:
+    if code < 0:
+        with contextlib.suppress(ValueError):
+            return f"{code} (killed by {signal.Signals(-code).name})"
+    return str(code)
+
+
+class ProcessDriver:
+    """ReplicaDriver whose instances are local process groups (see the module docstring)."""
+
+    _shared: ClassVar[ProcessDriver | None] = None
+    _shared_lock: ClassVar[threading.Lock] = threading.Lock()
+
+    def __init__(
+        self,
+        local_dir: Path,
+        *,
+        grace_seconds: float = 5.0,
+        forget_after_seconds: float = 600.0,
+    ) -> None:
+        self.local_dir = local_dir
+        self.grace_seconds = grace_seconds
+        # Terminated replicas stay visible for a while (as EC2 keeps terminated instances listed),
+        # long enough for the reconciler to see why they ended, then they are forgotten.
+        self.forget_after_seconds = forget_after_seconds
+        self._replicas: dict[str, _Replica] = {}
+        self._by_token: dict[str, str] = {}
+        self._seq = 0
+        self._lock = threading.RLock()
+
+    @classmethod
+    def shared(cls) -> ProcessDriver:
+        """The process-wide driver (the reconciler's `make_driver()` returns this one)."""
+        with cls._shared_lock:
+            if cls._shared is None:
+                cls._shared = cls(Path(os.environ.get(LOCAL_DIR_ENV) or DEFAULT_LOCAL_DIR).resolve())
+            return cls._shared
+
+    @classmethod
+    def reset_shared(cls) -> None:
+        """Stop and drop the process-wide driver (tests, and a control plane that restarts in-process)."""
+        with cls._shared_lock:
+            if cls._shared is not None:
+                cls._shared.stop_all()
+            cls._shared = None
+
+    # -- the ReplicaDriver protocol ------------------------------------------------------------------
+
+    def list_instances(self) -> list[Instance]:
+        with self._lock:
+            self._forget_old()
+            return [replica.refresh() for replica in self._replicas.values()]
+
+    def find_instance(self, uid: str, replica_id: int) -> Instance | None:
+        with self._lock:
+            for replica in self._replicas.values():
+                instance = replica.refresh()
+                if (
+                    instance.uid == uid
+                    and instance.replica_id == replica_id
+                    and instance.state is not InstanceState.TERMINATED
+                ):
+                    return instance
+            return None
+
+    def launch(self, request: LaunchRequest) -> Instance:
+        with self._lock:
+            known = self._by_token.get(request.client_token)
+            if known is not None and known in self._replicas:
+                return self._replicas[known].refresh()
+            replica = self._start(request)
+            self._replicas[replica.instance.instance_id] = replica
+            self._by_token[request.client_token] = replica.instance.instance_id
+            return replica.instance
+
+    def terminate(self, instance_ids: Sequence[str]) -> None:
+        """Send TERM to each replica's process group; KILL it if it is still there after the grace."""
+        with self._lock:
+            doomed = [self._replicas[i] for i in instance_ids if i in self._replicas]
+            for replica in doomed:
+                if replica.process.poll() is None and not replica.terminating:
+                    replica.terminating = True
+                    _signal_group(replica.process, signal.SIGTERM)
+                    timer = threading.Timer(self.grace_seconds, self._kill_if_alive, args=(replica,))
+                    timer.daemon = True
+                    timer.start()
+                replica.refresh()
+
+    def base_url(self, instance: Instance, port: int) -> str | None:
+        """The replica's own port on 127.0.0.1 (`port`, the spec's port, is what EC2 replicas use)."""
+        with self._lock:
+            replica = self._replicas.get(instance.instance_id)
+            if replica is None or replica.refresh().state is InstanceState.TERMINATED:
+                return None
+            return f"http://{LOOPBACK}:{replica.port}"
+
+    # -- embedded mode ---------------------------------------------------------------------------------
+
+    def log_path(self, service: str, replica_id: int) -> Path:
+        return self.local_dir / "logs" / service / f"replica-{replica_id}.log"
+
+    def work_dir(self, service: str, replica_id: int) -> Path:
+        """The replica's working directory: its own, as each EC2 replica has its own disk."""
+        return self.local_dir / "work" / service / f"replica-{replica_id}"
+
+    def stop_all(self, timeout: float | None = None) -> None:
+        """Stop every replica (shutdown): TERM to all groups, then KILL what is left after the grace."""
+        with self._lock:
+            live = [r for r in self._replicas.values() if r.process.poll() is None]
+            for replica in live:
+                replica.terminating = True
+                _signal_group(replica.process, signal.SIGTERM)
+        deadline = time.monotonic() + (self.grace_seconds if timeout is None else timeout)
+        for replica in live:
+            try:
+                replica.process.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                _signal_group(replica.process, signal.SIGKILL)
+                replica.process.wait()
+        with self._lock:
+            for replica in live:
+                replica.refresh()
+
+    def pids(self) -> list[int]:
+        """Process ids of the replicas still running (process group leaders)."""
+        with self._lock:
+            return [r.process.pid for r in self._replicas.values() if r.process.poll() is None]
+
+    # -- internals -------------------------------------------------------------------------------------
+
+    def _start(self, request: LaunchRequest) -> _Replica:
+        spec = request.spec
+        port = self._free_port()
+        log_path = self.log_path(request.service, request.replica_id)
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        work_dir = self.work_dir(request.service, request.replica_id)
+        work_dir.mkdir(parents=True, exist_ok=True)
+        log = log_path.open("ab")
+        started = to_iso(utcnow())
+        log.write(
+            f"# fleetkeeper: service {request.service} replica {request.replica_id} version "
+            f"{request.version}, PORT={port}, started {started}\n".encode()
+        )
+        log.flush()
+        env = {k: v for k, v in os.environ.items() if not k.startswith(_PRIVATE_PREFIXES)}
+        env.update(spec.envs)
+        env["PORT"] = str(port)
+        try:
+            process = subprocess.Popen(  # the user's own spec, run as the user, as on EC2
+                ["bash", "-c", _WRAPPER, "fleetkeeper-replica", spec.setup or "", spec.run],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+                cwd=work_dir,
+                start_new_session=True,  # its own process group: terminate kills all it started
+            )
+        except OSError as exc:
+            log.close()
+            raise LaunchRefused("ProcessLaunchFailed", str(exc)) from exc
+        self._seq += 1
+        instance = Instance(
+            instance_id=f"local-{self._seq}-pid{process.pid}",
+            state=InstanceState.RUNNING,
+            service=request.service,
+            uid=request.uid,
+            version=request.version,
+            replica_id=request.replica_id,
+            private_ip=LOOPBACK,
+            launched_at=started,
+            tags={
+                MANAGED_TAG: "true",
+                SERVICE_TAG: request.service,
+                UID_TAG: request.uid,
+                VERSION_TAG: str(request.version),
+                REPLICA_TAG: str(request.replica_id),
+            },
+        )
+        return _Replica(instance=instance, process=process, port=port, log_path=log_path, log=log)
+
+    def _free_port(self) -> int:
+        """A free port no live replica of ours was given (a replica may not be listening yet)."""
+        taken = {r.port for r in self._replicas.values() if r.process.poll() is None}
+        for _ in range(50):
+            port = free_port()
+            if port not in taken:
+                return port
+        raise LaunchRefused("NoFreePort", "could not find a free port on 127.0.0.1")
+
+    def _kill_if_alive(self, replica: _Replica) -> None:
+        if replica.process.poll() is None:
+            _signal_group(replica.process, signal.SIGKILL)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                replica.process.wait(timeout=5)
+        with self._lock:
+            replica.refresh()
+
+    def _forget_old(self) -> None:
+        now = time.monotonic()
+        for instance_id, replica in list(self._replicas.items()):
+            replica.refresh()
+            if replica.ended_at is not None and now - replica.ended_at > self.forget_after_seconds:
+                del self._replicas[instance_id]
+
+
+def _signal_group(process: subprocess.Popen[bytes], sig: signal.Signals) -> None:
+    # The replica is its own session and group leader (start_new_session): its pid is the group id.
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(process.pid, sig)

@@ -1,0 +1,254 @@
+"""`fleetkeeper local`: the whole control plane in one process, on 127.0.0.1 only.
+
+    in-memory AWS     moto's threaded server on a free port; the table built from template.yaml
+    api               ApiBridge: real HTTP on --port -> API Gateway events -> the api handler
+    reconciler        ReconcileLoop: the reconciler handler every --tick seconds and on each kick
+    cleanup           StreamPump: the table's stream -> template's filter -> the cleanup handler
+    replicas          ProcessDriver: local process groups (FLEETKEEPER_DRIVER=process)
+
+The handlers are the ones Lambda runs, imported as they are. A handler that is not in this build
+(a checkout without the reconciler, say) is reported at startup and its part is left out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import os
+import signal
+import sys
+import threading
+from typing import TYPE_CHECKING, Any
+
+from fleetkeeper import aws
+from fleetkeeper.local.http_bridge import KICK_PATH, ApiBridge
+from fleetkeeper.local.options import Options, add_arguments, options_from
+from fleetkeeper.local.process_driver import LOCAL_DIR_ENV, LOOPBACK, ProcessDriver
+from fleetkeeper.local.reconcile_loop import ReconcileLoop
+from fleetkeeper.local.stream_pump import StreamPump, StreamSource
+from fleetkeeper.template import create_table, load_template
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Sequence
+    from pathlib import Path
+
+logger = logging.getLogger("local.server")
+
+
+Handler = Any  # a Lambda handler: (event, context) -> response
+
+
+def _optional_handler(module: str) -> Callable[..., Any] | None:
+    """A function's lambda_handler, or None when this build does not have that function yet."""
+    try:
+        loaded = importlib.import_module(module)
+    except ModuleNotFoundError as exc:
+        if exc.name and module.startswith(exc.name):
+            return None
+        raise
+    handler: Callable[..., Any] = loaded.lambda_handler
+    return handler
+
+
+def configure_environment(options: Options) -> None:
+    """The settings the handlers read, pointed at this process's in-memory AWS and nothing else."""
+    os.environ.update(
+        {
+            # Fake credentials: embedded mode must never sign anything with a real identity.
+            "AWS_ACCESS_KEY_ID": "local",
+            "AWS_SECRET_ACCESS_KEY": "local",
+            "AWS_SESSION_TOKEN": "local",
+            "AWS_REGION": "us-east-1",
+            "AWS_DEFAULT_REGION": "us-east-1",
+            "AWS_ACCOUNT_ID_ENDPOINT_MODE": "disabled",  # moto's stream reads need it
+            "AWS_EC2_METADATA_DISABLED": "true",
+            "TABLE_NAME": options.table,
+            "FLEETKEEPER_DRIVER": "process",
+            LOCAL_DIR_ENV: str(options.local_dir),
+            "POWERTOOLS_SERVICE_NAME": "fleetkeeper",
+            "POWERTOOLS_METRICS_NAMESPACE": "fleetkeeper",
+            "POWERTOOLS_METRICS_DISABLED": "true",  # EMF lines are for CloudWatch, not a terminal
+            "POWERTOOLS_TRACE_DISABLED": "true",
+        }
+    )
+    for variable in ("AWS_PROFILE", "RECONCILER_FUNCTION_NAME", "FLEETKEEPER_KICK_URL"):
+        os.environ.pop(variable, None)
+
+
+class EmbeddedControlPlane:
+    """Start and stop everything `fleetkeeper local` runs (tests and the demo use it in-process)."""
+
+    def __init__(self, options: Options, *, log_level: int | None = None) -> None:
+        # log_level: print the handlers' logs readably at this level (None: leave logging alone).
+        self.log_level = log_level
+        self.options = Options(
+            port=options.port,
+            tick=options.tick,
+            local_dir=options.local_dir.resolve(),
+            table=options.table,
+        )
+        self.aws_endpoint = ""
+        self.notes: list[str] = []
+        self._moto: Any = None
+        self._bridge: ApiBridge | None = None
+        self._loop: ReconcileLoop | None = None
+        self._pump: StreamPump | None = None
+        self._stop_pump = threading.Event()
+        self._threads: list[threading.Thread] = []
+
+    @property
+    def api_url(self) -> str:
+        if self._bridge is None:
+            raise RuntimeError("the control plane is not started")
+        return self._bridge.url
+
+    @property
+    def logs_dir(self) -> Path:
+        return self.options.local_dir / "logs"
+
+    def start(self) -> None:
+        from moto.server import ThreadedMotoServer
+
+        configure_environment(self.options)
+        self.logs_dir.mkdir(parents=True, exist_ok=True)
+        template = load_template()
+
+        logging.getLogger("werkzeug").setLevel(logging.WARNING)  # moto's server logs every AWS call
+        self._moto = ThreadedMotoServer(ip_address=LOOPBACK, port=0, verbose=False)
+        self._moto.start()
+        host, port = self._moto.get_host_and_port()
+        self.aws_endpoint = f"http://{host}:{port}"
+        os.environ["FLEETKEEPER_AWS_ENDPOINT_URL"] = self.aws_endpoint
+        aws.reset_clients()
+        create_table(aws.dynamodb(), self.options.table, template)
+
+        reconciler = _optional_handler("fleetkeeper.reconciler.handler")
+        cleanup = _optional_handler("fleetkeeper.cleanup.handler")
+        from fleetkeeper.api.handler import lambda_handler as api_handler
+
+        if self.log_level is not None:  # after the imports: the handlers' loggers exist from then on
+            from fleetkeeper.local.readable_logs import make_logs_readable
+
+            make_logs_readable(self.log_level)
+        if reconciler is None:
+            self.notes.append(
+                "reconciler: not in this build (fleetkeeper.reconciler.handler); services are stored "
+                "but no replica is started"
+            )
+        else:
+            self._loop = ReconcileLoop(reconciler, tick=self.options.tick)
+        source = StreamSource.from_template(template)
+        if cleanup is None or source is None:
+            missing = "fleetkeeper.cleanup.handler" if cleanup is None else "CleanupFunction's stream event"
+            self.notes.append(f"cleanup: not in this build ({missing}); removed services leave their versions")
+        else:
+            stream_arn = aws.dynamodb().describe_table(TableName=self.options.table)["Table"]["LatestStreamArn"]
+            self._pump = StreamPump(_streams_client(self.aws_endpoint), stream_arn, source, cleanup)
+
+        self._bridge = ApiBridge(
+            (LOOPBACK, self.options.port),
+            api_handler,
+            on_kick=self._kick,
+            logs_dir=self.logs_dir,
+            info={"aws_endpoint": self.aws_endpoint, "table": self.options.table, "tick": self.options.tick},
+        )
+        os.environ["FLEETKEEPER_KICK_URL"] = self._bridge.url + KICK_PATH
+        self._spawn("api-server", self._bridge.serve_forever)
+        if self._loop is not None:
+            self._loop.start()
+        if self._pump is not None:
+            pump = self._pump
+            # Named after the function: readable logs tell the handlers apart by thread.
+            self._spawn(pump.source.function_name, lambda: pump.run(self._stop_pump, interval=0.25))
+
+    def stop(self) -> None:
+        """Stop taking requests, stop the loops, then stop every replica and the in-memory AWS."""
+        if self._bridge is not None:
+            self._bridge.shutdown()
+            self._bridge.server_close()
+        if self._loop is not None:
+            self._loop.stop()
+        self._stop_pump.set()
+        for thread in self._threads:
+            thread.join(timeout=10)
+        ProcessDriver.reset_shared()
+        if self._moto is not None:
+            self._moto.stop()
+            self._moto = None
+        os.environ.pop("FLEETKEEPER_KICK_URL", None)
+        os.environ.pop("FLEETKEEPER_AWS_ENDPOINT_URL", None)
+        aws.reset_clients()
+
+    def _kick(self, service: str) -> None:
+        if self._loop is not None:
+            self._loop.kick(service)
+
+    def _spawn(self, name: str, target: Callable[[], None]) -> None:
+        thread = threading.Thread(target=target, name=name, daemon=True)
+        thread.start()
+        self._threads.append(thread)
+
+
+def _streams_client(endpoint: str) -> Any:
+    import boto3
+
+    return boto3.session.Session().client("dynamodbstreams", region_name="us-east-1", endpoint_url=endpoint)
+
+
+def banner(plane: EmbeddedControlPlane) -> str:
+    lines = [
+        "fleetkeeper local: the control plane is running on this machine",
+        f"  API            {plane.api_url}   (the CLI's default; or --api-url / FLEETKEEPER_API_URL)",
+        f"  replica logs   {plane.logs_dir}/<service>/replica-<id>.log   (fleetkeeper logs NAME)",
+        f"  in-memory AWS  {plane.aws_endpoint}   table {plane.options.table}",
+        f"  reconciler     every {plane.options.tick:g}s and after every write",
+        *(f"  note: {note}" for note in plane.notes),
+        "Ctrl-C (or SIGTERM) stops every replica and exits.",
+    ]
+    return "\n".join(lines)
+
+
+def parser(prog: str = "fleetkeeper local") -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=prog, description="Run the whole control plane on 127.0.0.1.")
+    add_arguments(p)
+    return p
+
+
+def serve(
+    options: Options, *, quiet: bool = False, on_started: Callable[[EmbeddedControlPlane], None] | None = None
+) -> int:
+    """Run until SIGINT/SIGTERM; returns the process exit code."""
+    if options.tick <= 0:
+        print("fleetkeeper local: --tick must be above 0", file=sys.stderr)
+        return 2
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda _signum, _frame: stop.set())
+    plane = EmbeddedControlPlane(options, log_level=logging.WARNING if quiet else logging.INFO)
+    try:
+        plane.start()
+    except OSError as exc:
+        plane.stop()
+        print(f"fleetkeeper local: cannot start on 127.0.0.1:{options.port}: {exc}", file=sys.stderr)
+        return 2
+    try:
+        print(banner(plane), flush=True)
+        if on_started is not None:
+            on_started(plane)
+        while not stop.wait(0.5):
+            pass
+        print("fleetkeeper local: stopping every replica...", flush=True)
+    finally:
+        plane.stop()
+    print("fleetkeeper local: stopped", flush=True)
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    return serve(options_from(args), quiet=args.quiet)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,439 @@
+"""The CLI on its own: arguments, API URL resolution, signing, --wait verdicts, exit codes."""
+
+from __future__ import annotations
+
+import io
+import json
+from typing import TYPE_CHECKING, Any
+
+import boto3
+import pytest
+from botocore.stub import Stubber
+
+from fleetkeeper.cli.http import (
+    ApiClient,
+    ApiError,
+    SigV4Signer,
+    Unreachable,
+    UsageError,
+    is_loopback,
+    resolve_api_url,
+)
+from fleetkeeper.cli.main import run
+from fleetkeeper.cli.waiting import Goal, Progress, judge, wait_for
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+# --- a scripted API ------------------------------------------------------------------------------------
+
+
+class FakeResponse:
+    def __init__(self, body: Any) -> None:
+        self.body = body
+        self.status = 200
+        self.headers: dict[str, str] = {}
+
+
+class ScriptedClient(ApiClient):
+    """Answers each request from a script: a list of bodies (or exceptions) per (method, path)."""
+
+    def __init__(self, script: dict[tuple[str, str], list[Any]], *, embedded: bool = True) -> None:
+        super().__init__("http://127.0.0.1:1" if embedded else "https://abc.execute-api.eu-west-1.amazonaws.com/api")
+        self.script = script
+        self.sent: list[tuple[str, str, Any]] = []
+
+    def request(self, method: str, path: str, body: Any = None, *, raw: bool = False) -> Any:
+        self.sent.append((method, path, body))
+        answers = self.script[(method, path)]
+        answer = answers.pop(0) if len(answers) > 1 else answers[0]
+        if isinstance(answer, Exception):
+            raise answer
+        return FakeResponse(answer)
+
+
+def view(
+    status: str = "READY",
+    *,
+    target: int = 1,
+    observed: int = 1,
+    generation: int = 1,
+    ready: int = 2,
+    replicas: int = 2,
+    uid: str = "u1",
+    message: str = "",
+) -> dict[str, Any]:
+    return {
+        "name": "web",
+        "uid": uid,
+        "status": status,
+        "status_message": message,
+        "lifecycle": "ACTIVE",
+        "target_version": target,
+        "latest_version": target,
+        "generation": generation,
+        "observed_generation": observed,
+        "created_at": "2026-01-01T00:00:00.000Z",
+        "updated_at": "2026-01-01T00:00:00.000Z",
+        "replicas": [
+            {
+                "replica_id": i,
+                "version": target,
+                "status": "READY" if i <= ready else "STARTING",
+                "status_message": "",
+                "instance_id": f"local-{i}-pid{100 + i}",
+                "url": f"http://127.0.0.1:{9000 + i}",
+                "created_at": "2026-01-01T00:00:00.000Z",
+                "updated_at": "2026-01-01T00:00:00.000Z",
+            }
+            for i in range(1, replicas + 1)
+        ],
+        "spec": {"service": {"replicas": replicas, "readiness_probe": {"path": "/health"}}, "run": "x"},
+        "mode": "rolling",
+    }
+
+
+def not_found() -> ApiError:
+    return ApiError(404, "service 'web' does not exist", {"error": {"code": "not_found"}})
+
+
+def cli(argv: list[str], client: ApiClient) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    code = run(argv, out=out, err=err, client_factory=lambda _url: client)
+    return code, out.getvalue(), err.getvalue()
+
+
+@pytest.fixture
+def spec_file(tmp_path: Path) -> Path:
+    path = tmp_path / "service.yaml"
+    path.write_text(
+        "name: web\nservice:\n  readiness_probe: /health\n  replicas: 2\nrun: python3 -m http.server $PORT\n"
+    )
+    return path
+
+
+@pytest.fixture(autouse=True)
+def no_api_url_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("FLEETKEEPER_API_URL", raising=False)
+
+
+# --- arguments and exit code 2 -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        [],
+        ["frobnicate"],
+        ["up"],
+        ["status", "--output", "yaml"],
+        ["rollback", "web", "--to", "two"],
+        ["update", "web"],
+    ],
+)
+def test_bad_usage_exits_2_without_calling_the_api(argv: list[str]) -> None:
+    client = ScriptedClient({})
+    code, out, err = cli(argv, client)
+    assert code == 2
+    assert "usage:" in err and out == ""
+    assert client.sent == []
+
+
+def test_a_missing_spec_file_exits_2(tmp_path: Path) -> None:
+    code, _, err = cli(["up", str(tmp_path / "nope.yaml")], ScriptedClient({}))
+    assert code == 2 and "cannot read" in err
+
+
+@pytest.mark.parametrize(("text", "problem"), [("service: [unclosed", "not valid YAML"), ("- a\n- b\n", "mapping")])
+def test_a_spec_that_is_not_a_yaml_mapping_exits_2(tmp_path: Path, text: str, problem: str) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text(text)
+    code, _, err = cli(["up", str(path)], ScriptedClient({}))
+    assert code == 2 and problem in err
+
+
+def test_up_needs_a_name_from_the_flag_or_the_spec(tmp_path: Path) -> None:
+    path = tmp_path / "anon.yaml"
+    path.write_text("service:\n  readiness_probe: /\nrun: x\n")
+    code, _, err = cli(["up", str(path)], ScriptedClient({}))
+    assert code == 2 and "--name" in err
+
+
+def test_up_sends_the_yaml_spec_and_the_name_overrides_the_specs(spec_file: Path) -> None:
+    client = ScriptedClient({("POST", "/v1/services"): [view("NO_REPLICA", observed=0)]})
+    code, out, _ = cli(["up", str(spec_file), "--name", "other"], client)
+    assert code == 0 and "created" in out
+    (_, _, body), *_ = client.sent
+    assert body["name"] == "other"
+    assert "name" not in body["spec"]
+    assert body["spec"]["service"] == {"readiness_probe": "/health", "replicas": 2}
+
+
+def test_a_request_the_api_rejects_exits_2_with_its_message_as_is(spec_file: Path) -> None:
+    message = "service 'web' already exists; use PUT /v1/services/web to update it"
+    client = ScriptedClient({("POST", "/v1/services"): [ApiError(409, message, {})]})
+    code, out, err = cli(["up", str(spec_file)], client)
+    assert (code, out, err) == (2, "", message + "\n")
+
+
+def test_a_server_error_or_an_unreachable_api_exits_1() -> None:
+    client = ScriptedClient({("GET", "/v1/services/web"): [ApiError(500, "internal error", {})]})
+    assert cli(["status", "web"], client)[0] == 1
+    client = ScriptedClient({("GET", "/v1/services/web"): [Unreachable("cannot reach")]})
+    assert cli(["status", "web"], client)[0] == 1
+
+
+def test_an_unreachable_embedded_api_is_reported_with_its_url() -> None:
+    client = ApiClient("http://127.0.0.1:9", retries=1)  # the discard port: nothing listens
+    code, _, err = cli(["status"], client)
+    assert code == 1 and "cannot reach the fleetkeeper API at http://127.0.0.1:9" in err
+
+
+def test_logs_is_for_the_embedded_mode_only() -> None:
+    code, _, err = cli(["logs", "web"], ScriptedClient({}, embedded=False))
+    assert code == 2 and "embedded mode" in err
+
+
+# --- JSON output ------------------------------------------------------------------------------------------
+
+
+def test_status_json_is_the_apis_service_view() -> None:
+    client = ScriptedClient({("GET", "/v1/services/web"): [view()]})
+    code, out, _ = cli(["status", "web", "--output", "json"], client)
+    assert code == 0 and json.loads(out) == view()
+
+
+def test_status_of_all_services_follows_every_page() -> None:
+    first = {"services": [{"name": "a"}], "next_token": "tok/en+="}
+    second = {"services": [{"name": "b"}], "next_token": None}
+    client = ScriptedClient(
+        {
+            ("GET", "/v1/services?limit=100"): [first],
+            ("GET", "/v1/services?limit=100&next_token=tok%2Fen%2B%3D"): [second],
+        }
+    )
+    code, out, _ = cli(["status", "-o", "json"], client)
+    assert code == 0 and json.loads(out) == {"services": [{"name": "a"}, {"name": "b"}]}
+
+
+def test_json_mode_keeps_stdout_for_json_only(spec_file: Path) -> None:
+    client = ScriptedClient(
+        {("POST", "/v1/services"): [view("NO_REPLICA", observed=0)], ("GET", "/v1/services/web"): [view()]}
+    )
+    code, out, err = cli(["up", str(spec_file), "--wait", "-o", "json"], client)
+    assert code == 0
+    assert json.loads(out)["status"] == "READY"
+    assert "created web" in err
+
+
+# --- --wait -------------------------------------------------------------------------------------------
+
+
+GOAL = Goal(name="web", uid="u1", generation=2, target_version=2)
+
+
+@pytest.mark.parametrize(
+    ("current", "expected"),
+    [
+        (view("READY", target=1, observed=1), None),  # the reconciler has not seen our write
+        (view("READY", target=2, observed=2, generation=2), 0),
+        (view("UPDATING", target=2, observed=2, ready=1), None),
+        (view("READY", target=2, observed=2, ready=1), None),  # READY, but not all replicas at v2
+        (view("FAILED", target=2, observed=2, message="replica 4 FAILED_PROVISION"), 1),
+        (view("READY", target=1, observed=3, message="v2 failed 3 times; rolled back"), 1),
+        (view("UPDATING", target=3, observed=3), 1),  # another change took over
+        (view("READY", target=2, observed=2, uid="other"), 1),  # deleted and re-created
+        (None, 1),  # deleted
+    ],
+)
+def test_wait_verdicts(current: dict[str, Any] | None, expected: int | None) -> None:
+    outcome = judge(GOAL, current)
+    assert (outcome.code if outcome else None) == expected
+
+
+def test_a_rollback_by_the_circuit_breaker_says_so() -> None:
+    outcome = judge(GOAL, view("READY", target=1, observed=3, message="v2 failed 3 times; rolled back to v1"))
+    assert outcome is not None and "rolled back to v1" in outcome.message
+
+
+def test_waiting_for_down_ends_when_the_service_is_gone() -> None:
+    goal = Goal(name="web", uid="u1", generation=3, target_version=None)
+    assert judge(goal, view("SHUTTING_DOWN")) is None
+    assert judge(goal, None) is not None and judge(goal, None).code == 0  # type: ignore[union-attr]
+    assert judge(goal, view("NO_REPLICA", uid="new-incarnation")).code == 0  # type: ignore[union-attr]
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+
+def test_wait_times_out_with_exit_1_and_the_last_state() -> None:
+    client = ScriptedClient({("GET", "/v1/services/web"): [view("REPLICA_INIT", target=2, observed=2, ready=0)]})
+    clock = Clock()
+    outcome = wait_for(
+        client, GOAL, timeout=10, progress=Progress(io.StringIO(), tty=False), clock=clock, sleep=clock.sleep
+    )
+    assert outcome.code == 1
+    assert "timed out after 10s" in outcome.message and "REPLICA_INIT" in outcome.message
+    assert 10 <= clock.now <= 12
+
+
+def test_wait_rides_out_an_unreachable_api_until_it_answers() -> None:
+    answers: list[Any] = [Unreachable("connection refused"), view("READY", target=2, observed=2)]
+    client = ScriptedClient({("GET", "/v1/services/web"): answers})
+    clock = Clock()
+    outcome = wait_for(
+        client, GOAL, timeout=30, progress=Progress(io.StringIO(), tty=False), clock=clock, sleep=clock.sleep
+    )
+    assert outcome.code == 0
+
+
+def test_update_wait_returns_0_when_ready_at_the_new_version(spec_file: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("time.sleep", lambda _s: None)
+    client = ScriptedClient(
+        {
+            ("PUT", "/v1/services/web"): [view("READY", target=2, observed=1, generation=2)],
+            ("GET", "/v1/services/web"): [
+                view("READY", target=2, observed=1, generation=2),
+                view("UPDATING", target=2, observed=2, generation=2, ready=1),
+                view("READY", target=2, observed=2, generation=2),
+            ],
+        }
+    )
+    code, out, err = cli(["update", "web", str(spec_file), "--wait", "--mode", "blue_green"], client)
+    assert code == 0, err
+    assert client.sent[0][2]["mode"] == "blue_green"
+    assert "web is READY at v2 (2/2 replicas ready)" in out
+    assert len([s for s in client.sent if s[0] == "GET"]) == 3
+
+
+def test_rollback_wait_exits_1_when_the_service_fails(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("time.sleep", lambda _s: None)
+    client = ScriptedClient(
+        {
+            ("POST", "/v1/services/web/rollback"): [view("READY", target=1, observed=2, generation=3)],
+            ("GET", "/v1/services/web"): [view("FAILED", target=1, observed=3, generation=3, message="no good")],
+        }
+    )
+    code, _, err = cli(["rollback", "web", "--to", "1", "--wait"], client)
+    assert code == 1 and "FAILED: no good" in err
+    assert client.sent[0][2] == {"version": 1}
+
+
+def test_down_wait_returns_0_once_the_service_is_gone(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("time.sleep", lambda _s: None)
+    client = ScriptedClient(
+        {
+            ("DELETE", "/v1/services/web"): [view("SHUTTING_DOWN", generation=4)],
+            ("GET", "/v1/services/web"): [view("SHUTTING_DOWN", generation=4), not_found()],
+        }
+    )
+    code, _, _ = cli(["down", "web", "--wait"], client)
+    assert code == 0
+
+
+def test_progress_redraws_one_line_on_a_terminal_and_prints_changes_otherwise() -> None:
+    tty = io.StringIO()
+    progress = Progress(tty, tty=True)
+    progress.show("web: REPLICA_INIT", 1)
+    progress.show("web: REPLICA_INIT", 2)
+    progress.show("web: READY", 3)
+    progress.done()
+    assert tty.getvalue().count("\r\x1b[K") == 3 and tty.getvalue().endswith("\n")
+    assert tty.getvalue().count("\n") == 1
+
+    plain = io.StringIO()
+    progress = Progress(plain, tty=False)
+    for line in ["web: REPLICA_INIT", "web: REPLICA_INIT", "web: READY"]:
+        progress.show(line, 1)
+    progress.done()
+    assert "\r" not in plain.getvalue() and plain.getvalue().count("\n") == 2
+
+
+# --- where the API is, and signing ----------------------------------------------------------------------
+
+
+def cloudformation_with(outputs: list[dict[str, str]] | None, error: str | None = None) -> Any:
+    client = boto3.client("cloudformation", region_name="us-east-1")
+    stubber = Stubber(client)
+    if error:
+        stubber.add_client_error("describe_stacks", service_error_code="ValidationError", service_message=error)
+    else:
+        stack = {
+            "StackName": "fk",
+            "CreationTime": "2026-01-01T00:00:00Z",
+            "StackStatus": "CREATE_COMPLETE",
+            **({"Outputs": outputs} if outputs is not None else {}),
+        }
+        stubber.add_response("describe_stacks", {"Stacks": [stack]}, {"StackName": "fk"})
+    stubber.activate()
+    return lambda: client
+
+
+API_GW = "https://abc123.execute-api.eu-west-1.amazonaws.com/api"
+
+
+def test_api_url_order_flag_then_environment_then_stack_then_embedded() -> None:
+    stack = cloudformation_with([{"OutputKey": "ApiUrl", "OutputValue": API_GW}])
+    env = {"FLEETKEEPER_API_URL": "https://env.example.com/api/"}
+    assert resolve_api_url("https://flag.example.com", "fk", environ=env, cloudformation=stack) == (
+        "https://flag.example.com"
+    )
+    assert resolve_api_url(None, "fk", environ=env, cloudformation=stack) == "https://env.example.com/api"
+    assert resolve_api_url(None, "fk", environ={}, cloudformation=stack) == API_GW
+    assert resolve_api_url(None, None, environ={}) == "http://127.0.0.1:8080"
+
+
+def test_a_stack_without_the_output_or_that_does_not_exist_is_a_usage_error() -> None:
+    with pytest.raises(UsageError, match="no ApiUrl output"):
+        resolve_api_url(None, "fk", environ={}, cloudformation=cloudformation_with([]))
+    with pytest.raises(UsageError, match="does not exist"):
+        resolve_api_url(None, "fk", environ={}, cloudformation=cloudformation_with(None, "Stack fk does not exist"))
+
+
+def test_plain_http_is_for_loopback_only() -> None:
+    with pytest.raises(UsageError, match="https"):
+        resolve_api_url("http://api.example.com", None, environ={})
+    assert resolve_api_url("http://localhost:9000", None, environ={}) == "http://localhost:9000"
+    assert is_loopback("http://[::1]:8080") and not is_loopback(API_GW)
+
+
+def test_loopback_urls_are_not_signed_and_aws_urls_are(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIDEXAMPLE")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "secret")
+    monkeypatch.setenv("AWS_SESSION_TOKEN", "token")
+    assert ApiClient.for_url("http://127.0.0.1:8080").signer is None
+    client = ApiClient.for_url(API_GW)
+    assert client.signer is not None and client.signer.region == "eu-west-1"
+
+    headers = client.signer.sign("POST", API_GW + "/v1/services", {"Content-Type": "application/json"}, b"{}")
+    authorization = headers["Authorization"]
+    assert authorization.startswith("AWS4-HMAC-SHA256 Credential=AKIDEXAMPLE/")
+    assert "/eu-west-1/execute-api/aws4_request" in authorization
+    assert headers["X-Amz-Security-Token"] == "token"
+    assert "X-Amz-Date" in headers
+
+
+def test_signing_without_credentials_is_a_usage_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The chain itself is botocore's; what is ours is refusing clearly when it finds nothing.
+    monkeypatch.setattr(boto3.session.Session, "get_credentials", lambda _self: None)
+    with pytest.raises(UsageError, match="no AWS credentials"):
+        SigV4Signer.for_url(API_GW)
+
+
+def test_a_credential_chain_failure_is_a_usage_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    from botocore.exceptions import CredentialRetrievalError
+
+    def broken(_self: Any) -> Any:
+        raise CredentialRetrievalError(provider="sso", error_msg="token expired")
+
+    monkeypatch.setattr(boto3.session.Session, "get_credentials", broken)
+    with pytest.raises(UsageError, match="token expired"):
+        SigV4Signer.for_url(API_GW)

@@ -1,0 +1,152 @@
+"""The HTTP bridge: real HTTP on 127.0.0.1 in front of the real api handler (moto in-process)."""
+
+from __future__ import annotations
+
+import json
+import threading
+import urllib.error
+import urllib.request
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from fleetkeeper.api.handler import lambda_handler
+from fleetkeeper.local.http_bridge import KICK_PATH, ApiBridge
+from tests.conftest import hello_spec
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+    from pathlib import Path
+
+
+class Bridge:
+    def __init__(self, server: ApiBridge, kicks: list[str]) -> None:
+        self.server = server
+        self.kicks = kicks
+
+    def call(
+        self, method: str, path: str, body: Any = None, headers: dict[str, str] | None = None
+    ) -> tuple[int, dict[str, str], bytes]:
+        data = None if body is None else (body if isinstance(body, bytes) else json.dumps(body).encode())
+        request = urllib.request.Request(
+            self.server.url + path,
+            data=data,
+            method=method,
+            headers={"Content-Type": "application/json", **(headers or {})},
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=10) as answer:
+                return answer.status, dict(answer.headers.items()), answer.read()
+        except urllib.error.HTTPError as exc:
+            return exc.code, dict(exc.headers.items()), exc.read()
+
+
+@pytest.fixture
+def bridge(table: str, tmp_path: Path) -> Iterator[Bridge]:
+    kicks: list[str] = []
+    server = ApiBridge(("127.0.0.1", 0), lambda_handler, on_kick=kicks.append, logs_dir=tmp_path / "logs")
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield Bridge(server, kicks)
+    server.shutdown()
+    server.server_close()
+
+
+def test_a_request_reaches_the_handler_and_its_response_comes_back_whole(bridge: Bridge) -> None:
+    status, headers, body = bridge.call("POST", "/v1/services", {"name": "web", "spec": hello_spec()})
+    assert status == 201
+    assert headers["ETag"] == "1"
+    assert headers["Content-Type"] == "application/json"
+    assert int(headers["Content-Length"]) == len(body)
+    assert json.loads(body)["name"] == "web"
+
+    status, _, body = bridge.call("GET", "/v1/services?limit=1")
+    assert status == 200 and [s["name"] for s in json.loads(body)["services"]] == ["web"]
+
+
+def test_error_statuses_and_bodies_pass_through_as_the_handler_made_them(bridge: Bridge) -> None:
+    spec = hello_spec(file_mounts={"/x": "y"})
+    status, _, body = bridge.call("POST", "/v1/services", {"name": "web", "spec": spec})
+    assert status == 400
+    assert "file_mounts" in json.loads(body)["error"]["message"]
+
+    status, _, body = bridge.call("GET", "/v1/services/nope")
+    assert status == 404 and json.loads(body)["error"]["code"] == "not_found"
+
+    status, _, body = bridge.call("GET", "/nowhere")
+    assert status == 404 and json.loads(body)["error"]["code"] == "no_route"
+
+
+def test_request_headers_reach_the_handler(bridge: Bridge) -> None:
+    bridge.call("POST", "/v1/services", {"name": "web", "spec": hello_spec()})
+    stale = {"If-Match": '"7"'}
+    status, _, body = bridge.call("PUT", "/v1/services/web", {"spec": hello_spec()}, headers=stale)
+    assert status == 412, body
+    status, headers, _ = bridge.call("PUT", "/v1/services/web", {"spec": hello_spec()}, headers={"If-Match": "1"})
+    assert status == 200 and headers["ETag"] == "2"
+
+
+def test_query_strings_reach_the_handler(bridge: Bridge) -> None:
+    status, _, body = bridge.call("GET", "/v1/services?limit=0")
+    assert status == 400 and "limit" in json.loads(body)["error"]["message"]
+
+
+def test_the_kick_endpoint_wakes_the_reconciler_with_the_service_name(bridge: Bridge) -> None:
+    status, _, _ = bridge.call("POST", KICK_PATH, {"service": "web"})
+    assert status == 202 and bridge.kicks == ["web"]
+    status, _, _ = bridge.call("POST", KICK_PATH, {"nothing": 1})
+    assert status == 400 and bridge.kicks == ["web"]
+    status, _, _ = bridge.call("POST", KICK_PATH, b"not json")
+    assert status == 400
+
+
+def test_the_apis_own_kick_after_a_write_arrives_through_the_kick_url(
+    bridge: Bridge, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("FLEETKEEPER_KICK_URL", bridge.server.url + KICK_PATH)
+    status, _, _ = bridge.call("POST", "/v1/services", {"name": "kicked", "spec": hello_spec()})
+    assert status == 201
+    assert bridge.kicks == ["kicked"]
+    bridge.call("DELETE", "/v1/services/kicked")
+    assert bridge.kicks == ["kicked", "kicked"]
+
+
+def test_replica_logs_are_listed_and_served(bridge: Bridge, tmp_path: Path) -> None:
+    folder = tmp_path / "logs" / "web"
+    folder.mkdir(parents=True)
+    (folder / "replica-10.log").write_text("ten\n")
+    (folder / "replica-2.log").write_text("two\n")
+    (folder / "notes.txt").write_text("not a replica log")
+
+    status, _, body = bridge.call("GET", "/_local/logs/web")
+    assert status == 200
+    assert [entry["replica_id"] for entry in json.loads(body)["logs"]] == [2, 10]
+    status, headers, body = bridge.call("GET", "/_local/logs/web/10")
+    assert (status, body) == (200, b"ten\n") and headers["Content-Type"].startswith("text/plain")
+    assert bridge.call("GET", "/_local/logs/web/3")[0] == 404
+    assert bridge.call("GET", "/_local/logs/..%2Fetc")[0] == 400
+    assert bridge.call("GET", "/_local/logs/Bad_Name/1")[0] == 400
+
+
+def test_info_says_where_things_are(bridge: Bridge, tmp_path: Path) -> None:
+    status, _, body = bridge.call("GET", "/_local/info")
+    info = json.loads(body)
+    assert status == 200
+    assert info["api_url"] == bridge.server.url and info["logs_dir"] == str(tmp_path / "logs")
+
+
+def test_concurrent_requests_each_get_their_own_answer(bridge: Bridge) -> None:
+    """The handler runs one request at a time: answers never cross between concurrent requests."""
+    names = [f"svc-{i}" for i in range(12)]
+    results: dict[str, Any] = {}
+
+    def create(name: str) -> None:
+        status, _, body = bridge.call("POST", "/v1/services", {"name": name, "spec": hello_spec()})
+        results[name] = (status, json.loads(body)["name"])
+
+    threads = [threading.Thread(target=create, args=(name,)) for name in names]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert results == {name: (201, name) for name in names}

@@ -1,0 +1,47 @@
+"""`fleetkeeper local` as a subprocess: it starts, serves the API, says where things are, stops cleanly."""
+
+from __future__ import annotations
+
+import json
+import signal
+from pathlib import Path
+
+import pytest
+
+from tests.local_process import http_get, start_local
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "hello" / "service.yaml"
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_local_serves_the_api_and_exits_cleanly_on_a_signal(tmp_path: Path, sig: signal.Signals) -> None:
+    plane = start_local(tmp_path)
+    try:
+        info = plane.info()
+        assert info["api_url"] == plane.url
+        assert info["aws_endpoint"].startswith("http://127.0.0.1:")
+        assert info["logs_dir"] == str(tmp_path / "state" / "logs")
+
+        created = plane.cli("up", str(EXAMPLE), "--name", "smoke", "-o", "json")
+        assert created.returncode == 0, created.stderr
+        assert json.loads(created.stdout)["name"] == "smoke"
+        status, body = http_get(plane.url + "/v1/services/smoke")
+        assert status == 200 and json.loads(body)["target_version"] == 1
+    finally:
+        code = plane.stop(sig)
+    output = plane.output()
+    assert code == 0, output
+    assert f"API            {plane.url}" in output
+    assert str(tmp_path / "state" / "logs") in output
+    assert output.rstrip().endswith("fleetkeeper local: stopped")
+
+
+def test_local_refuses_a_port_that_is_taken(tmp_path: Path) -> None:
+    plane = start_local(tmp_path)
+    try:
+        port = plane.url.rsplit(":", 1)[1]
+        second = plane.run("local", "--port", port, "--dir", str(tmp_path / "other"), timeout=60)
+        assert second.returncode == 2
+        assert f"cannot start on 127.0.0.1:{port}" in second.stderr
+    finally:
+        assert plane.stop() == 0
