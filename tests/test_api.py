@@ -333,3 +333,10 @@ def test_method_not_routed_is_4xx_with_the_error_shape(api: ApiClient) -> None:
     response = api.call("PATCH", "/v1/services/web", {"spec": hello_spec()})
     assert 400 <= response.status < 500
     assert set(response.body["error"]) == {"code", "message", "details"}
+
+
+@pytest.mark.parametrize("content_type", ["text/plain", "application/x-www-form-urlencoded"])
+def test_a_body_that_is_not_json_is_415(api: ApiClient, content_type: str) -> None:
+    response = api.post("/v1/services", {"name": "web", "spec": hello_spec()}, headers={"Content-Type": content_type})
+    assert_error(response, 415, "unsupported_media_type", "application/json")
+    assert api.get("/v1/services/web").status == 404

@@ -52,7 +52,15 @@ paths = st.one_of(
     st.text(max_size=40).map(lambda t: "/" + t),
 )
 headers = st.fixed_dictionaries(
-    {}, optional={"If-Match": st.text(max_size=12), "Idempotency-Key": st.text(max_size=300)}
+    {},
+    optional={
+        "If-Match": st.text(max_size=12),
+        "Idempotency-Key": st.text(max_size=300),
+        "Content-Type": st.one_of(
+            st.sampled_from(["application/json", "text/plain", "application/json; charset=utf-8", ""]),
+            st.text(max_size=30),
+        ),
+    },
 )
 methods = st.sampled_from(["GET", "POST", "PUT", "DELETE", "PATCH"])
 

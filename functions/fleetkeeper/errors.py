@@ -43,6 +43,11 @@ class PayloadTooLarge(FleetkeeperError):
     code = "payload_too_large"
 
 
+class UnsupportedMediaType(FleetkeeperError):
+    status = 415
+    code = "unsupported_media_type"
+
+
 class IdempotencyMismatch(FleetkeeperError):
     """The same Idempotency-Key was sent again with a different request."""
 

@@ -17,7 +17,10 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 from aws_lambda_powertools import Logger
 from aws_lambda_powertools.event_handler import APIGatewayRestResolver, Response, content_types
-from aws_lambda_powertools.event_handler.openapi.exceptions import RequestValidationError
+from aws_lambda_powertools.event_handler.openapi.exceptions import (
+    RequestUnsupportedContentType,
+    RequestValidationError,
+)
 from aws_lambda_powertools.event_handler.openapi.params import Query
 
 from fleetkeeper.api.kick import kick_reconciler
@@ -34,7 +37,7 @@ from fleetkeeper.api.models import (
     summary,
     version_view,
 )
-from fleetkeeper.errors import FleetkeeperError, InvalidRequest, PayloadTooLarge
+from fleetkeeper.errors import FleetkeeperError, InvalidRequest, PayloadTooLarge, UnsupportedMediaType
 from fleetkeeper.services import ServiceCommands
 from fleetkeeper.spec import describe_validation_errors
 from fleetkeeper.store import Store
@@ -266,6 +269,31 @@ def _validation_error(exc: RequestValidationError) -> Response[Any]:
     return _json(400, InvalidRequest(_summarise(details), details=details).to_body())
 
 
+def _header(event: dict[str, Any], name: str) -> str | None:
+    for key, value in (event.get("headers") or {}).items():
+        if key.lower() == name.lower():
+            return str(value)
+    return None
+
+
+def _is_json(content_type: str) -> bool:
+    media = content_type.split(";", 1)[0].strip().lower()
+    return media == "application/json" or media.endswith("+json")
+
+
+def _not_json(content_type: str | None) -> UnsupportedMediaType:
+    return UnsupportedMediaType(
+        f"request bodies must be JSON: send Content-Type: application/json (got {content_type or 'none'!r})",
+        details=[{"field": "Content-Type", "problem": "not application/json"}],
+    )
+
+
+@app.exception_handler(RequestUnsupportedContentType)
+def _unsupported_content_type(_exc: RequestUnsupportedContentType) -> Response[Any]:
+    error = _not_json(app.current_event.get_header_value("Content-Type"))
+    return _json(error.status, error.to_body())
+
+
 @app.not_found
 def _no_route(_exc: Exception) -> Response[Any]:
     event = app.current_event
@@ -284,13 +312,16 @@ def _unexpected(exc: Exception) -> Response[Any]:
 
 
 def _refuse_body(event: dict[str, Any]) -> dict[str, Any] | None:
-    """A 413 for a body over 64 KiB, or a 400 for one that is not UTF-8, before any parsing."""
+    """A 415 for a body that is not JSON, 413 over 64 KiB, 400 not UTF-8: before any parsing."""
     raw = (event.get("body") or "").encode()
     if event.get("isBase64Encoded"):
         with contextlib.suppress(binascii.Error, ValueError):  # not base64 after all: measure it as sent
             raw = base64.b64decode(raw, validate=False)
     error: FleetkeeperError | None = None
-    if len(raw) > MAX_BODY_BYTES:
+    content_type = _header(event, "Content-Type")
+    if raw.strip() and content_type and not _is_json(content_type):
+        error = _not_json(content_type)
+    elif len(raw) > MAX_BODY_BYTES:
         error = PayloadTooLarge(f"request body is {len(raw)} bytes; the limit is {MAX_BODY_BYTES} (64 KiB)")
     else:
         try:
