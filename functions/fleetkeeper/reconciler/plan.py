@@ -393,6 +393,11 @@ def plan(
             record, live.get(replica_id), seen, probes.get(replica_id), state, now, policy
         )
 
+    # Failed and shutting-down replicas lose their instance (again, if a run died before it could).
+    for replica_id, record in work.replicas.items():
+        if record.status in LEAVING and replica_id in live:
+            work.terminate[live[replica_id].instance_id] = f"replica {replica_id}: {record.status.value}"
+
     if service.lifecycle is Lifecycle.DELETING:
         return _plan_delete(state, mine, live, work, now)
 
@@ -406,9 +411,6 @@ def plan(
     tripped = _circuit_breaker(state, work, versions, policy)
     if tripped is not None:
         # The target moves (or the service fails): the next run plans against the new target.
-        for replica_id, record in work.replicas.items():
-            if record.status in LEAVING and replica_id in live:
-                work.terminate[live[replica_id].instance_id] = f"replica {replica_id}: {record.status.value}"
         return [*work.replica_actions(now), *marks, tripped, *work.cleanup_actions()]
 
     launches = _plan_replicas(state, live, work, versions, now, policy)
