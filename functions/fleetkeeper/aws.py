@@ -31,7 +31,9 @@ def _client(service: str) -> Any:
             import boto3  # deferred: most cold paths need one client, not the whole import up front
             from botocore.config import Config
 
-            config = Config(retries={"mode": "standard", "max_attempts": 5}, connect_timeout=3, read_timeout=10)
+            config = Config(
+                retries={"mode": "standard", "max_attempts": 5}, connect_timeout=3, read_timeout=10
+            )
             client = boto3.session.Session().client(
                 service,  # type: ignore[call-overload]
                 region_name=region,

@@ -99,7 +99,9 @@ class ServiceCommands:
             if target == state.service.target_version:
                 return state  # already there: nothing to write
             try:
-                updated = self.store.set_target(state, target, self.now(), expected_generation=expected_generation)
+                updated = self.store.set_target(
+                    state, target, self.now(), expected_generation=expected_generation
+                )
             except Raced:
                 if attempt == _RACE_RETRIES - 1:
                     raise

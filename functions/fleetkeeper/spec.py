@@ -62,7 +62,9 @@ class ReplicaPolicy(_Strict):
                     f"max_replicas ({self.max_replicas}) must be >= min_replicas ({self.min_replicas})"
                 )
             if self.max_replicas > self.min_replicas and self.target_qps_per_replica is None:
-                raise ValueError("max_replicas > min_replicas requires target_qps_per_replica for autoscaling")
+                raise ValueError(
+                    "max_replicas > min_replicas requires target_qps_per_replica for autoscaling"
+                )
         return self
 
 
@@ -189,7 +191,9 @@ def describe_validation_errors(errors: Sequence[Any], prefix: str = "") -> list[
         field = _dotted(((prefix,) if prefix else ()) + loc) or "body"
         kind = item.get("type", "")
         if kind == "extra_forbidden":
-            reason = _UNSUPPORTED.get(field.removeprefix("spec."), "unknown field; fleetkeeper does not support it")
+            reason = _UNSUPPORTED.get(
+                field.removeprefix("spec."), "unknown field; fleetkeeper does not support it"
+            )
             problem = f"unsupported field: {reason}"
         elif kind == "missing":
             problem = "required field is missing"

@@ -75,7 +75,9 @@ def commands() -> ServiceCommands:
 
 
 def _json(status: int, body: Any, headers: dict[str, str] | None = None) -> Response[Any]:
-    return Response(status_code=status, content_type=content_types.APPLICATION_JSON, body=body, headers=headers)
+    return Response(
+        status_code=status, content_type=content_types.APPLICATION_JSON, body=body, headers=headers
+    )
 
 
 def _with_etag(status: int, state: ServiceState) -> Response[Any]:
@@ -99,7 +101,7 @@ def _if_match() -> int | None:
     text = raw.strip().removeprefix("W/").strip('"')
     if not text.isdigit():
         raise InvalidRequest(
-            f"If-Match must be the service's generation as a number (e.g. 7 or \"7\"), got {raw!r}",
+            f'If-Match must be the service\'s generation as a number (e.g. 7 or "7"), got {raw!r}',
             details=[{"field": "If-Match", "problem": "not a generation number"}],
         )
     return int(text)
@@ -118,9 +120,7 @@ def _idempotency_key() -> str | None:
     return key
 
 
-def _replayable(
-    operation: str, name: str, body: Any, execute: Any, *, status: int
-) -> Response[Any]:
+def _replayable(operation: str, name: str, body: Any, execute: Any, *, status: int) -> Response[Any]:
     """Run a write command (once per Idempotency-Key) and answer with the service view."""
 
     def run() -> dict[str, Any]:
@@ -136,7 +136,13 @@ def _replayable(
 # --- routes -----------------------------------------------------------------------------------------
 
 
-@app.post("/v1/services", responses={201: {"description": "created", "content": {"application/json": {"model": ServiceView}}}, **_ERRORS})  # noqa: E501
+@app.post(
+    "/v1/services",
+    responses={
+        201: {"description": "created", "content": {"application/json": {"model": ServiceView}}},
+        **_ERRORS,
+    },
+)  # noqa: E501
 def create_service(request: CreateServiceRequest) -> Response[ServiceView]:
     body = app.current_event.json_body
     return _replayable(
@@ -187,7 +193,10 @@ def list_versions(name: str) -> Response[VersionList]:
     )
 
 
-@app.post("/v1/services/<name>/rollback", responses={**_ERRORS, 412: {"description": "If-Match generation mismatch"}})
+@app.post(
+    "/v1/services/<name>/rollback",
+    responses={**_ERRORS, 412: {"description": "If-Match generation mismatch"}},
+)
 def rollback_service(name: str) -> Response[ServiceView]:
     _valid_name(name)
     request = _optional_body(RollbackRequest)
@@ -253,7 +262,9 @@ def _no_route(_exc: Exception) -> Response[Any]:
 @app.exception_handler(Exception)
 def _unexpected(exc: Exception) -> Response[Any]:
     logger.exception("unhandled error")
-    body = {"error": {"code": "internal_error", "message": "internal error; it has been logged", "details": []}}
+    body = {
+        "error": {"code": "internal_error", "message": "internal error; it has been logged", "details": []}
+    }
     return _json(500, body)
 
 

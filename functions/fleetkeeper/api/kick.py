@@ -33,4 +33,6 @@ def kick_reconciler(name: str) -> None:
             with urllib.request.urlopen(request, timeout=1):  # noqa: S310
                 pass
     except Exception:  # a kick must never fail the write it follows
-        logger.warning("could not kick the reconciler for %s; the schedule will pick it up", name, exc_info=True)
+        logger.warning(
+            "could not kick the reconciler for %s; the schedule will pick it up", name, exc_info=True
+        )

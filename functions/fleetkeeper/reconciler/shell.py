@@ -154,7 +154,7 @@ class Reconciler:
         name = state.service.name
         actions = plan(state, instances, probes, now, self.policy)
         try:
-            _Apply(self, state, now, report).all(actions)
+            _Apply(self, state, instances, probes, now, report).all(actions)
         except Superseded as exc:
             # Another run or an api write got there first: stop here; the next run re-observes.
             logger.info("service %s: %s; leaving it to the next run", name, exc)
@@ -171,10 +171,13 @@ class _Apply:
 
     reconciler: Reconciler
     state: ServiceState
+    instances: Sequence[Instance]
+    probes: dict[int, ProbeResult]
     now: datetime
     report: RunReport
     records: dict[int, ReplicaRecord] = field(default_factory=dict)
     fresh: set[int] = field(default_factory=set)
+    refused: bool = False
 
     def __post_init__(self) -> None:
         self.records = dict(self.state.replicas)
@@ -215,10 +218,23 @@ class _Apply:
                     self.fresh.add(record.replica_id)
             case Launch(replica_id=replica_id, fresh=fresh):
                 self._launch(self.records[replica_id], fresh=fresh and replica_id in self.fresh)
-            case RecordStatus(status=status, message=message, observed_generation=observed):
-                self.store.record_status(service, status, message, observed)
+            case RecordStatus():
+                status = self._status_after_refusals() if self.refused else action
+                if status is not None:
+                    self.store.record_status(
+                        service, status.status, status.message, status.observed_generation
+                    )
             case DeleteService():
                 self.store.delete_service(service)
+
+    def _status_after_refusals(self) -> RecordStatus | None:
+        """The plan's status assumed its launches would go through; AWS refused some. Re-derive it
+        from the records as they now are, so the message names the refusal in this very run."""
+        claimed = max(self.records, default=-1) + 1
+        service = replace(self.state.service, replica_seq=max(self.state.service.replica_seq, claimed))
+        now_state = replace(self.state, service=service, replicas=dict(self.records))
+        replanned = plan(now_state, self.instances, self.probes, self.now, self.reconciler.policy)
+        return next((a for a in replanned if isinstance(a, RecordStatus)), None)
 
     def _launch(self, record: ReplicaRecord, *, fresh: bool) -> None:
         """Find-or-launch one replica's instance and record it (PROVISIONING) or the refusal."""
@@ -243,6 +259,7 @@ class _Apply:
         try:
             instance = self.driver.launch(request)
         except LaunchRefused as refusal:
+            self.refused = True
             attempts = record.launch_attempts + 1
             retry_at = self.now + self.reconciler.policy.backoff(attempts)
             logger.warning("service %s: replica %d refused: %s", record.name, record.replica_id, refusal)
