@@ -12,7 +12,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, ClassVar
 
 from fleetkeeper import aws
 from fleetkeeper.model import Lifecycle, ReplicaStatus, ServiceState, to_iso
@@ -132,23 +132,51 @@ def spec_dict(port: int, replicas: int = 2, **overrides: Any) -> dict[str, Any]:
     return data
 
 
+class _Hooks:
+    """Routes the event hooks of fleetkeeper's clients to the current world's CallLog.
+
+    Clients are cached across worlds (creating one costs ~0.2 s), so each is hooked once.
+    """
+
+    log: CallLog | None = None
+    hooked: ClassVar[set[int]] = set()
+
+    @classmethod
+    def attach(cls, log: CallLog) -> None:
+        cls.log = log
+        for client in (aws.dynamodb(), aws.ec2(), aws.ssm()):
+            if id(client) not in cls.hooked:
+                cls.hooked.add(id(client))
+                client.meta.events.register("before-call", cls.before)
+                client.meta.events.register("after-call", cls.after)
+
+    @classmethod
+    def before(cls, **kwargs: Any) -> None:
+        if cls.log is not None:
+            cls.log.before(**kwargs)
+
+    @classmethod
+    def after(cls, **kwargs: Any) -> None:
+        if cls.log is not None:
+            cls.log.after(**kwargs)
+
+
+_raw_clients: dict[str, Any] = {}
+
+
 class World:
     """Within an active moto mock: the table, counted clients, one reconciler, one unmanaged instance."""
 
     def __init__(self, server: ProbeServer, *, policy: Policy | None = None) -> None:
-        aws.reset_clients()
         self.server = server
         self.log = CallLog()
         create_table(aws.dynamodb(), TABLE)
         self.store = ReconcilerStore(TABLE)
         self.clock = Clock()
-        for client in (aws.dynamodb(), aws.ec2(), aws.ssm()):
-            client.meta.events.register("before-call", self.log.before)
-            client.meta.events.register("after-call", self.log.after)
+        _Hooks.attach(self.log)
         # Made with a client of our own, so it is neither counted nor managed.
-        self.unmanaged = self._raw_ec2().run_instances(ImageId="ami-12345678", MinCount=1, MaxCount=1)[
-            "Instances"
-        ][0]["InstanceId"]
+        made = self._raw_ec2().run_instances(ImageId="ami-12345678", MinCount=1, MaxCount=1)
+        self.unmanaged = made["Instances"][0]["InstanceId"]
         self.reconciler = Reconciler(
             store=self.store,
             driver=Ec2Driver.from_env(),
@@ -159,9 +187,11 @@ class World:
 
     @staticmethod
     def _raw_ec2() -> Any:
-        import boto3
+        if "ec2" not in _raw_clients:
+            import boto3
 
-        return boto3.client("ec2", region_name="us-east-1")
+            _raw_clients["ec2"] = boto3.client("ec2", region_name="us-east-1")
+        return _raw_clients["ec2"]
 
     # -- acting --
 

@@ -504,3 +504,11 @@ def test_plan_is_deterministic() -> None:
     insts = [instance(0), instance(1), instance(2)]
     probes = {0: OK, 1: OK, 2: OK}
     assert plan(current, insts, probes, NOW) == plan(replace(current), list(insts), dict(probes), NOW)
+
+
+def test_an_unrecorded_launch_whose_instance_died_is_replaced_not_relaunched() -> None:
+    dead = instance(0, InstanceState.TERMINATED, state_reason="Client.UserInitiatedShutdown")
+    actions = plan(state([replica(0, S.PENDING), replica(1)]), [dead, instance(1)], {1: OK}, NOW)
+    assert records(actions)[0].status is S.PREEMPTED and records(actions)[0].instance_id == "i-0"
+    assert Launch(0, fresh=False) not in actions
+    assert only(actions, Claim) == [Claim(1, (2,))]

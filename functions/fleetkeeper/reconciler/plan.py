@@ -237,7 +237,11 @@ def _observe(
         return record
     if instance is None:
         if record.instance_id is None:
-            return record  # claimed or refused, not launched: the launch step deals with it
+            if described is None:
+                return record  # claimed or refused, not launched: the launch step deals with it
+            # Launched by a run that died before recording it, and the instance died too. A retry
+            # under the same ClientToken would only return that dead instance: replace the replica.
+            record = replace(record, instance_id=described.instance_id)
         if described is None:
             since = _seconds_since(record.launched_at, now)
             if since is not None and since < policy.lost_instance_grace.total_seconds():
@@ -387,8 +391,10 @@ def plan(
     work = _Work(original=state.replicas, replicas={}, terminate={}, delete=[], claimed=[])
 
     _terminate_strays(state, mine, live, work)
+    # The latest dead instance of each replica id (a launch that was never recorded may have died).
+    dead = {i.replica_id: i for i in sorted(mine, key=_launch_order) if not is_live(i)}
     for replica_id, record in state.replicas.items():
-        seen = described.get(record.instance_id) if record.instance_id else None
+        seen = described.get(record.instance_id) if record.instance_id else dead.get(replica_id)
         work.replicas[replica_id] = _observe(
             record, live.get(replica_id), seen, probes.get(replica_id), state, now, policy
         )
