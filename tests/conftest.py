@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
 
 # Fake credentials and a region before anything creates a boto3 client; never real AWS.
 os.environ.update(
@@ -91,7 +93,7 @@ class ApiClient:
         raw: str | bytes | None = None,
     ) -> HttpResult:
         from fleetkeeper.api.handler import lambda_handler
-        from fleetkeeper.apigw import rest_event, response_parts
+        from fleetkeeper.apigw import response_parts, rest_event
 
         payload = raw if raw is not None else (json.dumps(body) if body is not None else None)
         all_headers = {"Content-Type": "application/json", **(headers or {})}

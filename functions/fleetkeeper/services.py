@@ -17,6 +17,8 @@ from fleetkeeper.spec import parse_spec
 from fleetkeeper.store import Raced
 
 if TYPE_CHECKING:
+    import builtins
+
     from fleetkeeper.store import Store
 
 # How often an update without If-Match is retried when another writer moved the service under it.
@@ -46,7 +48,7 @@ class ServiceCommands:
     def list(self, *, limit: int, next_token: str | None) -> tuple[list[ServiceRecord], str | None]:
         return self.store.list_services(limit=limit, next_token=next_token)
 
-    def versions(self, name: str) -> list[VersionRecord]:
+    def versions(self, name: str) -> builtins.list[VersionRecord]:  # `list` is a method here
         state = self.store.require(name)
         return [state.versions[v] for v in sorted(state.versions)]
 
@@ -56,7 +58,8 @@ class ServiceCommands:
         spec = parse_spec(spec_data)
         if spec.name is not None and spec.name != name:
             raise InvalidRequest(
-                f"spec.name is {spec.name!r} but the request creates {name!r}; make them match or drop spec.name",
+                f"spec.name is {spec.name!r} but the request creates {name!r}; "
+                "make them match or drop spec.name",
                 details=[{"field": "spec.name", "problem": f"does not match name {name!r}"}],
             )
         state = self.store.create_service(name, spec, spec.update.mode, self.now())
@@ -69,7 +72,8 @@ class ServiceCommands:
         spec = parse_spec(spec_data)
         if spec.name is not None and spec.name != name:
             raise InvalidRequest(
-                f"spec.name is {spec.name!r} but the request updates {name!r}; make them match or drop spec.name",
+                f"spec.name is {spec.name!r} but the request updates {name!r}; "
+                "make them match or drop spec.name",
                 details=[{"field": "spec.name", "problem": f"does not match name {name!r}"}],
             )
         for attempt in range(_RACE_RETRIES):
@@ -149,7 +153,8 @@ class ServiceCommands:
             result: dict[str, Any] = runner(command={"key": key, "request": request}, execute=execute)
         except IdempotencyValidationError as exc:
             raise IdempotencyMismatch(
-                "this Idempotency-Key was already used for a different request; use a new key for a new request",
+                "this Idempotency-Key was already used for a different request; "
+                "use a new key for a new request",
                 details=[{"field": "Idempotency-Key", "problem": "reused with another request"}],
             ) from exc
         except IdempotencyAlreadyInProgressError as exc:
@@ -182,8 +187,12 @@ def _idempotent_runner(store: Store) -> Callable[..., dict[str, Any]]:
         expires_after_seconds=IDEMPOTENCY_TTL_SECONDS,
     )
 
-    @idempotent_function(data_keyword_argument="command", persistence_store=persistence, config=config)
     def run(command: dict[str, Any], execute: Callable[[], dict[str, Any]]) -> dict[str, Any]:
         return execute()
 
-    return run
+    # Powertools' decorator is untyped: apply it as a call and state what it returns.
+    decorate = idempotent_function(
+        data_keyword_argument="command", persistence_store=persistence, config=config
+    )
+    wrapped: Callable[..., dict[str, Any]] = decorate(run)
+    return wrapped

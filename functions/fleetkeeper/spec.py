@@ -8,12 +8,14 @@ is a production incident waiting to happen.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from fleetkeeper.errors import InvalidRequest
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
 
 DEFAULT_PORT = 8080
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")

@@ -18,7 +18,7 @@ import binascii
 import json
 import secrets
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from boto3.dynamodb.types import TypeDeserializer, TypeSerializer
 from botocore.exceptions import ClientError
@@ -93,7 +93,7 @@ _deserializer = TypeDeserializer()
 
 
 def to_raw(item: Mapping[str, Any]) -> RawItem:
-    return {k: _serializer.serialize(v) for k, v in item.items() if v is not None}  # type: ignore[misc]
+    return {k: _serializer.serialize(v) for k, v in item.items() if v is not None}
 
 
 def from_raw(raw: Mapping[str, Any]) -> Item:
@@ -101,7 +101,7 @@ def from_raw(raw: Mapping[str, Any]) -> Item:
 
 
 def _values(**values: Any) -> dict[str, AttributeValueTypeDef]:
-    return {f":{k}": _serializer.serialize(v) for k, v in values.items()}  # type: ignore[misc]
+    return {f":{k}": _serializer.serialize(v) for k, v in values.items()}
 
 
 def service_item(record: ServiceRecord) -> Item:
@@ -604,13 +604,14 @@ class Store:
         except ClientError as exc:
             if not _is(exc, "ConditionalCheckFailedException"):
                 raise
-            raw = exc.response.get("Item")  # type: ignore[typeddict-item]
+            raw = cast("Mapping[str, Any] | None", exc.response.get("Item"))
             existing = from_raw(raw) if raw else None
             if existing is None:
                 raise NotFound(f"service {current.name!r} does not exist") from exc
             if existing.get("uid") != current.uid:
                 raise Conflict(
-                    f"service {current.name!r} was re-created while this request ran; retry to delete the new one"
+                    f"service {current.name!r} was re-created while this request ran; "
+                    "retry to delete the new one"
                 ) from exc
             return replace(state, service=service_from_item(existing))  # already DELETING: harmless
         service = replace(

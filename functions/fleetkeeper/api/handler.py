@@ -12,13 +12,12 @@ import binascii
 import json
 import os
 import re
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 from aws_lambda_powertools import Logger
 from aws_lambda_powertools.event_handler import APIGatewayRestResolver, Response, content_types
 from aws_lambda_powertools.event_handler.openapi.exceptions import RequestValidationError
 from aws_lambda_powertools.event_handler.openapi.params import Query
-from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from fleetkeeper.api.kick import kick_reconciler
 from fleetkeeper.api.models import (
@@ -35,14 +34,19 @@ from fleetkeeper.api.models import (
     version_view,
 )
 from fleetkeeper.errors import FleetkeeperError, InvalidRequest, PayloadTooLarge
-from fleetkeeper.model import ServiceState
 from fleetkeeper.services import ServiceCommands
 from fleetkeeper.spec import describe_validation_errors
 from fleetkeeper.store import Store
 
+if TYPE_CHECKING:
+    from aws_lambda_powertools.utilities.typing import LambdaContext
+
+    from fleetkeeper.model import ServiceState
+
 MAX_BODY_BYTES = 64 * 1024
 _NAME = re.compile(NAME_PATTERN)
-_ERRORS: dict[int | str, dict[str, Any]] = {
+# Typed loosely: Powertools' OpenAPIResponse TypedDict does not describe `{"model": ...}` content.
+_ERRORS: dict[int, Any] = {
     400: {"description": "invalid request", "content": {"application/json": {"model": ErrorBody}}},
     404: {"description": "no such service", "content": {"application/json": {"model": ErrorBody}}},
     409: {"description": "conflict", "content": {"application/json": {"model": ErrorBody}}},
@@ -50,6 +54,10 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
 
 logger = Logger()
 app = APIGatewayRestResolver(enable_validation=True)
+
+
+def _with_errors(responses: dict[int, Any]) -> dict[int, Any]:
+    return {**responses, **_ERRORS}
 
 
 class _Commands:
@@ -138,11 +146,10 @@ def _replayable(operation: str, name: str, body: Any, execute: Any, *, status: i
 
 @app.post(
     "/v1/services",
-    responses={
-        201: {"description": "created", "content": {"application/json": {"model": ServiceView}}},
-        **_ERRORS,
-    },
-)  # noqa: E501
+    responses=_with_errors(
+        {201: {"description": "created", "content": {"application/json": {"model": ServiceView}}}}
+    ),
+)
 def create_service(request: CreateServiceRequest) -> Response[ServiceView]:
     body = app.current_event.json_body
     return _replayable(
@@ -168,7 +175,9 @@ def get_service(name: str) -> Response[ServiceView]:
     return _with_etag(200, commands().get(_valid_name(name)))
 
 
-@app.put("/v1/services/<name>", responses={**_ERRORS, 412: {"description": "If-Match generation mismatch"}})
+@app.put(
+    "/v1/services/<name>", responses=_with_errors({412: {"description": "If-Match generation mismatch"}})
+)
 def update_service(name: str, request: UpdateServiceRequest) -> Response[ServiceView]:
     _valid_name(name)
     body = app.current_event.json_body
@@ -195,7 +204,7 @@ def list_versions(name: str) -> Response[VersionList]:
 
 @app.post(
     "/v1/services/<name>/rollback",
-    responses={**_ERRORS, 412: {"description": "If-Match generation mismatch"}},
+    responses=_with_errors({412: {"description": "If-Match generation mismatch"}}),
 )
 def rollback_service(name: str) -> Response[ServiceView]:
     _valid_name(name)
@@ -228,7 +237,7 @@ def _optional_body(model: type[RollbackRequest]) -> RollbackRequest:
     if raw is None or not raw.strip():
         return model()
     try:
-        return model.model_validate_json(app.current_event.decoded_body)
+        return model.model_validate_json(app.current_event.decoded_body or "")
     except ValidationError as exc:
         details = describe_validation_errors(exc.errors(include_url=False))
         raise InvalidRequest(_summarise(details), details=details) from exc
@@ -241,12 +250,10 @@ def _summarise(details: list[dict[str, str]]) -> str:
     return "invalid request: " + "; ".join(f"{d['field']}: {d['problem']}" for d in details)
 
 
-@app.exception_handler(FleetkeeperError)
 def _domain_error(exc: FleetkeeperError) -> Response[Any]:
     return _json(exc.status, exc.to_body())
 
 
-@app.exception_handler(RequestValidationError)
 def _validation_error(exc: RequestValidationError) -> Response[Any]:
     details = describe_validation_errors(list(exc.errors()))
     return _json(400, InvalidRequest(_summarise(details), details=details).to_body())
@@ -259,13 +266,18 @@ def _no_route(_exc: Exception) -> Response[Any]:
     return _json(404, {"error": {"code": "no_route", "message": message, "details": []}})
 
 
-@app.exception_handler(Exception)
 def _unexpected(exc: Exception) -> Response[Any]:
     logger.exception("unhandled error")
     body = {
         "error": {"code": "internal_error", "message": "internal error; it has been logged", "details": []}
     }
     return _json(500, body)
+
+
+# Registered by call, not as decorators: Powertools' exception_handler is untyped.
+app.exception_handler(FleetkeeperError)(_domain_error)
+app.exception_handler(RequestValidationError)(_validation_error)
+app.exception_handler(Exception)(_unexpected)
 
 
 # --- entry point --------------------------------------------------------------------------------------

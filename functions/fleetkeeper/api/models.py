@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from fleetkeeper.model import ReplicaRecord, ServiceRecord, ServiceState, VersionRecord
 from fleetkeeper.spec import ServiceSpec
+
+if TYPE_CHECKING:
+    from fleetkeeper.model import ReplicaRecord, ServiceRecord, ServiceState, VersionRecord
 
 NAME_PATTERN = r"^[a-z][a-z0-9-]{0,62}$"
 ServiceName = Annotated[str, Field(pattern=NAME_PATTERN, description="lower-case letters, digits and dashes")]
