@@ -46,6 +46,9 @@ os.environ.update(
 for _var in ("FLEETKEEPER_AWS_ENDPOINT_URL", "HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"):
     os.environ.pop(_var, None)
 
+from moto import mock_aws  # noqa: E402
+from moto.core.botocore_stubber import BotocoreStubber  # noqa: E402
+
 from fleetkeeper import aws  # noqa: E402
 from fleetkeeper.model import (  # noqa: E402
     Lifecycle,
@@ -71,8 +74,6 @@ from fleetkeeper.store import (  # noqa: E402
     version_item,
 )
 from fleetkeeper.template import create_table  # noqa: E402
-from moto import mock_aws  # noqa: E402
-from moto.core.botocore_stubber import BotocoreStubber  # noqa: E402
 
 TABLE = "fleetkeeper-bench"
 REPLICAS = 2

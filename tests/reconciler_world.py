@@ -23,7 +23,6 @@ from fleetkeeper.reconciler.shell import Reconciler, RunReport
 from fleetkeeper.spec import ServiceSpec
 from fleetkeeper.store import ReconcilerStore
 from fleetkeeper.template import create_table
-
 from tests.conftest import TABLE, hello_spec
 
 DYNAMODB_WRITES = {"PutItem", "UpdateItem", "DeleteItem", "TransactWriteItems", "BatchWriteItem"}

@@ -15,9 +15,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import pytest
-from fleetkeeper.reconciler.driver import UID_TAG
 from moto import mock_aws
 
+from fleetkeeper.reconciler.driver import UID_TAG
 from tests.reconciler_world import Crash, ProbeServer, World, assert_converged, assert_deleted, tags
 
 if TYPE_CHECKING:

@@ -7,6 +7,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+
 from fleetkeeper.model import (
     Lifecycle,
     ReplicaRecord,
@@ -35,7 +36,6 @@ from fleetkeeper.reconciler.plan import (
     plan_orphans,
 )
 from fleetkeeper.spec import ServiceSpec
-
 from tests.conftest import hello_spec
 
 NOW = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)

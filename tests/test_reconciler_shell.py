@@ -12,11 +12,11 @@ import threading
 from typing import TYPE_CHECKING, Any
 
 import pytest
+
 from fleetkeeper import aws
 from fleetkeeper.model import ReplicaStatus, ServiceStatus, VersionState
 from fleetkeeper.reconciler.driver import MANAGED_TAG, REPLICA_TAG, SERVICE_TAG, UID_TAG, VERSION_TAG
 from fleetkeeper.reconciler.plan import Policy
-
 from tests.conftest import ApiClient, FakeContext
 
 if TYPE_CHECKING:
