@@ -6,6 +6,7 @@ it asynchronously with {"service": name} after each write so a change starts wit
 
 from __future__ import annotations
 
+import logging
 import os
 from typing import TYPE_CHECKING, Any
 
@@ -18,6 +19,9 @@ if TYPE_CHECKING:
     from fleetkeeper.reconciler.shell import Reconciler
 
 logger = Logger()
+# The shell logs through the stdlib logger "fleetkeeper.reconciler.shell": give its "fleetkeeper"
+# ancestor Powertools' JSON handler (it must exist first: Powertools configures registered loggers).
+logging.getLogger("fleetkeeper")
 copy_config_to_registered_loggers(source_logger=logger, include={"fleetkeeper"})
 
 
