@@ -117,12 +117,13 @@ class Reconciler:
         by_uid: dict[str, list[Instance]] = {}
         for instance in instances:
             by_uid.setdefault(instance.uid, []).append(instance)
-        probes = self._probe(states, by_uid)
+        probes: dict[str, dict[int, ProbeResult]] = {}
+        for (uid, replica_id), result in self._probe(states, by_uid).items():
+            probes.setdefault(uid, {})[replica_id] = result
         report = RunReport(services=len(states))
         for state in states:
             uid = state.service.uid
-            mine = {rid: result for (owner, rid), result in probes.items() if owner == uid}
-            self._reconcile(state, by_uid.get(uid, []), mine, now, report)
+            self._reconcile(state, by_uid.get(uid, []), probes.get(uid, {}), now, report)
         return report
 
     def _probe(
