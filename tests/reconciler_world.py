@@ -12,7 +12,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, ClassVar
+from typing import Any
 
 from fleetkeeper import aws
 from fleetkeeper.model import Lifecycle, ReplicaStatus, ServiceState, to_iso
@@ -138,14 +138,14 @@ class _Hooks:
     """
 
     log: CallLog | None = None
-    hooked: ClassVar[set[int]] = set()
 
     @classmethod
     def attach(cls, log: CallLog) -> None:
         cls.log = log
         for client in (aws.dynamodb(), aws.ec2(), aws.ssm()):
-            if id(client) not in cls.hooked:
-                cls.hooked.add(id(client))
+            # Marked on the client itself: an id() could be reused by a later client.
+            if not getattr(client, "_fleetkeeper_test_hooks", False):
+                client._fleetkeeper_test_hooks = True
                 client.meta.events.register("before-call", cls.before)
                 client.meta.events.register("after-call", cls.after)
 
