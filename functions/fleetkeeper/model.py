@@ -122,6 +122,11 @@ class ReplicaRecord:
     # Launch bookkeeping: how many RunInstances attempts AWS refused, and when to try again.
     launch_attempts: int = 0
     next_attempt_at: str | None = None
+    # When the reconciler recorded the replica's instance (initial_delay_seconds counts from here).
+    launched_at: str | None = None
+    # Optimistic-concurrency revision: every reconciler write is conditioned on the revision it read,
+    # so of two runs acting on one replica only the first write lands (store.put_replica).
+    rev: int = 0
 
 
 @dataclass(frozen=True)

@@ -36,7 +36,7 @@ from fleetkeeper.model import (
 )
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator, Mapping
+    from collections.abc import Iterator, Mapping, Sequence
 
     from mypy_boto3_dynamodb import DynamoDBClient
     from mypy_boto3_dynamodb.type_defs import AttributeValueTypeDef, TransactWriteItemTypeDef
@@ -226,6 +226,8 @@ def replica_item(record: ReplicaRecord) -> Item:
         "probe_failures": record.probe_failures,
         "launch_attempts": record.launch_attempts,
         "next_attempt_at": record.next_attempt_at,
+        "launched_at": record.launched_at,
+        "rev": record.rev,
         "created_at": record.created_at,
         "updated_at": record.updated_at,
     }
@@ -250,6 +252,8 @@ def replica_from_item(item: Mapping[str, Any]) -> ReplicaRecord:
         probe_failures=int(item.get("probe_failures", 0)),
         launch_attempts=int(item.get("launch_attempts", 0)),
         next_attempt_at=opt("next_attempt_at"),
+        launched_at=opt("launched_at"),
+        rev=int(item.get("rev", 0)),
         created_at=str(item["created_at"]),
         updated_at=str(item["updated_at"]),
     )
@@ -657,7 +661,7 @@ class _MissingChild(Exception):
     """A transaction's ConditionCheck on a child item failed: the item does not exist."""
 
 
-# === cleanup: deleting one removed incarnation's children ==========================================
+# === cleanup: deleting one removed incarnation's children ===================================
 #
 # The cleanup function (fleetkeeper/cleanup) deletes the version and replica items of an incarnation
 # whose service item was removed. Both operations address children ONLY through the uid's sort-key
@@ -734,3 +738,198 @@ def partition_uids(store: Store, name: str) -> tuple[str | None, dict[str, int]]
             elif "uid" in item:
                 counts[str(item["uid"])] = counts.get(str(item["uid"]), 0) + 1
     return live, counts
+
+
+# --- reconciler -----------------------------------------------------------------------------------
+# The reconciler's writes. Each is conditioned on what the run observed, so a run acting on stale
+# observations (another run got there first, the user changed the service) writes nothing and
+# raises Superseded; the next run re-observes.
+
+# A TransactWriteItems holds at most 100 items: the service update plus 99 replica puts.
+_CLAIM_CHUNK = 99
+
+
+class Superseded(Exception):
+    """A reconciler write found its item changed since the run observed it."""
+
+
+class ReconcilerStore(Store):
+    """Store plus the reconciler's conditional writes."""
+
+    def claim_replicas(
+        self, service: ServiceRecord, version: int, replica_ids: Sequence[int], now: str
+    ) -> list[ReplicaRecord]:
+        """Claim new replica ids: bump replica_seq n -> n+k and put k PENDING items, in ONE transaction.
+
+        Conditioned on (uid, ACTIVE, replica_seq = n): of two runs claiming at once, one wins; the
+        other's transaction is cancelled (Superseded) and it launches nothing.
+        """
+        claimed: list[ReplicaRecord] = []
+        seen = service.replica_seq
+        ids = list(replica_ids)
+        if ids != list(range(seen, seen + len(ids))):
+            raise ValueError(f"replica ids must continue replica_seq {seen}: {ids}")
+        for start in range(0, len(ids), _CLAIM_CHUNK):
+            chunk = ids[start : start + _CLAIM_CHUNK]
+            records = [
+                ReplicaRecord(
+                    name=service.name,
+                    uid=service.uid,
+                    replica_id=replica_id,
+                    version=version,
+                    status=ReplicaStatus.PENDING,
+                    created_at=now,
+                    updated_at=now,
+                )
+                for replica_id in chunk
+            ]
+            items: list[TransactWriteItemTypeDef] = [
+                {
+                    "Update": {
+                        "TableName": self.table_name,
+                        "Key": to_raw({"PK": service_pk(service.name), "SK": SERVICE_SK}),
+                        "UpdateExpression": "SET replica_seq = :next",
+                        "ConditionExpression": "uid = :uid AND lifecycle = :active AND replica_seq = :seen",
+                        "ExpressionAttributeValues": _values(
+                            next=seen + len(chunk), uid=service.uid, active=Lifecycle.ACTIVE.value, seen=seen
+                        ),
+                    }
+                }
+            ]
+            items.extend(
+                {
+                    "Put": {
+                        "TableName": self.table_name,
+                        "Item": to_raw(replica_item(record)),
+                        "ConditionExpression": "attribute_not_exists(PK)",
+                    }
+                }
+                for record in records
+            )
+            self._transact_or_superseded(items)
+            claimed.extend(records)
+            seen += len(chunk)
+        return claimed
+
+    def put_replica(self, before: ReplicaRecord, after: ReplicaRecord) -> ReplicaRecord:
+        """Replace a replica item if it is still at `before.rev`; returns the record as written."""
+        written = replace(after, rev=before.rev + 1)
+        try:
+            self.client.put_item(
+                TableName=self.table_name,
+                Item=to_raw(replica_item(written)),
+                ConditionExpression="rev = :rev",
+                ExpressionAttributeValues=_values(rev=before.rev),
+            )
+        except ClientError as exc:
+            if _is(exc, "ConditionalCheckFailedException"):
+                raise Superseded(f"replica {before.replica_id} of {before.name} changed") from exc
+            raise
+        return written
+
+    def delete_replica(self, record: ReplicaRecord) -> None:
+        try:
+            self.client.delete_item(
+                TableName=self.table_name,
+                Key=to_raw({"PK": service_pk(record.name), "SK": replica_sk(record.uid, record.replica_id)}),
+                ConditionExpression="rev = :rev",
+                ExpressionAttributeValues=_values(rev=record.rev),
+            )
+        except ClientError as exc:
+            if _is(exc, "ConditionalCheckFailedException"):
+                raise Superseded(f"replica {record.replica_id} of {record.name} changed") from exc
+            raise
+
+    def mark_version(
+        self, service: ServiceRecord, version: int, expected: VersionState, state: VersionState, message: str
+    ) -> None:
+        self._transact_or_superseded([self._version_state_update(service, version, expected, state, message)])
+
+    def trip_breaker(self, service: ServiceRecord, version: int, message: str, rollback_to: int | None) -> None:
+        """Version FAILED and (when there is a good version) the target rolled back, in ONE transaction."""
+        items = [self._version_state_update(service, version, VersionState.NEW, VersionState.FAILED, message)]
+        if rollback_to is not None:
+            items.append(
+                {
+                    "Update": {
+                        "TableName": self.table_name,
+                        "Key": to_raw({"PK": service_pk(service.name), "SK": SERVICE_SK}),
+                        # generation moves: a client's If-Match taken before the rollback must fail.
+                        "UpdateExpression": "SET target_version = :good, generation = generation + :one",
+                        "ConditionExpression": (
+                            "uid = :uid AND lifecycle = :active AND target_version = :failed "
+                            "AND generation = :generation"
+                        ),
+                        "ExpressionAttributeValues": _values(
+                            good=rollback_to,
+                            one=1,
+                            uid=service.uid,
+                            active=Lifecycle.ACTIVE.value,
+                            failed=version,
+                            generation=service.generation,
+                        ),
+                    }
+                }
+            )
+        self._transact_or_superseded(items)
+
+    def record_status(
+        self, service: ServiceRecord, status: ServiceStatus, message: str, observed_generation: int
+    ) -> None:
+        """Status of the generation the run acted on; skipped (Superseded) if the service moved since."""
+        try:
+            self.client.update_item(
+                TableName=self.table_name,
+                Key=to_raw({"PK": service_pk(service.name), "SK": SERVICE_SK}),
+                UpdateExpression=("SET #status = :status, status_message = :message, observed_generation = :observed"),
+                ConditionExpression="uid = :uid AND generation = :generation",
+                ExpressionAttributeNames={"#status": "status"},
+                ExpressionAttributeValues=_values(
+                    status=status.value,
+                    message=message,
+                    observed=observed_generation,
+                    uid=service.uid,
+                    generation=service.generation,
+                ),
+            )
+        except ClientError as exc:
+            if _is(exc, "ConditionalCheckFailedException"):
+                raise Superseded(f"service {service.name} changed") from exc
+            raise
+
+    def delete_service(self, service: ServiceRecord) -> None:
+        """The last step of a delete: the DELETING item of this incarnation goes (cleanup takes the rest)."""
+        try:
+            self.client.delete_item(
+                TableName=self.table_name,
+                Key=to_raw({"PK": service_pk(service.name), "SK": SERVICE_SK}),
+                ConditionExpression="lifecycle = :deleting AND uid = :uid",
+                ExpressionAttributeValues=_values(deleting=Lifecycle.DELETING.value, uid=service.uid),
+            )
+        except ClientError as exc:
+            if _is(exc, "ConditionalCheckFailedException"):
+                raise Superseded(f"service {service.name} changed") from exc
+            raise
+
+    def _version_state_update(
+        self, service: ServiceRecord, version: int, expected: VersionState, state: VersionState, message: str
+    ) -> TransactWriteItemTypeDef:
+        return {
+            "Update": {
+                "TableName": self.table_name,
+                "Key": to_raw({"PK": service_pk(service.name), "SK": version_sk(service.uid, version)}),
+                "UpdateExpression": "SET #state = :state, state_message = :message",
+                "ConditionExpression": "attribute_exists(PK) AND #state = :expected",
+                "ExpressionAttributeNames": {"#state": "state"},
+                "ExpressionAttributeValues": _values(state=state.value, message=message, expected=expected.value),
+            }
+        }
+
+    def _transact_or_superseded(self, items: list[TransactWriteItemTypeDef]) -> None:
+        try:
+            self.client.transact_write_items(TransactItems=items)
+        except ClientError as exc:
+            reasons = _cancellation_reasons(exc) if _is(exc, "TransactionCanceledException") else []
+            if any(reason.get("Code") == "ConditionalCheckFailed" for reason in reasons):
+                raise Superseded("a claim or version change lost to a concurrent writer") from exc
+            raise

@@ -146,10 +146,11 @@ class ProcessDriver:
 
     # -- the ReplicaDriver protocol ------------------------------------------------------------------
 
-    def list_instances(self) -> list[Instance]:
+    def list_instances(self, uid: str | None = None) -> list[Instance]:
         with self._lock:
             self._forget_old()
-            return [replica.refresh() for replica in self._replicas.values()]
+            instances = [replica.refresh() for replica in self._replicas.values()]
+        return [i for i in instances if uid is None or i.uid == uid]
 
     def find_instance(self, uid: str, replica_id: int) -> Instance | None:
         with self._lock:

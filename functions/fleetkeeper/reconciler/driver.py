@@ -57,11 +57,15 @@ class LaunchRequest:
     version: int
     replica_id: int
     spec: ServiceSpec
+    # Launches of this replica AWS refused so far. A retry after a refusal is a different launch
+    # (another subnet, maybe), so it gets its own token; a retry after a crash keeps the token.
+    attempt: int = 0
 
     @property
     def client_token(self) -> str:
-        """Idempotency token for the launch: unique per (incarnation, replica), at most 64 characters."""
-        return f"fk-{self.uid}-{self.replica_id}"
+        """Idempotency token for the launch: unique per (incarnation, replica, refusal), <= 64 characters."""
+        token = f"fk-{self.uid}-{self.replica_id}"
+        return token if self.attempt == 0 else f"{token}-{self.attempt}"
 
 
 class LaunchRefused(Exception):
@@ -74,8 +78,8 @@ class LaunchRefused(Exception):
 
 
 class ReplicaDriver(Protocol):
-    def list_instances(self) -> list[Instance]:
-        """Every managed instance, in every state but long-gone, in as few calls as possible."""
+    def list_instances(self, uid: str | None = None) -> list[Instance]:
+        """Every managed instance (of incarnation `uid` when given), in as few calls as possible."""
         ...
 
     def find_instance(self, uid: str, replica_id: int) -> Instance | None:

@@ -1,0 +1,271 @@
+"""The ec2 replica driver: one instance per replica, found by tag, launched idempotently.
+
+Configuration comes from the function's environment (template.yaml sets it from stack parameters):
+
+    FLEETKEEPER_SUBNET_IDS            comma-separated subnets; replicas spread over them
+    FLEETKEEPER_SECURITY_GROUP_IDS    comma-separated security groups
+    FLEETKEEPER_INSTANCE_PROFILE_ARN  the replicas' instance profile (optional)
+    FLEETKEEPER_DEFAULT_IMAGE_PARAMETER  SSM parameter naming the default AMI (AL2023)
+    FLEETKEEPER_DEFAULT_INSTANCE_TYPE    when the spec gives none
+    FLEETKEEPER_REPLICA_HOST          test and benchmark setting: replaces every replica's address
+                                      in probe URLs (e.g. 127.0.0.1); never set it in production
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, cast
+
+from botocore.exceptions import ClientError
+
+from fleetkeeper import aws
+from fleetkeeper.model import to_iso
+from fleetkeeper.reconciler.driver import (
+    MANAGED_TAG,
+    REPLICA_TAG,
+    SERVICE_TAG,
+    UID_TAG,
+    VERSION_TAG,
+    Instance,
+    InstanceState,
+    LaunchRefused,
+    LaunchRequest,
+)
+from fleetkeeper.reconciler.userdata import user_data
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from mypy_boto3_ec2 import EC2Client
+    from mypy_boto3_ec2.literals import InstanceTypeType
+    from mypy_boto3_ec2.type_defs import (
+        FilterTypeDef,
+        InstanceTypeDef,
+        RunInstancesRequestTypeDef,
+        TagTypeDef,
+    )
+    from mypy_boto3_ssm import SSMClient
+
+DEFAULT_IMAGE_PARAMETER = "/aws/service/ami-amazon-linux-latest/al2023-ami-kernel-default-x86_64"
+DEFAULT_INSTANCE_TYPE = "t3.small"
+REPLICA_HOST_ENV = "FLEETKEEPER_REPLICA_HOST"
+_PAGE_SIZE = 1000
+_TERMINATE_CHUNK = 500
+_LIVE_STATES = ["pending", "running", "stopping", "stopped"]
+# Errors that are about this request at this moment, not about the launch: botocore already retried
+# them; let them fail the run (the next run retries) rather than count as a refusal of the version.
+_TRANSIENT = {
+    "RequestLimitExceeded",
+    "Throttling",
+    "ThrottlingException",
+    "InternalError",
+    "InternalFailure",
+    "ServiceUnavailable",
+    "Unavailable",
+}
+
+
+def _env_list(name: str) -> list[str]:
+    return [item.strip() for item in os.environ.get(name, "").split(",") if item.strip()]
+
+
+@dataclass
+class Ec2Driver:
+    subnet_ids: list[str] = field(default_factory=list)
+    security_group_ids: list[str] = field(default_factory=list)
+    instance_profile_arn: str | None = None
+    default_image_parameter: str = DEFAULT_IMAGE_PARAMETER
+    default_instance_type: str = DEFAULT_INSTANCE_TYPE
+    replica_host: str | None = None
+    # Per run (a driver lives for one run): SSM parameter -> AMI id, AMI id -> root device name.
+    _images: dict[str, str] = field(default_factory=dict, repr=False)
+    _root_devices: dict[str, str] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def from_env(cls) -> Ec2Driver:
+        return cls(
+            subnet_ids=_env_list("FLEETKEEPER_SUBNET_IDS"),
+            security_group_ids=_env_list("FLEETKEEPER_SECURITY_GROUP_IDS"),
+            instance_profile_arn=os.environ.get("FLEETKEEPER_INSTANCE_PROFILE_ARN") or None,
+            default_image_parameter=os.environ.get("FLEETKEEPER_DEFAULT_IMAGE_PARAMETER") or DEFAULT_IMAGE_PARAMETER,
+            default_instance_type=os.environ.get("FLEETKEEPER_DEFAULT_INSTANCE_TYPE") or DEFAULT_INSTANCE_TYPE,
+            replica_host=os.environ.get(REPLICA_HOST_ENV) or None,
+        )
+
+    @property
+    def ec2(self) -> EC2Client:
+        return aws.ec2()
+
+    @property
+    def ssm(self) -> SSMClient:
+        return aws.ssm()
+
+    # -- observe --
+
+    def list_instances(self, uid: str | None = None) -> list[Instance]:
+        """ONE paginated DescribeInstances on the managed tag (and the uid tag for one service)."""
+        filters: list[FilterTypeDef] = [{"Name": "tag-key", "Values": [MANAGED_TAG]}]
+        if uid is not None:
+            filters.append({"Name": f"tag:{UID_TAG}", "Values": [uid]})
+        return self._describe(filters)
+
+    def find_instance(self, uid: str, replica_id: int) -> Instance | None:
+        found = self._describe(
+            [
+                {"Name": "tag-key", "Values": [MANAGED_TAG]},
+                {"Name": f"tag:{UID_TAG}", "Values": [uid]},
+                {"Name": f"tag:{REPLICA_TAG}", "Values": [str(replica_id)]},
+                {"Name": "instance-state-name", "Values": _LIVE_STATES},
+            ]
+        )
+        return min(found, key=lambda i: (i.launched_at or "", i.instance_id), default=None)
+
+    def _describe(self, filters: list[FilterTypeDef]) -> list[Instance]:
+        instances: list[Instance] = []
+        kwargs: dict[str, Any] = {"Filters": filters, "MaxResults": _PAGE_SIZE}
+        while True:
+            page = self.ec2.describe_instances(**kwargs)
+            for reservation in page.get("Reservations", []):
+                instances.extend(_instance(raw) for raw in reservation.get("Instances", []))
+            token = page.get("NextToken")
+            if not token:
+                return instances
+            kwargs["NextToken"] = token
+
+    # -- act --
+
+    def launch(self, request: LaunchRequest) -> Instance:
+        try:
+            response = self.ec2.run_instances(**self._run_instances_args(request))
+        except ClientError as exc:
+            error = exc.response.get("Error", {})
+            code = str(error.get("Code", "Unknown"))
+            if code in _TRANSIENT:
+                raise
+            raise LaunchRefused(code, str(error.get("Message", ""))) from exc
+        return _instance(response["Instances"][0])
+
+    def _run_instances_args(self, request: LaunchRequest) -> RunInstancesRequestTypeDef:
+        resources = request.spec.resources
+        tags: list[TagTypeDef] = [
+            {"Key": MANAGED_TAG, "Value": "true"},
+            {"Key": SERVICE_TAG, "Value": request.service},
+            {"Key": UID_TAG, "Value": request.uid},
+            {"Key": VERSION_TAG, "Value": str(request.version)},
+            {"Key": REPLICA_TAG, "Value": str(request.replica_id)},
+            {"Key": "Name", "Value": f"fleetkeeper-{request.service}-{request.replica_id}"},
+        ]
+        image_id = self._image(resources.image_id)
+        args: RunInstancesRequestTypeDef = {
+            "ImageId": image_id,
+            "InstanceType": cast("InstanceTypeType", resources.instance_type or self.default_instance_type),
+            "MinCount": 1,
+            "MaxCount": 1,
+            "ClientToken": request.client_token,
+            "UserData": user_data(request.spec).decode("latin-1"),
+            "MetadataOptions": {"HttpTokens": "required", "HttpEndpoint": "enabled"},
+            "TagSpecifications": [
+                {"ResourceType": "instance", "Tags": tags},
+                {"ResourceType": "volume", "Tags": tags},
+            ],
+        }
+        if self.subnet_ids:
+            # Spread replicas over the subnets (zones); a refused launch retries in the next one.
+            args["SubnetId"] = self.subnet_ids[(request.replica_id + request.attempt) % len(self.subnet_ids)]
+        if self.security_group_ids:
+            args["SecurityGroupIds"] = self.security_group_ids
+        if self.instance_profile_arn:
+            args["IamInstanceProfile"] = {"Arn": self.instance_profile_arn}
+        if resources.use_spot:
+            args["InstanceMarketOptions"] = {
+                "MarketType": "spot",
+                "SpotOptions": {"SpotInstanceType": "one-time", "InstanceInterruptionBehavior": "terminate"},
+            }
+        if resources.disk_size:
+            args["BlockDeviceMappings"] = [
+                {
+                    "DeviceName": self._root_device(image_id),
+                    "Ebs": {
+                        "VolumeSize": resources.disk_size,
+                        "VolumeType": "gp3",
+                        "DeleteOnTermination": True,
+                    },
+                }
+            ]
+        return args
+
+    def _image(self, image: str | None) -> str:
+        """An AMI id: the spec's, or resolved from an SSM parameter (ours; moto lacks resolve:ssm)."""
+        if image is not None and not image.startswith("resolve:ssm:"):
+            return image
+        parameter = image.removeprefix("resolve:ssm:") if image else self.default_image_parameter
+        if parameter not in self._images:
+            try:
+                value = self.ssm.get_parameter(Name=parameter)["Parameter"]["Value"]
+            except ClientError as exc:
+                error = exc.response.get("Error", {})
+                raise LaunchRefused(
+                    str(error.get("Code", "Unknown")),
+                    f"image parameter {parameter}: {error.get('Message', '')}",
+                ) from exc
+            self._images[parameter] = str(value)
+        return self._images[parameter]
+
+    def _root_device(self, image_id: str) -> str:
+        if image_id not in self._root_devices:
+            try:
+                images = self.ec2.describe_images(ImageIds=[image_id]).get("Images", [])
+            except ClientError:
+                images = []  # RunInstances reports a bad image better than we could
+            self._root_devices[image_id] = str(images[0].get("RootDeviceName", "/dev/xvda")) if images else "/dev/xvda"
+        return self._root_devices[image_id]
+
+    def terminate(self, instance_ids: Sequence[str]) -> None:
+        ids = list(dict.fromkeys(instance_ids))
+        for start in range(0, len(ids), _TERMINATE_CHUNK):
+            chunk = ids[start : start + _TERMINATE_CHUNK]
+            try:
+                self.ec2.terminate_instances(InstanceIds=chunk)
+            except ClientError as exc:
+                if exc.response.get("Error", {}).get("Code") != "InvalidInstanceID.NotFound":
+                    raise
+                for instance_id in chunk:  # one of them is gone already: the others still go
+                    self._terminate_one(instance_id)
+
+    def _terminate_one(self, instance_id: str) -> None:
+        try:
+            self.ec2.terminate_instances(InstanceIds=[instance_id])
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") != "InvalidInstanceID.NotFound":
+                raise
+
+    def base_url(self, instance: Instance, port: int) -> str | None:
+        host = self.replica_host or instance.private_ip
+        return f"http://{host}:{port}" if host else None
+
+
+def _int_tag(tags: dict[str, str], key: str) -> int:
+    try:
+        return int(tags.get(key, ""))
+    except ValueError:
+        return -1  # a managed instance with a mangled tag: owned by no replica, so it is cleaned up
+
+
+def _instance(raw: InstanceTypeDef) -> Instance:
+    tags = {str(t.get("Key")): str(t.get("Value", "")) for t in raw.get("Tags", [])}
+    reason = raw.get("StateReason", {})
+    launched = raw.get("LaunchTime")
+    return Instance(
+        instance_id=raw["InstanceId"],
+        state=InstanceState(raw["State"]["Name"]),
+        service=tags.get(SERVICE_TAG, ""),
+        uid=tags.get(UID_TAG, ""),
+        version=_int_tag(tags, VERSION_TAG),
+        replica_id=_int_tag(tags, REPLICA_TAG),
+        private_ip=raw.get("PrivateIpAddress"),
+        spot=raw.get("InstanceLifecycle") == "spot",
+        state_reason=str(reason.get("Message") or reason.get("Code") or "") or None,
+        launched_at=to_iso(launched) if launched is not None else None,
+        tags=tags,
+    )

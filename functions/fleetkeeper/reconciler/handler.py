@@ -1,0 +1,54 @@
+"""The reconciler function: a scheduled run over every service, or a kick for one.
+
+EventBridge invokes it on `ReconcileSchedule` (all services + the orphan sweep); the api invokes
+it asynchronously with {"service": name} after each write so a change starts within seconds.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import TYPE_CHECKING, Any
+
+from aws_lambda_powertools import Logger
+from aws_lambda_powertools.logging.utils import copy_config_to_registered_loggers
+
+if TYPE_CHECKING:
+    from aws_lambda_powertools.utilities.typing import LambdaContext
+
+    from fleetkeeper.reconciler.shell import Reconciler
+
+logger = Logger()
+# The shell logs through the stdlib logger "fleetkeeper.reconciler.shell": give its "fleetkeeper"
+# ancestor Powertools' JSON handler (it must exist first: Powertools configures registered loggers).
+logging.getLogger("fleetkeeper")
+copy_config_to_registered_loggers(source_logger=logger, include={"fleetkeeper"})
+
+
+def build_reconciler() -> Reconciler:
+    """A reconciler for one invocation: configuration is read now, never at import."""
+    from fleetkeeper.reconciler.drivers import make_driver
+    from fleetkeeper.reconciler.shell import Reconciler
+    from fleetkeeper.store import ReconcilerStore
+
+    budget = float(os.environ.get("FLEETKEEPER_PROBE_BUDGET_SECONDS", "20"))
+    return Reconciler(
+        store=ReconcilerStore(os.environ["TABLE_NAME"]), driver=make_driver(), probe_budget_seconds=budget
+    )
+
+
+def service_of(event: Any) -> str | None:
+    """The service a kick names; None for the schedule's event (or anything else): run them all."""
+    if isinstance(event, dict) and isinstance(event.get("service"), str):
+        return str(event["service"])
+    return None
+
+
+@logger.inject_lambda_context(clear_state=True)
+def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
+    reconciler = build_reconciler()
+    name = service_of(event)
+    report = reconciler.run_one(name) if name is not None else reconciler.run_all()
+    summary = report.as_dict()
+    logger.info("reconcile run done", extra={"kick": name, **summary})
+    return summary

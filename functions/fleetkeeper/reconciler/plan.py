@@ -1,0 +1,661 @@
+"""The reconciler's functional core: what to do about one service, given what was observed.
+
+`plan(...)` is pure: no AWS, no clock, no I/O. It gets the service's records, the instances EC2
+reports for its incarnation, the readiness probe results and `now`, and returns actions for the
+shell to apply, in the order it must apply them. Everything it decides is derived from that input,
+so two runs that observe the same world plan the same thing, and a run that observes a steady
+world plans only a no-op (invariant 6).
+
+Replica lifecycle (SkyPilot Serve's vocabulary, DESIGN.md):
+
+    PENDING (claimed) -> PROVISIONING (launched) -> STARTING (running) -> READY (probe 200)
+    READY -> NOT_READY (probe failing) -> FAILED_PROBING (failing `probe_failure_threshold` times)
+    not READY by `initial_delay_seconds` after launch -> FAILED_INITIAL_DELAY
+    launch refused by AWS -> FAILED_PROVISION (retried in place, exponential backoff)
+    instance terminated by AWS (spot reclaim) or outside fleetkeeper -> PREEMPTED
+    chosen for removal -> SHUTTING_DOWN (recorded before the instance is terminated)
+
+Failed and shutting-down replicas are replaced by new replica ids; their items are deleted once
+their instance is gone, except the failures of a target version that has not yet been decided,
+which the circuit breaker counts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING
+
+from fleetkeeper.model import (
+    Lifecycle,
+    ReplicaRecord,
+    ReplicaStatus,
+    ServiceState,
+    ServiceStatus,
+    VersionState,
+    from_iso,
+    to_iso,
+)
+from fleetkeeper.reconciler.driver import Instance, InstanceState
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping, Sequence, Set
+
+# --- inputs -----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ProbeResult:
+    """One readiness probe: only HTTP 200 is `ok`. `detail` is deterministic text for messages."""
+
+    url: str
+    ok: bool
+    detail: str
+
+
+@dataclass(frozen=True)
+class Policy:
+    """The reconciler's knobs; the defaults are what the function runs with."""
+
+    probe_failure_threshold: int = 3
+    # Circuit breaker: this many replica failures of a version that never reached READY fail it.
+    breaker_threshold: int = 3
+    backoff_base: timedelta = timedelta(seconds=30)
+    backoff_max: timedelta = timedelta(minutes=30)
+    # A managed instance of no live service is terminated only when older than this: it covers a
+    # service created (and its first replica launched) after this run listed the services.
+    orphan_grace: timedelta = timedelta(minutes=10)
+    # DescribeInstances is eventually consistent: a just-launched instance may be missing for a while.
+    lost_instance_grace: timedelta = timedelta(minutes=5)
+    # Claims per service per run, so one big service cannot use up a run's time budget.
+    max_launches_per_run: int = 50
+
+    def backoff(self, attempts: int) -> timedelta:
+        """Wait before launch attempt `attempts + 1`, after `attempts` refusals (30 s, 60 s, ... 30 min)."""
+        factor: int = 2 ** max(attempts - 1, 0)
+        wait: timedelta = min(self.backoff_base * factor, self.backoff_max)
+        return wait
+
+
+# --- actions ----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RecordReplica:
+    """Write `after` over `before` (conditioned on `before.rev`)."""
+
+    before: ReplicaRecord
+    after: ReplicaRecord
+
+
+@dataclass(frozen=True)
+class DeleteReplica:
+    replica: ReplicaRecord
+
+
+@dataclass(frozen=True)
+class Terminate:
+    """Terminate these instances; `reasons` pairs each instance id with why (for the log)."""
+
+    reasons: tuple[tuple[str, str], ...]
+
+    @property
+    def instance_ids(self) -> tuple[str, ...]:
+        return tuple(instance_id for instance_id, _ in self.reasons)
+
+
+@dataclass(frozen=True)
+class Claim:
+    """Claim new replica ids for `version`: bump the service's replica_seq and put PENDING items."""
+
+    version: int
+    replica_ids: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Launch:
+    """Start replica `replica_id`'s instance. `fresh`: claimed by this very plan, so never launched."""
+
+    replica_id: int
+    fresh: bool
+
+
+@dataclass(frozen=True)
+class MarkVersion:
+    version: int
+    expected: VersionState
+    state: VersionState
+    message: str = ""
+
+
+@dataclass(frozen=True)
+class TripBreaker:
+    """Mark `version` FAILED and, when there is one, move the target back to `rollback_to`."""
+
+    version: int
+    message: str
+    rollback_to: int | None
+
+
+@dataclass(frozen=True)
+class RecordStatus:
+    status: ServiceStatus
+    message: str
+    observed_generation: int
+
+
+@dataclass(frozen=True)
+class DeleteService:
+    """Every instance is gone: delete the DELETING service item (cleanup takes its children)."""
+
+
+Action = (
+    RecordReplica
+    | DeleteReplica
+    | Terminate
+    | Claim
+    | Launch
+    | MarkVersion
+    | TripBreaker
+    | RecordStatus
+    | DeleteService
+)
+
+# --- vocabulary -------------------------------------------------------------------------------------
+
+GONE_STATES = frozenset({InstanceState.SHUTTING_DOWN, InstanceState.TERMINATED})
+# Replicas on their way out: never probed, never counted toward the target, replaced.
+LEAVING = frozenset(
+    {
+        ReplicaStatus.SHUTTING_DOWN,
+        ReplicaStatus.FAILED_INITIAL_DELAY,
+        ReplicaStatus.FAILED_PROBING,
+        ReplicaStatus.PREEMPTED,
+    }
+)
+# Statuses that count as a failure of their version for the circuit breaker (refusals count through
+# `launch_attempts`, since a FAILED_PROVISION replica is retried in place).
+_BREAKER_FAILURES = frozenset(
+    {ReplicaStatus.FAILED_INITIAL_DELAY, ReplicaStatus.FAILED_PROBING, ReplicaStatus.PREEMPTED}
+)
+_NOT_YET_RUNNING = frozenset({ReplicaStatus.PENDING, ReplicaStatus.PROVISIONING})
+_BOOTING = frozenset({ReplicaStatus.PENDING, ReplicaStatus.PROVISIONING, ReplicaStatus.STARTING})
+_MESSAGE_PROBLEMS = 3
+
+
+def is_live(instance: Instance) -> bool:
+    return instance.state not in GONE_STATES
+
+
+def _launch_order(instance: Instance) -> tuple[str, str]:
+    return (instance.launched_at or "", instance.instance_id)
+
+
+def match_instances(state: ServiceState, instances: Sequence[Instance]) -> dict[int, Instance]:
+    """The one live instance each replica owns: its recorded instance, else the earliest with its tag."""
+    by_replica: dict[int, list[Instance]] = {}
+    for instance in instances:
+        if instance.uid == state.service.uid and is_live(instance):
+            by_replica.setdefault(instance.replica_id, []).append(instance)
+    matched: dict[int, Instance] = {}
+    for replica_id, candidates in by_replica.items():
+        record = state.replicas.get(replica_id)
+        if record is None:
+            continue
+        recorded = [i for i in candidates if i.instance_id == record.instance_id]
+        matched[replica_id] = recorded[0] if recorded else min(candidates, key=_launch_order)
+    return matched
+
+
+def probe_targets(state: ServiceState, instances: Sequence[Instance]) -> dict[int, Instance]:
+    """Replicas worth probing: not leaving, with a running instance (the shell resolves addresses)."""
+    return {
+        replica_id: instance
+        for replica_id, instance in match_instances(state, instances).items()
+        if instance.state is InstanceState.RUNNING and state.replicas[replica_id].status not in LEAVING
+    }
+
+
+# --- observation: one replica -----------------------------------------------------------------------
+
+
+def _seconds_since(moment: str | None, now: datetime) -> float | None:
+    return None if moment is None else (now - from_iso(moment)).total_seconds()
+
+
+def _observe(
+    record: ReplicaRecord,
+    instance: Instance | None,
+    described: Instance | None,
+    probe: ProbeResult | None,
+    state: ServiceState,
+    now: datetime,
+    policy: Policy,
+) -> ReplicaRecord:
+    """The replica's next record given its instance (live, or as last described) and probe."""
+    if record.status in LEAVING:
+        return record
+    if instance is None:
+        if record.instance_id is None:
+            if described is None:
+                return record  # claimed or refused, not launched: the launch step deals with it
+            # Launched by a run that died before recording it, and the instance died too. A retry
+            # under the same ClientToken would only return that dead instance: replace the replica.
+            record = replace(record, instance_id=described.instance_id)
+        if described is None:
+            since = _seconds_since(record.launched_at, now)
+            if since is not None and since < policy.lost_instance_grace.total_seconds():
+                return record  # not visible yet: DescribeInstances lags RunInstances
+            why = "is gone"
+        else:
+            reason = f" ({described.state_reason})" if described.state_reason else ""
+            why = f"is {described.state.value}{reason}"
+        spot = described is not None and described.spot
+        cause = "spot instance reclaimed by AWS" if spot else "terminated outside fleetkeeper"
+        return replace(
+            record,
+            status=ReplicaStatus.PREEMPTED,
+            status_message=f"instance {record.instance_id} {why}: {cause}",
+        )
+    if record.instance_id != instance.instance_id:
+        # Adopt: launched by a run that crashed before recording it (or found by tag after a race).
+        record = replace(
+            record,
+            instance_id=instance.instance_id,
+            launched_at=record.launched_at or to_iso(now),
+            status=ReplicaStatus.PROVISIONING,
+            status_message="",
+        )
+    if probe is not None and probe.url != record.url:
+        record = replace(record, url=probe.url)
+    if instance.state is InstanceState.PENDING:
+        if record.status in _NOT_YET_RUNNING:
+            record = replace(record, status=ReplicaStatus.PROVISIONING)
+        return _check_initial_delay(record, state, now, "instance still pending")
+    if instance.state in (InstanceState.STOPPING, InstanceState.STOPPED):
+        probe = ProbeResult(url=record.url or "", ok=False, detail=f"instance is {instance.state.value}")
+    if probe is None:
+        # Running, but not probed (no address yet, or the probe phase ran out of time): no verdict.
+        if record.status in _NOT_YET_RUNNING:
+            return replace(record, status=ReplicaStatus.STARTING)
+        return record
+    if probe.ok:
+        if record.status is ReplicaStatus.READY and record.probe_failures == 0:
+            return record  # steady: nothing to write (last_probe_ok_at only moves on transitions)
+        stamp = to_iso(now)
+        return replace(
+            record,
+            status=ReplicaStatus.READY,
+            status_message="",
+            ready_at=record.ready_at if record.status is ReplicaStatus.READY else stamp,
+            last_probe_ok_at=stamp,
+            probe_failures=0,
+        )
+    if record.status in _BOOTING:
+        return _check_initial_delay(
+            replace(record, status=ReplicaStatus.STARTING, status_message=f"not ready yet: {probe.detail}"),
+            state,
+            now,
+            f"last probe: {probe.detail}",
+        )
+    failures = record.probe_failures + 1
+    if failures >= policy.probe_failure_threshold:
+        return replace(
+            record,
+            status=ReplicaStatus.FAILED_PROBING,
+            probe_failures=failures,
+            status_message=f"readiness probe failed {failures} times in a row: {probe.detail}",
+        )
+    return replace(
+        record,
+        status=ReplicaStatus.NOT_READY,
+        probe_failures=failures,
+        status_message=f"readiness probe failing: {probe.detail}",
+    )
+
+
+def _check_initial_delay(record: ReplicaRecord, state: ServiceState, now: datetime, detail: str) -> ReplicaRecord:
+    version = state.versions.get(record.version)
+    since = _seconds_since(record.launched_at, now)
+    if version is None or since is None:
+        return record
+    delay = version.spec.service.readiness_probe.initial_delay_seconds
+    if since <= delay:
+        return record
+    return replace(
+        record,
+        status=ReplicaStatus.FAILED_INITIAL_DELAY,
+        status_message=f"not ready {delay}s after launch ({detail})",
+    )
+
+
+# --- the plan ---------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Work:
+    """What one plan accumulates before it is put in apply order."""
+
+    original: Mapping[int, ReplicaRecord]
+    replicas: dict[int, ReplicaRecord]
+    terminate: dict[str, str]
+    delete: list[ReplicaRecord]
+    claimed: list[ReplicaRecord]
+
+    def drain(self, replica_id: int, why: str, live: Mapping[int, Instance]) -> None:
+        record = self.replicas[replica_id]
+        self.replicas[replica_id] = replace(record, status=ReplicaStatus.SHUTTING_DOWN, status_message=why)
+        if replica_id in live:
+            self.terminate[live[replica_id].instance_id] = f"replica {replica_id}: {why}"
+
+    def replica_actions(self, now: datetime) -> list[Action]:
+        actions: list[Action] = []
+        deleted = {record.replica_id for record in self.delete}
+        for replica_id, after in sorted(self.replicas.items()):
+            before = self.original.get(replica_id)
+            if replica_id in deleted:
+                continue
+            if before is not None and after != before:
+                actions.append(RecordReplica(before, replace(after, updated_at=to_iso(now))))
+        return actions
+
+    def cleanup_actions(self) -> list[Action]:
+        actions: list[Action] = []
+        if self.terminate:
+            actions.append(Terminate(tuple(sorted(self.terminate.items()))))
+        actions.extend(DeleteReplica(record) for record in self.delete)
+        return actions
+
+
+def plan(
+    state: ServiceState,
+    instances: Sequence[Instance],
+    probes: Mapping[int, ProbeResult],
+    now: datetime,
+    policy: Policy | None = None,
+) -> list[Action]:
+    """The actions that move one service toward its target, in apply order.
+
+    `instances`: what EC2 reports for this service's uid (any state). `probes`: by replica id, for
+    the replicas that were probed. Order: replica records (a draining replica leaves READY before
+    its instance goes), version marks / breaker, terminations, item deletions, claims and launches,
+    and the service status last, so a run that dies midway never records a status it did not reach.
+    """
+    policy = policy or Policy()
+    service = state.service
+    mine = [i for i in instances if i.uid == service.uid]
+    described = {i.instance_id: i for i in mine}
+    live = match_instances(state, mine)
+    work = _Work(original=state.replicas, replicas={}, terminate={}, delete=[], claimed=[])
+
+    _terminate_strays(state, mine, live, work)
+    # The latest dead instance of each replica id (a launch that was never recorded may have died).
+    dead = {i.replica_id: i for i in sorted(mine, key=_launch_order) if not is_live(i)}
+    for replica_id, record in state.replicas.items():
+        seen = described.get(record.instance_id) if record.instance_id else dead.get(replica_id)
+        work.replicas[replica_id] = _observe(
+            record, live.get(replica_id), seen, probes.get(replica_id), state, now, policy
+        )
+
+    # Failed and shutting-down replicas lose their instance (again, if a run died before it could).
+    for replica_id, record in work.replicas.items():
+        if record.status in LEAVING and replica_id in live:
+            work.terminate[live[replica_id].instance_id] = f"replica {replica_id}: {record.status.value}"
+
+    if service.lifecycle is Lifecycle.DELETING:
+        return _plan_delete(state, mine, live, work, now)
+
+    versions = {number: record.state for number, record in state.versions.items()}
+    marks: list[Action] = []
+    for number in sorted({r.version for r in work.replicas.values() if r.status is ReplicaStatus.READY}):
+        if versions.get(number) is VersionState.NEW:
+            marks.append(MarkVersion(number, VersionState.NEW, VersionState.READY))
+            versions[number] = VersionState.READY
+
+    tripped = _circuit_breaker(state, work, versions, policy)
+    if tripped is not None:
+        # The target moves (or the service fails): the next run plans against the new target.
+        return [*work.replica_actions(now), *marks, tripped, *work.cleanup_actions()]
+
+    launches = _plan_replicas(state, live, work, versions, now, policy)
+    status = _service_status(state, work, versions, live)
+    actions: list[Action] = [*work.replica_actions(now), *marks, *work.cleanup_actions(), *launches]
+    if status != (service.status, service.status_message, service.observed_generation):
+        actions.append(RecordStatus(*status))
+    return actions
+
+
+def _terminate_strays(state: ServiceState, mine: Sequence[Instance], live: Mapping[int, Instance], work: _Work) -> None:
+    """Live instances no replica owns: duplicates of a replica, or of a replica whose item is gone."""
+    owned = {instance.instance_id for instance in live.values()}
+    for instance in mine:
+        if not is_live(instance) or instance.instance_id in owned:
+            continue
+        if instance.replica_id in state.replicas:
+            work.terminate[instance.instance_id] = f"duplicate launch of replica {instance.replica_id}"
+        elif 0 <= instance.replica_id < state.service.replica_seq:
+            work.terminate[instance.instance_id] = f"replica {instance.replica_id} no longer exists"
+        # An id at or past replica_seq was claimed after this run read the service: leave it.
+
+
+def _plan_delete(
+    state: ServiceState, mine: Sequence[Instance], live: Mapping[int, Instance], work: _Work, now: datetime
+) -> list[Action]:
+    for replica_id, record in work.replicas.items():
+        if record.status is not ReplicaStatus.SHUTTING_DOWN:
+            work.drain(replica_id, "service is being deleted", live)
+    remaining = [i for i in mine if is_live(i)]
+    for instance in remaining:
+        work.terminate.setdefault(instance.instance_id, "service is being deleted")
+    actions: list[Action] = [*work.replica_actions(now), *work.cleanup_actions()]
+    service = state.service
+    if not remaining:
+        actions.append(DeleteService())
+    else:
+        message = f"deleting: terminating {len(remaining)} instance(s)"
+        if (service.status, service.status_message) != (ServiceStatus.SHUTTING_DOWN, message):
+            actions.append(RecordStatus(ServiceStatus.SHUTTING_DOWN, message, service.generation))
+    return actions
+
+
+def _failures(records: Sequence[ReplicaRecord]) -> int:
+    return sum(r.launch_attempts for r in records) + sum(1 for r in records if r.status in _BREAKER_FAILURES)
+
+
+def _circuit_breaker(
+    state: ServiceState, work: _Work, versions: Mapping[int, VersionState], policy: Policy
+) -> TripBreaker | None:
+    """ECS-style deployment circuit breaker: a target version that keeps failing is given up on."""
+    target = state.service.target_version
+    if versions.get(target) is not VersionState.NEW:
+        return None  # READY once (failures are then ordinary replacements) or already FAILED
+    mine = [r for r in work.replicas.values() if r.version == target]
+    failures = _failures(mine)
+    if failures < policy.breaker_threshold:
+        return None
+    # The failure seen last: one that happened in this very run, else the most recently recorded.
+    last = max(
+        (r for r in mine if r.status.failed),
+        key=lambda r: (r != work.original.get(r.replica_id), r.updated_at, r.replica_id),
+        default=None,
+    )
+    last_text = f"; last: {_describe(last)}" if last else ""
+    good = max((n for n, s in versions.items() if s is VersionState.READY and n != target), default=None)
+    message = f"version {target} failed: {failures} replica failures before any became ready{last_text}"
+    return TripBreaker(version=target, message=message, rollback_to=good)
+
+
+def _removal_order(record: ReplicaRecord) -> tuple[bool, int]:
+    """Which replicas go first when there are too many: not-ready ones, then the newest."""
+    return (record.status is ReplicaStatus.READY, -record.replica_id)
+
+
+def _plan_replicas(
+    state: ServiceState,
+    live: Mapping[int, Instance],
+    work: _Work,
+    versions: Mapping[int, VersionState],
+    now: datetime,
+    policy: Policy,
+) -> list[Action]:
+    """Scale, roll and replace: drains go into `work`, claims and launches are returned."""
+    service = state.service
+    target_number = service.target_version
+    target = state.target
+    target_failed = target is None or versions.get(target_number) is VersionState.FAILED
+    wanted = 0 if target is None or target_failed else target.spec.target_replicas
+
+    def retrying(record: ReplicaRecord) -> bool:
+        """A refused launch of the live target is retried in place; any other refusal is dropped."""
+        return record.version == target_number and not target_failed
+
+    def holds_slot(record: ReplicaRecord) -> bool:
+        if record.status is ReplicaStatus.FAILED_PROVISION:
+            return retrying(record)
+        return record.status not in LEAVING
+
+    # Items whose replica is over and whose instance is gone. The target's failures stay while the
+    # circuit breaker may still need to count them (the version is neither READY nor FAILED yet).
+    for replica_id, before in sorted(work.original.items()):
+        refused = before.status is ReplicaStatus.FAILED_PROVISION
+        over = before.status in LEAVING or (refused and not retrying(before))
+        counted = before.status.failed and before.version == target_number
+        counted = counted and versions.get(target_number) is VersionState.NEW
+        if over and replica_id not in live and not counted:
+            work.delete.append(before)
+
+    new = [r for r in work.replicas.values() if holds_slot(r) and r.version == target_number]
+    old = [r for r in work.replicas.values() if holds_slot(r) and r.version != target_number]
+
+    if len(new) > wanted:
+        why = f"version {target_number} FAILED" if target_failed else f"scaling down to {wanted}"
+        excess = sorted(new, key=_removal_order)[: len(new) - wanted]
+        for record in excess:
+            work.drain(record.replica_id, why, live)
+        new = [r for r in new if r not in excess]
+
+    ready_new = sum(1 for r in new if r.status is ReplicaStatus.READY)
+    room = wanted - len(new)
+    if old and target is not None:
+        update = target.spec.update
+        replaced = f"replaced by version {target_number} ({target.mode})"
+        # Old replicas that serve nothing go at once in both modes: they hold no availability.
+        old_ready = [r for r in old if r.status is ReplicaStatus.READY]
+        for record in old:
+            if record.status is not ReplicaStatus.READY:
+                work.drain(record.replica_id, replaced, live)
+        if target.mode == "blue_green":
+            going = old_ready if ready_new >= wanted else []
+        else:
+            # Rolling: keep at least `wanted - max_unavailable` ready; oldest versions go first.
+            removable = max(ready_new + len(old_ready) - max(wanted - update.max_unavailable, 0), 0)
+            going = sorted(old_ready, key=lambda r: (r.version, r.replica_id))[:removable]
+            staying = len(old_ready) - len(going)
+            room = min(room, max(wanted + update.max_surge - len(new) - staying, 0))
+        for record in going:
+            work.drain(record.replica_id, replaced, live)
+
+    actions: list[Action] = []
+    for record in sorted(new, key=lambda r: r.replica_id):
+        waiting = record.instance_id is not None or record.replica_id in live
+        if waiting or record.status not in (ReplicaStatus.PENDING, ReplicaStatus.FAILED_PROVISION):
+            continue
+        if record.next_attempt_at is not None and from_iso(record.next_attempt_at) > now:
+            continue  # AWS refused it: exponential backoff
+        actions.append(Launch(record.replica_id, fresh=False))
+    room = min(room, policy.max_launches_per_run - len(actions))
+    if room > 0 and target is not None:
+        ids = tuple(range(service.replica_seq, service.replica_seq + room))
+        actions.append(Claim(target_number, ids))
+        actions.extend(Launch(replica_id, fresh=True) for replica_id in ids)
+        stamp = to_iso(now)
+        work.claimed.extend(
+            ReplicaRecord(
+                name=service.name,
+                uid=service.uid,
+                replica_id=replica_id,
+                version=target_number,
+                status=ReplicaStatus.PENDING,
+                created_at=stamp,
+                updated_at=stamp,
+            )
+            for replica_id in ids
+        )
+    return actions
+
+
+def _describe(record: ReplicaRecord) -> str:
+    text = f"replica {record.replica_id} {record.status.value}"
+    return f"{text}: {record.status_message}" if record.status_message else text
+
+
+def _service_status(
+    state: ServiceState,
+    work: _Work,
+    versions: Mapping[int, VersionState],
+    live: Mapping[int, Instance],
+) -> tuple[ServiceStatus, str, int]:
+    """The service status from every replica (not just ready ones), with a message that says why."""
+    service = state.service
+    target_number = service.target_version
+    target = state.target
+    deleted = {r.replica_id for r in work.delete}
+    current = [r for rid, r in sorted(work.replicas.items()) if rid not in deleted] + work.claimed
+    target_failed = target is None or versions.get(target_number) is VersionState.FAILED
+    wanted = 0 if target is None or target_failed else target.spec.target_replicas
+
+    new = [r for r in current if r.version == target_number and r.status not in LEAVING]
+    ready = sum(1 for r in new if r.status is ReplicaStatus.READY)
+    old_left = [r for r in current if r.version != target_number and (r.status not in LEAVING or r.replica_id in live)]
+    quiet = (ReplicaStatus.READY, ReplicaStatus.SHUTTING_DOWN)
+    problems = [r for r in current if r.status not in quiet]
+
+    if target_failed:
+        reason = target.state_message if target is not None else "the target version is missing"
+        status = ServiceStatus.FAILED
+        progress = f"{reason}; no earlier version was ever READY: launching stopped until the service is updated"
+    elif old_left:
+        status = ServiceStatus.UPDATING
+        mode = target.mode if target is not None else "rolling"
+        progress = (
+            f"updating to version {target_number} ({mode}): {ready}/{wanted} new ready, "
+            f"{len(old_left)} old replica(s) left"
+        )
+    else:
+        if ready > 0:
+            status = ServiceStatus.READY
+        elif new:
+            status = ServiceStatus.REPLICA_INIT
+        else:
+            status = ServiceStatus.NO_REPLICA
+        progress = f"{ready}/{wanted} ready"
+
+    parts = [progress]
+    parts.extend(_describe(r) for r in problems[:_MESSAGE_PROBLEMS])
+    if len(problems) > _MESSAGE_PROBLEMS:
+        parts.append(f"and {len(problems) - _MESSAGE_PROBLEMS} more")
+    latest = state.versions.get(service.latest_version)
+    if latest is not None and latest.version != target_number and latest.state is VersionState.FAILED:
+        parts.append(f"rolled back to version {target_number}: {latest.state_message}")
+    return status, "; ".join(parts), service.generation
+
+
+def plan_orphans(
+    live_uids: Set[str], instances: Sequence[Instance], now: datetime, policy: Policy | None = None
+) -> Terminate | None:
+    """Managed instances of no live service (deleted, or an old incarnation), past the grace period.
+
+    Only the scheduled run sweeps, and only instances the driver listed, which are all managed: an
+    instance without the managed tag is never even seen.
+    """
+    policy = policy or Policy()
+    reasons: dict[str, str] = {}
+    for instance in instances:
+        if not is_live(instance) or instance.uid in live_uids:
+            continue
+        age = _seconds_since(instance.launched_at, now)
+        if age is not None and age < policy.orphan_grace.total_seconds():
+            continue  # maybe a service created after this run listed the services
+        owner = f"{instance.service or '?'} (uid {instance.uid or '?'})"
+        reasons[instance.instance_id] = f"orphan: service {owner} no longer exists"
+    return Terminate(tuple(sorted(reasons.items()))) if reasons else None

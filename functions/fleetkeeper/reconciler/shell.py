@@ -1,0 +1,289 @@
+"""The reconciler's imperative shell: observe, plan, apply, record.
+
+One run: read the services and their items (one Query each), list every managed instance (ONE
+paginated DescribeInstances), probe every replica that has an address (in parallel, bounded), then
+for each service call the pure `plan` and apply its actions through the store and the driver.
+Nothing outlives the run (invariant 4): the next run rebuilds everything from the table and EC2.
+
+Crash safety comes from the order and the keys, not from locks: a replica is claimed (its item
+exists) before it is launched, a launch is looked up by tag before it is retried, and every write
+is conditioned on what the run observed. A run that dies between any two calls leaves a state the
+next run completes; a run that loses a race to another raises Superseded for that service only,
+writes nothing more for it, and the next run re-observes.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
+
+from fleetkeeper.model import ReplicaRecord, ReplicaStatus, ServiceState, to_iso, utcnow
+from fleetkeeper.reconciler.driver import Instance, LaunchRefused, LaunchRequest
+from fleetkeeper.reconciler.plan import (
+    Action,
+    Claim,
+    DeleteReplica,
+    DeleteService,
+    Launch,
+    MarkVersion,
+    Policy,
+    ProbeResult,
+    RecordReplica,
+    RecordStatus,
+    Terminate,
+    TripBreaker,
+    plan,
+    plan_orphans,
+    probe_targets,
+)
+from fleetkeeper.reconciler.probe import ProbeTarget, probe_all
+from fleetkeeper.store import Superseded
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Hashable, Iterable, Sequence
+    from datetime import datetime
+
+    from fleetkeeper.reconciler.driver import ReplicaDriver
+    from fleetkeeper.store import ReconcilerStore
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class RunReport:
+    """What one run did: for the log line and the handler's return value."""
+
+    services: int = 0
+    actions: Counter[str] = field(default_factory=Counter)
+    superseded: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    orphans: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "services": self.services,
+            "actions": dict(sorted(self.actions.items())),
+            "superseded": self.superseded,
+            "errors": self.errors,
+            "orphans_terminated": self.orphans,
+        }
+
+
+@dataclass
+class Reconciler:
+    store: ReconcilerStore
+    driver: ReplicaDriver
+    now: Callable[[], datetime] = utcnow
+    policy: Policy = field(default_factory=Policy)
+    # The whole probe phase's budget; each probe is also bounded by its own timeout.
+    probe_budget_seconds: float = 20.0
+    prober: Callable[[Sequence[ProbeTarget], float], dict[Hashable, ProbeResult]] = probe_all
+
+    # -- entry points --
+
+    def run_all(self) -> RunReport:
+        """The scheduled run: every service, then the orphan sweep."""
+        now = self.now()
+        services = list(self.store.iter_services())
+        states = [s for s in (self.store.load(svc.name) for svc in services) if s is not None]
+        instances = self.driver.list_instances()
+        report = self._reconcile_all(states, instances, now)
+        # A uid listed by the index or loaded is live, even if its item went away since.
+        live_uids = {svc.uid for svc in services} | {s.service.uid for s in states}
+        orphans = plan_orphans(live_uids, instances, now, self.policy)
+        if orphans is not None:
+            for instance_id, reason in orphans.reasons:
+                logger.info("terminating %s: %s", instance_id, reason)
+            self.driver.terminate(orphans.instance_ids)
+            report.orphans.extend(orphans.instance_ids)
+        return report
+
+    def run_one(self, name: str) -> RunReport:
+        """A kick after an api write: that one service, its instances only (no orphan sweep)."""
+        now = self.now()
+        state = self.store.load(name)
+        if state is None:
+            return RunReport()
+        instances = self.driver.list_instances(uid=state.service.uid)
+        return self._reconcile_all([state], instances, now)
+
+    # -- observe --
+
+    def _reconcile_all(self, states: Sequence[ServiceState], instances: Sequence[Instance], now: datetime) -> RunReport:
+        by_uid: dict[str, list[Instance]] = {}
+        for instance in instances:
+            by_uid.setdefault(instance.uid, []).append(instance)
+        probes: dict[str, dict[int, ProbeResult]] = {}
+        for (uid, replica_id), result in self._probe(states, by_uid).items():
+            probes.setdefault(uid, {})[replica_id] = result
+        report = RunReport(services=len(states))
+        for state in states:
+            uid = state.service.uid
+            self._reconcile(state, by_uid.get(uid, []), probes.get(uid, {}), now, report)
+        return report
+
+    def _probe(
+        self, states: Iterable[ServiceState], by_uid: dict[str, list[Instance]]
+    ) -> dict[tuple[str, int], ProbeResult]:
+        targets: list[ProbeTarget] = []
+        for state in states:
+            for replica_id, instance in probe_targets(state, by_uid.get(state.service.uid, [])).items():
+                version = state.versions.get(state.replicas[replica_id].version)
+                if version is None:
+                    continue
+                base_url = self.driver.base_url(instance, version.spec.port)
+                if base_url is not None:
+                    key = (state.service.uid, replica_id)
+                    targets.append(ProbeTarget(key, base_url, version.spec.service.readiness_probe))
+        results = self.prober(targets, self.probe_budget_seconds)
+        return {key: result for key, result in results.items() if isinstance(key, tuple)}
+
+    # -- plan and apply --
+
+    def _reconcile(
+        self,
+        state: ServiceState,
+        instances: Sequence[Instance],
+        probes: dict[int, ProbeResult],
+        now: datetime,
+        report: RunReport,
+    ) -> None:
+        name = state.service.name
+        actions = plan(state, instances, probes, now, self.policy)
+        try:
+            _Apply(self, state, instances, probes, now, report).all(actions)
+        except Superseded as exc:
+            # Another run or an api write got there first: stop here; the next run re-observes.
+            logger.info("service %s: %s; leaving it to the next run", name, exc)
+            report.superseded.append(name)
+        except Exception:
+            # One service's trouble must not starve the others; the schedule retries it.
+            logger.exception("service %s: reconcile failed", name)
+            report.errors.append(name)
+
+
+@dataclass
+class _Apply:
+    """Applies one service's actions in order, keeping the replica records it writes current."""
+
+    reconciler: Reconciler
+    state: ServiceState
+    instances: Sequence[Instance]
+    probes: dict[int, ProbeResult]
+    now: datetime
+    report: RunReport
+    records: dict[int, ReplicaRecord] = field(default_factory=dict)
+    fresh: set[int] = field(default_factory=set)
+    refused: bool = False
+
+    def __post_init__(self) -> None:
+        self.records = dict(self.state.replicas)
+
+    @property
+    def store(self) -> ReconcilerStore:
+        return self.reconciler.store
+
+    @property
+    def driver(self) -> ReplicaDriver:
+        return self.reconciler.driver
+
+    def all(self, actions: Sequence[Action]) -> None:
+        for action in actions:
+            self.report.actions[type(action).__name__] += 1
+            self.one(action)
+
+    def one(self, action: Action) -> None:
+        service = self.state.service
+        match action:
+            case RecordReplica(before=before, after=after):
+                self.records[before.replica_id] = self.store.put_replica(before, after)
+            case DeleteReplica(replica=record):
+                self.store.delete_replica(record)
+                self.records.pop(record.replica_id, None)
+            case Terminate():
+                for instance_id, reason in action.reasons:
+                    logger.info("service %s: terminating %s: %s", service.name, instance_id, reason)
+                self.driver.terminate(action.instance_ids)
+            case MarkVersion(version=version, expected=expected, state=new_state, message=message):
+                self.store.mark_version(service, version, expected, new_state, message)
+            case TripBreaker(version=version, message=message, rollback_to=good):
+                logger.warning("service %s: %s (rolling back to %s)", service.name, message, good)
+                self.store.trip_breaker(service, version, message, good)
+            case Claim(version=version, replica_ids=ids):
+                for record in self.store.claim_replicas(service, version, ids, to_iso(self.now)):
+                    self.records[record.replica_id] = record
+                    self.fresh.add(record.replica_id)
+            case Launch(replica_id=replica_id, fresh=fresh):
+                self._launch(self.records[replica_id], fresh=fresh and replica_id in self.fresh)
+            case RecordStatus():
+                status = self._status_after_refusals() if self.refused else action
+                if status is not None:
+                    self.store.record_status(service, status.status, status.message, status.observed_generation)
+            case DeleteService():
+                self.store.delete_service(service)
+
+    def _status_after_refusals(self) -> RecordStatus | None:
+        """The plan's status assumed its launches would go through; AWS refused some. Re-derive it
+        from the records as they now are, so the message names the refusal in this very run."""
+        claimed = max(self.records, default=-1) + 1
+        service = replace(self.state.service, replica_seq=max(self.state.service.replica_seq, claimed))
+        now_state = replace(self.state, service=service, replicas=dict(self.records))
+        replanned = plan(now_state, self.instances, self.probes, self.now, self.reconciler.policy)
+        return next((a for a in replanned if isinstance(a, RecordStatus)), None)
+
+    def _launch(self, record: ReplicaRecord, *, fresh: bool) -> None:
+        """Find-or-launch one replica's instance and record it (PROVISIONING) or the refusal."""
+        stamp = to_iso(self.now)
+        if not fresh:
+            # Left PENDING by an earlier run (crashed, or refused and now past its backoff). Bump the
+            # revision first: of two runs recovering it at once, only one gets past this write.
+            record = self.store.put_replica(record, replace(record, updated_at=stamp))
+            found = self.driver.find_instance(record.uid, record.replica_id)
+            if found is not None:  # the crashed run did launch it: adopt, never duplicate
+                self._record_launched(record, found, stamp)
+                return
+        version = self.state.versions[record.version]
+        request = LaunchRequest(
+            service=record.name,
+            uid=record.uid,
+            version=record.version,
+            replica_id=record.replica_id,
+            spec=version.spec,
+            attempt=record.launch_attempts,
+        )
+        try:
+            instance = self.driver.launch(request)
+        except LaunchRefused as refusal:
+            self.refused = True
+            attempts = record.launch_attempts + 1
+            retry_at = self.now + self.reconciler.policy.backoff(attempts)
+            logger.warning("service %s: replica %d refused: %s", record.name, record.replica_id, refusal)
+            self.records[record.replica_id] = self.store.put_replica(
+                record,
+                replace(
+                    record,
+                    status=ReplicaStatus.FAILED_PROVISION,
+                    status_message=str(refusal),
+                    launch_attempts=attempts,
+                    next_attempt_at=to_iso(retry_at),
+                    updated_at=stamp,
+                ),
+            )
+            return
+        self._record_launched(record, instance, stamp)
+
+    def _record_launched(self, record: ReplicaRecord, instance: Instance, stamp: str) -> None:
+        self.records[record.replica_id] = self.store.put_replica(
+            record,
+            replace(
+                record,
+                instance_id=instance.instance_id,
+                status=ReplicaStatus.PROVISIONING,
+                status_message="",
+                launched_at=stamp,
+                next_attempt_at=None,
+                updated_at=stamp,
+            ),
+        )

@@ -1,0 +1,91 @@
+"""The user data a replica instance boots with: run `setup` once, then `run` as a systemd service.
+
+cloud-init runs the script as root at first boot. File contents travel base64-encoded so nothing in
+a user's script can end a heredoc or be expanded by the shell that writes it. `envs` and `PORT` go
+to an EnvironmentFile that both units read; `run` restarts when it exits.
+"""
+
+from __future__ import annotations
+
+import base64
+import gzip
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from fleetkeeper.spec import ServiceSpec
+
+# EC2 takes at most 16 KB of user data; cloud-init unpacks gzip by itself.
+USER_DATA_LIMIT = 16 * 1024
+ROOT = "/opt/fleetkeeper"
+
+_SETUP_UNIT = f"""[Unit]
+Description=fleetkeeper replica setup
+After=network-online.target
+Wants=network-online.target
+
+[Service]
+Type=oneshot
+RemainAfterExit=yes
+EnvironmentFile={ROOT}/env
+WorkingDirectory={ROOT}/work
+ExecStart=/bin/bash {ROOT}/setup.sh
+"""
+
+_RUN_UNIT = f"""[Unit]
+Description=fleetkeeper replica
+After=fleetkeeper-setup.service
+Requires=fleetkeeper-setup.service
+
+[Service]
+EnvironmentFile={ROOT}/env
+WorkingDirectory={ROOT}/work
+ExecStart=/bin/bash {ROOT}/run.sh
+Restart=always
+RestartSec=5
+
+[Install]
+WantedBy=multi-user.target
+"""
+
+
+def _systemd_quote(value: str) -> str:
+    """A value for a systemd EnvironmentFile line: double-quoted; backslashes, quotes and newlines escaped."""
+    escaped = value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+    return f'"{escaped}"'
+
+
+def environment_file(spec: ServiceSpec) -> str:
+    env = {**spec.envs, "PORT": str(spec.port)}
+    return "".join(f"{key}={_systemd_quote(value)}\n" for key, value in sorted(env.items()))
+
+
+def _write(path: str, content: str, mode: str) -> str:
+    encoded = base64.b64encode(content.encode()).decode()
+    return f"echo '{encoded}' | base64 -d > {path}\nchmod {mode} {path}\n"
+
+
+def render(spec: ServiceSpec) -> str:
+    """The boot script for one replica of `spec`."""
+    setup = "set -euo pipefail\n" + (spec.setup or "true") + "\n"
+    run = "set -uo pipefail\n" + spec.run + "\n"
+    return (
+        "#!/bin/bash\n"
+        "# fleetkeeper replica bootstrap (generated)\n"
+        "set -euo pipefail\n"
+        f"mkdir -p {ROOT}/work\n"
+        + _write(f"{ROOT}/env", environment_file(spec), "600")
+        + _write(f"{ROOT}/setup.sh", setup, "700")
+        + _write(f"{ROOT}/run.sh", run, "700")
+        + _write("/etc/systemd/system/fleetkeeper-setup.service", _SETUP_UNIT, "644")
+        + _write("/etc/systemd/system/fleetkeeper-replica.service", _RUN_UNIT, "644")
+        + "systemctl daemon-reload\n"
+        "systemctl enable --now fleetkeeper-replica.service\n"
+    )
+
+
+def user_data(spec: ServiceSpec) -> bytes:
+    """`render(spec)` as EC2 takes it: gzipped when the plain script would not fit in 16 KB."""
+    script = render(spec).encode()
+    if len(script) <= USER_DATA_LIMIT:
+        return script
+    return gzip.compress(script, mtime=0)

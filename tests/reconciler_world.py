@@ -1,0 +1,277 @@
+"""A small world for reconciler tests: moto AWS, the table, a probe server on 127.0.0.1, a clock.
+
+Replica addresses are resolved to 127.0.0.1 through the driver (FLEETKEEPER_REPLICA_HOST), so every
+readiness probe goes to `ProbeServer`, never to the 10.x addresses moto invents. AWS calls are
+counted (and can be made to fail) through botocore's event hooks on fleetkeeper's own clients.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from fleetkeeper import aws
+from fleetkeeper.model import Lifecycle, ReplicaStatus, ServiceState, to_iso
+from fleetkeeper.reconciler.driver import MANAGED_TAG, REPLICA_TAG, UID_TAG
+from fleetkeeper.reconciler.drivers.ec2 import Ec2Driver
+from fleetkeeper.reconciler.plan import Policy
+from fleetkeeper.reconciler.shell import Reconciler, RunReport
+from fleetkeeper.spec import ServiceSpec
+from fleetkeeper.store import ReconcilerStore
+from fleetkeeper.template import create_table
+from tests.conftest import TABLE, hello_spec
+
+DYNAMODB_WRITES = {"PutItem", "UpdateItem", "DeleteItem", "TransactWriteItems", "BatchWriteItem"}
+
+
+def is_mutation(service: str, operation: str) -> bool:
+    if service == "dynamodb":
+        return operation in DYNAMODB_WRITES
+    return not operation.startswith(("Describe", "Get", "List"))
+
+
+class Crash(BaseException):
+    """The reconciler process 'dies' here: not an Exception, so nothing in the shell catches it."""
+
+
+class ProbeServer:
+    """A real HTTP server on 127.0.0.1 answering readiness probes with a settable status code."""
+
+    def __init__(self) -> None:
+        self.status = 200
+        self.requests: list[tuple[str, str, bytes, dict[str, str]]] = []
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def _answer(self) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                body = self.rfile.read(length) if length else b""
+                server.requests.append((self.command, self.path, body, dict(self.headers)))
+                self.send_response(server.status)
+                self.send_header("Content-Length", "2")
+                self.end_headers()
+                self.wfile.write(b"ok")
+
+            do_GET = _answer
+            do_POST = _answer
+
+            def log_message(self, *args: Any) -> None:
+                return None
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port = int(self.httpd.server_address[1])
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@dataclass
+class CallLog:
+    """Every AWS call fleetkeeper's clients make; optionally the k-th one 'crashes' the process."""
+
+    calls: list[tuple[str, str]] = field(default_factory=list)
+    crash_at: int | None = None
+    crash_when: str = "before"  # "before": the call never happens; "after": it happens, the answer is lost
+    crashed: bool = False
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def before(self, model: Any, **_: Any) -> None:
+        with self.lock:
+            self.calls.append((model.service_model.service_name, model.name))
+            number = len(self.calls)
+        self._maybe_crash(number, "before")
+
+    def after(self, model: Any, **_: Any) -> None:
+        with self.lock:
+            number = len(self.calls)
+        self._maybe_crash(number, "after")
+
+    def _maybe_crash(self, number: int, when: str) -> None:
+        if self.crash_at == number and self.crash_when == when and not self.crashed:
+            self.crashed = True
+            raise Crash(f"crash {when} AWS call {number}")
+
+    def mark(self) -> int:
+        return len(self.calls)
+
+    def since(self, mark: int) -> list[tuple[str, str]]:
+        return self.calls[mark:]
+
+    def mutations(self, mark: int = 0) -> list[tuple[str, str]]:
+        return [c for c in self.since(mark) if is_mutation(*c)]
+
+    def by_api(self, mark: int = 0) -> Counter[str]:
+        return Counter(f"{service}:{operation}" for service, operation in self.since(mark))
+
+
+class Clock:
+    """Real time at the start (moto stamps LaunchTime with it), then moved by hand: no sleeping."""
+
+    def __init__(self) -> None:
+        self.moment = datetime.now(UTC)
+
+    def __call__(self) -> datetime:
+        return self.moment
+
+    def advance(self, seconds: float = 61) -> None:
+        self.moment += timedelta(seconds=seconds)
+
+
+def spec_dict(port: int, replicas: int = 2, **overrides: Any) -> dict[str, Any]:
+    data = hello_spec()
+    data["service"] = {"readiness_probe": "/health", "replicas": replicas, "ports": port}
+    data.update(overrides)
+    return data
+
+
+class _Hooks:
+    """Routes the event hooks of fleetkeeper's clients to the current world's CallLog.
+
+    Clients are cached across worlds (creating one costs ~0.2 s), so each is hooked once.
+    """
+
+    log: CallLog | None = None
+
+    @classmethod
+    def attach(cls, log: CallLog) -> None:
+        cls.log = log
+        for client in (aws.dynamodb(), aws.ec2(), aws.ssm()):
+            # Marked on the client itself: an id() could be reused by a later client.
+            if not getattr(client, "_fleetkeeper_test_hooks", False):
+                client._fleetkeeper_test_hooks = True
+                client.meta.events.register("before-call", cls.before)
+                client.meta.events.register("after-call", cls.after)
+
+    @classmethod
+    def before(cls, **kwargs: Any) -> None:
+        if cls.log is not None:
+            cls.log.before(**kwargs)
+
+    @classmethod
+    def after(cls, **kwargs: Any) -> None:
+        if cls.log is not None:
+            cls.log.after(**kwargs)
+
+
+_raw_clients: dict[str, Any] = {}
+
+
+class World:
+    """Within an active moto mock: the table, counted clients, one reconciler, one unmanaged instance."""
+
+    def __init__(self, server: ProbeServer, *, policy: Policy | None = None) -> None:
+        self.server = server
+        self.log = CallLog()
+        create_table(aws.dynamodb(), TABLE)
+        self.store = ReconcilerStore(TABLE)
+        self.clock = Clock()
+        _Hooks.attach(self.log)
+        # Made with a client of our own, so it is neither counted nor managed.
+        made = self._raw_ec2().run_instances(ImageId="ami-12345678", MinCount=1, MaxCount=1)
+        self.unmanaged = made["Instances"][0]["InstanceId"]
+        self.reconciler = Reconciler(
+            store=self.store,
+            driver=Ec2Driver.from_env(),
+            now=self.clock,
+            policy=policy or Policy(),
+            probe_budget_seconds=5,
+        )
+
+    @staticmethod
+    def _raw_ec2() -> Any:
+        if "ec2" not in _raw_clients:
+            import boto3
+
+            _raw_clients["ec2"] = boto3.client("ec2", region_name="us-east-1")
+        return _raw_clients["ec2"]
+
+    # -- acting --
+
+    def create(self, name: str = "svc", **spec_overrides: Any) -> ServiceState:
+        spec = ServiceSpec.model_validate(spec_dict(self.server.port, **spec_overrides))
+        return self.store.create_service(name, spec, spec.update.mode, to_iso(self.clock()))
+
+    def update(self, name: str = "svc", **spec_overrides: Any) -> ServiceState:
+        spec = ServiceSpec.model_validate(spec_dict(self.server.port, **spec_overrides))
+        state = self.store.require(name)
+        return self.store.add_version(state, spec, spec.update.mode, to_iso(self.clock()), expected_generation=None)
+
+    def delete(self, name: str = "svc") -> ServiceState:
+        return self.store.mark_deleting(self.store.require(name), to_iso(self.clock()))
+
+    def run(self, name: str | None = None) -> RunReport:
+        """One run (a kick for `name`, else the scheduled run), then the clock moves a minute."""
+        try:
+            return self.reconciler.run_one(name) if name else self.reconciler.run_all()
+        finally:
+            self.reconciler.driver = Ec2Driver.from_env()  # a driver lives for one run
+            self.clock.advance()
+
+    def converge(self, max_runs: int = 20) -> int:
+        """Run until a run mutates nothing; returns the number of runs. Fails if it never settles."""
+        for number in range(1, max_runs + 1):
+            mark = self.log.mark()
+            self.run()
+            if not self.log.mutations(mark):
+                return number
+        raise AssertionError(f"no steady state after {max_runs} runs: last calls {self.log.since(mark)}")
+
+    # -- looking --
+
+    def instances(self, *, live_only: bool = True) -> list[dict[str, Any]]:
+        filters = [{"Name": "tag-key", "Values": [MANAGED_TAG]}]
+        if live_only:
+            filters.append({"Name": "instance-state-name", "Values": ["pending", "running", "stopping", "stopped"]})
+        pages = self._raw_ec2().describe_instances(Filters=filters)["Reservations"]
+        return [i for r in pages for i in r["Instances"]]
+
+    def unmanaged_state(self) -> str:
+        raw = self._raw_ec2().describe_instances(InstanceIds=[self.unmanaged])
+        return str(raw["Reservations"][0]["Instances"][0]["State"]["Name"])
+
+
+def tags(instance: dict[str, Any]) -> dict[str, str]:
+    return {t["Key"]: t["Value"] for t in instance.get("Tags", [])}
+
+
+def assert_converged(world: World, name: str = "svc", *, replicas: int = 2, version: int | None = None) -> None:
+    """The invariants after a run with no mutation: exactly the desired instances, all recorded."""
+    state = world.store.load(name)
+    assert state is not None
+    assert state.service.lifecycle is Lifecycle.ACTIVE
+    target = version or state.service.target_version
+    assert state.service.target_version == target
+    live = [i for i in world.instances() if tags(i).get(UID_TAG) == state.service.uid]
+    ids = sorted(int(tags(i)[REPLICA_TAG]) for i in live)
+    assert len(ids) == replicas == len(set(ids)), f"live replica ids {ids}"
+    # No replica id was ever launched twice (terminated instances included): no double launch.
+    ever = [
+        int(tags(i)[REPLICA_TAG]) for i in world.instances(live_only=False) if tags(i).get(UID_TAG) == state.service.uid
+    ]
+    assert len(ever) == len(set(ever)), f"replica ids launched more than once: {sorted(ever)}"
+    assert all(tags(i)["fleetkeeper:version"] == str(target) for i in live)
+    assert sorted(state.replicas) == ids
+    for replica in state.replicas.values():
+        assert replica.status is ReplicaStatus.READY, replica
+        assert replica.version == target
+        assert replica.instance_id in {i["InstanceId"] for i in live}
+    assert state.service.status.value == "READY", state.service.status_message
+    assert state.service.observed_generation == state.service.generation
+    assert world.unmanaged_state() == "running"
+    # One more run: reads only.
+    mark = world.log.mark()
+    world.run()
+    assert world.log.mutations(mark) == []
+
+
+def assert_deleted(world: World, uid: str, name: str = "svc") -> None:
+    assert world.store.load(name) is None
+    assert [i for i in world.instances() if tags(i).get(UID_TAG) == uid] == []
+    assert world.unmanaged_state() == "running"

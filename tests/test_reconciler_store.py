@@ -1,0 +1,89 @@
+"""The reconciler's conditional writes: a run acting on stale observations writes nothing."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from fleetkeeper.model import ReplicaStatus, ServiceStatus, VersionState
+from fleetkeeper.spec import ServiceSpec
+from fleetkeeper.store import ReconcilerStore, Superseded
+from tests.conftest import hello_spec
+
+NOW = "2026-01-01T00:00:00.000Z"
+
+
+@pytest.fixture
+def store(table: str) -> ReconcilerStore:
+    return ReconcilerStore(table)
+
+
+def _create(store: ReconcilerStore, name: str = "svc") -> None:
+    spec = ServiceSpec.model_validate(hello_spec())
+    store.create_service(name, spec, "rolling", NOW)
+
+
+def test_claim_bumps_the_sequence_and_puts_pending_items_in_one_transaction(store: ReconcilerStore) -> None:
+    _create(store)
+    seen = store.require("svc").service
+    claimed = store.claim_replicas(seen, 1, [0, 1], NOW)
+    state = store.require("svc")
+    assert state.service.replica_seq == 2
+    assert sorted(state.replicas) == [0, 1] and {r.status for r in claimed} == {ReplicaStatus.PENDING}
+    # A second run that read the service before the first claim loses, and writes nothing.
+    with pytest.raises(Superseded):
+        store.claim_replicas(seen, 1, [0, 1], NOW)
+    assert sorted(store.require("svc").replicas) == [0, 1]
+
+
+def test_claims_past_one_transaction_are_chunked(store: ReconcilerStore) -> None:
+    _create(store)
+    store.claim_replicas(store.require("svc").service, 1, list(range(120)), NOW)
+    state = store.require("svc")
+    assert state.service.replica_seq == 120 and len(state.replicas) == 120
+
+
+def test_a_stale_replica_write_is_refused(store: ReconcilerStore) -> None:
+    _create(store)
+    [record] = store.claim_replicas(store.require("svc").service, 1, [0], NOW)
+    newer = store.put_replica(record, replace(record, status=ReplicaStatus.PROVISIONING, instance_id="i-1"))
+    assert newer.rev == 1
+    with pytest.raises(Superseded):  # another run, still holding rev 0
+        store.put_replica(record, replace(record, status=ReplicaStatus.FAILED_PROVISION))
+    with pytest.raises(Superseded):
+        store.delete_replica(record)
+    assert store.require("svc").replicas[0].status is ReplicaStatus.PROVISIONING
+
+
+def test_a_status_for_an_older_generation_is_never_recorded(store: ReconcilerStore) -> None:
+    _create(store)
+    seen = store.require("svc").service
+    store.mark_deleting(store.require("svc"), NOW)  # generation moves on
+    with pytest.raises(Superseded):
+        store.record_status(seen, ServiceStatus.READY, "2/2 ready", seen.generation)
+    assert store.require("svc").service.status is ServiceStatus.SHUTTING_DOWN
+
+
+def test_breaker_fails_the_version_and_rolls_back_in_one_transaction(store: ReconcilerStore) -> None:
+    _create(store)
+    state = store.require("svc")
+    store.mark_version(state.service, 1, VersionState.NEW, VersionState.READY, "")
+    assert state.target is not None
+    state = store.add_version(state, state.target.spec, "rolling", NOW, expected_generation=None)
+    store.trip_breaker(state.service, 2, "version 2 failed: 3 replica failures", 1)
+    after = store.require("svc")
+    assert after.service.target_version == 1 and after.service.generation == state.service.generation + 1
+    assert after.versions[2].state is VersionState.FAILED
+    with pytest.raises(Superseded):  # a second run tripping the same breaker changes nothing
+        store.trip_breaker(state.service, 2, "again", 1)
+
+
+def test_only_a_deleting_service_of_the_same_incarnation_is_deleted(store: ReconcilerStore) -> None:
+    _create(store)
+    active = store.require("svc").service
+    with pytest.raises(Superseded):
+        store.delete_service(active)
+    store.mark_deleting(store.require("svc"), NOW)
+    store.delete_service(active)
+    assert store.load("svc") is None
