@@ -9,15 +9,16 @@ from fleetkeeper.template import load_template, resource
 MANAGED = "fleetkeeper:managed"
 
 
+def _role_statements(role: str) -> list[dict[str, Any]]:
+    policies = resource(load_template(), role)["Properties"]["Policies"]
+    return [statement for policy in policies for statement in policy["PolicyDocument"]["Statement"]]
+
+
 def _statements() -> list[dict[str, Any]]:
     function = resource(load_template(), "ReconcilerFunction")["Properties"]
-    statements: list[dict[str, Any]] = []
-    for policy in function["Policies"]:
-        for statement in policy["Statement"]:
-            if "Fn::If" in statement:  # the optional PassRole statement
-                statement = statement["Fn::If"][1]
-            statements.append(statement)
-    return statements
+    assert function["Role"] == {"Fn::GetAtt": ["ReconcilerRole", "Arn"]}
+    assert "Policies" not in function  # no SAM-generated role with managed policies
+    return _role_statements("ReconcilerRole")
 
 
 def _actions(statement: dict[str, Any]) -> list[str]:
@@ -37,7 +38,10 @@ def test_instances_and_volumes_can_only_be_launched_with_the_managed_tag() -> No
 def test_terminate_requires_the_managed_tag_and_tags_are_only_written_at_launch() -> None:
     by_action = {a: s for s in _statements() for a in _actions(s)}
     assert by_action["ec2:TerminateInstances"]["Condition"]["StringEquals"] == {f"aws:ResourceTag/{MANAGED}": "true"}
-    assert by_action["ec2:CreateTags"]["Condition"]["StringEquals"] == {"ec2:CreateAction": "RunInstances"}
+    assert by_action["ec2:CreateTags"]["Condition"]["StringEquals"] == {
+        "ec2:CreateAction": "RunInstances",
+        f"aws:RequestTag/{MANAGED}": "true",
+    }
 
 
 def test_only_describe_calls_get_every_resource() -> None:
@@ -55,7 +59,8 @@ def test_passrole_is_limited_to_the_replica_role_and_ec2() -> None:
 def test_the_api_may_kick_only_the_reconciler() -> None:
     api = resource(load_template(), "ApiFunction")["Properties"]
     assert api["Environment"]["Variables"]["RECONCILER_FUNCTION_NAME"] == {"Ref": "ReconcilerFunction"}
-    invokes = [s for p in api["Policies"] for s in p["Statement"] if "lambda:InvokeFunction" in _actions(s)]
+    assert api["Role"] == {"Fn::GetAtt": ["ApiFunctionRole", "Arn"]}
+    invokes = [s for s in _role_statements("ApiFunctionRole") if "lambda:InvokeFunction" in _actions(s)]
     assert [s["Resource"] for s in invokes] == [{"Fn::GetAtt": ["ReconcilerFunction", "Arn"]}]
 
 

@@ -10,8 +10,9 @@ import logging
 import os
 from typing import TYPE_CHECKING, Any
 
-from aws_lambda_powertools import Logger
+from aws_lambda_powertools import Logger, Metrics
 from aws_lambda_powertools.logging.utils import copy_config_to_registered_loggers
+from aws_lambda_powertools.metrics import MetricUnit
 
 if TYPE_CHECKING:
     from aws_lambda_powertools.utilities.typing import LambdaContext
@@ -19,6 +20,9 @@ if TYPE_CHECKING:
     from fleetkeeper.reconciler.shell import Reconciler
 
 logger = Logger()
+# ReconcileCompleted, once per run that got to the end: the stack's "no completed run in 5 minutes"
+# alarm watches it (namespace and `service` dimension from POWERTOOLS_* in template.yaml).
+metrics = Metrics()
 # The shell logs through the stdlib logger "fleetkeeper.reconciler.shell": give its "fleetkeeper"
 # ancestor Powertools' JSON handler (it must exist first: Powertools configures registered loggers).
 logging.getLogger("fleetkeeper")
@@ -44,6 +48,7 @@ def service_of(event: Any) -> str | None:
     return None
 
 
+@metrics.log_metrics
 @logger.inject_lambda_context(clear_state=True)
 def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     reconciler = build_reconciler()
@@ -51,4 +56,5 @@ def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, A
     report = reconciler.run_one(name) if name is not None else reconciler.run_all()
     summary = report.as_dict()
     logger.info("reconcile run done", extra={"kick": name, **summary})
+    metrics.add_metric(name="ReconcileCompleted", unit=MetricUnit.Count, value=1)
     return summary
