@@ -55,6 +55,10 @@ def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, A
     name = service_of(event)
     report = reconciler.run_one(name) if name is not None else reconciler.run_all()
     summary = report.as_dict()
-    logger.info("reconcile run done", extra={"kick": name, **summary})
+    # A run that changed nothing is the steady state: keep it out of the INFO log (one line a minute
+    # per stack would be most of the log volume).
+    changed = any(summary.get(key) for key in ("actions", "errors", "superseded", "orphans_terminated"))
+    log = logger.info if changed else logger.debug
+    log("reconcile run done", extra={"kick": name, **summary})
     metrics.add_metric(name="ReconcileCompleted", unit=MetricUnit.Count, value=1)
     return summary
