@@ -64,7 +64,7 @@ cfn: $(STAMP) $(CHECKOV_STAMP) $(SAM_STAMP)
 # The suite runs inside a network namespace with only loopback up where Linux allows it, so a
 # test that tried to reach anything but 127.0.0.1 fails instead of sending traffic.
 unit: $(STAMP)
-	@if unshare -rn true 2>/dev/null; then \
+	@if unshare -rn true 2>/dev/null && command -v ip >/dev/null 2>&1; then \
 	   echo "running pytest in a loopback-only network namespace"; \
 	   unshare -rn sh -c 'ip link set lo up && exec $(BIN)/python -m pytest -n $(PYTEST_WORKERS) $(PYTEST_ARGS)'; \
 	 else \
