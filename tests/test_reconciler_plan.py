@@ -331,7 +331,7 @@ def test_status_message_names_the_failing_replica() -> None:
 
 
 def test_scale_down_drains_not_ready_then_newest_first() -> None:
-    current = state([replica(0), replica(1), replica(2, S.STARTING)], [version(1, spec=spec(1))])
+    current = state([replica(0), replica(1), replica(2, S.STARTING, launched_at=ago(60))], [version(1, spec=spec(1))])
     actions = plan(current, [instance(0), instance(1), instance(2)], {0: OK, 1: OK}, NOW)
     drained = {rid for rid, r in records(actions).items() if r.status is S.SHUTTING_DOWN}
     assert drained == {1, 2}

@@ -12,13 +12,22 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
 
 from fleetkeeper.errors import Conflict, IdempotencyMismatch, InvalidRequest, RequestInProgress
-from fleetkeeper.model import Lifecycle, ServiceRecord, ServiceState, VersionRecord, to_iso, utcnow
+from fleetkeeper.model import (
+    Lifecycle,
+    ServiceRecord,
+    ServiceState,
+    VersionRecord,
+    VersionState,
+    to_iso,
+    utcnow,
+)
 from fleetkeeper.spec import parse_spec
 from fleetkeeper.store import Raced
 
 if TYPE_CHECKING:
     from aws_lambda_powertools.utilities.idempotency import IdempotencyConfig
 
+    from fleetkeeper.spec import ServiceSpec
     from fleetkeeper.store import Store
 
 # How often an update without If-Match is retried when another writer moved the service under it.
@@ -57,23 +66,13 @@ class ServiceCommands:
     # -- writes --
 
     def create(self, name: str, spec_data: Any) -> ServiceState:
-        spec = parse_spec(spec_data)
-        if spec.name is not None and spec.name != name:
-            raise InvalidRequest(
-                f"spec.name is {spec.name!r} but the request creates {name!r}; make them match or drop spec.name",
-                details=[{"field": "spec.name", "problem": f"does not match name {name!r}"}],
-            )
+        spec = _valid_spec(name, spec_data, "creates")
         state = self.store.create_service(name, spec, spec.update.mode, self.now())
         self.kick(name)
         return state
 
     def update(self, name: str, spec_data: Any, *, mode: str | None, expected_generation: int | None) -> ServiceState:
-        spec = parse_spec(spec_data)
-        if spec.name is not None and spec.name != name:
-            raise InvalidRequest(
-                f"spec.name is {spec.name!r} but the request updates {name!r}; make them match or drop spec.name",
-                details=[{"field": "spec.name", "problem": f"does not match name {name!r}"}],
-            )
+        spec = _valid_spec(name, spec_data, "updates")
         for attempt in range(_RACE_RETRIES):
             state = self._require_active(name)
             try:
@@ -91,12 +90,20 @@ class ServiceCommands:
     def rollback(self, name: str, version: int | None, *, expected_generation: int | None) -> ServiceState:
         for attempt in range(_RACE_RETRIES):
             state = self._require_active(name)
-            target = version if version is not None else state.service.target_version - 1
-            if target < 1:
+            target = version if version is not None else _previous_usable(state)
+            if target is None or target < 1:
                 raise InvalidRequest(
                     f"service {name!r} is at version {state.service.target_version}: there is no earlier "
-                    "version to roll back to",
-                    details=[{"field": "version", "problem": "no version before the target"}],
+                    "version to roll back to (versions the circuit breaker failed are skipped)",
+                    details=[{"field": "version", "problem": "no usable version before the target"}],
+                )
+            chosen = state.versions.get(target)
+            if chosen is not None and chosen.state is VersionState.FAILED:
+                # Rolling onto a version the breaker gave up on would stop every replica.
+                raise Conflict(
+                    f"version {target} of {name!r} failed ({chosen.state_message}); roll back to another "
+                    "version or PUT a new one",
+                    details=[{"field": "version", "problem": "that version FAILED"}],
                 )
             if target == state.service.target_version:
                 return state  # already there: nothing to write
@@ -161,6 +168,36 @@ class ServiceCommands:
                 "a request with this Idempotency-Key is still in progress; retry in a moment"
             ) from exc
         return result
+
+
+def _valid_spec(name: str, spec_data: Any, verb: str) -> ServiceSpec:
+    """The spec of a create or update: valid, named like the service, and launchable on EC2."""
+    spec = parse_spec(spec_data)
+    if spec.name is not None and spec.name != name:
+        raise InvalidRequest(
+            f"spec.name is {spec.name!r} but the request {verb} {name!r}; make them match or drop spec.name",
+            details=[{"field": "spec.name", "problem": f"does not match name {name!r}"}],
+        )
+    from fleetkeeper.reconciler.userdata import USER_DATA_LIMIT, user_data
+
+    size = len(user_data(spec))
+    if size > USER_DATA_LIMIT:
+        # EC2 would refuse every launch of it: refuse it here, where the user can still act.
+        raise InvalidRequest(
+            f"spec.setup and spec.run make {size} bytes of instance user data even compressed; EC2 takes "
+            f"at most {USER_DATA_LIMIT}: move the bulk into a script the image or `setup` fetches",
+            details=[{"field": "spec.setup", "problem": "too large"}, {"field": "spec.run", "problem": "too large"}],
+        )
+    return spec
+
+
+def _previous_usable(state: ServiceState) -> int | None:
+    """The default rollback target: the nearest version below the target that has not FAILED."""
+    for number in range(state.service.target_version - 1, 0, -1):
+        version = state.versions.get(number)
+        if version is not None and version.state is not VersionState.FAILED:
+            return number
+    return None
 
 
 def _idempotent_runner(store: Store) -> tuple[Callable[..., dict[str, Any]], IdempotencyConfig]:

@@ -17,6 +17,8 @@ if TYPE_CHECKING:
 
 # Tags every instance fleetkeeper launches carries; the managed tag is what its IAM policy keys on.
 MANAGED_TAG = "fleetkeeper:managed"
+# The managed tag's value; the IAM policy lets the reconciler terminate only instances that carry it.
+MANAGED_VALUE = "true"
 SERVICE_TAG = "fleetkeeper:service"
 UID_TAG = "fleetkeeper:uid"
 VERSION_TAG = "fleetkeeper:version"

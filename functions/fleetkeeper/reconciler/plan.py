@@ -276,8 +276,11 @@ def _observe(
         probe = ProbeResult(url=record.url or "", ok=False, detail=f"instance is {instance.state.value}")
     if probe is None:
         # Running, but not probed (no address yet, or the probe phase ran out of time): no verdict.
-        if record.status in _NOT_YET_RUNNING:
-            return replace(record, status=ReplicaStatus.STARTING)
+        # A replica that never gets one must still fail its initial delay, or it would stay
+        # STARTING forever, never replaced and never counted by the breaker.
+        if record.status in _BOOTING:
+            booting = replace(record, status=ReplicaStatus.STARTING) if record.status in _NOT_YET_RUNNING else record
+            return _check_initial_delay(booting, state, now, "never answered a readiness probe")
         return record
     if probe.ok:
         if record.status is ReplicaStatus.READY and record.probe_failures == 0:
@@ -458,8 +461,42 @@ def _plan_delete(
     return actions
 
 
+# Launch refusals that say nothing about the version: the zone is out of capacity, the account is
+# at a limit, or EC2 is having a moment. They are retried with backoff (the status message says
+# why) and never trip the circuit breaker: a capacity blip must not fail a good version.
+ENVIRONMENT_REFUSALS = frozenset(
+    {
+        "InsufficientInstanceCapacity",
+        "InsufficientHostCapacity",
+        "InsufficientReservedInstanceCapacity",
+        "InsufficientCapacity",
+        "InsufficientFreeAddressesInSubnet",
+        "InstanceLimitExceeded",
+        "VcpuLimitExceeded",
+        "MaxSpotInstanceCountExceeded",
+        "SpotMaxPriceTooLow",
+        "RequestLimitExceeded",
+        "ServiceUnavailable",
+        "Unavailable",
+        "InternalError",
+    }
+)
+
+
+def refusal_code(record: ReplicaRecord) -> str:
+    """The AWS error code of a FAILED_PROVISION replica (its message is "<code>: <message>")."""
+    return record.status_message.split(":", 1)[0].strip()
+
+
 def _failures(records: Sequence[ReplicaRecord]) -> int:
-    return sum(r.launch_attempts for r in records) + sum(1 for r in records if r.status in _BREAKER_FAILURES)
+    """Failures of a version for the breaker: refusals of the version's launches, and replicas that
+    failed once running. A replica that got past its refusals no longer counts them."""
+    refused = sum(
+        r.launch_attempts
+        for r in records
+        if r.status is ReplicaStatus.FAILED_PROVISION and refusal_code(r) not in ENVIRONMENT_REFUSALS
+    )
+    return refused + sum(1 for r in records if r.status in _BREAKER_FAILURES)
 
 
 def _circuit_breaker(
@@ -480,7 +517,15 @@ def _circuit_breaker(
         default=None,
     )
     last_text = f"; last: {_describe(last)}" if last else ""
-    good = max((n for n, s in versions.items() if s is VersionState.READY and n != target), default=None)
+    # Back to the version that was serving: the one the READY replicas of other versions run (a
+    # user who rolled back from v2 to v1 must not land on v2 again), else the newest READY one.
+    serving = {
+        r.version
+        for r in work.replicas.values()
+        if r.version != target and r.status is ReplicaStatus.READY and versions.get(r.version) is VersionState.READY
+    }
+    candidates = serving or {n for n, s in versions.items() if s is VersionState.READY and n != target}
+    good = max(candidates, default=None)
     message = f"version {target} failed: {failures} replica failures before any became ready{last_text}"
     return TripBreaker(version=target, message=message, rollback_to=good)
 
@@ -544,7 +589,11 @@ def _plan_replicas(
         for record in old:
             if record.status is not ReplicaStatus.READY:
                 work.drain(record.replica_id, replaced, live)
-        if target.mode == "blue_green":
+        if target_failed:
+            # Nothing replaces them (a FAILED target launches nothing): what still serves keeps
+            # serving until the user updates the service or rolls back to a READY version.
+            going = []
+        elif target.mode == "blue_green":
             going = old_ready if ready_new >= wanted else []
         else:
             # Rolling: keep at least `wanted - max_unavailable` ready; oldest versions go first.
@@ -613,7 +662,10 @@ def _service_status(
     if target_failed:
         reason = target.state_message if target is not None else "the target version is missing"
         status = ServiceStatus.FAILED
-        progress = f"{reason}; no earlier version was ever READY: launching stopped until the service is updated"
+        if any(s is VersionState.READY for s in versions.values()):
+            progress = f"{reason}: launching stopped; update the service or roll back to a READY version"
+        else:
+            progress = f"{reason}; no earlier version was ever READY: launching stopped until the service is updated"
     elif old_left:
         status = ServiceStatus.UPDATING
         mode = target.mode if target is not None else "rolling"

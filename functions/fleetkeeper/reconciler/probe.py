@@ -13,7 +13,7 @@ import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from fleetkeeper.reconciler.plan import ProbeResult
 
@@ -23,8 +23,18 @@ if TYPE_CHECKING:
     from fleetkeeper.spec import ReadinessProbe
 
 _MAX_WORKERS = 32
+
+
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    """A redirect is an answer other than 200, not a hop: only HTTP 200 counts as ready, and the
+    reconciler never follows a replica to an address of its choosing."""
+
+    def redirect_request(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+
 # Proxies never apply: replicas are reached on their private address (127.0.0.1 in tests).
-_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}), _NoRedirect())
 
 
 @dataclass(frozen=True)
@@ -40,7 +50,8 @@ def probe_one(target: ProbeTarget) -> ProbeResult:
     data: bytes | None = None
     if probe.post_data is not None:
         data = json.dumps(probe.post_data).encode()
-        headers.setdefault("Content-Type", "application/json")
+        if not any(key.lower() == "content-type" for key in headers):
+            headers["Content-Type"] = "application/json"
     request = urllib.request.Request(
         target.base_url + probe.path, data=data, headers=headers, method="POST" if data is not None else "GET"
     )
@@ -53,7 +64,8 @@ def probe_one(target: ProbeTarget) -> ProbeResult:
         return ProbeResult(target.base_url, False, f"timed out after {probe.timeout_seconds}s")
     except urllib.error.URLError as exc:
         return ProbeResult(target.base_url, False, _reason(exc.reason, probe.timeout_seconds))
-    except (OSError, ValueError) as exc:  # connection reset mid-response, bad status line...
+    except Exception as exc:  # reset mid-response, a bad status line (http.client.HTTPException)...
+        # Whatever a replica answers, it is this replica's failed probe, never the run's crash.
         return ProbeResult(target.base_url, False, type(exc).__name__)
     if status == 200:
         return ProbeResult(target.base_url, True, "HTTP 200")
@@ -78,6 +90,7 @@ def probe_all(targets: Sequence[ProbeTarget], budget_seconds: float) -> dict[Has
     try:
         futures = {pool.submit(probe_one, target): target.key for target in targets}
         done, _ = wait(futures, timeout=budget_seconds)
+        # probe_one turns every error into a failed result, so result() does not raise.
         return {futures[future]: future.result() for future in done}
     finally:
         # Stragglers are bounded by their own timeout; the run does not wait for them.

@@ -96,8 +96,15 @@ class Reconciler:
         if orphans is not None:
             for instance_id, reason in orphans.reasons:
                 logger.info("terminating %s: %s", instance_id, reason)
-            self.driver.terminate(orphans.instance_ids)
-            report.orphans.extend(orphans.instance_ids)
+            try:
+                self.driver.terminate(orphans.instance_ids)
+            except Exception:
+                # Every service has been reconciled already; an orphan that cannot go now (say IAM
+                # refuses it) is retried by the next sweep and must not fail this run.
+                logger.exception("could not terminate orphans %s", orphans.instance_ids)
+                report.errors.append("orphan sweep")
+            else:
+                report.orphans.extend(orphans.instance_ids)
         return report
 
     def run_one(self, name: str) -> RunReport:
@@ -151,8 +158,8 @@ class Reconciler:
         report: RunReport,
     ) -> None:
         name = state.service.name
-        actions = plan(state, instances, probes, now, self.policy)
         try:
+            actions = plan(state, instances, probes, now, self.policy)
             _Apply(self, state, instances, probes, now, report).all(actions)
         except Superseded as exc:
             # Another run or an api write got there first: stop here; the next run re-observes.

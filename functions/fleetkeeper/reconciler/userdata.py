@@ -49,8 +49,12 @@ WantedBy=multi-user.target
 
 
 def _systemd_quote(value: str) -> str:
-    """A value for a systemd EnvironmentFile line: double-quoted; backslashes, quotes and newlines escaped."""
-    escaped = value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+    """A value for a systemd EnvironmentFile line: double-quoted, backslashes and quotes escaped.
+
+    Newlines stay as they are: inside double quotes systemd keeps a real newline, while an escaped
+    `\\n` would reach the service as a backslash and an n (a PEM key in `envs` must survive).
+    """
+    escaped = value.replace("\\", "\\\\").replace('"', '\\"')
     return f'"{escaped}"'
 
 

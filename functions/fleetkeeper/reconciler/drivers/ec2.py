@@ -23,6 +23,7 @@ from fleetkeeper import aws
 from fleetkeeper.model import to_iso
 from fleetkeeper.reconciler.driver import (
     MANAGED_TAG,
+    MANAGED_VALUE,
     REPLICA_TAG,
     SERVICE_TAG,
     UID_TAG,
@@ -50,6 +51,7 @@ if TYPE_CHECKING:
 DEFAULT_IMAGE_PARAMETER = "/aws/service/ami-amazon-linux-latest/al2023-ami-kernel-default-x86_64"
 DEFAULT_INSTANCE_TYPE = "t3.small"
 REPLICA_HOST_ENV = "FLEETKEEPER_REPLICA_HOST"
+_MANAGED_FILTER: FilterTypeDef = {"Name": f"tag:{MANAGED_TAG}", "Values": [MANAGED_VALUE]}
 _PAGE_SIZE = 1000
 _TERMINATE_CHUNK = 500
 _LIVE_STATES = ["pending", "running", "stopping", "stopped"]
@@ -105,7 +107,8 @@ class Ec2Driver:
 
     def list_instances(self, uid: str | None = None) -> list[Instance]:
         """ONE paginated DescribeInstances on the managed tag (and the uid tag for one service)."""
-        filters: list[FilterTypeDef] = [{"Name": "tag-key", "Values": [MANAGED_TAG]}]
+        # The same test the IAM policy applies before it lets an instance be terminated: managed=true.
+        filters: list[FilterTypeDef] = [_MANAGED_FILTER]
         if uid is not None:
             filters.append({"Name": f"tag:{UID_TAG}", "Values": [uid]})
         return self._describe(filters)
@@ -113,7 +116,7 @@ class Ec2Driver:
     def find_instance(self, uid: str, replica_id: int) -> Instance | None:
         found = self._describe(
             [
-                {"Name": "tag-key", "Values": [MANAGED_TAG]},
+                _MANAGED_FILTER,
                 {"Name": f"tag:{UID_TAG}", "Values": [uid]},
                 {"Name": f"tag:{REPLICA_TAG}", "Values": [str(replica_id)]},
                 {"Name": "instance-state-name", "Values": _LIVE_STATES},
@@ -149,7 +152,7 @@ class Ec2Driver:
     def _run_instances_args(self, request: LaunchRequest) -> RunInstancesRequestTypeDef:
         resources = request.spec.resources
         tags: list[TagTypeDef] = [
-            {"Key": MANAGED_TAG, "Value": "true"},
+            {"Key": MANAGED_TAG, "Value": MANAGED_VALUE},
             {"Key": SERVICE_TAG, "Value": request.service},
             {"Key": UID_TAG, "Value": request.uid},
             {"Key": VERSION_TAG, "Value": str(request.version)},
@@ -163,7 +166,9 @@ class Ec2Driver:
             "MinCount": 1,
             "MaxCount": 1,
             "ClientToken": request.client_token,
-            "UserData": user_data(request.spec).decode("latin-1"),
+            # Bytes as they are: botocore base64-encodes them; a str would be re-encoded as UTF-8,
+            # which corrupts gzipped user data.
+            "UserData": cast("str", user_data(request.spec)),
             "MetadataOptions": {"HttpTokens": "required", "HttpEndpoint": "enabled"},
             "TagSpecifications": [
                 {"ResourceType": "instance", "Tags": tags},
