@@ -476,6 +476,8 @@ ENVIRONMENT_REFUSALS = frozenset(
         "MaxSpotInstanceCountExceeded",
         "SpotMaxPriceTooLow",
         "RequestLimitExceeded",
+        "ThrottlingException",
+        "Throttling",
         "ServiceUnavailable",
         "Unavailable",
         "InternalError",
