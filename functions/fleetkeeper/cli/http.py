@@ -26,7 +26,7 @@ DEFAULT_API_URL = "http://127.0.0.1:8080"
 STACK_OUTPUT = "ApiUrl"
 _EXECUTE_API_HOST = re.compile(r"\.execute-api\.(?P<region>[a-z0-9-]+)\.amazonaws\.com(?:\.cn)?$")
 # Answers worth asking again: throttling and the gateway's transient failures.
-_RETRYABLE = {429, 502, 503, 504}
+RETRYABLE = frozenset({429, 502, 503, 504})
 
 
 class UsageError(Exception):
@@ -181,7 +181,7 @@ class ApiClient:
             try:
                 return self._send(method, url, data, raw=raw)
             except ApiError as exc:
-                if exc.status not in _RETRYABLE or attempt == attempts:
+                if exc.status not in RETRYABLE or attempt == attempts:
                     raise
             except Unreachable:
                 if attempt == attempts:

@@ -3,8 +3,8 @@
 Exit codes (CI relies on them, docs/CLI.md):
   0  success
   1  the service FAILED, was rolled back by the circuit breaker, or --wait timed out; also: the API
-     could not be reached or failed (5xx)
-  2  bad usage, or a request the API rejected (4xx: a bad spec, a duplicate up, a missing service),
+     could not be reached, failed (5xx) or kept throttling (429)
+  2  bad usage, or a request the API rejected (4xx but 429: a bad spec, a duplicate up, a missing service),
      with the API's message printed as is
 """
 
@@ -271,7 +271,8 @@ def run(
         return EXIT_USAGE
     except ApiError as exc:
         print(exc.message, file=err)  # the API's own words, as is
-        return EXIT_USAGE if 400 <= exc.status < 500 else EXIT_FAILED
+        # A 429 is the API being busy, not a bad request: it is a failure to retry later (exit 1).
+        return EXIT_USAGE if 400 <= exc.status < 500 and exc.status != 429 else EXIT_FAILED
     except Unreachable as exc:
         print(f"fleetkeeper: {exc}", file=err)
         return EXIT_FAILED
