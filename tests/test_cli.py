@@ -405,6 +405,15 @@ def test_plain_http_is_for_loopback_only() -> None:
     assert is_loopback("http://[::1]:8080") and not is_loopback(API_GW)
 
 
+@pytest.mark.parametrize("url", ["http://127.0.0.1:abc", "http://127.0.0.1:99999", "https://api.example.com:-1"])
+def test_an_api_url_with_a_bad_port_is_a_usage_error(url: str) -> None:
+    with pytest.raises(UsageError, match="port"):
+        resolve_api_url(url, None, environ={})
+    out, err = io.StringIO(), io.StringIO()
+    assert run(["status", "--api-url", url], out=out, err=err) == 2
+    assert "port" in err.getvalue() and "Traceback" not in err.getvalue()
+
+
 def test_loopback_urls_are_not_signed_and_aws_urls_are(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIDEXAMPLE")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "secret")

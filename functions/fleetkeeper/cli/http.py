@@ -84,6 +84,10 @@ def resolve_api_url(
     parts = urlsplit(url)
     if parts.scheme not in {"http", "https"} or not parts.hostname:
         raise UsageError(f"the API URL must be http(s)://host[:port][/stage], got {url!r}")
+    try:
+        parts.port  # noqa: B018 - urlsplit checks the port only when it is read
+    except ValueError:
+        raise UsageError(f"the API URL's port must be a number from 0 to 65535, got {url!r}") from None
     if parts.scheme == "http" and not is_loopback(url):
         raise UsageError(f"refusing to send requests over plain http to {parts.hostname}: use https")
     return url
