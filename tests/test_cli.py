@@ -19,8 +19,9 @@ from fleetkeeper.cli.http import (
     is_loopback,
     resolve_api_url,
 )
-from fleetkeeper.cli.main import run
+from fleetkeeper.cli.main import build_parser, run
 from fleetkeeper.cli.waiting import Goal, Progress, judge, wait_for
+from fleetkeeper.local.server import parser as local_parser
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -137,6 +138,40 @@ def test_bad_usage_exits_2_without_calling_the_api(argv: list[str]) -> None:
     assert code == 2
     assert "usage:" in err and out == ""
     assert client.sent == []
+
+
+@pytest.mark.parametrize(
+    ("argv", "problem"),
+    [
+        (["local", "--port", "99999"], "--port"),
+        (["local", "--port", "-5"], "--port"),
+        (["local", "--port", "http"], "--port"),
+        (["local", "--tick", "nan"], "--tick"),
+        (["local", "--tick", "inf"], "--tick"),
+        (["local", "--tick", "0"], "--tick"),
+        (["local", "--tick", "-1"], "--tick"),
+        (["local", "--tick", "3601"], "--tick"),
+        (["down", "web", "--wait", "--timeout", "nan"], "--timeout"),
+        (["down", "web", "--wait", "--timeout", "inf"], "--timeout"),
+        (["up", "s.yaml", "--timeout", "0"], "--timeout"),
+        (["update", "web", "s.yaml", "--timeout", "-3"], "--timeout"),
+    ],
+)
+def test_out_of_range_numbers_are_refused_by_the_parser(argv: list[str], problem: str) -> None:
+    # Checked while parsing: `local` would otherwise start serving (and spin on a NaN tick).
+    with pytest.raises(UsageError, match=problem):
+        build_parser().parse_args(argv)
+    if argv[0] == "local":
+        with pytest.raises(SystemExit) as exited:  # `fleetkeeper-local`'s own parser: argparse's exit 2
+            local_parser().parse_args(argv[1:])
+        assert exited.value.code == 2
+
+
+def test_numbers_in_range_are_taken() -> None:
+    args = build_parser().parse_args(["local", "--port", "0", "--tick", "0.5"])
+    assert (args.port, args.tick) == (0, 0.5)
+    assert build_parser().parse_args(["local", "--port", "65535", "--tick", "3600"]).port == 65535
+    assert build_parser().parse_args(["down", "web", "--wait", "--timeout", "1.5"]).timeout == 1.5
 
 
 def test_a_missing_spec_file_exits_2(tmp_path: Path) -> None:

@@ -21,7 +21,7 @@ import yaml
 from fleetkeeper.cli import render
 from fleetkeeper.cli.http import ApiClient, ApiError, Unreachable, UsageError, resolve_api_url
 from fleetkeeper.cli.waiting import EXIT_FAILED, EXIT_OK, Goal, Progress, wait_for
-from fleetkeeper.local.options import add_arguments, options_from
+from fleetkeeper.local.options import add_arguments, options_from, seconds
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
@@ -46,7 +46,9 @@ def build_parser() -> argparse.ArgumentParser:
     output.add_argument("--output", "-o", choices=["table", "json"], default="table", help="output format")
     waiting = _Parser(add_help=False)
     waiting.add_argument("--wait", action="store_true", help="wait until the service is READY (or gone)")
-    waiting.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT, help="seconds --wait waits (default 900)")
+    waiting.add_argument(
+        "--timeout", type=seconds(), default=DEFAULT_TIMEOUT, help="seconds --wait waits (default 900)"
+    )
 
     parser = _Parser(prog="fleetkeeper", description="Drive a fleetkeeper control plane (AWS or embedded).")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True, parser_class=_Parser)

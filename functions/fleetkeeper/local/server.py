@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import math
 import os
 import signal
 import sys
@@ -23,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from fleetkeeper import aws
 from fleetkeeper.local.http_bridge import KICK_PATH, ApiBridge
-from fleetkeeper.local.options import Options, add_arguments, options_from
+from fleetkeeper.local.options import MAX_TICK, Options, add_arguments, options_from
 from fleetkeeper.local.process_driver import LOCAL_DIR_ENV, LOOPBACK, ProcessDriver
 from fleetkeeper.local.reconcile_loop import ReconcileLoop
 from fleetkeeper.local.stream_pump import StreamPump, StreamSource
@@ -219,8 +220,8 @@ def serve(
     options: Options, *, quiet: bool = False, on_started: Callable[[EmbeddedControlPlane], None] | None = None
 ) -> int:
     """Run until SIGINT/SIGTERM; returns the process exit code."""
-    if options.tick <= 0:
-        print("fleetkeeper local: --tick must be above 0", file=sys.stderr)
+    if not (math.isfinite(options.tick) and 0 < options.tick <= MAX_TICK):  # the parser checks it too
+        print(f"fleetkeeper local: --tick must be a finite number above 0 and at most {MAX_TICK:g}", file=sys.stderr)
         return 2
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
