@@ -224,9 +224,13 @@ def test_an_unreachable_embedded_api_is_reported_with_its_url() -> None:
     assert code == 1 and "cannot reach the fleetkeeper API at http://127.0.0.1:9" in err
 
 
-def test_logs_is_for_the_embedded_mode_only() -> None:
-    code, _, err = cli(["logs", "web"], ScriptedClient({}, embedded=False))
-    assert code == 2 and "embedded mode" in err
+def test_logs_is_for_the_embedded_mode_only_and_says_so_before_looking_for_credentials() -> None:
+    def no_client(url: str) -> ApiClient:
+        raise AssertionError(f"a client (and its SigV4 signer) was built for {url}")
+
+    out, err = io.StringIO(), io.StringIO()
+    code = run(["logs", "web", "--api-url", API_GW], out=out, err=err, client_factory=no_client)
+    assert code == 2 and "logs are only available in embedded mode" in err.getvalue()
 
 
 # --- JSON output ------------------------------------------------------------------------------------------

@@ -19,7 +19,7 @@ from typing import IO, TYPE_CHECKING, Any, NoReturn
 import yaml
 
 from fleetkeeper.cli import render
-from fleetkeeper.cli.http import ApiClient, ApiError, Unreachable, UsageError, resolve_api_url
+from fleetkeeper.cli.http import ApiClient, ApiError, Unreachable, UsageError, is_loopback, resolve_api_url
 from fleetkeeper.cli.waiting import EXIT_FAILED, EXIT_OK, Goal, Progress, wait_for
 from fleetkeeper.local.options import add_arguments, options_from, seconds
 
@@ -28,6 +28,10 @@ if TYPE_CHECKING:
 
 EXIT_USAGE = 2
 DEFAULT_TIMEOUT = 900.0
+LOGS_ON_AWS = (
+    "logs are only available in embedded mode (`fleetkeeper logs` reads its replica log files); on AWS "
+    "a replica logs to its instance's journal (journalctl -u fleetkeeper-replica)"
+)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -164,10 +168,10 @@ class Cli:
 
     def logs(self) -> int:
         if not self.client.embedded:
-            raise UsageError(
-                "`fleetkeeper logs` reads replica log files of the embedded mode; on AWS a replica logs "
-                "to its instance's journal (journalctl -u fleetkeeper-replica)"
-            )
+            raise UsageError(LOGS_ON_AWS)
+        # Log files can outlive their service (or never have been its own): a missing service is
+        # the API's 404, exit 2, as for `status`.
+        self.client.request("GET", f"/v1/services/{self.name}")
         base = f"/_local/logs/{self.name}"
         if self.args.replica is not None:
             self.out.write(self.client.request("GET", f"{base}/{self.args.replica}", raw=True).body)
@@ -266,7 +270,10 @@ def run(
             from fleetkeeper.local.server import serve  # moto and the handlers: only for `local`
 
             return serve(options_from(args), quiet=args.quiet)
-        client = client_factory(resolve_api_url(args.api_url, args.stack))
+        url = resolve_api_url(args.api_url, args.stack)
+        if args.command == "logs" and not is_loopback(url):
+            raise UsageError(LOGS_ON_AWS)  # said before the client looks for credentials to sign with
+        client = client_factory(url)
         return _COMMANDS[args.command](Cli(args, client, out, err))
     except UsageError as exc:
         print(f"fleetkeeper: {exc}", file=err)
