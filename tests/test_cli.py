@@ -19,8 +19,9 @@ from fleetkeeper.cli.http import (
     is_loopback,
     resolve_api_url,
 )
-from fleetkeeper.cli.main import run
+from fleetkeeper.cli.main import build_parser, run
 from fleetkeeper.cli.waiting import Goal, Progress, judge, wait_for
+from fleetkeeper.local.server import parser as local_parser
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -139,6 +140,40 @@ def test_bad_usage_exits_2_without_calling_the_api(argv: list[str]) -> None:
     assert client.sent == []
 
 
+@pytest.mark.parametrize(
+    ("argv", "problem"),
+    [
+        (["local", "--port", "99999"], "--port"),
+        (["local", "--port", "-5"], "--port"),
+        (["local", "--port", "http"], "--port"),
+        (["local", "--tick", "nan"], "--tick"),
+        (["local", "--tick", "inf"], "--tick"),
+        (["local", "--tick", "0"], "--tick"),
+        (["local", "--tick", "-1"], "--tick"),
+        (["local", "--tick", "3601"], "--tick"),
+        (["down", "web", "--wait", "--timeout", "nan"], "--timeout"),
+        (["down", "web", "--wait", "--timeout", "inf"], "--timeout"),
+        (["up", "s.yaml", "--timeout", "0"], "--timeout"),
+        (["update", "web", "s.yaml", "--timeout", "-3"], "--timeout"),
+    ],
+)
+def test_out_of_range_numbers_are_refused_by_the_parser(argv: list[str], problem: str) -> None:
+    # Checked while parsing: `local` would otherwise start serving (and spin on a NaN tick).
+    with pytest.raises(UsageError, match=problem):
+        build_parser().parse_args(argv)
+    if argv[0] == "local":
+        with pytest.raises(SystemExit) as exited:  # `fleetkeeper-local`'s own parser: argparse's exit 2
+            local_parser().parse_args(argv[1:])
+        assert exited.value.code == 2
+
+
+def test_numbers_in_range_are_taken() -> None:
+    args = build_parser().parse_args(["local", "--port", "0", "--tick", "0.5"])
+    assert (args.port, args.tick) == (0, 0.5)
+    assert build_parser().parse_args(["local", "--port", "65535", "--tick", "3600"]).port == 65535
+    assert build_parser().parse_args(["down", "web", "--wait", "--timeout", "1.5"]).timeout == 1.5
+
+
 def test_a_missing_spec_file_exits_2(tmp_path: Path) -> None:
     code, _, err = cli(["up", str(tmp_path / "nope.yaml")], ScriptedClient({}))
     assert code == 2 and "cannot read" in err
@@ -189,9 +224,13 @@ def test_an_unreachable_embedded_api_is_reported_with_its_url() -> None:
     assert code == 1 and "cannot reach the fleetkeeper API at http://127.0.0.1:9" in err
 
 
-def test_logs_is_for_the_embedded_mode_only() -> None:
-    code, _, err = cli(["logs", "web"], ScriptedClient({}, embedded=False))
-    assert code == 2 and "embedded mode" in err
+def test_logs_is_for_the_embedded_mode_only_and_says_so_before_looking_for_credentials() -> None:
+    def no_client(url: str) -> ApiClient:
+        raise AssertionError(f"a client (and its SigV4 signer) was built for {url}")
+
+    out, err = io.StringIO(), io.StringIO()
+    code = run(["logs", "web", "--api-url", API_GW], out=out, err=err, client_factory=no_client)
+    assert code == 2 and "logs are only available in embedded mode" in err.getvalue()
 
 
 # --- JSON output ------------------------------------------------------------------------------------------
@@ -403,6 +442,15 @@ def test_plain_http_is_for_loopback_only() -> None:
         resolve_api_url("http://api.example.com", None, environ={})
     assert resolve_api_url("http://localhost:9000", None, environ={}) == "http://localhost:9000"
     assert is_loopback("http://[::1]:8080") and not is_loopback(API_GW)
+
+
+@pytest.mark.parametrize("url", ["http://127.0.0.1:abc", "http://127.0.0.1:99999", "https://api.example.com:-1"])
+def test_an_api_url_with_a_bad_port_is_a_usage_error(url: str) -> None:
+    with pytest.raises(UsageError, match="port"):
+        resolve_api_url(url, None, environ={})
+    out, err = io.StringIO(), io.StringIO()
+    assert run(["status", "--api-url", url], out=out, err=err) == 2
+    assert "port" in err.getvalue() and "Traceback" not in err.getvalue()
 
 
 def test_loopback_urls_are_not_signed_and_aws_urls_are(monkeypatch: pytest.MonkeyPatch) -> None:

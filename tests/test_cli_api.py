@@ -106,6 +106,7 @@ def test_status_of_a_missing_service_exits_2(api_url: str) -> None:
 
 
 def test_logs_prints_each_replicas_log_file(api_url: str, tmp_path: Path) -> None:
+    assert cli(api_url, "up", spec_file(tmp_path))[0] == 0
     folder = tmp_path / "logs" / "web"
     folder.mkdir(parents=True)
     (folder / "replica-1.log").write_text("one\n")
@@ -120,6 +121,13 @@ def test_logs_prints_each_replicas_log_file(api_url: str, tmp_path: Path) -> Non
     ]
     assert cli(api_url, "logs", "web", "2")[1] == "two"
     assert cli(api_url, "logs", "web", "3")[0] == 2
+
+
+def test_logs_of_a_missing_service_exits_2_with_the_apis_message(api_url: str, tmp_path: Path) -> None:
+    (tmp_path / "logs" / "ghost").mkdir(parents=True)  # files left behind do not make it exist
+    code, out, err = cli(api_url, "logs", "ghost")
+    assert code == 2 and out == ""
+    assert "ghost" in err and "does not exist" in err
 
 
 def test_a_name_is_one_path_segment_never_another_route(api_url: str) -> None:

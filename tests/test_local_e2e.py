@@ -94,6 +94,25 @@ def pid_of(replica: dict[str, Any]) -> int:
     return int(replica["instance_id"].rsplit("pid", 1)[1])
 
 
+def items_left(plane: LocalPlane, name: str) -> list[dict[str, Any]]:
+    """The service's items still in the embedded table (the cleanup deletes them after `down`)."""
+    info = plane.info()
+    dynamodb = boto3.client(
+        "dynamodb",
+        endpoint_url=info["aws_endpoint"],
+        region_name="us-east-1",
+        aws_access_key_id="local",
+        aws_secret_access_key="local",
+    )
+    items: list[dict[str, Any]] = dynamodb.query(
+        TableName=info["table"],
+        KeyConditionExpression="PK = :pk",
+        ExpressionAttributeValues={":pk": {"S": f"SVC#{name}"}},
+        ConsistentRead=True,
+    )["Items"]
+    return items
+
+
 class Poller(threading.Thread):
     """Asks the service for an answer every 50 ms through whichever replicas the API calls READY."""
 
@@ -185,24 +204,7 @@ def test_the_whole_lifecycle_through_the_cli(plane: LocalPlane) -> None:
     gone = plane.cli("status", NAME)
     assert gone.returncode == 2 and NAME in gone.stderr
 
-    info = plane.info()
-    dynamodb = boto3.client(
-        "dynamodb",
-        endpoint_url=info["aws_endpoint"],
-        region_name="us-east-1",
-        aws_access_key_id="local",
-        aws_secret_access_key="local",
-    )
-
-    def items_left() -> list[dict[str, Any]]:
-        return dynamodb.query(
-            TableName=info["table"],
-            KeyConditionExpression="PK = :pk",
-            ExpressionAttributeValues={":pk": {"S": f"SVC#{NAME}"}},
-            ConsistentRead=True,
-        )["Items"]
-
-    eventually(lambda: items_left() == [], timeout=20, what="every version and replica item deleted")
+    eventually(lambda: items_left(plane, NAME) == [], timeout=20, what="every version and replica item deleted")
     eventually(
         lambda: not any(process_running(pid) for pid in seen_pids),
         timeout=15,
@@ -222,6 +224,12 @@ def test_requests_the_api_rejects_exit_2_with_its_message(plane: LocalPlane) -> 
     assert result.returncode == 2
     assert result.stderr.strip() == "service 'dup' already exists; use PUT /v1/services/dup to update it"
     ok(plane.cli("down", "dup", "--wait", "--timeout", WAIT))
+
+    # The 409 came from a cancelled transaction; the cleanup still sees later removals.
+    ok(plane.cli("up", str(EXAMPLE), "--name", "after-409"))
+    ok(plane.cli("down", "after-409", "--wait", "--timeout", WAIT))
+    for name in ("dup", "after-409"):
+        eventually(lambda name=name: items_left(plane, name) == [], timeout=20, what=f"{name}'s items deleted")
 
     result = plane.cli("update", "missing", spec_file(plane, "v9"))
     assert result.returncode == 2 and "missing" in result.stderr and "does not exist" in result.stderr

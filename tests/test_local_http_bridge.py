@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import http.client
 import json
+import socket
 import threading
 import urllib.error
 import urllib.request
@@ -10,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from fleetkeeper.api.handler import lambda_handler
+from fleetkeeper.api.handler import MAX_BODY_BYTES, lambda_handler
 from fleetkeeper.local.http_bridge import KICK_PATH, ApiBridge
 from tests.conftest import hello_spec
 
@@ -150,3 +152,66 @@ def test_concurrent_requests_each_get_their_own_answer(bridge: Bridge) -> None:
     for thread in threads:
         thread.join()
     assert results == {name: (201, name) for name in names}
+
+
+# --- requests the bridge must answer itself ------------------------------------------------------------
+
+
+def raw(bridge: Bridge, head: bytes, body: bytes = b"") -> tuple[int, dict[str, str], bytes, bool]:
+    """Send bytes as they are; the answer, and whether the server closed the connection after it."""
+    with socket.create_connection(bridge.server.server_address[:2], timeout=5) as sock:
+        sock.sendall(head + b"\r\n\r\n" + body)
+        answer = http.client.HTTPResponse(sock)
+        answer.begin()
+        payload = answer.read()
+        try:
+            closed = sock.recv(1) == b""
+        except ConnectionResetError:
+            closed = True
+        return answer.status, dict(answer.getheaders()), payload, closed
+
+
+def error_code(payload: bytes) -> str:
+    error = json.loads(payload)["error"]
+    assert set(error) == {"code", "message", "details"}
+    return str(error["code"])
+
+
+@pytest.mark.parametrize("length", ["abc", "-1", "1.5", ""])
+def test_a_content_length_that_is_not_a_byte_count_is_a_400(bridge: Bridge, length: str) -> None:
+    head = f"POST /v1/services HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {length}"
+    status, _, payload, _ = raw(bridge, head.encode(), b"{}")
+    assert status == 400 and error_code(payload) == "invalid_request"
+
+
+def test_a_body_over_the_apis_limit_is_refused_unread_and_the_connection_closed(bridge: Bridge) -> None:
+    head = "POST /v1/services HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    for length in (MAX_BODY_BYTES + 1, 10**15):
+        status, headers, payload, closed = raw(bridge, (head + f"Content-Length: {length}").encode(), b"{}")
+        assert status == 413 and error_code(payload) == "payload_too_large"
+        assert closed and headers["Connection"] == "close"
+    assert bridge.kicks == []
+
+
+def test_a_chunked_body_is_refused_with_411(bridge: Bridge) -> None:
+    connection = http.client.HTTPConnection(*bridge.server.server_address[:2], timeout=5)
+    body = iter([json.dumps({"name": "web", "spec": hello_spec()}).encode()])
+    connection.request(
+        "POST", "/v1/services", body=body, headers={"Content-Type": "application/json"}, encode_chunked=True
+    )
+    answer = connection.getresponse()
+    assert answer.status == 411 and error_code(answer.read()) == "length_required"
+    connection.close()
+    assert bridge.call("GET", "/v1/services/web")[0] == 404  # nothing was created
+
+
+@pytest.mark.parametrize("method", ["OPTIONS", "HEAD", "TRACE", "PATCH", "FOO"])
+def test_every_method_is_answered_by_the_api_in_its_own_error_shape(bridge: Bridge, method: str) -> None:
+    connection = http.client.HTTPConnection(*bridge.server.server_address[:2], timeout=5)
+    connection.request(method, "/v1/services/web")
+    answer = connection.getresponse()
+    payload = answer.read()
+    assert 400 <= answer.status < 500 and answer.getheader("Content-Type") == "application/json"
+    if method != "HEAD":  # HEAD's answer has headers only
+        assert error_code(payload) in {"no_route", "not_found"}
+    connection.close()

@@ -61,6 +61,16 @@ def test_a_powertools_record_becomes_one_line_with_the_function_and_its_keys(
         json.loads(line)
 
 
+def test_quiet_leaves_only_the_handlers_warnings_and_errors(restore_root_logging: None) -> None:
+    stream = io.StringIO()
+    logger = Logger(service="fk-readable-quiet", stream=stream, level="INFO")  # as a handler's logger is
+    make_logs_readable(logging.WARNING)  # `fleetkeeper local --quiet`
+    logger.info("steady state")
+    logger.warning("replica 2 failed its probe")
+    (line,) = stream.getvalue().splitlines()
+    assert "replica 2 failed its probe" in line
+
+
 def test_exceptions_keep_their_traceback(restore_root_logging: None) -> None:
     stream = io.StringIO()
     logger = Logger(service="fk-readable-test-2", stream=stream)

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import os
 import signal
 from pathlib import Path
 
 import pytest
 
-from tests.local_process import http_get, start_local
+from tests.local_process import eventually, http_get, process_running, start_local
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "hello" / "service.yaml"
 
@@ -45,3 +47,32 @@ def test_local_refuses_a_port_that_is_taken(tmp_path: Path) -> None:
         assert f"cannot start on 127.0.0.1:{port}" in second.stderr
     finally:
         assert plane.stop() == 0
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("fleetkeeper.reconciler.handler") is None,
+    reason="needs the reconciler to start replicas",
+)
+def test_closing_the_terminal_sighup_stops_every_replica(tmp_path: Path) -> None:
+    plane = start_local(tmp_path)
+    try:
+        created = plane.cli("up", str(EXAMPLE), "--name", "hup")
+        assert created.returncode == 0, created.stderr
+
+        def replica_pids() -> set[int]:
+            status, body = http_get(plane.url + "/v1/services/hup")
+            replicas = json.loads(body)["replicas"] if status == 200 else []
+            # The process driver's instance ids end with the replica's pid: local-<n>-pid<pid>.
+            pids = {int(r["instance_id"].rsplit("pid", 1)[1]) for r in replicas if r.get("instance_id")}
+            return pids if len(pids) == 2 and all(process_running(p) for p in pids) else set()
+
+        pids = eventually(replica_pids, timeout=30, what="2 replica processes running")
+    finally:
+        code = plane.stop(signal.SIGHUP)
+    try:
+        assert code == 0, plane.output()
+        eventually(lambda: not any(process_running(p) for p in pids), timeout=10, what="every replica process gone")
+    finally:  # a failure must not leave the replicas behind (each is its own process group)
+        for pid in pids:
+            if process_running(pid):
+                os.killpg(pid, signal.SIGKILL)

@@ -286,3 +286,22 @@ def test_the_real_templates_filter_admits_service_removals_only(table: str) -> N
     removed_services(table, "web")
     drain(pump)
     assert handler.delivered == ["web"]
+
+
+def test_removals_after_a_cancelled_transaction_still_reach_the_handler(table: str) -> None:
+    # moto restores a copy of the table (its stream shard included) when a transaction is
+    # cancelled, as a duplicate create or a stale If-Match cancels one; an iterator chained from
+    # before that point reads the discarded shard and never sees a record again.
+    handler = Recorder()
+    pump = make_pump(table, handler)
+    removed_services(table, "first")
+    drain(pump)
+    duplicate = {"TableName": table, "Item": {"PK": {"S": "SVC#x"}, "SK": {"S": "META"}}}
+    put(table, "SVC#x", "META")
+    with pytest.raises(aws.dynamodb().exceptions.TransactionCanceledException):
+        aws.dynamodb().transact_write_items(
+            TransactItems=[{"Put": {**duplicate, "ConditionExpression": "attribute_not_exists(PK)"}}]
+        )
+    removed_services(table, "second")
+    drain(pump)
+    assert handler.delivered == ["first", "second"]

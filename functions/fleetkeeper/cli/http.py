@@ -26,7 +26,7 @@ DEFAULT_API_URL = "http://127.0.0.1:8080"
 STACK_OUTPUT = "ApiUrl"
 _EXECUTE_API_HOST = re.compile(r"\.execute-api\.(?P<region>[a-z0-9-]+)\.amazonaws\.com(?:\.cn)?$")
 # Answers worth asking again: throttling and the gateway's transient failures.
-_RETRYABLE = {429, 502, 503, 504}
+RETRYABLE = frozenset({429, 502, 503, 504})
 
 
 class UsageError(Exception):
@@ -84,6 +84,10 @@ def resolve_api_url(
     parts = urlsplit(url)
     if parts.scheme not in {"http", "https"} or not parts.hostname:
         raise UsageError(f"the API URL must be http(s)://host[:port][/stage], got {url!r}")
+    try:
+        parts.port  # noqa: B018 - urlsplit checks the port only when it is read
+    except ValueError:
+        raise UsageError(f"the API URL's port must be a number from 0 to 65535, got {url!r}") from None
     if parts.scheme == "http" and not is_loopback(url):
         raise UsageError(f"refusing to send requests over plain http to {parts.hostname}: use https")
     return url
@@ -181,7 +185,7 @@ class ApiClient:
             try:
                 return self._send(method, url, data, raw=raw)
             except ApiError as exc:
-                if exc.status not in _RETRYABLE or attempt == attempts:
+                if exc.status not in RETRYABLE or attempt == attempts:
                     raise
             except Unreachable:
                 if attempt == attempts:

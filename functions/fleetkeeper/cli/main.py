@@ -3,8 +3,8 @@
 Exit codes (CI relies on them, docs/CLI.md):
   0  success
   1  the service FAILED, was rolled back by the circuit breaker, or --wait timed out; also: the API
-     could not be reached or failed (5xx)
-  2  bad usage, or a request the API rejected (4xx: a bad spec, a duplicate up, a missing service),
+     could not be reached, failed (5xx) or kept throttling (429)
+  2  bad usage, or a request the API rejected (4xx but 429: a bad spec, a duplicate up, a missing service),
      with the API's message printed as is
 """
 
@@ -19,15 +19,19 @@ from typing import IO, TYPE_CHECKING, Any, NoReturn
 import yaml
 
 from fleetkeeper.cli import render
-from fleetkeeper.cli.http import ApiClient, ApiError, Unreachable, UsageError, resolve_api_url
+from fleetkeeper.cli.http import ApiClient, ApiError, Unreachable, UsageError, is_loopback, resolve_api_url
 from fleetkeeper.cli.waiting import EXIT_FAILED, EXIT_OK, Goal, Progress, wait_for
-from fleetkeeper.local.options import add_arguments, options_from
+from fleetkeeper.local.options import add_arguments, options_from, seconds
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
 
 EXIT_USAGE = 2
 DEFAULT_TIMEOUT = 900.0
+LOGS_ON_AWS = (
+    "logs are only available in embedded mode (`fleetkeeper logs` reads its replica log files); on AWS "
+    "a replica logs to its instance's journal (journalctl -u fleetkeeper-replica)"
+)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -46,7 +50,9 @@ def build_parser() -> argparse.ArgumentParser:
     output.add_argument("--output", "-o", choices=["table", "json"], default="table", help="output format")
     waiting = _Parser(add_help=False)
     waiting.add_argument("--wait", action="store_true", help="wait until the service is READY (or gone)")
-    waiting.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT, help="seconds --wait waits (default 900)")
+    waiting.add_argument(
+        "--timeout", type=seconds(), default=DEFAULT_TIMEOUT, help="seconds --wait waits (default 900)"
+    )
 
     parser = _Parser(prog="fleetkeeper", description="Drive a fleetkeeper control plane (AWS or embedded).")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True, parser_class=_Parser)
@@ -162,10 +168,10 @@ class Cli:
 
     def logs(self) -> int:
         if not self.client.embedded:
-            raise UsageError(
-                "`fleetkeeper logs` reads replica log files of the embedded mode; on AWS a replica logs "
-                "to its instance's journal (journalctl -u fleetkeeper-replica)"
-            )
+            raise UsageError(LOGS_ON_AWS)
+        # Log files can outlive their service (or never have been its own): a missing service is
+        # the API's 404, exit 2, as for `status`.
+        self.client.request("GET", f"/v1/services/{self.name}")
         base = f"/_local/logs/{self.name}"
         if self.args.replica is not None:
             self.out.write(self.client.request("GET", f"{base}/{self.args.replica}", raw=True).body)
@@ -264,14 +270,18 @@ def run(
             from fleetkeeper.local.server import serve  # moto and the handlers: only for `local`
 
             return serve(options_from(args), quiet=args.quiet)
-        client = client_factory(resolve_api_url(args.api_url, args.stack))
+        url = resolve_api_url(args.api_url, args.stack)
+        if args.command == "logs" and not is_loopback(url):
+            raise UsageError(LOGS_ON_AWS)  # said before the client looks for credentials to sign with
+        client = client_factory(url)
         return _COMMANDS[args.command](Cli(args, client, out, err))
     except UsageError as exc:
         print(f"fleetkeeper: {exc}", file=err)
         return EXIT_USAGE
     except ApiError as exc:
         print(exc.message, file=err)  # the API's own words, as is
-        return EXIT_USAGE if 400 <= exc.status < 500 else EXIT_FAILED
+        # A 429 is the API being busy, not a bad request: it is a failure to retry later (exit 1).
+        return EXIT_USAGE if 400 <= exc.status < 500 and exc.status != 429 else EXIT_FAILED
     except Unreachable as exc:
         print(f"fleetkeeper: {exc}", file=err)
         return EXIT_FAILED

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import IO, TYPE_CHECKING, Any
 from urllib.parse import quote
 
-from fleetkeeper.cli.http import ApiError, Unreachable
+from fleetkeeper.cli.http import RETRYABLE, ApiError, Unreachable
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -135,9 +135,13 @@ def wait_for(
             try:
                 view = client.request("GET", f"/v1/services/{quote(goal.name, safe='')}").body
             except ApiError as exc:
-                if exc.status != 404:
+                if exc.status in RETRYABLE:  # throttled or a transient gateway error: not a verdict either
+                    answered = False
+                    progress.show(f"{goal.name}: the API answered {exc.status}: {exc.message}", clock() - started)
+                elif exc.status == 404:
+                    view = None  # gone
+                else:
                     raise
-                view = None  # gone
             except Unreachable as exc:  # a blip while waiting is not a verdict; the timeout is
                 answered = False
                 progress.show(f"{goal.name}: {exc}", clock() - started)

@@ -57,8 +57,14 @@ class ApiBridge(ThreadingHTTPServer):
         logs_dir: Path,
         info: dict[str, Any] | None = None,
         api_timeout_seconds: int = 30,
+        max_body_bytes: int | None = None,
     ) -> None:
+        if max_body_bytes is None:
+            from fleetkeeper.api.handler import MAX_BODY_BYTES  # the api's own limit, not restated
+
+            max_body_bytes = MAX_BODY_BYTES
         super().__init__(address, _RequestHandler)
+        self.max_body_bytes = max_body_bytes
         self.api_handler = api_handler
         self.on_kick = on_kick
         self.logs_dir = logs_dir
@@ -85,20 +91,12 @@ class _RequestHandler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server_version = "fleetkeeper-local"
 
-    def do_GET(self) -> None:
-        self._handle("GET")
-
-    def do_POST(self) -> None:
-        self._handle("POST")
-
-    def do_PUT(self) -> None:
-        self._handle("PUT")
-
-    def do_DELETE(self) -> None:
-        self._handle("DELETE")
-
-    def do_PATCH(self) -> None:
-        self._handle("PATCH")
+    def __getattr__(self, name: str) -> Callable[[], None]:
+        """`do_<METHOD>` for every method: the api answers them all (no_route, in its error shape),
+        where http.server would answer an unknown one with its own 501 HTML page."""
+        if name.startswith("do_"):
+            return lambda: self._handle(self.command)
+        raise AttributeError(name)
 
     def setup(self) -> None:
         super().setup()
@@ -109,12 +107,17 @@ class _RequestHandler(BaseHTTPRequestHandler):
 
     def _handle(self, method: str) -> None:
         started = time.perf_counter()
-        length = int(self.headers.get("Content-Length") or 0)
-        body = self.rfile.read(length) if length > 0 else b""
         try:
-            if self.path.startswith("/_local/"):
+            refusal = self._refuse_body()
+            if refusal is not None:
+                # The body is left unread, so the connection cannot carry another request.
+                self.close_connection = True
+                status, headers, payload = refusal
+            elif self.path.startswith("/_local/"):
+                body = self._read_body()
                 status, headers, payload = self._local(method, body)
             else:
+                body = self._read_body()
                 headers_in = dict(self.headers.items())
                 status, headers, payload = self.server.call_api(method, self.path, headers_in, body)
         except Exception:  # the bridge must answer; the handler's own errors are already responses
@@ -125,11 +128,31 @@ class _RequestHandler(BaseHTTPRequestHandler):
         level = logging.DEBUG if method == "GET" or self.path == KICK_PATH else logging.INFO
         logger.log(level, "%s %s -> %d (%.1f ms)", method, self.path, status, elapsed)
 
+    def _refuse_body(self) -> tuple[int, dict[str, str], bytes] | None:
+        """An answer for a body the bridge will not read, before reading any of it; else None."""
+        if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
+            return _json(411, _error("length_required", "send the body with a Content-Length, not chunked"))
+        declared = self.headers.get("Content-Length")
+        if declared is None:
+            return None
+        if not (declared.strip().isascii() and declared.strip().isdigit()):  # int() takes "-1", "+1", "1_0"
+            return _json(400, _error("invalid_request", f"Content-Length {declared!r} is not a byte count"))
+        if int(declared) > self.server.max_body_bytes:
+            message = f"request body is {int(declared)} bytes; the limit is {self.server.max_body_bytes}"
+            return _json(413, _error("payload_too_large", message))
+        return None
+
+    def _read_body(self) -> bytes:
+        length = int(self.headers.get("Content-Length") or 0)  # checked by _refuse_body
+        return self.rfile.read(length) if length > 0 else b""
+
     def _send(self, status: int, headers: dict[str, str], payload: bytes) -> None:
         self.send_response(status)
         for key, value in headers.items():
             if key.lower() not in {"content-length", "connection", "transfer-encoding"}:
                 self.send_header(key, value)
+        if self.close_connection:
+            self.send_header("Connection", "close")
         self.send_header("Content-Length", str(len(payload)))
         self.end_headers()
         if self.command != "HEAD":

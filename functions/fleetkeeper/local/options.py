@@ -2,16 +2,51 @@
 
 from __future__ import annotations
 
+import argparse
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    import argparse
+    from collections.abc import Callable
 
 DEFAULT_PORT = 8080
 DEFAULT_TICK = 2.0
+MAX_TICK = 3600.0
 TABLE = "fleetkeeper-local"
+
+
+def port_number(text: str) -> int:
+    """An argparse type: a TCP port, 0 (any free one) to 65535."""
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number") from None
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"{port} is not a port number (0-65535)")
+    return port
+
+
+def seconds(maximum: float = math.inf) -> Callable[[str], float]:
+    """An argparse type: a finite number of seconds above 0 and at most `maximum`.
+
+    float() takes "nan" and "inf": a NaN tick made the reconciler loop spin, an infinite one
+    killed its thread, and a NaN --timeout never ends a wait.
+    """
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+        if not (math.isfinite(value) and 0 < value <= maximum):
+            limit = f" and at most {maximum:g}" if math.isfinite(maximum) else ""
+            raise argparse.ArgumentTypeError(f"{text} seconds: must be a finite number above 0{limit}")
+        return value
+
+    parse.__name__ = "seconds"  # argparse names the type in its messages
+    return parse
 
 
 @dataclass
@@ -23,12 +58,14 @@ class Options:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"API port on 127.0.0.1 (default {DEFAULT_PORT})")
+    p.add_argument(
+        "--port", type=port_number, default=DEFAULT_PORT, help=f"API port on 127.0.0.1 (default {DEFAULT_PORT})"
+    )
     p.add_argument(
         "--tick",
-        type=float,
+        type=seconds(MAX_TICK),
         default=DEFAULT_TICK,
-        help=f"seconds between reconciler runs (default {DEFAULT_TICK:g})",
+        help=f"seconds between reconciler runs, up to {MAX_TICK:g} (default {DEFAULT_TICK:g})",
     )
     p.add_argument(
         "--dir",

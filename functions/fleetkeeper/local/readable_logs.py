@@ -122,8 +122,8 @@ def make_logs_readable(level: int = logging.INFO) -> None:
                 handler.formatter.json_serializer = _serialize_readably
                 if not any(isinstance(f, _FunctionByThread) for f in handler.filters):
                     handler.addFilter(_FunctionByThread())
-                if logger.level > level or logger.level == logging.NOTSET:
-                    logger.setLevel(level)
+                # Both ways: lower to show INFO, and raise for --quiet (Powertools loggers start at INFO).
+                logger.setLevel(level)
 
 
 def _serialize_readably(log: Any) -> str:

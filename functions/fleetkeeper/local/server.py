@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import math
 import os
 import signal
 import sys
@@ -23,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from fleetkeeper import aws
 from fleetkeeper.local.http_bridge import KICK_PATH, ApiBridge
-from fleetkeeper.local.options import Options, add_arguments, options_from
+from fleetkeeper.local.options import MAX_TICK, Options, add_arguments, options_from
 from fleetkeeper.local.process_driver import LOCAL_DIR_ENV, LOOPBACK, ProcessDriver
 from fleetkeeper.local.reconcile_loop import ReconcileLoop
 from fleetkeeper.local.stream_pump import StreamPump, StreamSource
@@ -204,7 +205,7 @@ def banner(plane: EmbeddedControlPlane) -> str:
         f"  in-memory AWS  {plane.aws_endpoint}   table {plane.options.table}",
         f"  reconciler     every {plane.options.tick:g}s and after every write",
         *(f"  note: {note}" for note in plane.notes),
-        "Ctrl-C (or SIGTERM) stops every replica and exits.",
+        "Ctrl-C (or SIGTERM, or closing the terminal) stops every replica and exits.",
     ]
     return "\n".join(lines)
 
@@ -218,12 +219,15 @@ def parser(prog: str = "fleetkeeper local") -> argparse.ArgumentParser:
 def serve(
     options: Options, *, quiet: bool = False, on_started: Callable[[EmbeddedControlPlane], None] | None = None
 ) -> int:
-    """Run until SIGINT/SIGTERM; returns the process exit code."""
-    if options.tick <= 0:
-        print("fleetkeeper local: --tick must be above 0", file=sys.stderr)
+    """Run until SIGINT/SIGTERM/SIGHUP; returns the process exit code."""
+    if not (math.isfinite(options.tick) and 0 < options.tick <= MAX_TICK):  # the parser checks it too
+        print(f"fleetkeeper local: --tick must be a finite number above 0 and at most {MAX_TICK:g}", file=sys.stderr)
         return 2
     stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
+    # SIGHUP: the terminal was closed. Replicas are in sessions of their own, so nothing else stops
+    # them; they must be stopped as on Ctrl-C. (PR_SET_PDEATHSIG is no substitute: it fires when the
+    # *thread* that started a replica exits, and reaches only the group leader, not what it started.)
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, lambda _signum, _frame: stop.set())
     plane = EmbeddedControlPlane(options, log_level=logging.WARNING if quiet else logging.INFO)
     try:

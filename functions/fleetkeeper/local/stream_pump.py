@@ -81,8 +81,12 @@ class StreamSource:
 @dataclass
 class _Shard:
     shard_id: str
+    # The position the shard was started from; only used until a first record has been read.
+    position: str
+    # Only kept for a LATEST start before anything was read (see `_next_iterator`).
     iterator: str | None
     last_sequence: str | None = None
+    closed: bool = False  # a closed shard read to its end
     # Records read and admitted by the filter but not yet delivered successfully, in stream order.
     pending: list[dict[str, Any]] = field(default_factory=list)
     failed_attempts: int = 0
@@ -163,7 +167,8 @@ class StreamPump:
                     # The mapping's StartingPosition applies to the shards it starts with; shards
                     # that appear later (splits) are read from their beginning, as Lambda does.
                     position = self.source.starting_position if self._first_discovery else "TRIM_HORIZON"
-                    self._shards[shard_id] = _Shard(shard_id, self._iterator(shard_id, position))
+                    iterator = self._iterator(shard_id, position) if position == "LATEST" else None
+                    self._shards[shard_id] = _Shard(shard_id, position, iterator)
             start = description.get("LastEvaluatedShardId")
             if not start:
                 break
@@ -178,17 +183,42 @@ class StreamPump:
         iterator: str | None = self.client.get_shard_iterator(**kwargs).get("ShardIterator")
         return iterator
 
+    def _next_iterator(self, shard: _Shard) -> str | None:
+        """A fresh iterator for the shard's next unread record.
+
+        Every poll asks for a new one rather than following NextShardIterator: when moto cancels a
+        TransactWriteItems (a duplicate create, a stale If-Match) it restores a copy of the table,
+        stream shard included, and an iterator chained from before that point keeps reading the
+        discarded shard, which never grows again (its id is unchanged, so discovery cannot tell).
+        Records read but not yet delivered stay in `pending`, so reading after the last record read
+        never skips one that has to be redelivered.
+        """
+        if shard.last_sequence is not None:
+            return self._iterator(shard.shard_id, shard.position, after=shard.last_sequence)
+        if shard.position != "LATEST":
+            return self._iterator(shard.shard_id, shard.position)
+        # LATEST asked again would skip what was written between two polls, so until a first record
+        # is read the iterator taken at discovery is followed.
+        return shard.iterator
+
     def _read(self, shard: _Shard) -> None:
-        if shard.iterator is None:
-            return  # a closed shard that has been read to its end
+        if shard.closed:
+            return
+        iterator = self._next_iterator(shard)
+        if iterator is None:
+            shard.closed = True
+            return
         try:
-            page = self.client.get_records(ShardIterator=shard.iterator, Limit=1000)
+            page = self.client.get_records(ShardIterator=iterator, Limit=1000)
         except ClientError as exc:
             if exc.response.get("Error", {}).get("Code") != "ExpiredIteratorException":
                 raise
-            shard.iterator = self._iterator(shard.shard_id, "TRIM_HORIZON", after=shard.last_sequence)
+            shard.iterator = None
+            if shard.position == "LATEST" and shard.last_sequence is None:
+                shard.iterator = self._iterator(shard.shard_id, "LATEST")
             return
         shard.iterator = page.get("NextShardIterator")
+        shard.closed = shard.iterator is None  # no next iterator: the shard is closed and read to its end
         for raw in page.get("Records", []):
             record = lambda_record(dict(raw), self.stream_arn, self.region)
             shard.last_sequence = record["dynamodb"].get("SequenceNumber", shard.last_sequence)
