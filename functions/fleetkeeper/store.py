@@ -505,19 +505,12 @@ class Store:
             self._transact_on_service(
                 current,
                 expected_generation,
-                update={
-                    "Update": {
-                        "TableName": self.table_name,
-                        "Key": to_raw({"PK": service_pk(current.name), "SK": SERVICE_SK}),
-                        "UpdateExpression": (
-                            "SET target_version = :new, latest_version = :new, "
-                            "generation = generation + :one, updated_at = :now"
-                        ),
-                        "ConditionExpression": condition,
-                        "ExpressionAttributeValues": values,
-                        "ReturnValuesOnConditionCheckFailure": "ALL_OLD",
-                    }
-                },
+                update_expression=(
+                    "SET target_version = :new, latest_version = :new, "
+                    "generation = generation + :one, updated_at = :now"
+                ),
+                condition=condition,
+                values=values,
                 other={
                     "Put": {
                         "TableName": self.table_name,
@@ -556,18 +549,9 @@ class Store:
             self._transact_on_service(
                 current,
                 expected_generation,
-                update={
-                    "Update": {
-                        "TableName": self.table_name,
-                        "Key": to_raw({"PK": service_pk(current.name), "SK": SERVICE_SK}),
-                        "UpdateExpression": (
-                            "SET target_version = :target, generation = generation + :one, updated_at = :now"
-                        ),
-                        "ConditionExpression": condition,
-                        "ExpressionAttributeValues": values,
-                        "ReturnValuesOnConditionCheckFailure": "ALL_OLD",
-                    }
-                },
+                update_expression="SET target_version = :target, generation = generation + :one, updated_at = :now",
+                condition=condition,
+                values=values,
                 other={
                     "ConditionCheck": {
                         "TableName": self.table_name,
@@ -588,9 +572,22 @@ class Store:
         current: ServiceRecord,
         expected_generation: int | None,
         *,
-        update: TransactWriteItemTypeDef,
+        update_expression: str,
+        condition: str,
+        values: dict[str, AttributeValueTypeDef],
         other: TransactWriteItemTypeDef,
     ) -> None:
+        """ONE transaction: a conditional update of the service item, and `other` on a child item."""
+        update: TransactWriteItemTypeDef = {
+            "Update": {
+                "TableName": self.table_name,
+                "Key": to_raw({"PK": service_pk(current.name), "SK": SERVICE_SK}),
+                "UpdateExpression": update_expression,
+                "ConditionExpression": condition,
+                "ExpressionAttributeValues": values,
+                "ReturnValuesOnConditionCheckFailure": "ALL_OLD",
+            }
+        }
         try:
             self.client.transact_write_items(TransactItems=[update, other])
         except ClientError as exc:
