@@ -251,7 +251,7 @@ def _observe(
             reason = f" ({described.state_reason})" if described.state_reason else ""
             why = f"is {described.state.value}{reason}"
         spot = described is not None and described.spot
-        cause = "spot instance reclaimed by AWS" if spot else "terminated outside fleetkeeper"
+        cause = SPOT_RECLAIMED if spot else "terminated outside fleetkeeper"
         return replace(
             record,
             status=ReplicaStatus.PREEMPTED,
@@ -485,6 +485,11 @@ ENVIRONMENT_REFUSALS = frozenset(
 )
 
 
+# How a PREEMPTED replica's message ends when AWS took its spot instance back: that is the price
+# of spot, not a fault of the version, so it does not count toward the breaker (as in SkyPilot).
+SPOT_RECLAIMED = "spot instance reclaimed by AWS"
+
+
 def refusal_code(record: ReplicaRecord) -> str:
     """The AWS error code of a FAILED_PROVISION replica (its message is "<code>: <message>")."""
     return record.status_message.split(":", 1)[0].strip()
@@ -498,7 +503,10 @@ def _failures(records: Sequence[ReplicaRecord]) -> int:
         for r in records
         if r.status is ReplicaStatus.FAILED_PROVISION and refusal_code(r) not in ENVIRONMENT_REFUSALS
     )
-    return refused + sum(1 for r in records if r.status in _BREAKER_FAILURES)
+    spot_reclaims = sum(
+        1 for r in records if r.status is ReplicaStatus.PREEMPTED and r.status_message.endswith(SPOT_RECLAIMED)
+    )
+    return refused + sum(1 for r in records if r.status in _BREAKER_FAILURES) - spot_reclaims
 
 
 def _circuit_breaker(
