@@ -75,6 +75,8 @@ def test_breaker_fails_the_version_and_rolls_back_in_one_transaction(store: Reco
     after = store.require("svc")
     assert after.service.target_version == 1 and after.service.generation == state.service.generation + 1
     assert after.versions[2].state is VersionState.FAILED
+    # Says why in the same write, so a client watching the update sees it at once.
+    assert after.service.status_message == "rolling back to version 1: version 2 failed: 3 replica failures"
     with pytest.raises(Superseded):  # a second run tripping the same breaker changes nothing
         store.trip_breaker(state.service, 2, "again", 1)
 

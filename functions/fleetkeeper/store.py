@@ -852,13 +852,18 @@ class ReconcilerStore(Store):
                         "TableName": self.table_name,
                         "Key": to_raw({"PK": service_pk(service.name), "SK": SERVICE_SK}),
                         # generation moves: a client's If-Match taken before the rollback must fail.
-                        "UpdateExpression": "SET target_version = :good, generation = generation + :one",
+                        # The message says why at once (a CLI waiting on the update reports it); the
+                        # next run derives the full status.
+                        "UpdateExpression": (
+                            "SET target_version = :good, generation = generation + :one, status_message = :why"
+                        ),
                         "ConditionExpression": (
                             "uid = :uid AND lifecycle = :active AND target_version = :failed "
                             "AND generation = :generation"
                         ),
                         "ExpressionAttributeValues": _values(
                             good=rollback_to,
+                            why=f"rolling back to version {rollback_to}: {message}",
                             one=1,
                             uid=service.uid,
                             active=Lifecycle.ACTIVE.value,
