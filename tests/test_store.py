@@ -183,3 +183,57 @@ def test_concurrent_updates_without_if_match_all_land_as_distinct_versions(
     versions = api.get("/v1/services/web/versions").body["versions"]
     assert [v["version"] for v in versions] == [1, 2, 3, 4, 5]
     assert sorted(v["spec"]["envs"]["W"] for v in versions[1:]) == ["0", "1", "2", "3"]
+
+
+# --- version history -----------------------------------------------------------------------------
+
+
+def test_updates_keep_the_newest_versions_and_never_prune_what_is_in_use(api: ApiClient, table: str) -> None:
+    from fleetkeeper.store import VERSION_HISTORY_LIMIT
+
+    api.post("/v1/services", {"name": "web", "spec": hello_spec()})
+    # A replica still runs version 2 (say, mid-rollout): its version must survive the pruning.
+    state = Store(table).require("web")
+    aws.dynamodb().put_item(
+        TableName=table,
+        Item=store.to_raw(
+            {
+                "PK": "SVC#web",
+                "SK": store.replica_sk(state.service.uid, 0),
+                "kind": "replica",
+                "name": "web",
+                "uid": state.service.uid,
+                "replica_id": 0,
+                "version": 2,
+                "status": "READY",
+                "created_at": "t",
+                "updated_at": "t",
+            }
+        ),
+    )
+    calls = count_calls("*")
+    for i in range(VERSION_HISTORY_LIMIT + 5):
+        assert api.put("/v1/services/web", {"spec": hello_spec(envs={"N": str(i)})}).status == 200
+    latest = VERSION_HISTORY_LIMIT + 6
+    assert calls["TransactWriteItems"] == VERSION_HISTORY_LIMIT + 5  # still one write per update
+    kept = [v["version"] for v in api.get("/v1/services/web/versions").body["versions"]]
+    assert kept == [2, *range(latest - VERSION_HISTORY_LIMIT + 1, latest + 1)]
+    gone = api.post("/v1/services/web/rollback", {"version": 1})
+    assert gone.status == 404 and f"newest {VERSION_HISTORY_LIMIT} are kept" in gone.body["error"]["message"]
+    assert api.post("/v1/services/web/rollback", {"version": 2}).status == 200
+
+
+def test_the_target_survives_pruning_after_a_rollback(api: ApiClient) -> None:
+    from fleetkeeper.store import VERSION_HISTORY_LIMIT
+
+    api.post("/v1/services", {"name": "web", "spec": hello_spec()})
+    api.put("/v1/services/web", {"spec": hello_spec(envs={"N": "2"})})
+    assert api.post("/v1/services/web/rollback", {"version": 1}).status == 200
+    state_view = api.get("/v1/services/web").body
+    assert state_view["target_version"] == 1
+    # Updates move the target on; version 1 stays while it is the target, then may go.
+    body = api.put("/v1/services/web", {"spec": hello_spec(envs={"N": "3"})}).body
+    assert body["target_version"] == 3
+    versions = [v["version"] for v in api.get("/v1/services/web/versions").body["versions"]]
+    assert versions == [1, 2, 3]
+    assert VERSION_HISTORY_LIMIT > 3

@@ -50,6 +50,10 @@ SERVICES_INDEX = "services"
 LIST_PK_ATTR = "list_pk"
 LIST_SK_ATTR = "list_sk"
 LIST_PK_VALUE = "SERVICE"
+# Versions kept per service, like a Kubernetes Deployment's revisionHistoryLimit: an update prunes
+# what falls out of the window (never the target, never a version a replica runs), so neither a
+# read of the service nor a reconcile run grows with a long-lived service's history.
+VERSION_HISTORY_LIMIT = 50
 # Powertools idempotency records share the table under their own partition and expire by TTL.
 TTL_ATTR = "expiration"
 
@@ -489,6 +493,7 @@ class Store:
         version = VersionRecord(
             name=current.name, uid=current.uid, version=new_version, spec=spec, mode=mode, created_at=now
         )
+        pruned = prunable_versions(state, new_version)
         condition = "uid = :uid AND lifecycle = :active AND latest_version = :latest"
         values = _values(
             uid=current.uid,
@@ -518,6 +523,7 @@ class Store:
                         "ConditionExpression": "attribute_not_exists(PK)",
                     }
                 },
+                also=[self._delete_version(current, n) for n in pruned],
             )
         except _MissingChild as exc:
             # Version n+1 already exists: another writer added it between our read and our write.
@@ -529,7 +535,12 @@ class Store:
             generation=current.generation + 1,
             updated_at=now,
         )
-        return replace(state, service=service, versions={**state.versions, new_version: version})
+        kept = {n: v for n, v in state.versions.items() if n not in pruned}
+        return replace(state, service=service, versions={**kept, new_version: version})
+
+    def _delete_version(self, service: ServiceRecord, version: int) -> TransactWriteItemTypeDef:
+        key = {"PK": service_pk(service.name), "SK": version_sk(service.uid, version)}
+        return {"Delete": {"TableName": self.table_name, "Key": to_raw(key)}}
 
     def set_target(
         self, state: ServiceState, version: int, now: str, *, expected_generation: int | None
@@ -562,7 +573,8 @@ class Store:
             )
         except _MissingChild as exc:
             raise NotFound(
-                f"service {current.name!r} has no version {version} (latest is {current.latest_version})"
+                f"service {current.name!r} has no version {version} (latest is {current.latest_version}; "
+                f"the newest {VERSION_HISTORY_LIMIT} are kept)"
             ) from exc
         service = replace(current, target_version=version, generation=current.generation + 1, updated_at=now)
         return replace(state, service=service)
@@ -576,8 +588,10 @@ class Store:
         condition: str,
         values: dict[str, AttributeValueTypeDef],
         other: TransactWriteItemTypeDef,
+        also: Sequence[TransactWriteItemTypeDef] = (),
     ) -> None:
-        """ONE transaction: a conditional update of the service item, and `other` on a child item."""
+        """ONE transaction: a conditional update of the service item, `other` on a child item (its
+        condition failing is _MissingChild), and unconditional `also` items."""
         update: TransactWriteItemTypeDef = {
             "Update": {
                 "TableName": self.table_name,
@@ -589,7 +603,7 @@ class Store:
             }
         }
         try:
-            self.client.transact_write_items(TransactItems=[update, other])
+            self.client.transact_write_items(TransactItems=[update, other, *also])
         except ClientError as exc:
             if not _is(exc, "TransactionCanceledException"):
                 raise
@@ -652,6 +666,14 @@ class Store:
             updated_at=now,
         )
         return replace(state, service=service)
+
+
+def prunable_versions(state: ServiceState, new_version: int) -> list[int]:
+    """Versions that fall out of the history window when `new_version` is added (a transaction
+    holds 100 items: the service update and the new version leave room for 98 deletes)."""
+    in_use = {state.service.target_version} | {r.version for r in state.replicas.values()}
+    oldest_kept = new_version - VERSION_HISTORY_LIMIT + 1
+    return sorted(n for n in state.versions if n < oldest_kept and n not in in_use)[:98]
 
 
 class _MissingChild(Exception):
