@@ -381,7 +381,8 @@ def main(sizes: list[int]) -> None:
         f"{DESCRIBE_PAGE_MS:.0f} ms per DescribeInstances page + probes at {PROBE_MS:.0f} ms each, "
         f"{PROBE_WORKERS} in parallel. EC2 Describe calls, SSM standard parameters and EventBridge "
         "scheduled rules cost nothing; CloudWatch Logs (one line per run) is cents. Read units grow with "
-        "the versions a service keeps (each holds its spec) until cleanup removes the service."
+        "the versions a service keeps (each holds its spec); updates keep the newest 50 (plus the target "
+        "and versions replicas run)."
     )
 
 
