@@ -223,17 +223,16 @@ def test_updates_keep_the_newest_versions_and_never_prune_what_is_in_use(api: Ap
     assert api.post("/v1/services/web/rollback", {"version": 2}).status == 200
 
 
-def test_the_target_survives_pruning_after_a_rollback(api: ApiClient) -> None:
+def test_the_version_being_served_survives_pruning_after_a_rollback(api: ApiClient) -> None:
     from fleetkeeper.store import VERSION_HISTORY_LIMIT
 
     api.post("/v1/services", {"name": "web", "spec": hello_spec()})
-    api.put("/v1/services/web", {"spec": hello_spec(envs={"N": "2"})})
+    for i in range(VERSION_HISTORY_LIMIT - 1):  # latest = the limit: version 1 is still kept
+        api.put("/v1/services/web", {"spec": hello_spec(envs={"N": str(i)})})
     assert api.post("/v1/services/web/rollback", {"version": 1}).status == 200
-    state_view = api.get("/v1/services/web").body
-    assert state_view["target_version"] == 1
-    # Updates move the target on; version 1 stays while it is the target, then may go.
-    body = api.put("/v1/services/web", {"spec": hello_spec(envs={"N": "3"})}).body
-    assert body["target_version"] == 3
+    # This update pushes version 1 out of the window, but it is the target being served (and
+    # rolled away from only by this very update): it stays.
+    latest = api.put("/v1/services/web", {"spec": hello_spec(envs={"N": "new"})}).body["latest_version"]
     versions = [v["version"] for v in api.get("/v1/services/web/versions").body["versions"]]
-    assert versions == [1, 2, 3]
-    assert VERSION_HISTORY_LIMIT > 3
+    assert versions[0] == 1
+    assert versions[1:] == list(range(latest - VERSION_HISTORY_LIMIT + 1, latest + 1))

@@ -11,7 +11,7 @@ import re
 import time
 import uuid
 from typing import Any
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import parse_qs, unquote, urlsplit
 
 # Routes as API Gateway knows them (template.yaml); resource and pathParameters are derived from these.
 ROUTES: tuple[tuple[str, str], ...] = (
@@ -41,7 +41,8 @@ def rest_event(
     for candidate, pattern in _COMPILED:
         match = pattern.match(path)
         if match:
-            resource, path_parameters = candidate, match.groupdict() or None
+            # API Gateway hands path parameters over percent-decoded.
+            resource, path_parameters = candidate, {k: unquote(v) for k, v in match.groupdict().items()} or None
             break
     header_map = dict(headers or {})
     encoded = False

@@ -128,6 +128,19 @@ class ReplicaRecord:
     # so of two runs acting on one replica only the first write lands (store.put_replica).
     rev: int = 0
 
+    @classmethod
+    def pending(cls, service: ServiceRecord, replica_id: int, version: int, now: str) -> ReplicaRecord:
+        """A just-claimed replica: its item exists, its instance does not yet."""
+        return cls(
+            name=service.name,
+            uid=service.uid,
+            replica_id=replica_id,
+            version=version,
+            status=ReplicaStatus.PENDING,
+            created_at=now,
+            updated_at=now,
+        )
+
 
 @dataclass(frozen=True)
 class ServiceState:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import contextlib
 import json
 import secrets
 from dataclasses import replace
@@ -772,6 +773,17 @@ class Superseded(Exception):
     """A reconciler write found its item changed since the run observed it."""
 
 
+@contextlib.contextmanager
+def _superseded_unless_condition_holds(what: str) -> Iterator[None]:
+    """A reconciler write whose condition failed lost to another writer: Superseded, not an error."""
+    try:
+        yield
+    except ClientError as exc:
+        if _is(exc, "ConditionalCheckFailedException"):
+            raise Superseded(what) from exc
+        raise
+
+
 class ReconcilerStore(Store):
     """Store plus the reconciler's conditional writes."""
 
@@ -790,18 +802,7 @@ class ReconcilerStore(Store):
             raise ValueError(f"replica ids must continue replica_seq {seen}: {ids}")
         for start in range(0, len(ids), _CLAIM_CHUNK):
             chunk = ids[start : start + _CLAIM_CHUNK]
-            records = [
-                ReplicaRecord(
-                    name=service.name,
-                    uid=service.uid,
-                    replica_id=replica_id,
-                    version=version,
-                    status=ReplicaStatus.PENDING,
-                    created_at=now,
-                    updated_at=now,
-                )
-                for replica_id in chunk
-            ]
+            records = [ReplicaRecord.pending(service, replica_id, version, now) for replica_id in chunk]
             items: list[TransactWriteItemTypeDef] = [
                 {
                     "Update": {
@@ -833,31 +834,23 @@ class ReconcilerStore(Store):
     def put_replica(self, before: ReplicaRecord, after: ReplicaRecord) -> ReplicaRecord:
         """Replace a replica item if it is still at `before.rev`; returns the record as written."""
         written = replace(after, rev=before.rev + 1)
-        try:
+        with _superseded_unless_condition_holds(f"replica {before.replica_id} of {before.name} changed"):
             self.client.put_item(
                 TableName=self.table_name,
                 Item=to_raw(replica_item(written)),
                 ConditionExpression="rev = :rev",
                 ExpressionAttributeValues=_values(rev=before.rev),
             )
-        except ClientError as exc:
-            if _is(exc, "ConditionalCheckFailedException"):
-                raise Superseded(f"replica {before.replica_id} of {before.name} changed") from exc
-            raise
         return written
 
     def delete_replica(self, record: ReplicaRecord) -> None:
-        try:
+        with _superseded_unless_condition_holds(f"replica {record.replica_id} of {record.name} changed"):
             self.client.delete_item(
                 TableName=self.table_name,
                 Key=to_raw({"PK": service_pk(record.name), "SK": replica_sk(record.uid, record.replica_id)}),
                 ConditionExpression="rev = :rev",
                 ExpressionAttributeValues=_values(rev=record.rev),
             )
-        except ClientError as exc:
-            if _is(exc, "ConditionalCheckFailedException"):
-                raise Superseded(f"replica {record.replica_id} of {record.name} changed") from exc
-            raise
 
     def mark_version(
         self, service: ServiceRecord, version: int, expected: VersionState, state: VersionState, message: str
@@ -901,7 +894,7 @@ class ReconcilerStore(Store):
         self, service: ServiceRecord, status: ServiceStatus, message: str, observed_generation: int
     ) -> None:
         """Status of the generation the run acted on; skipped (Superseded) if the service moved since."""
-        try:
+        with _superseded_unless_condition_holds(f"service {service.name} changed"):
             self.client.update_item(
                 TableName=self.table_name,
                 Key=to_raw({"PK": service_pk(service.name), "SK": SERVICE_SK}),
@@ -916,24 +909,16 @@ class ReconcilerStore(Store):
                     generation=service.generation,
                 ),
             )
-        except ClientError as exc:
-            if _is(exc, "ConditionalCheckFailedException"):
-                raise Superseded(f"service {service.name} changed") from exc
-            raise
 
     def delete_service(self, service: ServiceRecord) -> None:
         """The last step of a delete: the DELETING item of this incarnation goes (cleanup takes the rest)."""
-        try:
+        with _superseded_unless_condition_holds(f"service {service.name} changed"):
             self.client.delete_item(
                 TableName=self.table_name,
                 Key=to_raw({"PK": service_pk(service.name), "SK": SERVICE_SK}),
                 ConditionExpression="lifecycle = :deleting AND uid = :uid",
                 ExpressionAttributeValues=_values(deleting=Lifecycle.DELETING.value, uid=service.uid),
             )
-        except ClientError as exc:
-            if _is(exc, "ConditionalCheckFailedException"):
-                raise Superseded(f"service {service.name} changed") from exc
-            raise
 
     def _version_state_update(
         self, service: ServiceRecord, version: int, expected: VersionState, state: VersionState, message: str

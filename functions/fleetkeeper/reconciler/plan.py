@@ -628,18 +628,7 @@ def _plan_replicas(
         actions.append(Claim(target_number, ids))
         actions.extend(Launch(replica_id, fresh=True) for replica_id in ids)
         stamp = to_iso(now)
-        work.claimed.extend(
-            ReplicaRecord(
-                name=service.name,
-                uid=service.uid,
-                replica_id=replica_id,
-                version=target_number,
-                status=ReplicaStatus.PENDING,
-                created_at=stamp,
-                updated_at=stamp,
-            )
-            for replica_id in ids
-        )
+        work.claimed.extend(ReplicaRecord.pending(service, replica_id, target_number, stamp) for replica_id in ids)
     return actions
 
 
