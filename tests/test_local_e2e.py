@@ -10,7 +10,6 @@ Needs the reconciler (fleetkeeper.reconciler.handler) and the cleanup function
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import signal
@@ -32,14 +31,7 @@ EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "hello" / "service.
 NAME = "hello-e2e"
 WAIT = "60"  # seconds any one --wait may take
 
-pytestmark = [
-    pytest.mark.e2e,
-    pytest.mark.skipif(
-        importlib.util.find_spec("fleetkeeper.reconciler.handler") is None
-        or importlib.util.find_spec("fleetkeeper.cleanup.handler") is None,
-        reason="needs the reconciler and cleanup functions (their branches are not merged here)",
-    ),
-]
+pytestmark = pytest.mark.e2e
 
 
 @pytest.fixture(scope="module")

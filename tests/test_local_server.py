@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import signal
@@ -49,10 +48,6 @@ def test_local_refuses_a_port_that_is_taken(tmp_path: Path) -> None:
         assert plane.stop() == 0
 
 
-@pytest.mark.skipif(
-    importlib.util.find_spec("fleetkeeper.reconciler.handler") is None,
-    reason="needs the reconciler to start replicas",
-)
 def test_closing_the_terminal_sighup_stops_every_replica(tmp_path: Path) -> None:
     plane = start_local(tmp_path)
     try:

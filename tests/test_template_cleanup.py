@@ -2,7 +2,7 @@
 
 The filter is checked by behaviour (fleetkeeper.eventfilter evaluates it as Lambda does): REMOVE of
 a service item goes through; the cleanup's own deletes of versions and replicas, and every INSERT or
-MODIFY, do not. Skips while the template has no CleanupFunction (built on another branch).
+MODIFY, do not.
 """
 
 from __future__ import annotations
@@ -26,8 +26,7 @@ from tests.cfn import (
 @pytest.fixture(scope="module")
 def translated() -> dict[str, Any]:
     translated = translate()
-    if "CleanupFunction" not in translated["Resources"]:
-        pytest.skip("template.yaml has no CleanupFunction yet (built on the cleanup branch)")
+    assert "CleanupFunction" in translated["Resources"]
     return translated
 
 

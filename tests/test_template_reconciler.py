@@ -2,8 +2,7 @@
 
 Invariant 7 (DESIGN.md): the control plane only touches instances carrying its managed tag, and its
 IAM policy enforces that. These tests read the translated role, so a policy that says the right
-thing in SAM shorthand but not in CloudFormation fails too. They skip while the template has no
-ReconcilerFunction (it is built on another branch).
+thing in SAM shorthand but not in CloudFormation fails too.
 """
 
 from __future__ import annotations
@@ -41,8 +40,7 @@ LAMBDA_VPC_ACTIONS = {
 @pytest.fixture(scope="module")
 def translated() -> dict[str, Any]:
     translated = translate()
-    if "ReconcilerFunction" not in translated["Resources"]:
-        pytest.skip("template.yaml has no ReconcilerFunction yet (built on the reconciler branch)")
+    assert "ReconcilerFunction" in translated["Resources"]
     return translated
 
 

@@ -48,11 +48,6 @@ def tour(plane: EmbeddedControlPlane) -> None:
     url = plane.api_url
     api = ["--api-url", url]
     cli_hint = "fleetkeeper" if url.endswith(f":{DEFAULT_PORT}") else f"FLEETKEEPER_API_URL={url} fleetkeeper"
-    if any(note.startswith("reconciler:") for note in plane.notes):
-        say("\nThis build has no reconciler yet: the demo service is stored but nothing runs it.")
-        cli(["up", str(EXAMPLE), *api])
-        cli(["status", SERVICE, *api])
-        return
     shown = EXAMPLE.relative_to(Path.cwd()) if EXAMPLE.is_relative_to(Path.cwd()) else EXAMPLE
     say(f"\n$ fleetkeeper up {shown} --wait")
     if cli(["up", str(EXAMPLE), "--wait", "--timeout", "300", *api]) != 0:

@@ -6,14 +6,12 @@
     cleanup           StreamPump: the table's stream -> template's filter -> the cleanup handler
     replicas          ProcessDriver: local process groups (FLEETKEEPER_DRIVER=process)
 
-The handlers are the ones Lambda runs, imported as they are. A handler that is not in this build
-(a checkout without the reconciler, say) is reported at startup and its part is left out.
+The handlers are the ones Lambda runs, imported as they are.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import logging
 import math
 import os
@@ -38,18 +36,6 @@ logger = logging.getLogger("local.server")
 
 
 Handler = Any  # a Lambda handler: (event, context) -> response
-
-
-def _optional_handler(module: str) -> Callable[..., Any] | None:
-    """A function's lambda_handler, or None when this build does not have that function yet."""
-    try:
-        loaded = importlib.import_module(module)
-    except ModuleNotFoundError as exc:
-        if exc.name and module.startswith(exc.name):
-            return None
-        raise
-    handler: Callable[..., Any] = loaded.lambda_handler
-    return handler
 
 
 def configure_environment(options: Options) -> None:
@@ -90,7 +76,6 @@ class EmbeddedControlPlane:
             table=options.table,
         )
         self.aws_endpoint = ""
-        self.notes: list[str] = []
         self._moto: Any = None
         self._bridge: ApiBridge | None = None
         self._loop: ReconcileLoop | None = None
@@ -124,28 +109,21 @@ class EmbeddedControlPlane:
         aws.reset_clients()
         create_table(aws.dynamodb(), self.options.table, template)
 
-        reconciler = _optional_handler("fleetkeeper.reconciler.handler")
-        cleanup = _optional_handler("fleetkeeper.cleanup.handler")
+        # Imported only now: the handlers read their settings (pointed at moto above) on first use.
         from fleetkeeper.api.handler import lambda_handler as api_handler
+        from fleetkeeper.cleanup.handler import lambda_handler as cleanup_handler
+        from fleetkeeper.reconciler.handler import lambda_handler as reconciler_handler
 
         if self.log_level is not None:  # after the imports: the handlers' loggers exist from then on
             from fleetkeeper.local.readable_logs import make_logs_readable
 
             make_logs_readable(self.log_level)
-        if reconciler is None:
-            self.notes.append(
-                "reconciler: not in this build (fleetkeeper.reconciler.handler); services are stored "
-                "but no replica is started"
-            )
-        else:
-            self._loop = ReconcileLoop(reconciler, tick=self.options.tick)
+        self._loop = ReconcileLoop(reconciler_handler, tick=self.options.tick)
         source = StreamSource.from_template(template)
-        if cleanup is None or source is None:
-            missing = "fleetkeeper.cleanup.handler" if cleanup is None else "CleanupFunction's stream event"
-            self.notes.append(f"cleanup: not in this build ({missing}); removed services leave their versions")
-        else:
-            stream_arn = aws.dynamodb().describe_table(TableName=self.options.table)["Table"]["LatestStreamArn"]
-            self._pump = StreamPump(_streams_client(self.aws_endpoint), stream_arn, source, cleanup)
+        if source is None:
+            raise RuntimeError("template.yaml declares no DynamoDB event for CleanupFunction")
+        stream_arn = aws.dynamodb().describe_table(TableName=self.options.table)["Table"]["LatestStreamArn"]
+        self._pump = StreamPump(_streams_client(self.aws_endpoint), stream_arn, source, cleanup_handler)
 
         self._bridge = ApiBridge(
             (LOOPBACK, self.options.port),
@@ -204,7 +182,6 @@ def banner(plane: EmbeddedControlPlane) -> str:
         f"  replica logs   {plane.logs_dir}/<service>/replica-<id>.log   (fleetkeeper logs NAME)",
         f"  in-memory AWS  {plane.aws_endpoint}   table {plane.options.table}",
         f"  reconciler     every {plane.options.tick:g}s and after every write",
-        *(f"  note: {note}" for note in plane.notes),
         "Ctrl-C (or SIGTERM, or closing the terminal) stops every replica and exits.",
     ]
     return "\n".join(lines)
