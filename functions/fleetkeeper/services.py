@@ -16,7 +16,6 @@ from fleetkeeper.model import (
     Lifecycle,
     ServiceRecord,
     ServiceState,
-    VersionRecord,
     VersionState,
     to_iso,
     utcnow,
@@ -58,10 +57,6 @@ class ServiceCommands:
 
     def list_page(self, *, limit: int, next_token: str | None) -> tuple[list[ServiceRecord], str | None]:
         return self.store.list_services(limit=limit, next_token=next_token)
-
-    def versions(self, name: str) -> list[VersionRecord]:
-        state = self.store.require(name)
-        return [state.versions[v] for v in sorted(state.versions)]
 
     # -- writes --
 

@@ -284,6 +284,14 @@ def state_from_items(items: list[Item]) -> ServiceState | None:
     return ServiceState(service=service, versions=versions, replicas=replicas)
 
 
+# The sparse index's one partition: every service item, and nothing else.
+_SERVICES_QUERY: dict[str, Any] = {
+    "IndexName": SERVICES_INDEX,
+    "KeyConditionExpression": f"{LIST_PK_ATTR} = :lpk",
+    "ExpressionAttributeValues": _values(lpk=LIST_PK_VALUE),
+}
+
+
 # --- pagination tokens ----------------------------------------------------------------------------
 
 
@@ -402,12 +410,7 @@ class Store:
 
     def list_services(self, *, limit: int, next_token: str | None = None) -> tuple[list[ServiceRecord], str | None]:
         """A page of service items from the sparse index (never version or replica items)."""
-        kwargs: dict[str, Any] = {
-            "IndexName": SERVICES_INDEX,
-            "KeyConditionExpression": f"{LIST_PK_ATTR} = :lpk",
-            "ExpressionAttributeValues": _values(lpk=LIST_PK_VALUE),
-            "Limit": limit,
-        }
+        kwargs: dict[str, Any] = {**_SERVICES_QUERY, "Limit": limit}
         if next_token:
             kwargs["ExclusiveStartKey"] = decode_token(next_token)
         page = self.client.query(TableName=self.table_name, **kwargs)
@@ -416,11 +419,7 @@ class Store:
 
     def iter_services(self) -> Iterator[ServiceRecord]:
         """Every service item, page by page through the sparse index."""
-        for page in self._query_pages(
-            IndexName=SERVICES_INDEX,
-            KeyConditionExpression=f"{LIST_PK_ATTR} = :lpk",
-            ExpressionAttributeValues=_values(lpk=LIST_PK_VALUE),
-        ):
+        for page in self._query_pages(**_SERVICES_QUERY):
             for raw in page["Items"]:
                 yield service_from_item(from_raw(raw))
 
