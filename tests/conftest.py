@@ -24,6 +24,8 @@ os.environ.update(
         "POWERTOOLS_LOG_LEVEL": "WARNING",
         "POWERTOOLS_METRICS_NAMESPACE": "fleetkeeper-tests",
         "AWS_ACCOUNT_ID_ENDPOINT_MODE": "disabled",
+        # Belt and braces: no credential lookup may ever reach the instance metadata address.
+        "AWS_EC2_METADATA_DISABLED": "true",
     }
 )
 for _var in ("FLEETKEEPER_AWS_ENDPOINT_URL", "RECONCILER_FUNCTION_NAME", "FLEETKEEPER_KICK_URL"):
