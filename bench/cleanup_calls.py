@@ -32,7 +32,8 @@ from moto import mock_aws  # noqa: E402
 
 from fleetkeeper import aws  # noqa: E402
 from fleetkeeper.cleanup.logic import Budget, Cleaner  # noqa: E402
-from fleetkeeper.store import ChildKeys, Store  # noqa: E402
+from fleetkeeper.store.cleanup import ChildKeys  # noqa: E402
+from fleetkeeper.store.table import Table  # noqa: E402
 from fleetkeeper.template import create_table  # noqa: E402
 from tests.cleanup_support import count_calls, partition_keys, seed_children  # noqa: E402
 
@@ -48,7 +49,7 @@ def measure(versions: int) -> tuple[int, int, int, float]:
         queries, batches = count_calls("Query"), count_calls("BatchWriteItem")
         started = time.perf_counter()
         progress = Cleaner(
-            children=ChildKeys(Store(TABLE), "web", "0123456789abcdef"),
+            children=ChildKeys(Table(TABLE), "web", "0123456789abcdef"),
             budget=Budget(remaining_ms=lambda: 300_000),
         ).run()
         elapsed = time.perf_counter() - started

@@ -63,16 +63,12 @@ from fleetkeeper.model import (  # noqa: E402
 from fleetkeeper.reconciler.driver import MANAGED_TAG, REPLICA_TAG, SERVICE_TAG, UID_TAG, VERSION_TAG  # noqa: E402
 from fleetkeeper.reconciler.drivers.ec2 import Ec2Driver  # noqa: E402
 from fleetkeeper.reconciler.shell import Reconciler  # noqa: E402
+from fleetkeeper.settings import Ec2Settings  # noqa: E402
 from fleetkeeper.spec import ServiceSpec  # noqa: E402
-from fleetkeeper.store import (  # noqa: E402
-    ReconcilerStore,
-    from_raw,
-    new_uid,
-    replica_item,
-    service_item,
-    to_raw,
-    version_item,
-)
+from fleetkeeper.store.codec import from_raw, replica_item, service_item, to_raw, version_item  # noqa: E402
+from fleetkeeper.store.keys import new_uid  # noqa: E402
+from fleetkeeper.store.reconciler import ReconcilerStore  # noqa: E402
+from fleetkeeper.store.table import Table  # noqa: E402
 from fleetkeeper.template import create_table  # noqa: E402
 
 TABLE = "fleetkeeper-bench"
@@ -265,7 +261,12 @@ def _seed(store: ReconcilerStore, services: int, spec: ServiceSpec, now: str) ->
         items = [service_item(service), version_item(replace(version, state=VersionState.READY))]
         items += [replica_item(r) for r in replicas]
         for item in items:
-            client.put_item(TableName=store.table_name, Item=to_raw(item))
+            client.put_item(TableName=store.table.name, Item=to_raw(item))
+
+
+def _driver() -> Ec2Driver:
+    """A driver for one run, as the reconciler builds it (FLEETKEEPER_REPLICA_HOST is set above)."""
+    return Ec2Driver.from_settings(Ec2Settings.from_env(os.environ))
 
 
 def measure(services: int, port: int, meter: Meter) -> dict[str, Any]:
@@ -273,23 +274,23 @@ def measure(services: int, port: int, meter: Meter) -> dict[str, Any]:
         aws.reset_clients()
         create_table(aws.dynamodb(), TABLE)
         meter.hook()
-        store = ReconcilerStore(TABLE)
+        store = ReconcilerStore(Table(TABLE))
         clock = [datetime.now(UTC)]
         _seed(store, services, _spec(port), to_iso(clock[0]))
-        reconciler = Reconciler(store=store, driver=Ec2Driver.from_env(), now=lambda: clock[0], probe_budget_seconds=60)
+        reconciler = Reconciler(store=store, driver=_driver(), now=lambda: clock[0], probe_budget_seconds=60)
         runs = 0
         while True:  # reconcile the seed until a run changes nothing
             runs += 1
             if runs > 10:
                 raise RuntimeError(f"S={services}: no steady state")
             meter.reset()
-            reconciler.driver = Ec2Driver.from_env()
+            reconciler.driver = _driver()
             reconciler.run_all()
             clock[0] += timedelta(minutes=1)
             if meter.mutations() == 0:
                 break
         meter.reset()
-        reconciler.driver = Ec2Driver.from_env()
+        reconciler.driver = _driver()
         cpu_start, wall_start = time.process_time(), time.perf_counter()
         report = reconciler.run_all()
         cpu, wall = time.process_time() - cpu_start, time.perf_counter() - wall_start

@@ -40,14 +40,11 @@ def aws(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     from moto import mock_aws
 
     from fleetkeeper import aws as aws_clients
-    from fleetkeeper.api.handler import _Commands
 
     aws_clients.reset_clients()
-    _Commands.instance = None  # the handler's per-process commands hold a client of the last AWS
     with mock_aws():
         yield
     aws_clients.reset_clients()
-    _Commands.instance = None
 
 
 @pytest.fixture

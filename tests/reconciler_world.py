@@ -7,6 +7,7 @@ counted (and can be made to fail) through botocore's event hooks on fleetkeeper'
 
 from __future__ import annotations
 
+import os
 import threading
 from collections import Counter
 from dataclasses import dataclass, field
@@ -20,8 +21,12 @@ from fleetkeeper.reconciler.driver import MANAGED_TAG, REPLICA_TAG, UID_TAG
 from fleetkeeper.reconciler.drivers.ec2 import Ec2Driver
 from fleetkeeper.reconciler.plan import Policy
 from fleetkeeper.reconciler.shell import Reconciler, RunReport
+from fleetkeeper.services import ServiceCommands
+from fleetkeeper.settings import Ec2Settings
 from fleetkeeper.spec import ServiceSpec
-from fleetkeeper.store import ReconcilerStore
+from fleetkeeper.store.commands import CommandStore
+from fleetkeeper.store.reconciler import ReconcilerStore
+from fleetkeeper.store.table import Table
 from fleetkeeper.template import create_table
 from tests.conftest import TABLE, hello_spec
 
@@ -163,22 +168,32 @@ class _Hooks:
 _raw_clients: dict[str, Any] = {}
 
 
+def ec2_driver() -> Ec2Driver:
+    """A driver as the reconciler function builds it, from this process's environment."""
+    return Ec2Driver.from_settings(Ec2Settings.from_env(os.environ))
+
+
 class World:
-    """Within an active moto mock: the table, counted clients, one reconciler, one unmanaged instance."""
+    """Within an active moto mock: the table, counted clients, one reconciler, one unmanaged instance.
+
+    `store` is the table as the api sees it (reads, and the writes `commands` makes); the reconciler
+    has a store of its own.
+    """
 
     def __init__(self, server: ProbeServer, *, policy: Policy | None = None) -> None:
         self.server = server
         self.log = CallLog()
         create_table(aws.dynamodb(), TABLE)
-        self.store = ReconcilerStore(TABLE)
+        self.store = CommandStore(Table(TABLE))
         self.clock = Clock()
+        self.commands = ServiceCommands(self.store, now=lambda: to_iso(self.clock()))
         _Hooks.attach(self.log)
         # Made with a client of our own, so it is neither counted nor managed.
         made = self._raw_ec2().run_instances(ImageId="ami-12345678", MinCount=1, MaxCount=1)
         self.unmanaged = made["Instances"][0]["InstanceId"]
         self.reconciler = Reconciler(
-            store=self.store,
-            driver=Ec2Driver.from_env(),
+            store=ReconcilerStore(Table(TABLE)),
+            driver=ec2_driver(),
             now=self.clock,
             policy=policy or Policy(),
             probe_budget_seconds=5,
@@ -196,22 +211,21 @@ class World:
 
     def create(self, name: str = "svc", **spec_overrides: Any) -> ServiceState:
         spec = ServiceSpec.model_validate(spec_dict(self.server.port, **spec_overrides))
-        return self.store.create_service(name, spec, spec.update.mode, to_iso(self.clock()))
+        return self.commands.create(name, spec)
 
     def update(self, name: str = "svc", **spec_overrides: Any) -> ServiceState:
         spec = ServiceSpec.model_validate(spec_dict(self.server.port, **spec_overrides))
-        state = self.store.require(name)
-        return self.store.add_version(state, spec, spec.update.mode, to_iso(self.clock()), expected_generation=None)
+        return self.commands.update(name, spec, mode=None, expected_generation=None)
 
     def delete(self, name: str = "svc") -> ServiceState:
-        return self.store.mark_deleting(self.store.require(name), to_iso(self.clock()))
+        return self.commands.delete(name)
 
     def run(self, name: str | None = None) -> RunReport:
         """One run (a kick for `name`, else the scheduled run), then the clock moves a minute."""
         try:
             return self.reconciler.run_one(name) if name else self.reconciler.run_all()
         finally:
-            self.reconciler.driver = Ec2Driver.from_env()  # a driver lives for one run
+            self.reconciler.driver = ec2_driver()  # a driver lives for one run
             self.clock.advance()
 
     def converge(self, max_runs: int = 20) -> int:

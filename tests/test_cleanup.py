@@ -20,7 +20,9 @@ from fleetkeeper.cleanup.logic import (
     OutOfTime,
     RetryPolicy,
 )
-from fleetkeeper.store import ChildKeys, Store, version_sk
+from fleetkeeper.store.cleanup import ChildKeys
+from fleetkeeper.store.keys import version_sk
+from fleetkeeper.store.table import Table
 from tests.cleanup_support import (
     FaultyClient,
     access_denied,
@@ -41,7 +43,7 @@ PLENTY = Budget(remaining_ms=lambda: 300_000)
 def cleaner(table: str, name: str, uid: str, *, client: Any = None, **kwargs: Any) -> Cleaner:
     sleeps: list[float] = kwargs.pop("sleeps", [])
     return Cleaner(
-        children=ChildKeys(Store(table, client=client), name, uid),
+        children=ChildKeys(Table(table, client=client), name, uid),
         budget=kwargs.pop("budget", PLENTY),
         sleep=sleeps.append,
         **kwargs,
@@ -222,7 +224,7 @@ def test_a_uid_that_is_a_prefix_of_another_leaves_the_other_alone(table: str) ->
 
 def test_the_store_refuses_a_key_of_another_incarnation(table: str) -> None:
     seed_children(table, "web", UID_B, versions=1)
-    children = ChildKeys(Store(table), "web", UID_A)
+    children = ChildKeys(Table(table), "web", UID_A)
     foreign = {"PK": {"S": "SVC#web"}, "SK": {"S": version_sk(UID_B, 1)}}
 
     with pytest.raises(ValueError, match="another incarnation"):

@@ -11,7 +11,8 @@ from aws_lambda_powertools.utilities.batch.exceptions import BatchProcessingErro
 
 from fleetkeeper import aws
 from fleetkeeper.cleanup import handler
-from fleetkeeper.store import SERVICE_SK, child_prefixes, service_pk, to_raw, version_sk
+from fleetkeeper.store.codec import to_raw
+from fleetkeeper.store.keys import SERVICE_SK, child_prefixes, service_pk, version_sk
 from tests.cleanup_support import (
     EVENT_PATH,
     FaultyClient,

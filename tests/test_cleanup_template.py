@@ -13,7 +13,8 @@ from fleetkeeper import aws
 from fleetkeeper.cleanup import handler
 from fleetkeeper.eventfilter import matches_any, patterns_of
 from fleetkeeper.services import IDEMPOTENCY_PARTITION
-from fleetkeeper.store import SERVICE_SK, replica_sk, service_pk, to_raw, version_sk
+from fleetkeeper.store.codec import to_raw
+from fleetkeeper.store.keys import SERVICE_SK, replica_sk, service_pk, version_sk
 from fleetkeeper.template import load_template
 from tests.cleanup_support import EVENT_PATH, partition_keys, seed_children, stream_records
 from tests.conftest import ApiClient, FakeContext, hello_spec

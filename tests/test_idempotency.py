@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from botocore.exceptions import ClientError
 
-from fleetkeeper.store import Store
+from fleetkeeper.store.commands import CommandStore
 from tests.conftest import ApiClient, hello_spec
 from tests.test_store import all_items
 
@@ -54,16 +54,16 @@ def test_keyed_requests_keep_their_own_expiring_records(api: ApiClient, table: s
 
 
 def test_a_transient_fault_is_not_cached(api: ApiClient, monkeypatch: pytest.MonkeyPatch) -> None:
-    real = Store.create_service
+    real = CommandStore.create_service
     calls = {"n": 0}
 
-    def flaky(self: Store, *args: object, **kwargs: object) -> object:
+    def flaky(self: CommandStore, *args: object, **kwargs: object) -> object:
         calls["n"] += 1
         if calls["n"] == 1:
             raise ClientError({"Error": {"Code": "InternalServerError", "Message": "boom"}}, "TransactWriteItems")
         return real(self, *args, **kwargs)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(Store, "create_service", flaky)
+    monkeypatch.setattr(CommandStore, "create_service", flaky)
     body = {"name": "web", "spec": hello_spec()}
     assert api.post("/v1/services", body, headers={"Idempotency-Key": "k"}).status == 500
     retried = api.post("/v1/services", body, headers={"Idempotency-Key": "k"})

@@ -16,6 +16,7 @@ from fleetkeeper.reconciler.drivers import make_driver
 from fleetkeeper.reconciler.drivers.ec2 import Ec2Driver
 from fleetkeeper.reconciler.probe import ProbeTarget, probe_all, probe_one
 from fleetkeeper.reconciler.userdata import USER_DATA_LIMIT, environment_file, render, user_data
+from fleetkeeper.settings import Ec2Settings, Settings
 from fleetkeeper.spec import ReadinessProbe, ServiceSpec
 from tests.conftest import hello_spec
 
@@ -96,14 +97,13 @@ def test_the_probe_phase_is_bounded_and_a_late_probe_gives_no_verdict(http: str)
     assert set(results) == {"/health"}
 
 
-def test_replica_host_replaces_the_instance_address(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_replica_host_replaces_the_instance_address() -> None:
     from fleetkeeper.reconciler.driver import Instance, InstanceState
 
     instance = Instance("i-1", InstanceState.RUNNING, "svc", "u", 1, 0, private_ip="10.1.2.3")
-    monkeypatch.delenv("FLEETKEEPER_REPLICA_HOST", raising=False)
-    assert Ec2Driver.from_env().base_url(instance, 8080) == "http://10.1.2.3:8080"
-    monkeypatch.setenv("FLEETKEEPER_REPLICA_HOST", "127.0.0.1")
-    assert Ec2Driver.from_env().base_url(instance, 9000) == "http://127.0.0.1:9000"
+    assert Ec2Driver.from_settings(Ec2Settings.from_env({})).base_url(instance, 8080) == "http://10.1.2.3:8080"
+    replica_host = Ec2Settings.from_env({"FLEETKEEPER_REPLICA_HOST": "127.0.0.1"})
+    assert Ec2Driver.from_settings(replica_host).base_url(instance, 9000) == "http://127.0.0.1:9000"
     assert Ec2Driver().base_url(Instance("i-2", InstanceState.PENDING, "svc", "u", 1, 1), 80) is None
 
 
@@ -117,9 +117,7 @@ def test_terminate_goes_on_when_one_instance_is_already_gone(aws: None) -> None:
     assert {i["State"]["Name"] for i in states} == {"terminated"}
 
 
-def test_driver_selection(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("FLEETKEEPER_DRIVER", raising=False)
-    assert isinstance(make_driver(), Ec2Driver)
-    monkeypatch.setenv("FLEETKEEPER_DRIVER", "docker")
+def test_driver_selection() -> None:
+    assert isinstance(make_driver(Settings.from_env({"TABLE_NAME": "t"})), Ec2Driver)
     with pytest.raises(ValueError, match="expected 'ec2' or 'process'"):
-        make_driver()
+        Settings.from_env({"TABLE_NAME": "t", "FLEETKEEPER_DRIVER": "docker"})

@@ -17,10 +17,9 @@ from botocore.exceptions import ClientError
 
 from fleetkeeper import aws as aws_clients
 from fleetkeeper.errors import Conflict
-from fleetkeeper.model import ReplicaRecord, ServiceStatus, VersionState, to_iso
+from fleetkeeper.model import ReplicaRecord, ServiceStatus, VersionState
 from fleetkeeper.reconciler.plan import RecordReplica, RecordStatus, Terminate, TripBreaker, plan
 from fleetkeeper.reconciler.userdata import USER_DATA_LIMIT, environment_file, user_data
-from fleetkeeper.services import ServiceCommands
 from fleetkeeper.spec import ServiceSpec
 from tests.conftest import ApiClient, hello_spec
 from tests.reconciler_world import ProbeServer, World, spec_dict, tags
@@ -105,11 +104,14 @@ def test_rollback_skips_and_refuses_versions_the_breaker_failed(world: World) ->
     world.converge()
     world.update(envs={"V": "2"})
     current = world.store.require("svc")
-    world.store.trip_breaker(current.service, 2, "version 2 failed: 3 replica failures", 1)
+    failed = "version 2 failed: 3 replica failures"
+    world.reconciler.store.trip_breaker(
+        current.service, 2, failed, 1, status_message=f"rolling back to version 1: {failed}"
+    )
     world.converge()
     world.update(envs={"V": "3"})
     world.converge()
-    commands = ServiceCommands(world.store)
+    commands = world.commands
     with pytest.raises(Conflict, match=r"version 2 .* failed"):
         commands.rollback("svc", 2, expected_generation=None)
     rolled = commands.rollback("svc", None, expected_generation=None)  # the default skips v2
@@ -152,7 +154,7 @@ def test_one_replica_answering_garbage_fails_its_probe_not_the_run(world: World)
     try:
         world.create("good")
         bad = ServiceSpec.model_validate(spec_dict(garbage.port))
-        world.store.create_service("bad", bad, "rolling", to_iso(world.clock()))
+        world.commands.create("bad", bad)
         for _ in range(3):
             report = world.run()
         assert world.store.require("good").service.status is ServiceStatus.READY

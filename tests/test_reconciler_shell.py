@@ -222,7 +222,7 @@ def test_orphans_are_terminated_after_the_grace_period_and_unmanaged_survive(wor
     created = world.create()
     world.converge()
     # The service item vanishes without the reconciler's delete (e.g. deleted by hand).
-    aws.dynamodb().delete_item(TableName=world.store.table_name, Key={"PK": {"S": "SVC#svc"}, "SK": {"S": "META"}})
+    aws.dynamodb().delete_item(TableName=world.store.table.name, Key={"PK": {"S": "SVC#svc"}, "SK": {"S": "META"}})
     world.run()
     assert len(world.instances()) == 2  # still within the grace period
     world.clock.advance(Policy().orphan_grace.total_seconds())

@@ -9,17 +9,35 @@ from typing import Any
 
 import pytest
 
-from fleetkeeper import aws, store
-from fleetkeeper.errors import Conflict, NotFound, PreconditionFailed
-from fleetkeeper.model import to_iso, utcnow
-from fleetkeeper.spec import parse_spec
-from fleetkeeper.store import Store
+from fleetkeeper import aws
+from fleetkeeper.model import ServiceState, to_iso, utcnow
+from fleetkeeper.spec import ServiceSpec, parse_spec
+from fleetkeeper.store import keys
+from fleetkeeper.store.codec import from_raw, to_raw
+from fleetkeeper.store.commands import VERSION_HISTORY_LIMIT, CommandStore
+from fleetkeeper.store.errors import (
+    GenerationMismatch,
+    MalformedPageToken,
+    ServiceExists,
+    ServiceMissing,
+    UidCollision,
+    VersionMissing,
+)
+from fleetkeeper.store.table import Table
 from tests.conftest import ApiClient, hello_spec
 
 
 def all_items(table: str) -> list[dict[str, Any]]:
     pages = aws.dynamodb().get_paginator("scan").paginate(TableName=table)
-    return [store.from_raw(raw) for page in pages for raw in page["Items"]]
+    return [from_raw(raw) for page in pages for raw in page["Items"]]
+
+
+def store_of(table: str) -> CommandStore:
+    return CommandStore(Table(table))
+
+
+def create(db: CommandStore, name: str, spec: ServiceSpec, now: str = "t0") -> ServiceState:
+    return db.create_service(name, spec, "rolling", now, status_message="created by a test")
 
 
 def count_calls(operation: str) -> Counter[str]:
@@ -31,58 +49,84 @@ def count_calls(operation: str) -> Counter[str]:
 
 def test_create_writes_service_and_version_in_one_transaction(table: str) -> None:
     calls = count_calls("*")
-    state = Store(table).create_service("web", parse_spec(hello_spec()), "rolling", to_iso(utcnow()))
+    state = create(store_of(table), "web", parse_spec(hello_spec()), to_iso(utcnow()))
     assert calls == Counter({"TransactWriteItems": 1})
     keys = {(i["PK"], i["SK"]) for i in all_items(table)}
     assert keys == {("SVC#web", "META"), ("SVC#web", f"V#{state.service.uid}#0000000001")}
 
 
 def test_create_over_an_existing_service_leaves_nothing_written(table: str) -> None:
-    db = Store(table)
-    db.create_service("web", parse_spec(hello_spec()), "rolling", "t0")
+    db = store_of(table)
+    create(db, "web", parse_spec(hello_spec()))
     before = all_items(table)
-    with pytest.raises(Conflict):
-        db.create_service("web", parse_spec(hello_spec(envs={"X": "1"})), "rolling", "t1")
+    with pytest.raises(ServiceExists) as refused:
+        create(db, "web", parse_spec(hello_spec(envs={"X": "1"})), "t1")
+    assert (refused.value.name, refused.value.deleting) == ("web", False)
     assert all_items(table) == before  # no stray version 1 of a second uid
+
+
+def test_create_over_a_deleting_service_says_so(table: str) -> None:
+    db = store_of(table)
+    create(db, "web", parse_spec(hello_spec()))
+    db.mark_deleting(db.require("web"), "t1", status_message="going")
+    with pytest.raises(ServiceExists) as refused:
+        create(db, "web", parse_spec(hello_spec()), "t2")
+    assert refused.value.deleting is True
 
 
 def test_create_whose_version_item_exists_writes_no_service(table: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """The other half of atomicity: if the version Put fails, the service Put is undone too."""
-    monkeypatch.setattr(store, "new_uid", lambda: "fixeduid")
-    aws.dynamodb().put_item(
-        TableName=table, Item=store.to_raw({"PK": "SVC#web", "SK": store.version_sk("fixeduid", 1)})
-    )
-    with pytest.raises(Conflict):
-        Store(table).create_service("web", parse_spec(hello_spec()), "rolling", "t0")
-    assert [i["SK"] for i in all_items(table)] == [store.version_sk("fixeduid", 1)]
+    monkeypatch.setattr(keys, "new_uid", lambda: "fixeduid")
+    aws.dynamodb().put_item(TableName=table, Item=to_raw({"PK": "SVC#web", "SK": keys.version_sk("fixeduid", 1)}))
+    with pytest.raises(UidCollision):
+        create(store_of(table), "web", parse_spec(hello_spec()))
+    assert [i["SK"] for i in all_items(table)] == [keys.version_sk("fixeduid", 1)]
 
 
 def test_update_is_one_transaction_and_a_failed_condition_writes_nothing(table: str) -> None:
-    db = Store(table)
-    db.create_service("web", parse_spec(hello_spec()), "rolling", "t0")
+    db = store_of(table)
+    create(db, "web", parse_spec(hello_spec()))
     state = db.require("web")
     calls = count_calls("*")
     db.add_version(state, parse_spec(hello_spec()), "rolling", "t1", expected_generation=1)
     assert calls == Counter({"TransactWriteItems": 1})
     before = all_items(table)
-    with pytest.raises(PreconditionFailed):
+    with pytest.raises(GenerationMismatch) as refused:
         db.add_version(db.require("web"), parse_spec(hello_spec()), "rolling", "t2", expected_generation=1)
+    assert (refused.value.name, refused.value.current, refused.value.expected) == ("web", 2, 1)
     assert all_items(table) == before
 
 
 def test_update_of_a_service_deleted_underneath_is_not_found(table: str) -> None:
-    db = Store(table)
-    db.create_service("web", parse_spec(hello_spec()), "rolling", "t0")
+    db = store_of(table)
+    create(db, "web", parse_spec(hello_spec()))
     state = db.require("web")
-    aws.dynamodb().delete_item(TableName=table, Key=store.to_raw({"PK": "SVC#web", "SK": "META"}))
-    with pytest.raises(NotFound):
+    aws.dynamodb().delete_item(TableName=table, Key=to_raw({"PK": "SVC#web", "SK": "META"}))
+    with pytest.raises(ServiceMissing):
         db.add_version(state, parse_spec(hello_spec()), "rolling", "t1", expected_generation=None)
-    assert [i["SK"] for i in all_items(table)] == [store.version_sk(state.service.uid, 1)]
+    assert [i["SK"] for i in all_items(table)] == [keys.version_sk(state.service.uid, 1)]
+
+
+def test_a_rollback_to_a_version_that_is_gone_names_it_and_writes_nothing(table: str) -> None:
+    db = store_of(table)
+    create(db, "web", parse_spec(hello_spec()))
+    before = all_items(table)
+    with pytest.raises(VersionMissing) as refused:
+        db.set_target(db.require("web"), 7, "t1", expected_generation=None)
+    assert (refused.value.name, refused.value.version, refused.value.latest) == ("web", 7, 1)
+    assert all_items(table) == before
+
+
+@pytest.mark.parametrize(("token", "problem"), [("garbage!!", "malformed"), ("e30", "unknown token")])
+def test_a_page_token_the_store_did_not_issue_is_refused(table: str, token: str, problem: str) -> None:
+    with pytest.raises(MalformedPageToken) as refused:
+        store_of(table).list_services(limit=10, next_token=token)
+    assert refused.value.problem == problem
 
 
 def test_get_is_one_query(table: str) -> None:
-    db = Store(table)
-    db.create_service("web", parse_spec(hello_spec()), "rolling", "t0")
+    db = store_of(table)
+    create(db, "web", parse_spec(hello_spec()))
     calls = count_calls("*")
     db.load("web")
     assert calls == Counter({"Query": 1})
@@ -95,10 +139,10 @@ def test_recreated_name_shows_only_the_new_incarnation(api: ApiClient, table: st
         api.put("/v1/services/web", {"spec": hello_spec(envs={"OLD": str(i)})})
     aws.dynamodb().put_item(
         TableName=table,
-        Item=store.to_raw(
+        Item=to_raw(
             {
                 "PK": "SVC#web",
-                "SK": store.replica_sk(old["uid"], 1),
+                "SK": keys.replica_sk(old["uid"], 1),
                 "kind": "replica",
                 "name": "web",
                 "uid": old["uid"],
@@ -111,7 +155,7 @@ def test_recreated_name_shows_only_the_new_incarnation(api: ApiClient, table: st
         ),
     )
     # The reconciler removes the service item at the end of SHUTTING_DOWN; cleanup has not run yet.
-    aws.dynamodb().delete_item(TableName=table, Key=store.to_raw({"PK": "SVC#web", "SK": "META"}))
+    aws.dynamodb().delete_item(TableName=table, Key=to_raw({"PK": "SVC#web", "SK": "META"}))
     new = api.post("/v1/services", {"name": "web", "spec": hello_spec(envs={"NEW": "1"})})
     assert new.status == 201
     assert new.body["uid"] != old["uid"]
@@ -131,7 +175,7 @@ def test_list_never_reads_version_or_replica_items(api: ApiClient, table: str) -
     aws.dynamodb().meta.events.register(
         "provide-client-params.dynamodb.Query", lambda params, **_: seen.append(dict(params))
     )
-    services, token = Store(table).list_services(limit=10)
+    services, token = store_of(table).list_services(limit=10)
     assert [s.name for s in services] == ["a", "b"] and token is None
     assert [p.get("IndexName") for p in seen] == ["services"]
 
@@ -189,17 +233,15 @@ def test_concurrent_updates_without_if_match_all_land_as_distinct_versions(
 
 
 def test_updates_keep_the_newest_versions_and_never_prune_what_is_in_use(api: ApiClient, table: str) -> None:
-    from fleetkeeper.store import VERSION_HISTORY_LIMIT
-
     api.post("/v1/services", {"name": "web", "spec": hello_spec()})
     # A replica still runs version 2 (say, mid-rollout): its version must survive the pruning.
-    state = Store(table).require("web")
+    state = store_of(table).require("web")
     aws.dynamodb().put_item(
         TableName=table,
-        Item=store.to_raw(
+        Item=to_raw(
             {
                 "PK": "SVC#web",
-                "SK": store.replica_sk(state.service.uid, 0),
+                "SK": keys.replica_sk(state.service.uid, 0),
                 "kind": "replica",
                 "name": "web",
                 "uid": state.service.uid,
@@ -224,8 +266,6 @@ def test_updates_keep_the_newest_versions_and_never_prune_what_is_in_use(api: Ap
 
 
 def test_the_version_being_served_survives_pruning_after_a_rollback(api: ApiClient) -> None:
-    from fleetkeeper.store import VERSION_HISTORY_LIMIT
-
     api.post("/v1/services", {"name": "web", "spec": hello_spec()})
     for i in range(VERSION_HISTORY_LIMIT - 1):  # latest = the limit: version 1 is still kept
         api.put("/v1/services/web", {"spec": hello_spec(envs={"N": str(i)})})

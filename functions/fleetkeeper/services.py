@@ -1,40 +1,62 @@
-"""Service commands: what the api does, independent of HTTP.
+"""Service commands: what the api does, independent of HTTP routing.
 
-Each command validates, writes target state through the store in one conditional write, and kicks
-the reconciler (best-effort). Commands that carry an Idempotency-Key run through Powertools
+Each command checks its input, writes target state through the store in one conditional write, and
+kicks the reconciler (best-effort). Commands that carry an Idempotency-Key run through Powertools
 idempotency, on the command rather than the handler, so a transient fault is never cached.
+
+The store reports refusals as typed facts (fleetkeeper.store.errors); `_as_api_errors` is the one
+place that turns them into the api's errors and the words a person reads. The status messages a
+write leaves on the service are chosen here too.
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, Literal, cast
 
-from fleetkeeper.errors import Conflict, IdempotencyMismatch, InvalidRequest, RequestInProgress
-from fleetkeeper.model import (
-    Lifecycle,
-    ServiceRecord,
-    ServiceState,
-    VersionState,
-    to_iso,
-    utcnow,
+from fleetkeeper.errors import (
+    Conflict,
+    FleetkeeperError,
+    IdempotencyMismatch,
+    InvalidRequest,
+    NotFound,
+    PreconditionFailed,
+    RequestInProgress,
 )
-from fleetkeeper.spec import parse_spec
-from fleetkeeper.store import Raced
+from fleetkeeper.model import Lifecycle, ServiceRecord, ServiceState, VersionState, to_iso, utcnow
+from fleetkeeper.store.commands import VERSION_HISTORY_LIMIT
+from fleetkeeper.store.errors import (
+    Deleting,
+    GenerationMismatch,
+    MalformedPageToken,
+    Raced,
+    Recreated,
+    ServiceExists,
+    ServiceMissing,
+    StoreError,
+    UidCollision,
+    VersionMissing,
+)
 
 if TYPE_CHECKING:
+    from collections.abc import Iterator
+
     from aws_lambda_powertools.utilities.idempotency import IdempotencyConfig
 
     from fleetkeeper.spec import ServiceSpec
-    from fleetkeeper.store import Store
+    from fleetkeeper.store.commands import CommandStore
+    from fleetkeeper.store.table import Table
 
-# How often an update without If-Match is retried when another writer moved the service under it.
-_RACE_RETRIES = 5
+# How many times a write without If-Match is tried when another writer moves the service under it.
+_RACE_ATTEMPTS = 5
 IDEMPOTENCY_TTL_SECONDS = 24 * 3600
 IDEMPOTENCY_PARTITION = "IDEMPOTENCY#api"
+DELETING_MESSAGE = "deleting: terminating every replica"
 
 Kick = Callable[[str], None]
+Command = Literal["get", "list", "create", "update", "rollback", "delete"]
 
 
 def _no_kick(_name: str) -> None:
@@ -43,7 +65,7 @@ def _no_kick(_name: str) -> None:
 
 @dataclass
 class ServiceCommands:
-    store: Store
+    store: CommandStore
     kick: Kick = _no_kick
     now: Callable[[], str] = field(default=lambda: to_iso(utcnow()))
     _idempotency: tuple[Callable[..., dict[str, Any]], IdempotencyConfig] | None = field(
@@ -53,38 +75,38 @@ class ServiceCommands:
     # -- reads --
 
     def get(self, name: str) -> ServiceState:
-        return self.store.require(name)
+        with _as_api_errors("get"):
+            return self.store.require(name)
 
     def list_page(self, *, limit: int, next_token: str | None) -> tuple[list[ServiceRecord], str | None]:
-        return self.store.list_services(limit=limit, next_token=next_token)
+        with _as_api_errors("list"):
+            return self.store.list_services(limit=limit, next_token=next_token)
 
     # -- writes --
 
-    def create(self, name: str, spec_data: Any) -> ServiceState:
-        spec = _valid_spec(name, spec_data, "creates")
-        state = self.store.create_service(name, spec, spec.update.mode, self.now())
+    def create(self, name: str, spec: ServiceSpec) -> ServiceState:
+        _check_spec(name, spec, "creates")
+        waiting = f"waiting for the reconciler to launch {spec.target_replicas} replica(s)"
+        with _as_api_errors("create"):
+            state = self.store.create_service(name, spec, spec.update.mode, self.now(), status_message=waiting)
         self.kick(name)
         return state
 
-    def update(self, name: str, spec_data: Any, *, mode: str | None, expected_generation: int | None) -> ServiceState:
-        spec = _valid_spec(name, spec_data, "updates")
-        for attempt in range(_RACE_RETRIES):
-            state = self._require_active(name)
-            try:
-                updated = self.store.add_version(
-                    state, spec, mode or spec.update.mode, self.now(), expected_generation=expected_generation
-                )
-            except Raced:
-                if attempt == _RACE_RETRIES - 1:
-                    raise
-                continue
-            self.kick(name)
-            return updated
-        raise AssertionError("unreachable")  # pragma: no cover
+    def update(
+        self, name: str, spec: ServiceSpec, *, mode: str | None, expected_generation: int | None
+    ) -> ServiceState:
+        _check_spec(name, spec, "updates")
+
+        def add_version(state: ServiceState) -> ServiceState:
+            return self.store.add_version(
+                state, spec, mode or spec.update.mode, self.now(), expected_generation=expected_generation
+            )
+
+        with _as_api_errors("update"):
+            return self._write_on_latest(name, add_version)
 
     def rollback(self, name: str, version: int | None, *, expected_generation: int | None) -> ServiceState:
-        for attempt in range(_RACE_RETRIES):
-            state = self._require_active(name)
+        def set_target(state: ServiceState) -> ServiceState | None:
             target = version if version is not None else _previous_usable(state)
             if target is None or target < 1:
                 raise InvalidRequest(
@@ -101,22 +123,38 @@ class ServiceCommands:
                     details=[{"field": "version", "problem": "that version FAILED"}],
                 )
             if target == state.service.target_version:
-                return state  # already there: nothing to write
-            try:
-                updated = self.store.set_target(state, target, self.now(), expected_generation=expected_generation)
-            except Raced:
-                if attempt == _RACE_RETRIES - 1:
-                    raise
-                continue
-            self.kick(name)
-            return updated
-        raise AssertionError("unreachable")  # pragma: no cover
+                return None  # already there: nothing to write
+            return self.store.set_target(state, target, self.now(), expected_generation=expected_generation)
+
+        with _as_api_errors("rollback"):
+            return self._write_on_latest(name, set_target)
 
     def delete(self, name: str) -> ServiceState:
-        state = self.store.require(name)
-        deleted = self.store.mark_deleting(state, self.now())
+        with _as_api_errors("delete"):
+            state = self.store.require(name)
+            deleted = self.store.mark_deleting(state, self.now(), status_message=DELETING_MESSAGE)
         self.kick(name)
         return deleted
+
+    def _write_on_latest(self, name: str, write: Callable[[ServiceState], ServiceState | None]) -> ServiceState:
+        """Read the ACTIVE service and `write` on it (None: nothing to write), then kick.
+
+        A write that lost a race (Raced: another writer moved the service between our read and our
+        write, and no If-Match pinned the generation) is tried again on a fresh read.
+        """
+        for attempt in range(1, _RACE_ATTEMPTS + 1):
+            state = self._require_active(name)
+            try:
+                written = write(state)
+            except Raced:
+                if attempt == _RACE_ATTEMPTS:
+                    raise
+                continue
+            if written is None:
+                return state
+            self.kick(name)
+            return written
+        raise AssertionError("unreachable")  # pragma: no cover
 
     def _require_active(self, name: str) -> ServiceState:
         state = self.store.require(name)
@@ -146,7 +184,7 @@ class ServiceCommands:
         )
 
         if self._idempotency is None:
-            self._idempotency = _idempotent_runner(self.store)
+            self._idempotency = _idempotent_runner(self.store.table)
         runner, config = self._idempotency
         if lambda_context is not None:
             # Lets Powertools expire an in-progress record when this invocation times out.
@@ -165,9 +203,62 @@ class ServiceCommands:
         return result
 
 
-def _valid_spec(name: str, spec_data: Any, verb: str) -> ServiceSpec:
-    """The spec of a create or update: valid, named like the service, and launchable on EC2."""
-    spec = parse_spec(spec_data)
+# --- the store's facts, in the api's words -----------------------------------------------------------
+
+
+@contextlib.contextmanager
+def _as_api_errors(command: Command) -> Iterator[None]:
+    try:
+        yield
+    except StoreError as exc:
+        error = api_error(exc, command)
+        if error is None:
+            raise  # no words for it: an internal error, logged as such
+        raise error from exc
+
+
+def api_error(fact: StoreError, command: Command) -> FleetkeeperError | None:
+    """The api's error for a fact the store reported while running `command`."""
+    match fact:
+        case ServiceMissing(name=name):
+            return NotFound(f"service {name!r} does not exist")
+        case ServiceExists(name=name, deleting=True):
+            return Conflict(f"service {name!r} is still being deleted; create it again once it is gone")
+        case ServiceExists(name=name):
+            return Conflict(f"service {name!r} already exists; use PUT /v1/services/{name} to update it")
+        case UidCollision(name=name):
+            return Conflict(f"could not create {name!r} (incarnation id collision); retry the request")
+        case Recreated(name=name) if command == "delete":
+            return Conflict(f"service {name!r} was re-created while this request ran; retry to delete the new one")
+        case Recreated(name=name):
+            return Conflict(f"service {name!r} was deleted and re-created while this request ran; retry it")
+        case Deleting(name=name):
+            return Conflict(f"service {name!r} is being deleted; wait for it to go, then create it again")
+        case GenerationMismatch(name=name, current=current, expected=expected):
+            return PreconditionFailed(
+                f"service {name!r} is at generation {current}, not {expected} "
+                "(If-Match); fetch it again and retry with the current generation"
+            )
+        case Raced(name=name):
+            return Conflict(f"service {name!r} was changed by another request at the same time; retry")
+        case VersionMissing(name=name, version=version, latest=latest):
+            return NotFound(
+                f"service {name!r} has no version {version} (latest is {latest}; "
+                f"the newest {VERSION_HISTORY_LIMIT} are kept)"
+            )
+        case MalformedPageToken(problem=problem):
+            return InvalidRequest(
+                "next_token is not a token this API issued; pass back `next_token` from the previous page as is",
+                details=[{"field": "next_token", "problem": problem}],
+            )
+    return None
+
+
+# --- input ---------------------------------------------------------------------------------------------
+
+
+def _check_spec(name: str, spec: ServiceSpec, verb: str) -> None:
+    """The spec of a create or update (already valid): named like the service, and launchable on EC2."""
     if spec.name is not None and spec.name != name:
         raise InvalidRequest(
             f"spec.name is {spec.name!r} but the request {verb} {name!r}; make them match or drop spec.name",
@@ -183,7 +274,6 @@ def _valid_spec(name: str, spec_data: Any, verb: str) -> ServiceSpec:
             f"at most {USER_DATA_LIMIT}: move the bulk into a script the image or `setup` fetches",
             details=[{"field": "spec.setup", "problem": "too large"}, {"field": "spec.run", "problem": "too large"}],
         )
-    return spec
 
 
 def _previous_usable(state: ServiceState) -> int | None:
@@ -195,21 +285,23 @@ def _previous_usable(state: ServiceState) -> int | None:
     return None
 
 
-def _idempotent_runner(store: Store) -> tuple[Callable[..., dict[str, Any]], IdempotencyConfig]:
-    """The Powertools-wrapped executor for one store, built on first use (its import is not free)."""
+def _idempotent_runner(table: Table) -> tuple[Callable[..., dict[str, Any]], IdempotencyConfig]:
+    """The Powertools-wrapped executor for one table, built on first use (its import is not free)."""
     from aws_lambda_powertools.utilities.idempotency import (
         DynamoDBPersistenceLayer,
         IdempotencyConfig,
         idempotent_function,
     )
 
+    from fleetkeeper.store.keys import TTL_ATTR
+
     persistence = DynamoDBPersistenceLayer(
-        table_name=store.table_name,
+        table_name=table.name,
         key_attr="PK",
         sort_key_attr="SK",
         static_pk_value=IDEMPOTENCY_PARTITION,
-        expiry_attr="expiration",
-        boto3_client=store.client,
+        expiry_attr=TTL_ATTR,
+        boto3_client=table.client,
     )
     config = IdempotencyConfig(
         event_key_jmespath="key",

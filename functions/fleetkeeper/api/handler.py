@@ -1,8 +1,12 @@
 """The api Lambda handler: parse the request, call one service command, shape the response.
 
-Domain errors become HTTP errors in one place (`_domain_error`); Powertools' validation errors are
-turned into 400s that name the offending field. Every error body is
-`{"error": {"code", "message", "details"}}`.
+Powertools validates bodies, path, query and header parameters against their declarations (the
+same declarations make the OpenAPI document). Domain errors become HTTP errors in one place
+(`_domain_error`); Powertools' validation errors are turned into 400s that name the offending
+field. Every error body is `{"error": {"code", "message", "details"}}`.
+
+The commands are built per invocation from the settings the invocation reads: nothing of one
+invocation's configuration (a table, a client of another AWS endpoint) outlives it.
 """
 
 from __future__ import annotations
@@ -12,7 +16,7 @@ import binascii
 import contextlib
 import json
 import os
-import re
+from contextvars import ContextVar
 from typing import TYPE_CHECKING, Annotated, Any
 
 from aws_lambda_powertools import Logger
@@ -21,9 +25,9 @@ from aws_lambda_powertools.event_handler.openapi.exceptions import (
     RequestUnsupportedContentType,
     RequestValidationError,
 )
-from aws_lambda_powertools.event_handler.openapi.params import Query
+from aws_lambda_powertools.event_handler.openapi.params import Header, Path, Query
 
-from fleetkeeper.api.kick import kick_reconciler
+from fleetkeeper.api.kick import ReconcilerKick
 from fleetkeeper.api.models import (
     NAME_PATTERN,
     CreateServiceRequest,
@@ -39,44 +43,61 @@ from fleetkeeper.api.models import (
 )
 from fleetkeeper.errors import FleetkeeperError, InvalidRequest, PayloadTooLarge, UnsupportedMediaType
 from fleetkeeper.services import ServiceCommands
+from fleetkeeper.settings import Settings
 from fleetkeeper.spec import describe_validation_errors
-from fleetkeeper.store import Store
+from fleetkeeper.store.commands import CommandStore
+from fleetkeeper.store.table import Table
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from aws_lambda_powertools.event_handler.openapi.types import OpenAPIResponse
     from aws_lambda_powertools.utilities.typing import LambdaContext
 
     from fleetkeeper.model import ServiceState
 
 MAX_BODY_BYTES = 64 * 1024
-_NAME = re.compile(NAME_PATTERN)
 _ERRORS: dict[int, OpenAPIResponse] = {
     400: {"description": "invalid request", "content": {"application/json": {"model": ErrorBody}}},
     404: {"description": "no such service", "content": {"application/json": {"model": ErrorBody}}},
     409: {"description": "conflict", "content": {"application/json": {"model": ErrorBody}}},
 }
 
+# Path and header parameters. A name that does not match is refused by Powertools' validation and
+# answered by `_validation_error` with the api's own words for it.
+ServiceNameParam = Annotated[str, Path(pattern=NAME_PATTERN, description="the service's name")]
+IfMatchHeader = Annotated[
+    str | None,
+    Header(
+        alias="If-Match",
+        description='the generation (ETag) the write expects, e.g. 7 or "7"; absent or * for any',
+    ),
+]
+IdempotencyKeyHeader = Annotated[
+    str | None,
+    Header(
+        alias="Idempotency-Key",
+        description="1 to 255 characters; a replay within 24 h returns the first response",
+    ),
+]
+
 logger = Logger()
 app = APIGatewayRestResolver(enable_validation=True)
 
 
-class _Commands:
-    """The commands for this process's table, created on first use (never at import)."""
+def build_commands(settings: Settings) -> ServiceCommands:
+    """The commands of one invocation: cheap (the DynamoDB client is cached in fleetkeeper.aws)."""
+    return ServiceCommands(store=CommandStore(Table(settings.table_name)), kick=ReconcilerKick.from_settings(settings))
 
-    instance: ServiceCommands | None = None
 
-    @classmethod
-    def get(cls) -> ServiceCommands:
-        table = os.environ.get("TABLE_NAME")
-        if not table:
-            raise RuntimeError("TABLE_NAME is not set: the api function needs its table")
-        if cls.instance is None or cls.instance.store.table_name != table:
-            cls.instance = ServiceCommands(store=Store(table), kick=kick_reconciler)
-        return cls.instance
+# This invocation's commands, set by `lambda_handler` around each resolve. A context variable
+# rather than the resolver's context dict: tests call the handler from many threads at once.
+_commands: ContextVar[ServiceCommands] = ContextVar("fleetkeeper_api_commands")
 
 
 def commands() -> ServiceCommands:
-    return _Commands.get()
+    """This invocation's commands."""
+    return _commands.get()
 
 
 # --- helpers ---------------------------------------------------------------------------------------
@@ -90,17 +111,15 @@ def _with_etag(status: int, state: ServiceState) -> Response[Any]:
     return _json(status, service_view(state), {"ETag": str(state.service.generation)})
 
 
-def _valid_name(name: str) -> str:
-    if not _NAME.match(name):
-        raise InvalidRequest(
-            f"service name {name!r} is invalid: use 1-63 lower-case letters, digits and dashes, starting with a letter",
-            details=[{"field": "name", "problem": f"must match {NAME_PATTERN}"}],
-        )
-    return name
+def _invalid_name(name: object) -> InvalidRequest:
+    return InvalidRequest(
+        f"service name {name!r} is invalid: use 1-63 lower-case letters, digits and dashes, starting with a letter",
+        details=[{"field": "name", "problem": f"must match {NAME_PATTERN}"}],
+    )
 
 
-def _if_match() -> int | None:
-    raw = app.current_event.get_header_value("If-Match")
+def _expected_generation(raw: str | None) -> int | None:
+    """If-Match as a generation number; None for any generation."""
     if raw is None or raw.strip() in {"", "*"}:
         return None
     text = raw.strip().removeprefix("W/").strip('"')
@@ -112,11 +131,10 @@ def _if_match() -> int | None:
     return int(text)
 
 
-def _idempotency_key() -> str | None:
-    key = app.current_event.get_header_value("Idempotency-Key")
-    if key is None:
+def _idempotency_key(raw: str | None) -> str | None:
+    if raw is None:
         return None
-    key = key.strip()
+    key = raw.strip()
     if not 1 <= len(key) <= 255:
         raise InvalidRequest(
             "Idempotency-Key must be 1 to 255 characters",
@@ -125,15 +143,17 @@ def _idempotency_key() -> str | None:
     return key
 
 
-def _replayable(operation: str, name: str, body: Any, execute: Any, *, status: int) -> Response[Any]:
+def _replayable(
+    operation: str, name: str, body: Any, execute: Callable[[], ServiceState], *, key: str | None, status: int
+) -> Response[Any]:
     """Run a write command (once per Idempotency-Key) and answer with the service view."""
 
     def run() -> dict[str, Any]:
-        state: ServiceState = execute()
+        state = execute()
         return {"view": service_view(state), "generation": state.service.generation}
 
     request = {"operation": operation, "name": name, "body": body}
-    result = commands().idempotently(_idempotency_key(), request, run, app.lambda_context)
+    result = commands().idempotently(key, request, run, app.lambda_context)
     return _json(status, result["view"], {"ETag": str(result["generation"])})
 
 
@@ -147,13 +167,15 @@ def _replayable(operation: str, name: str, body: Any, execute: Any, *, status: i
         **_ERRORS,
     },
 )
-def create_service(request: CreateServiceRequest) -> Response[ServiceView]:
-    body = app.current_event.json_body
+def create_service(
+    request: CreateServiceRequest, idempotency_key: IdempotencyKeyHeader = None
+) -> Response[ServiceView]:
     return _replayable(
         "create",
         request.name,
-        body,
-        lambda: commands().create(request.name, body["spec"]),
+        app.current_event.json_body,  # what a replay must match: the request as sent
+        lambda: commands().create(request.name, request.spec),
+        key=_idempotency_key(idempotency_key),
         status=201,
     )
 
@@ -168,27 +190,31 @@ def list_services(
 
 
 @app.get("/v1/services/<name>", responses={404: _ERRORS[404], 400: _ERRORS[400]})
-def get_service(name: str) -> Response[ServiceView]:
-    return _with_etag(200, commands().get(_valid_name(name)))
+def get_service(name: ServiceNameParam) -> Response[ServiceView]:
+    return _with_etag(200, commands().get(name))
 
 
 @app.put("/v1/services/<name>", responses={**_ERRORS, 412: {"description": "If-Match generation mismatch"}})
-def update_service(name: str, request: UpdateServiceRequest) -> Response[ServiceView]:
-    _valid_name(name)
-    body = app.current_event.json_body
-    expected = _if_match()
+def update_service(
+    name: ServiceNameParam,
+    request: UpdateServiceRequest,
+    if_match: IfMatchHeader = None,
+    idempotency_key: IdempotencyKeyHeader = None,
+) -> Response[ServiceView]:
+    expected = _expected_generation(if_match)
     return _replayable(
         "update",
         name,
-        {"body": body, "if_match": expected},
-        lambda: commands().update(name, body["spec"], mode=request.mode, expected_generation=expected),
+        {"body": app.current_event.json_body, "if_match": expected},
+        lambda: commands().update(name, request.spec, mode=request.mode, expected_generation=expected),
+        key=_idempotency_key(idempotency_key),
         status=200,
     )
 
 
 @app.get("/v1/services/<name>/versions", responses={404: _ERRORS[404], 400: _ERRORS[400]})
-def list_versions(name: str) -> Response[VersionList]:
-    state = commands().get(_valid_name(name))
+def list_versions(name: ServiceNameParam) -> Response[VersionList]:
+    state = commands().get(name)
     versions = [version_view(state.versions[v]) for v in sorted(state.versions)]
     return _json(
         200,
@@ -201,17 +227,16 @@ def list_versions(name: str) -> Response[VersionList]:
     "/v1/services/<name>/rollback",
     responses={**_ERRORS, 412: {"description": "If-Match generation mismatch"}},
 )
-def rollback_service(name: str) -> Response[ServiceView]:
-    _valid_name(name)
+def rollback_service(name: ServiceNameParam, if_match: IfMatchHeader = None) -> Response[ServiceView]:
     request = _optional_body(RollbackRequest)
-    expected = _if_match()
+    expected = _expected_generation(if_match)
     state = commands().rollback(name, request.version, expected_generation=expected)
     return _with_etag(200, state)
 
 
 @app.delete("/v1/services/<name>", responses={404: _ERRORS[404], 400: _ERRORS[400]})
-def delete_service(name: str) -> Response[ServiceView]:
-    return _with_etag(202, commands().delete(_valid_name(name)))
+def delete_service(name: ServiceNameParam) -> Response[ServiceView]:
+    return _with_etag(202, commands().delete(name))
 
 
 def openapi_json() -> str:
@@ -263,9 +288,19 @@ def _domain_error(exc: FleetkeeperError) -> Response[Any]:
     return _json(exc.status, exc.to_body())
 
 
+def _is_the_name(error: Any) -> bool:
+    return tuple(error.get("loc", ()))[:2] == ("path", "name")
+
+
 @app.exception_handler(RequestValidationError)
 def _validation_error(exc: RequestValidationError) -> Response[Any]:
-    details = describe_validation_errors(list(exc.errors()))
+    errors = list(exc.errors())
+    others = [e for e in errors if not _is_the_name(e)]
+    if not others:
+        # Only the service name is wrong: the api's own message for it (what the name must look like).
+        return _json(400, _invalid_name(errors[0].get("input")).to_body())
+    # Other problems (a body's) are reported first, as before the name was a declared parameter.
+    details = describe_validation_errors(others)
     return _json(400, InvalidRequest(_summarise(details), details=details).to_body())
 
 
@@ -343,4 +378,12 @@ def _refuse_body(event: dict[str, Any]) -> dict[str, Any] | None:
 
 @logger.inject_lambda_context(clear_state=True)
 def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
-    return _refuse_body(event) or app.resolve(event, context)
+    refused = _refuse_body(event)
+    if refused is not None:
+        return refused
+    # Settings are read once per invocation, and the commands built from them live as long as it.
+    token = _commands.set(build_commands(Settings.from_env(os.environ)))
+    try:
+        return app.resolve(event, context)
+    finally:
+        _commands.reset(token)

@@ -8,29 +8,39 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import urllib.request
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from fleetkeeper.settings import Settings
 
 logger = logging.getLogger(__name__)
 
-RECONCILER_FUNCTION_ENV = "RECONCILER_FUNCTION_NAME"
-KICK_URL_ENV = "FLEETKEEPER_KICK_URL"
 
+@dataclass(frozen=True)
+class ReconcilerKick:
+    """Kicks the reconciler for one service: invoke `function_name`, else POST to `url`, else nothing."""
 
-def kick_reconciler(name: str) -> None:
-    payload = json.dumps({"service": name}).encode()
-    try:
-        function = os.environ.get(RECONCILER_FUNCTION_ENV)
-        url = os.environ.get(KICK_URL_ENV)
-        if function:
-            from fleetkeeper import aws
+    function_name: str | None = None
+    url: str | None = None
 
-            aws.lambda_().invoke(FunctionName=function, InvocationType="Event", Payload=payload)
-        elif url:
-            request = urllib.request.Request(
-                url, data=payload, method="POST", headers={"Content-Type": "application/json"}
-            )
-            with urllib.request.urlopen(request, timeout=1):
-                pass
-    except Exception:  # a kick must never fail the write it follows
-        logger.warning("could not kick the reconciler for %s; the schedule will pick it up", name, exc_info=True)
+    @classmethod
+    def from_settings(cls, settings: Settings) -> ReconcilerKick:
+        return cls(function_name=settings.reconciler_function_name, url=settings.kick_url)
+
+    def __call__(self, name: str) -> None:
+        payload = json.dumps({"service": name}).encode()
+        try:
+            if self.function_name:
+                from fleetkeeper import aws
+
+                aws.lambda_().invoke(FunctionName=self.function_name, InvocationType="Event", Payload=payload)
+            elif self.url:
+                request = urllib.request.Request(
+                    self.url, data=payload, method="POST", headers={"Content-Type": "application/json"}
+                )
+                with urllib.request.urlopen(request, timeout=1):
+                    pass
+        except Exception:  # a kick must never fail the write it follows
+            logger.warning("could not kick the reconciler for %s; the schedule will pick it up", name, exc_info=True)

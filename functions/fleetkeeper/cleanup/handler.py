@@ -6,6 +6,7 @@ service whose cleanup fails or runs out of time never blocks the others; the log
 
 from __future__ import annotations
 
+import functools
 import os
 from typing import TYPE_CHECKING, Any
 
@@ -15,7 +16,10 @@ from aws_lambda_powertools.utilities.batch import BatchProcessor, EventType, pro
 from aws_lambda_powertools.utilities.data_classes.dynamo_db_stream_event import DynamoDBRecordEventName
 
 from fleetkeeper.cleanup.logic import Budget, Cleaner, Incarnation
-from fleetkeeper.store import SERVICE_SK, ChildKeys, Store, service_pk
+from fleetkeeper.settings import Settings
+from fleetkeeper.store.cleanup import ChildKeys
+from fleetkeeper.store.keys import SERVICE_SK, service_pk
+from fleetkeeper.store.table import Table
 
 if TYPE_CHECKING:
     from aws_lambda_powertools.utilities.batch.types import PartialItemFailureResponse
@@ -27,13 +31,6 @@ metrics = Metrics()
 processor = BatchProcessor(event_type=EventType.DynamoDBStreams)
 
 
-def _store() -> Store:
-    table = os.environ.get("TABLE_NAME")
-    if not table:
-        raise RuntimeError("TABLE_NAME is not set: the cleanup function needs its table")
-    return Store(table)  # cheap: the boto3 client behind it is cached in fleetkeeper.aws
-
-
 def _is_service_removal(record: DynamoDBRecord) -> bool:
     """The event source's filter admits only these; anything else (a pump without it) is not ours."""
     if record.event_name is not DynamoDBRecordEventName.REMOVE or record.dynamodb is None:
@@ -42,7 +39,7 @@ def _is_service_removal(record: DynamoDBRecord) -> bool:
     return keys.get("SK") == SERVICE_SK and str(keys.get("PK", "")).startswith(service_pk(""))
 
 
-def record_handler(record: DynamoDBRecord, lambda_context: LambdaContext) -> None:
+def record_handler(record: DynamoDBRecord, lambda_context: LambdaContext, *, table: Table) -> None:
     if not _is_service_removal(record):
         logger.warning("ignoring a record that is not a service removal", extra={"event_id": record.event_id})
         metrics.add_metric(name="CleanupRecordsIgnored", unit=MetricUnit.Count, value=1)
@@ -55,7 +52,7 @@ def record_handler(record: DynamoDBRecord, lambda_context: LambdaContext) -> Non
         # "service_name", not "service": that is Logger's own key (the function's service name).
         log.update(service_name=incarnation.name, uid=incarnation.uid)
         cleaner = Cleaner(
-            children=ChildKeys(_store(), incarnation.name, incarnation.uid),
+            children=ChildKeys(table, incarnation.name, incarnation.uid),
             budget=Budget(remaining_ms=lambda_context.get_remaining_time_in_millis),
         )
         progress = cleaner.run()
@@ -85,4 +82,11 @@ def record_handler(record: DynamoDBRecord, lambda_context: LambdaContext) -> Non
 @metrics.log_metrics
 @logger.inject_lambda_context
 def lambda_handler(event: dict[str, Any], context: LambdaContext) -> PartialItemFailureResponse:
-    return process_partial_response(event=event, record_handler=record_handler, processor=processor, context=context)
+    # Configuration is read once per invocation; the client behind the table is cached in fleetkeeper.aws.
+    table = Table(Settings.from_env(os.environ).table_name)
+    return process_partial_response(
+        event=event,
+        record_handler=functools.partial(record_handler, table=table),
+        processor=processor,
+        context=context,
+    )

@@ -17,12 +17,12 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from botocore.exceptions import ClientError
 
-from fleetkeeper.store import BATCH_WRITE_LIMIT
+from fleetkeeper.store.table import BATCH_WRITE_LIMIT
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Iterator, Mapping
 
-    from fleetkeeper.store import RawItem
+    from fleetkeeper.store.codec import RawItem
 
 # Errors worth another try inside this attempt: DynamoDB is busy, not wrong. Anything else fails
 # the record at once (the stream retries it, then sends it to the on-failure queue).
@@ -38,7 +38,7 @@ RETRYABLE_ERRORS = frozenset(
 
 
 class ChildKeysPort(Protocol):
-    """What the cleanup needs from the table (fleetkeeper.store.ChildKeys in production)."""
+    """What the cleanup needs from the table (fleetkeeper.store.cleanup.ChildKeys in production)."""
 
     def keys(self) -> Iterable[RawItem]: ...
 

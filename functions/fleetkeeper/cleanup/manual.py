@@ -16,7 +16,8 @@ import sys
 from typing import TYPE_CHECKING
 
 from fleetkeeper.cleanup.logic import Budget, Cleaner
-from fleetkeeper.store import ChildKeys, Store, partition_uids
+from fleetkeeper.store.cleanup import ChildKeys, partition_uids
+from fleetkeeper.store.table import Table
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -28,8 +29,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--name", required=True)
     parser.add_argument("--uid", help="the removed incarnation whose versions and replicas to delete")
     args = parser.parse_args(argv)
-    store = Store(args.table)
-    live, counts = partition_uids(store, args.name)
+    table = Table(args.table)
+    live, counts = partition_uids(table, args.name)
     if args.uid is None:
         for uid, count in sorted(counts.items()):
             print(f"{uid}  {count} child item(s){'  (live incarnation)' if uid == live else ''}")
@@ -38,7 +39,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"refusing: {args.uid} is the live incarnation of {args.name!r}", file=sys.stderr)
         return 2
     progress = Cleaner(
-        children=ChildKeys(store, args.name, args.uid),
+        children=ChildKeys(table, args.name, args.uid),
         budget=Budget(remaining_ms=lambda: 10**9),  # no Lambda limit here
     ).run()
     print(f"deleted {progress.deleted} item(s) of {args.name!r} uid {args.uid} ({progress.batch_calls} calls)")

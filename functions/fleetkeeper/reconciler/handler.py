@@ -14,6 +14,8 @@ from aws_lambda_powertools import Logger, Metrics
 from aws_lambda_powertools.logging.utils import copy_config_to_registered_loggers
 from aws_lambda_powertools.metrics import MetricUnit
 
+from fleetkeeper.settings import Settings
+
 if TYPE_CHECKING:
     from aws_lambda_powertools.utilities.typing import LambdaContext
 
@@ -29,15 +31,17 @@ logging.getLogger("fleetkeeper")
 copy_config_to_registered_loggers(source_logger=logger, include={"fleetkeeper"})
 
 
-def build_reconciler() -> Reconciler:
-    """A reconciler for one invocation: configuration is read now, never at import."""
+def build_reconciler(settings: Settings) -> Reconciler:
+    """A reconciler for one invocation, from the settings the invocation read."""
     from fleetkeeper.reconciler.drivers import make_driver
     from fleetkeeper.reconciler.shell import Reconciler
-    from fleetkeeper.store import ReconcilerStore
+    from fleetkeeper.store.reconciler import ReconcilerStore
+    from fleetkeeper.store.table import Table
 
-    budget = float(os.environ.get("FLEETKEEPER_PROBE_BUDGET_SECONDS", "20"))
     return Reconciler(
-        store=ReconcilerStore(os.environ["TABLE_NAME"]), driver=make_driver(), probe_budget_seconds=budget
+        store=ReconcilerStore(Table(settings.table_name)),
+        driver=make_driver(settings),
+        probe_budget_seconds=settings.probe_budget_seconds,
     )
 
 
@@ -51,7 +55,8 @@ def service_of(event: Any) -> str | None:
 @metrics.log_metrics
 @logger.inject_lambda_context(clear_state=True)
 def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
-    reconciler = build_reconciler()
+    # Configuration is read once per invocation, never at import.
+    reconciler = build_reconciler(Settings.from_env(os.environ))
     name = service_of(event)
     report = reconciler.run_one(name) if name is not None else reconciler.run_all()
     summary = report.as_dict()

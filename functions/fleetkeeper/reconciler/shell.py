@@ -39,14 +39,14 @@ from fleetkeeper.reconciler.plan import (
     probe_targets,
 )
 from fleetkeeper.reconciler.probe import ProbeTarget, probe_all
-from fleetkeeper.store import Superseded
+from fleetkeeper.store.errors import Superseded
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Hashable, Iterable, Sequence
     from datetime import datetime
 
     from fleetkeeper.reconciler.driver import ReplicaDriver
-    from fleetkeeper.store import ReconcilerStore
+    from fleetkeeper.store.reconciler import ReconcilerStore
 
 logger = logging.getLogger(__name__)
 
@@ -217,7 +217,9 @@ class _Apply:
                 self.store.mark_version(service, version, expected, new_state, message)
             case TripBreaker(version=version, message=message, rollback_to=good):
                 logger.warning("service %s: %s (rolling back to %s)", service.name, message, good)
-                self.store.trip_breaker(service, version, message, good)
+                self.store.trip_breaker(
+                    service, version, message, good, status_message=f"rolling back to version {good}: {message}"
+                )
             case Claim(version=version, replica_ids=ids):
                 for record in self.store.claim_replicas(service, version, ids, to_iso(self.now)):
                     self.records[record.replica_id] = record

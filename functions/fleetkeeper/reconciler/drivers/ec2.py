@@ -1,19 +1,12 @@
 """The ec2 replica driver: one instance per replica, found by tag, launched idempotently.
 
-Configuration comes from the function's environment (template.yaml sets it from stack parameters):
-
-    FLEETKEEPER_SUBNET_IDS            comma-separated subnets; replicas spread over them
-    FLEETKEEPER_SECURITY_GROUP_IDS    comma-separated security groups
-    FLEETKEEPER_INSTANCE_PROFILE_ARN  the replicas' instance profile (optional)
-    FLEETKEEPER_DEFAULT_IMAGE_PARAMETER  SSM parameter naming the default AMI (AL2023)
-    FLEETKEEPER_DEFAULT_INSTANCE_TYPE    when the spec gives none
-    FLEETKEEPER_REPLICA_HOST          test and benchmark setting: replaces every replica's address
-                                      in probe URLs (e.g. 127.0.0.1); never set it in production
+Configured by `fleetkeeper.settings.Ec2Settings` (subnets, security groups, instance profile,
+default image parameter and instance type, and the test-only replica host), which template.yaml
+sets from stack parameters.
 """
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
 
@@ -34,6 +27,7 @@ from fleetkeeper.reconciler.driver import (
     LaunchRequest,
 )
 from fleetkeeper.reconciler.userdata import user_data
+from fleetkeeper.settings import DEFAULT_IMAGE_PARAMETER, DEFAULT_INSTANCE_TYPE
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -48,9 +42,8 @@ if TYPE_CHECKING:
     )
     from mypy_boto3_ssm import SSMClient
 
-DEFAULT_IMAGE_PARAMETER = "/aws/service/ami-amazon-linux-latest/al2023-ami-kernel-default-x86_64"
-DEFAULT_INSTANCE_TYPE = "t3.small"
-REPLICA_HOST_ENV = "FLEETKEEPER_REPLICA_HOST"
+    from fleetkeeper.settings import Ec2Settings
+
 _MANAGED_FILTER: FilterTypeDef = {"Name": f"tag:{MANAGED_TAG}", "Values": [MANAGED_VALUE]}
 _PAGE_SIZE = 1000
 _TERMINATE_CHUNK = 500
@@ -68,10 +61,6 @@ _TRANSIENT = {
 }
 
 
-def _env_list(name: str) -> list[str]:
-    return [item.strip() for item in os.environ.get(name, "").split(",") if item.strip()]
-
-
 @dataclass
 class Ec2Driver:
     subnet_ids: list[str] = field(default_factory=list)
@@ -85,14 +74,14 @@ class Ec2Driver:
     _root_devices: dict[str, str] = field(default_factory=dict, repr=False)
 
     @classmethod
-    def from_env(cls) -> Ec2Driver:
+    def from_settings(cls, settings: Ec2Settings) -> Ec2Driver:
         return cls(
-            subnet_ids=_env_list("FLEETKEEPER_SUBNET_IDS"),
-            security_group_ids=_env_list("FLEETKEEPER_SECURITY_GROUP_IDS"),
-            instance_profile_arn=os.environ.get("FLEETKEEPER_INSTANCE_PROFILE_ARN") or None,
-            default_image_parameter=os.environ.get("FLEETKEEPER_DEFAULT_IMAGE_PARAMETER") or DEFAULT_IMAGE_PARAMETER,
-            default_instance_type=os.environ.get("FLEETKEEPER_DEFAULT_INSTANCE_TYPE") or DEFAULT_INSTANCE_TYPE,
-            replica_host=os.environ.get(REPLICA_HOST_ENV) or None,
+            subnet_ids=list(settings.subnet_ids),
+            security_group_ids=list(settings.security_group_ids),
+            instance_profile_arn=settings.instance_profile_arn,
+            default_image_parameter=settings.default_image_parameter,
+            default_instance_type=settings.default_instance_type,
+            replica_host=settings.replica_host,
         )
 
     @property

@@ -1,0 +1,260 @@
+"""Records <-> DynamoDB items, and the page tokens the api hands out. Pure: no client, no I/O.
+
+DynamoDB's attribute-value format for the few types our items hold. boto3's TypeSerializer would
+do the same, but importing it imports all of boto3 (~80 ms of every api cold start).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+from decimal import Decimal
+from typing import TYPE_CHECKING, Any
+
+from fleetkeeper.model import (
+    Lifecycle,
+    ReplicaRecord,
+    ReplicaStatus,
+    ServiceRecord,
+    ServiceState,
+    ServiceStatus,
+    VersionRecord,
+    VersionState,
+)
+from fleetkeeper.store.errors import MalformedPageToken
+from fleetkeeper.store.keys import (
+    LIST_PK_ATTR,
+    LIST_PK_VALUE,
+    LIST_SK_ATTR,
+    SERVICE_SK,
+    child_prefixes,
+    replica_sk,
+    service_pk,
+    version_sk,
+)
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+    from mypy_boto3_dynamodb.type_defs import AttributeValueTypeDef
+
+Item = dict[str, Any]
+RawItem = dict[str, "AttributeValueTypeDef"]
+
+
+# --- attribute values -------------------------------------------------------------------------------
+
+
+def _marshal(value: Any) -> Any:
+    if isinstance(value, bool):
+        return {"BOOL": value}
+    if isinstance(value, str):
+        return {"S": value}
+    if isinstance(value, int | Decimal):
+        return {"N": str(value)}
+    if value is None:
+        return {"NULL": True}
+    if isinstance(value, dict):
+        return {"M": {str(k): _marshal(v) for k, v in value.items()}}
+    if isinstance(value, list | tuple):
+        return {"L": [_marshal(v) for v in value]}
+    raise TypeError(f"cannot store {type(value).__name__} in DynamoDB (floats go in JSON text)")
+
+
+def _unmarshal(value: Mapping[str, Any]) -> Any:
+    (kind, data), *_ = value.items()
+    if kind == "S":
+        return data
+    if kind == "N":
+        number = Decimal(data)
+        return int(number) if number == number.to_integral_value() else number
+    if kind == "BOOL":
+        return bool(data)
+    if kind == "NULL":
+        return None
+    if kind == "M":
+        return {k: _unmarshal(v) for k, v in data.items()}
+    if kind == "L":
+        return [_unmarshal(v) for v in data]
+    raise TypeError(f"unexpected DynamoDB type {kind!r}")
+
+
+def to_raw(item: Mapping[str, Any]) -> RawItem:
+    return {k: _marshal(v) for k, v in item.items() if v is not None}
+
+
+def from_raw(raw: Mapping[str, Any]) -> Item:
+    return {k: _unmarshal(v) for k, v in raw.items()}
+
+
+def expression_values(**values: Any) -> dict[str, AttributeValueTypeDef]:
+    """`ExpressionAttributeValues` for an expression that names them `:key`."""
+    return {f":{k}": _marshal(v) for k, v in values.items()}
+
+
+# --- records ------------------------------------------------------------------------------------------
+
+
+def service_item(record: ServiceRecord) -> Item:
+    return {
+        "PK": service_pk(record.name),
+        "SK": SERVICE_SK,
+        LIST_PK_ATTR: LIST_PK_VALUE,
+        LIST_SK_ATTR: record.name,
+        "kind": "service",
+        "name": record.name,
+        "uid": record.uid,
+        "generation": record.generation,
+        "lifecycle": record.lifecycle.value,
+        "target_version": record.target_version,
+        "latest_version": record.latest_version,
+        "status": record.status.value,
+        "status_message": record.status_message,
+        "observed_generation": record.observed_generation,
+        "replica_seq": record.replica_seq,
+        "created_at": record.created_at,
+        "updated_at": record.updated_at,
+    }
+
+
+def service_from_item(item: Mapping[str, Any]) -> ServiceRecord:
+    return ServiceRecord(
+        name=str(item["name"]),
+        uid=str(item["uid"]),
+        generation=int(item["generation"]),
+        lifecycle=Lifecycle(item["lifecycle"]),
+        target_version=int(item["target_version"]),
+        latest_version=int(item["latest_version"]),
+        status=ServiceStatus(item["status"]),
+        status_message=str(item.get("status_message", "")),
+        observed_generation=int(item.get("observed_generation", 0)),
+        created_at=str(item["created_at"]),
+        updated_at=str(item["updated_at"]),
+        replica_seq=int(item.get("replica_seq", 0)),
+    )
+
+
+def version_item(record: VersionRecord) -> Item:
+    return {
+        "PK": service_pk(record.name),
+        "SK": version_sk(record.uid, record.version),
+        "kind": "version",
+        "name": record.name,
+        "uid": record.uid,
+        "version": record.version,
+        # Stored as JSON text: specs hold floats, which DynamoDB's number type would turn into Decimals.
+        "spec": json.dumps(record.spec.to_json_dict(), separators=(",", ":"), sort_keys=True),
+        "mode": record.mode,
+        "state": record.state.value,
+        "state_message": record.state_message,
+        "created_at": record.created_at,
+    }
+
+
+def version_from_item(item: Mapping[str, Any]) -> VersionRecord:
+    from fleetkeeper.spec import ServiceSpec
+
+    return VersionRecord(
+        name=str(item["name"]),
+        uid=str(item["uid"]),
+        version=int(item["version"]),
+        spec=ServiceSpec.model_validate_json(str(item["spec"])),
+        mode=str(item["mode"]),
+        created_at=str(item["created_at"]),
+        state=VersionState(item.get("state", VersionState.NEW.value)),
+        state_message=str(item.get("state_message", "")),
+    )
+
+
+def replica_item(record: ReplicaRecord) -> Item:
+    return {
+        "PK": service_pk(record.name),
+        "SK": replica_sk(record.uid, record.replica_id),
+        "kind": "replica",
+        "name": record.name,
+        "uid": record.uid,
+        "replica_id": record.replica_id,
+        "version": record.version,
+        "status": record.status.value,
+        "status_message": record.status_message,
+        "instance_id": record.instance_id,
+        "url": record.url,
+        "ready_at": record.ready_at,
+        "last_probe_ok_at": record.last_probe_ok_at,
+        "probe_failures": record.probe_failures,
+        "launch_attempts": record.launch_attempts,
+        "next_attempt_at": record.next_attempt_at,
+        "launched_at": record.launched_at,
+        "rev": record.rev,
+        "created_at": record.created_at,
+        "updated_at": record.updated_at,
+    }
+
+
+def replica_from_item(item: Mapping[str, Any]) -> ReplicaRecord:
+    def opt(key: str) -> str | None:
+        value = item.get(key)
+        return None if value is None else str(value)
+
+    return ReplicaRecord(
+        name=str(item["name"]),
+        uid=str(item["uid"]),
+        replica_id=int(item["replica_id"]),
+        version=int(item["version"]),
+        status=ReplicaStatus(item["status"]),
+        status_message=str(item.get("status_message", "")),
+        instance_id=opt("instance_id"),
+        url=opt("url"),
+        ready_at=opt("ready_at"),
+        last_probe_ok_at=opt("last_probe_ok_at"),
+        probe_failures=int(item.get("probe_failures", 0)),
+        launch_attempts=int(item.get("launch_attempts", 0)),
+        next_attempt_at=opt("next_attempt_at"),
+        launched_at=opt("launched_at"),
+        rev=int(item.get("rev", 0)),
+        created_at=str(item["created_at"]),
+        updated_at=str(item["updated_at"]),
+    )
+
+
+def state_from_items(items: list[Item]) -> ServiceState | None:
+    """Assemble a service from its partition's items, keeping only the current incarnation's children."""
+    meta = next((i for i in items if i["SK"] == SERVICE_SK), None)
+    if meta is None:
+        return None
+    service = service_from_item(meta)
+    versions: dict[int, VersionRecord] = {}
+    replicas: dict[int, ReplicaRecord] = {}
+    vprefix, rprefix = child_prefixes(service.uid)
+    for item in items:
+        sk = str(item["SK"])
+        if sk.startswith(vprefix):
+            version = version_from_item(item)
+            versions[version.version] = version
+        elif sk.startswith(rprefix):
+            replica = replica_from_item(item)
+            replicas[replica.replica_id] = replica
+    return ServiceState(service=service, versions=versions, replicas=replicas)
+
+
+# --- page tokens ----------------------------------------------------------------------------------------
+# The api's `next_token` is the index's LastEvaluatedKey as URL-safe base64 JSON. A token is checked
+# before it reaches DynamoDB: a key that is not an index key would be a 500 there, not a 400.
+
+
+def encode_token(last_key: Mapping[str, Any] | None) -> str | None:
+    if not last_key:
+        return None
+    return base64.urlsafe_b64encode(json.dumps(from_raw(last_key), sort_keys=True).encode()).decode()
+
+
+def decode_token(token: str) -> RawItem:
+    try:
+        key = json.loads(base64.urlsafe_b64decode(token.encode() + b"=" * (-len(token) % 4)))
+    except (ValueError, binascii.Error, UnicodeError) as exc:
+        raise MalformedPageToken("malformed") from exc
+    expected = {"PK", "SK", LIST_PK_ATTR, LIST_SK_ATTR}
+    if not isinstance(key, dict) or set(key) != expected or not all(isinstance(v, str) for v in key.values()):
+        raise MalformedPageToken("unknown token")
+    return to_raw(key)

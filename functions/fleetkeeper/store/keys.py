@@ -1,0 +1,65 @@
+"""The table's keys: where each item lives, and the sparse index that lists services.
+
+    service  PK=SVC#<name>  SK=META                          + list_pk/list_sk (sparse index)
+    version  PK=SVC#<name>  SK=V#<uid>#<version:010d>
+    replica  PK=SVC#<name>  SK=R#<uid>#<replica_id:010d>
+
+Every child key carries the incarnation uid, so work on an old incarnation (cleanup, a slow
+reconciler) can never touch a newer one of the same name. The trailing `#` of each prefix keeps
+uid `abc` from matching `abcd`. Pure: no client, no I/O.
+"""
+
+from __future__ import annotations
+
+import secrets
+
+SERVICE_SK = "META"
+SERVICES_INDEX = "services"
+LIST_PK_ATTR = "list_pk"
+LIST_SK_ATTR = "list_sk"
+LIST_PK_VALUE = "SERVICE"
+# Powertools idempotency records share the table under their own partition and expire by TTL.
+TTL_ATTR = "expiration"
+
+
+def service_pk(name: str) -> str:
+    return f"SVC#{name}"
+
+
+def service_key(name: str) -> dict[str, str]:
+    """The primary key of a service item (as plain strings; `codec.to_raw` makes it DynamoDB's)."""
+    return {"PK": service_pk(name), "SK": SERVICE_SK}
+
+
+def version_prefix(uid: str) -> str:
+    return f"V#{uid}#"
+
+
+def replica_prefix(uid: str) -> str:
+    return f"R#{uid}#"
+
+
+def version_sk(uid: str, version: int) -> str:
+    return f"{version_prefix(uid)}{version:010d}"
+
+
+def replica_sk(uid: str, replica_id: int) -> str:
+    return f"{replica_prefix(uid)}{replica_id:010d}"
+
+
+def version_key(name: str, uid: str, version: int) -> dict[str, str]:
+    return {"PK": service_pk(name), "SK": version_sk(uid, version)}
+
+
+def replica_key(name: str, uid: str, replica_id: int) -> dict[str, str]:
+    return {"PK": service_pk(name), "SK": replica_sk(uid, replica_id)}
+
+
+def child_prefixes(uid: str) -> tuple[str, str]:
+    """The sort-key prefixes of every child item of one incarnation (what cleanup deletes)."""
+    return version_prefix(uid), replica_prefix(uid)
+
+
+def new_uid() -> str:
+    """A fresh incarnation id: a service re-created under an old name gets a new one."""
+    return secrets.token_hex(8)

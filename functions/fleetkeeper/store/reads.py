@@ -1,0 +1,66 @@
+"""Reading services: one whole service (one Query on its partition), and the services index.
+
+Shared by the api's store and the reconciler's, which each expose the reads they need.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from fleetkeeper.store.codec import (
+    Item,
+    decode_token,
+    encode_token,
+    expression_values,
+    from_raw,
+    service_from_item,
+    state_from_items,
+)
+from fleetkeeper.store.keys import LIST_PK_ATTR, LIST_PK_VALUE, SERVICES_INDEX, service_pk
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+    from fleetkeeper.model import ServiceRecord, ServiceState
+    from fleetkeeper.store.table import Table
+
+# The sparse index's one partition: every service item, and nothing else.
+_SERVICES_QUERY: dict[str, Any] = {
+    "IndexName": SERVICES_INDEX,
+    "KeyConditionExpression": f"{LIST_PK_ATTR} = :lpk",
+    "ExpressionAttributeValues": expression_values(lpk=LIST_PK_VALUE),
+}
+
+
+class ServiceReads:
+    def __init__(self, table: Table) -> None:
+        self.table = table
+
+    def load(self, name: str) -> ServiceState | None:
+        """The service with its versions and replicas: one consistent Query (paginated past 1 MB)."""
+        items: list[Item] = []
+        for page in self.table.query_pages(
+            KeyConditionExpression="PK = :pk",
+            ExpressionAttributeValues=expression_values(pk=service_pk(name)),
+            ConsistentRead=True,
+        ):
+            items.extend(from_raw(raw) for raw in page["Items"])
+        return state_from_items(items)
+
+    def list_page(self, *, limit: int, next_token: str | None = None) -> tuple[list[ServiceRecord], str | None]:
+        """A page of service items from the sparse index (never version or replica items).
+
+        Raises MalformedPageToken for a token this store did not issue.
+        """
+        query: dict[str, Any] = {**_SERVICES_QUERY, "Limit": limit}
+        if next_token:
+            query["ExclusiveStartKey"] = decode_token(next_token)
+        page = self.table.client.query(TableName=self.table.name, **query)
+        services = [service_from_item(from_raw(raw)) for raw in page["Items"]]
+        return services, encode_token(page.get("LastEvaluatedKey"))
+
+    def iter_services(self) -> Iterator[ServiceRecord]:
+        """Every service item, page by page through the sparse index."""
+        for page in self.table.query_pages(**_SERVICES_QUERY):
+            for raw in page["Items"]:
+                yield service_from_item(from_raw(raw))

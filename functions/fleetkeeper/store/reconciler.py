@@ -1,0 +1,225 @@
+"""The reconciler's store: the reads a run needs and its conditional writes.
+
+Each write is conditioned on what the run observed, so a run acting on stale observations (another
+run got there first, the user changed the service) writes nothing and raises Superseded; the next
+run re-observes. It has none of the api's writes: a reconcile run never creates, updates or marks
+a service deleting.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+from botocore.exceptions import ClientError
+
+from fleetkeeper.model import Lifecycle, ReplicaRecord, VersionState
+from fleetkeeper.store import keys
+from fleetkeeper.store.codec import expression_values, replica_item, to_raw
+from fleetkeeper.store.errors import Superseded
+from fleetkeeper.store.reads import ServiceReads
+from fleetkeeper.store.table import TRANSACT_ITEM_LIMIT, cancellation_reasons, error_code
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator, Sequence
+
+    from mypy_boto3_dynamodb.type_defs import TransactWriteItemTypeDef
+
+    from fleetkeeper.model import ServiceRecord, ServiceState, ServiceStatus
+    from fleetkeeper.store.table import Table
+
+# A claim's transaction: the service's replica_seq update plus as many replica puts as fit.
+_CLAIMS_PER_TRANSACTION = TRANSACT_ITEM_LIMIT - 1
+
+
+class ReconcilerStore:
+    """Services as a reconcile run reads them, and the run's writes. One instance per table."""
+
+    def __init__(self, table: Table) -> None:
+        self.table = table
+        self._reads = ServiceReads(table)
+
+    # -- reads --
+
+    def load(self, name: str) -> ServiceState | None:
+        return self._reads.load(name)
+
+    def iter_services(self) -> Iterator[ServiceRecord]:
+        return self._reads.iter_services()
+
+    # -- writes --
+
+    def claim_replicas(
+        self, service: ServiceRecord, version: int, replica_ids: Sequence[int], now: str
+    ) -> list[ReplicaRecord]:
+        """Claim new replica ids: bump replica_seq n -> n+k and put k PENDING items, in ONE transaction.
+
+        Conditioned on (uid, ACTIVE, replica_seq = n): of two runs claiming at once, one wins; the
+        other's transaction is cancelled (Superseded) and it launches nothing.
+        """
+        claimed: list[ReplicaRecord] = []
+        seen = service.replica_seq
+        ids = list(replica_ids)
+        if ids != list(range(seen, seen + len(ids))):
+            raise ValueError(f"replica ids must continue replica_seq {seen}: {ids}")
+        for start in range(0, len(ids), _CLAIMS_PER_TRANSACTION):
+            chunk = ids[start : start + _CLAIMS_PER_TRANSACTION]
+            records = [ReplicaRecord.pending(service, replica_id, version, now) for replica_id in chunk]
+            items: list[TransactWriteItemTypeDef] = [
+                {
+                    "Update": {
+                        "TableName": self.table.name,
+                        "Key": to_raw(keys.service_key(service.name)),
+                        "UpdateExpression": "SET replica_seq = :next",
+                        "ConditionExpression": "uid = :uid AND lifecycle = :active AND replica_seq = :seen",
+                        "ExpressionAttributeValues": expression_values(
+                            next=seen + len(chunk), uid=service.uid, active=Lifecycle.ACTIVE.value, seen=seen
+                        ),
+                    }
+                }
+            ]
+            items.extend(
+                {
+                    "Put": {
+                        "TableName": self.table.name,
+                        "Item": to_raw(replica_item(record)),
+                        "ConditionExpression": "attribute_not_exists(PK)",
+                    }
+                }
+                for record in records
+            )
+            self._transact_or_superseded(items)
+            claimed.extend(records)
+            seen += len(chunk)
+        return claimed
+
+    def put_replica(self, before: ReplicaRecord, after: ReplicaRecord) -> ReplicaRecord:
+        """Replace a replica item if it is still at `before.rev`; returns the record as written."""
+        written = replace(after, rev=before.rev + 1)
+        with _superseded_unless_condition_holds(f"replica {before.replica_id} of {before.name} changed"):
+            self.table.client.put_item(
+                TableName=self.table.name,
+                Item=to_raw(replica_item(written)),
+                ConditionExpression="rev = :rev",
+                ExpressionAttributeValues=expression_values(rev=before.rev),
+            )
+        return written
+
+    def delete_replica(self, record: ReplicaRecord) -> None:
+        with _superseded_unless_condition_holds(f"replica {record.replica_id} of {record.name} changed"):
+            self.table.client.delete_item(
+                TableName=self.table.name,
+                Key=to_raw(keys.replica_key(record.name, record.uid, record.replica_id)),
+                ConditionExpression="rev = :rev",
+                ExpressionAttributeValues=expression_values(rev=record.rev),
+            )
+
+    def mark_version(
+        self, service: ServiceRecord, version: int, expected: VersionState, state: VersionState, message: str
+    ) -> None:
+        self._transact_or_superseded([self._version_state_update(service, version, expected, state, message)])
+
+    def trip_breaker(
+        self, service: ServiceRecord, version: int, message: str, rollback_to: int | None, *, status_message: str
+    ) -> None:
+        """Version FAILED and (when there is a good version) the target rolled back, in ONE transaction.
+
+        `message` is the version's state message; `status_message` the service's, written with the
+        rollback (unused without one).
+        """
+        items = [self._version_state_update(service, version, VersionState.NEW, VersionState.FAILED, message)]
+        if rollback_to is not None:
+            items.append(
+                {
+                    "Update": {
+                        "TableName": self.table.name,
+                        "Key": to_raw(keys.service_key(service.name)),
+                        # generation moves: a client's If-Match taken before the rollback must fail.
+                        # The message says why at once (a CLI waiting on the update reports it); the
+                        # next run derives the full status.
+                        "UpdateExpression": (
+                            "SET target_version = :good, generation = generation + :one, status_message = :why"
+                        ),
+                        "ConditionExpression": (
+                            "uid = :uid AND lifecycle = :active AND target_version = :failed "
+                            "AND generation = :generation"
+                        ),
+                        "ExpressionAttributeValues": expression_values(
+                            good=rollback_to,
+                            why=status_message,
+                            one=1,
+                            uid=service.uid,
+                            active=Lifecycle.ACTIVE.value,
+                            failed=version,
+                            generation=service.generation,
+                        ),
+                    }
+                }
+            )
+        self._transact_or_superseded(items)
+
+    def record_status(
+        self, service: ServiceRecord, status: ServiceStatus, message: str, observed_generation: int
+    ) -> None:
+        """Status of the generation the run acted on; skipped (Superseded) if the service moved since."""
+        with _superseded_unless_condition_holds(f"service {service.name} changed"):
+            self.table.client.update_item(
+                TableName=self.table.name,
+                Key=to_raw(keys.service_key(service.name)),
+                UpdateExpression="SET #status = :status, status_message = :message, observed_generation = :observed",
+                ConditionExpression="uid = :uid AND generation = :generation",
+                ExpressionAttributeNames={"#status": "status"},
+                ExpressionAttributeValues=expression_values(
+                    status=status.value,
+                    message=message,
+                    observed=observed_generation,
+                    uid=service.uid,
+                    generation=service.generation,
+                ),
+            )
+
+    def delete_service(self, service: ServiceRecord) -> None:
+        """The last step of a delete: the DELETING item of this incarnation goes (cleanup takes the rest)."""
+        with _superseded_unless_condition_holds(f"service {service.name} changed"):
+            self.table.client.delete_item(
+                TableName=self.table.name,
+                Key=to_raw(keys.service_key(service.name)),
+                ConditionExpression="lifecycle = :deleting AND uid = :uid",
+                ExpressionAttributeValues=expression_values(deleting=Lifecycle.DELETING.value, uid=service.uid),
+            )
+
+    def _version_state_update(
+        self, service: ServiceRecord, version: int, expected: VersionState, state: VersionState, message: str
+    ) -> TransactWriteItemTypeDef:
+        return {
+            "Update": {
+                "TableName": self.table.name,
+                "Key": to_raw(keys.version_key(service.name, service.uid, version)),
+                "UpdateExpression": "SET #state = :state, state_message = :message",
+                "ConditionExpression": "attribute_exists(PK) AND #state = :expected",
+                "ExpressionAttributeNames": {"#state": "state"},
+                "ExpressionAttributeValues": expression_values(
+                    state=state.value, message=message, expected=expected.value
+                ),
+            }
+        }
+
+    def _transact_or_superseded(self, items: list[TransactWriteItemTypeDef]) -> None:
+        try:
+            self.table.client.transact_write_items(TransactItems=items)
+        except ClientError as exc:
+            if any(reason.get("Code") == "ConditionalCheckFailed" for reason in cancellation_reasons(exc)):
+                raise Superseded("a claim or version change lost to a concurrent writer") from exc
+            raise
+
+
+@contextlib.contextmanager
+def _superseded_unless_condition_holds(what: str) -> Iterator[None]:
+    """A reconciler write whose condition failed lost to another writer: Superseded, not an error."""
+    try:
+        yield
+    except ClientError as exc:
+        if error_code(exc) == "ConditionalCheckFailedException":
+            raise Superseded(what) from exc
+        raise

@@ -1,0 +1,71 @@
+"""The shared base of every store: the table and its client, paginated queries, DynamoDB's limits,
+and how to read a refused write's answer.
+
+Condition failures are told apart by the item DynamoDB returns (`ReturnValuesOnConditionCheckFailure`)
+and by each transaction item's `CancellationReasons`, never by parsing messages.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from fleetkeeper.store.codec import Item, from_raw
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator, Mapping
+
+    from botocore.exceptions import ClientError
+    from mypy_boto3_dynamodb import DynamoDBClient
+
+# DynamoDB's ceilings on one call: the items of a TransactWriteItems, the requests of a BatchWriteItem.
+TRANSACT_ITEM_LIMIT = 100
+BATCH_WRITE_LIMIT = 25
+
+
+class Table:
+    """One table and the client that reaches it, created on first use (never at import)."""
+
+    def __init__(self, name: str, client: DynamoDBClient | None = None) -> None:
+        self.name = name
+        self._client = client
+
+    @property
+    def client(self) -> DynamoDBClient:
+        if self._client is None:
+            from fleetkeeper import aws
+
+            self._client = aws.dynamodb()  # cached per process in fleetkeeper.aws: cheap
+        return self._client
+
+    def query_pages(self, **query: Any) -> Iterator[dict[str, Any]]:
+        """Every page of one Query, read lazily: the next page is asked for only when it is needed."""
+        while True:
+            page = self.client.query(TableName=self.name, **query)
+            yield dict(page)
+            last = page.get("LastEvaluatedKey")
+            if not last:
+                return
+            query["ExclusiveStartKey"] = last
+
+
+def error_code(exc: ClientError) -> str | None:
+    code = exc.response.get("Error", {}).get("Code")
+    return None if code is None else str(code)
+
+
+def cancellation_reasons(exc: ClientError) -> list[dict[str, Any]]:
+    """Per transaction item, why a TransactWriteItems was cancelled (empty for any other error)."""
+    if error_code(exc) != "TransactionCanceledException":
+        return []
+    reasons: list[dict[str, Any]] = exc.response.get("CancellationReasons", [])  # type: ignore[assignment]
+    return reasons
+
+
+def condition_failed(reasons: list[dict[str, Any]], index: int) -> bool:
+    """True when the `index`-th item of a cancelled transaction failed its condition."""
+    return len(reasons) > index and reasons[index].get("Code") == "ConditionalCheckFailed"
+
+
+def item_as_it_was(raw: Mapping[str, Any] | None) -> Item | None:
+    """The item returned with a failed condition, as it was then (None: it did not exist)."""
+    return from_raw(raw) if raw else None
