@@ -21,7 +21,7 @@ from fleetkeeper.store.table import BATCH_WRITE_LIMIT
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable
 
-from tests.conftest import hello_spec
+from tests.conftest import FakeContext, hello_spec
 
 EVENT_PATH = Path(__file__).resolve().parents[1] / "events" / "cleanup_remove.json"
 
@@ -88,6 +88,18 @@ def count_calls(operation: str) -> list[dict[str, Any]]:
 
     aws.dynamodb().meta.events.register(f"provide-client-params.dynamodb.{operation}", record)
     return calls
+
+
+class CleanupContext(FakeContext):
+    """The cleanup function's Lambda context: 300 s to run (template.yaml's Timeout) unless told."""
+
+    function_name = "fleetkeeper-cleanup"
+
+    def __init__(self, remaining_ms: int = 300_000) -> None:
+        self.remaining_ms = remaining_ms
+
+    def get_remaining_time_in_millis(self) -> int:  # type: ignore[override]
+        return self.remaining_ms
 
 
 # --- stream events ---------------------------------------------------------------------------------

@@ -1,6 +1,7 @@
 """The cleanup logic against moto: every child of the removed uid goes, in ceil(n / 25) BatchWriteItem
-calls; deferred items and throttling are retried; the time budget stops and a retry resumes; nothing
-of another incarnation is ever touched."""
+calls; deferred items are retried; errors botocore already retried (throttling) fail the record at
+once; the time budget, botocore's retry waits included, stops and a retry resumes; nothing of another
+incarnation is ever touched."""
 
 from __future__ import annotations
 
@@ -8,8 +9,10 @@ import math
 from typing import Any
 
 import pytest
+from botocore.exceptions import ClientError
 
 from fleetkeeper import aws
+from fleetkeeper.aws import RETRIES, WORST_CASE_RETRY_WAIT_SECONDS
 from fleetkeeper.cleanup import manual
 from fleetkeeper.cleanup.logic import (
     Budget,
@@ -38,6 +41,8 @@ from tests.conftest import ApiClient, hello_spec
 UID_A = "a0a0a0a0a0a0a0a0"
 UID_B = "b1b1b1b1b1b1b1b1"
 PLENTY = Budget(remaining_ms=lambda: 300_000)
+# What a budget holds back before every call: botocore's worst-case retry waits and the reserve.
+HELD_BACK_MS = Budget(remaining_ms=lambda: 0).call_waits_ms + 5_000
 
 
 def cleaner(table: str, name: str, uid: str, *, client: Any = None, **kwargs: Any) -> Cleaner:
@@ -62,7 +67,7 @@ def test_every_version_goes_in_ceil_n_over_25_batch_calls(table: str, n: int) ->
     assert all(len(call["RequestItems"][table]) <= 25 for call in batch_calls)
     assert progress.deleted == n
     assert progress.batch_calls == math.ceil(n / 25)
-    assert progress.retries == progress.throttles == 0
+    assert progress.retries == 0
 
 
 def test_replicas_go_too_and_chunks_span_versions_and_replicas(table: str) -> None:
@@ -107,19 +112,20 @@ def test_unprocessed_items_are_retried_with_growing_jittered_pauses(table: str) 
     assert client.batch_calls == math.ceil(60 / 25) + 3
 
 
-def test_throttling_errors_are_retried_and_nothing_is_left_behind(table: str) -> None:
+def test_a_throttling_error_botocore_gave_up_on_fails_the_record_and_the_redelivery_finishes(table: str) -> None:
     seed_children(table, "web", UID_A, versions=100, replicas=3)
-    throttle_on = {1, 2, 5}
-    client = FaultyClient(aws.dynamodb(), lambda items, call: _raise(throttled()) if call in throttle_on else None)
+    # The error as it leaves botocore after its own retries (fleetkeeper.aws: standard mode).
+    client = FaultyClient(aws.dynamodb(), lambda items, call: _raise(throttled()) if call == 2 else None)
     sleeps: list[float] = []
 
-    progress = cleaner(table, "web", UID_A, client=client, sleeps=sleeps).run()
+    with pytest.raises(ClientError, match="ProvisionedThroughputExceeded"):
+        cleaner(table, "web", UID_A, client=client, sleeps=sleeps).run()
 
+    assert client.batch_calls == 2  # not retried on top of botocore's retries
+    assert sleeps == []
+    assert len(partition_keys(table, "web")) == 103 - 25
+    cleaner(table, "web", UID_A).run()
     assert partition_keys(table, "web") == set()
-    assert progress.deleted == 103
-    assert progress.throttles == 3
-    assert len(sleeps) == 3
-    assert all(0 <= s <= RetryPolicy().cap_seconds for s in sleeps)
 
 
 def test_full_jitter_stays_under_the_capped_exponential_ceiling() -> None:
@@ -148,12 +154,13 @@ def test_retries_are_bounded_then_the_record_fails_with_what_was_done(table: str
     assert partition_keys(table, "web") == set()
 
 
-def test_other_errors_are_not_retried(table: str) -> None:
+@pytest.mark.parametrize("error", [access_denied, throttled], ids=["access denied", "throttled"])
+def test_client_errors_are_not_retried(table: str, error: Any) -> None:
     seed_children(table, "web", UID_A, versions=3)
-    client = FaultyClient(aws.dynamodb(), lambda items, call: _raise(access_denied()))
+    client = FaultyClient(aws.dynamodb(), lambda items, call: _raise(error()))
     sleeps: list[float] = []
 
-    with pytest.raises(Exception, match="AccessDenied"):
+    with pytest.raises(ClientError):
         cleaner(table, "web", UID_A, client=client, sleeps=sleeps).run()
 
     assert client.batch_calls == 1
@@ -165,9 +172,10 @@ def test_out_of_time_stops_and_the_next_attempt_continues_where_it_stopped(table
     batch_calls = count_calls("BatchWriteItem")
 
     def clock_of_one_attempt() -> Budget:
-        # Each BatchWriteItem "costs" one second of a 30 s invocation; stop with 5 s in reserve.
+        # Each BatchWriteItem "costs" one second of 25 s to spend above what the budget holds back
+        # (botocore's worst-case retry waits for the next call, and 5 s to report the failure).
         start = len(batch_calls)
-        return Budget(remaining_ms=lambda: 30_000 - (len(batch_calls) - start) * 1_000, reserve_ms=5_000)
+        return Budget(remaining_ms=lambda: HELD_BACK_MS + 25_000 - (len(batch_calls) - start) * 1_000, reserve_ms=5_000)
 
     with pytest.raises(OutOfTime) as stopped:
         cleaner(table, "web", UID_A, budget=clock_of_one_attempt()).run()
@@ -182,22 +190,40 @@ def test_out_of_time_stops_and_the_next_attempt_continues_where_it_stopped(table
 
 def test_a_retry_pause_that_would_overrun_the_budget_stops_instead(table: str) -> None:
     seed_children(table, "web", UID_A, versions=10)
-    client = FaultyClient(aws.dynamodb(), lambda items, call: _raise(throttled()))
+    real = aws.dynamodb()
+    client = FaultyClient(real, lambda items, call: defer_last(real, items, 3))
     sleeps: list[float] = []
 
-    with pytest.raises(OutOfTime):
+    with pytest.raises(OutOfTime, match="retrying 3 deferred"):
         cleaner(
             table,
             "web",
             UID_A,
             client=client,
             sleeps=sleeps,
-            budget=Budget(remaining_ms=lambda: 6_000, reserve_ms=5_000),
+            budget=Budget(remaining_ms=lambda: HELD_BACK_MS + 1_000, reserve_ms=5_000),
             policy=RetryPolicy(base_seconds=1.0, cap_seconds=5.0),
             jitter=lambda cap: cap,
         ).run()
 
-    assert sleeps == []  # a 2 s pause does not fit in the 1 s above the reserve
+    assert client.batch_calls == 1
+    assert sleeps == []  # a 2 s pause does not fit in the 1 s above what is held back
+
+
+@pytest.mark.parametrize(("above", "calls"), [(1, 1), (0, 0)])
+def test_a_call_starts_only_while_botocores_worst_case_waits_still_fit(table: str, above: int, calls: int) -> None:
+    seed_children(table, "web", UID_A, versions=3)
+    batch_calls = count_calls("BatchWriteItem")
+    budget = Budget(remaining_ms=lambda: HELD_BACK_MS + above - 1_000 * len(batch_calls), reserve_ms=5_000)
+    assert budget.call_waits_ms == WORST_CASE_RETRY_WAIT_SECONDS * 1000 == 56_000
+
+    if calls:
+        cleaner(table, "web", UID_A, budget=budget).run()
+    else:
+        with pytest.raises(OutOfTime):
+            cleaner(table, "web", UID_A, budget=budget).run()
+
+    assert len(batch_calls) == calls
 
 
 def test_only_the_removed_uid_is_deleted(table: str) -> None:
@@ -237,6 +263,27 @@ def test_the_store_refuses_a_key_of_another_incarnation(table: str) -> None:
 def test_an_old_image_without_name_and_uid_is_refused(image: dict[str, Any]) -> None:
     with pytest.raises(MalformedRecord):
         Incarnation.from_old_image(image)
+
+
+def test_the_reserved_waits_are_botocores_own_for_fleetkeepers_clients(table: str) -> None:
+    """WORST_CASE_RETRY_WAIT_SECONDS restates botocore's backoff; this fails if botocore's changes."""
+    from botocore.retries.standard import ExponentialBackoff, RetryContext
+
+    assert aws.dynamodb().meta.config.retries == {"mode": "standard", "total_max_attempts": RETRIES + 1}
+
+    class Throttled:
+        def is_throttling_error_from_context(self, context: Any) -> bool:
+            return True
+
+    class RetryAfterForever:
+        headers = {"x-amz-retry-after": str(10**9)}
+
+    backoff = ExponentialBackoff(random=lambda: 1.0, service_name="dynamodb", throttling_detector=Throttled())
+    waits = [
+        backoff.delay_amount(RetryContext(attempt_number=n, http_response=RetryAfterForever()))
+        for n in range(1, RETRIES + 1)
+    ]
+    assert sum(waits) == WORST_CASE_RETRY_WAIT_SECONDS
 
 
 def _raise(exc: Exception) -> Any:

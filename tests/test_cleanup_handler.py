@@ -11,10 +11,12 @@ from aws_lambda_powertools.utilities.batch.exceptions import BatchProcessingErro
 
 from fleetkeeper import aws
 from fleetkeeper.cleanup import handler
+from fleetkeeper.cleanup.logic import Budget
 from fleetkeeper.store.codec import to_raw
 from fleetkeeper.store.keys import SERVICE_SK, child_prefixes, service_pk, version_sk
 from tests.cleanup_support import (
     EVENT_PATH,
+    CleanupContext,
     FaultyClient,
     access_denied,
     children_of,
@@ -24,21 +26,11 @@ from tests.cleanup_support import (
     seed_children,
     stream_records,
 )
-from tests.conftest import ApiClient, FakeContext, hello_spec
+from tests.conftest import ApiClient, hello_spec
 
 
-class Context(FakeContext):
-    function_name = "fleetkeeper-cleanup"
-
-    def __init__(self, remaining_ms: int = 300_000) -> None:
-        self.remaining_ms = remaining_ms
-
-    def get_remaining_time_in_millis(self) -> int:  # type: ignore[override]
-        return self.remaining_ms
-
-
-def invoke(records: list[dict[str, Any]], context: Context | None = None) -> dict[str, Any]:
-    response: dict[str, Any] = handler.lambda_handler({"Records": records}, context or Context())
+def invoke(records: list[dict[str, Any]], context: CleanupContext | None = None) -> dict[str, Any]:
+    response: dict[str, Any] = handler.lambda_handler({"Records": records}, context or CleanupContext())
     return response
 
 
@@ -48,7 +40,7 @@ def test_the_checked_in_event_cleans_up_its_incarnation(table: str) -> None:
     name, uid = image["name"]["S"], image["uid"]["S"]
     seed_children(table, name, uid, versions=3, replicas=4)
 
-    response = handler.lambda_handler(event, Context())
+    response = handler.lambda_handler(event, CleanupContext())
 
     assert response == {"batchItemFailures": []}
     assert partition_keys(table, name) == set()
@@ -92,10 +84,15 @@ def test_a_failing_middle_record_is_the_only_batch_item_failure(
 def test_records_the_time_budget_does_not_reach_fail_and_their_redelivery_finishes(table: str) -> None:
     seed_children(table, "alpha", "aaaa", versions=30)
     seed_children(table, "bravo", "bbbb", versions=30)
-    batch_calls = count_calls("BatchWriteItem")
-    # Each BatchWriteItem takes 2 s of a 9 s budget; the cleanup stops with 5 s in reserve.
-    context = Context()
-    context.get_remaining_time_in_millis = lambda: 9_000 - 2_000 * len(batch_calls)  # type: ignore[method-assign]
+    queries, batch_calls = count_calls("Query"), count_calls("BatchWriteItem")
+    # Each call takes 2 s. Before each, the cleanup holds back botocore's worst-case retry waits for
+    # it and 5 s to report; 7 s more are left: alpha's 4 calls (2 Queries, 2 batches) fit, bravo's
+    # first Query does not.
+    held_back = Budget(remaining_ms=lambda: 0).call_waits_ms + 5_000
+    context = CleanupContext()
+    context.get_remaining_time_in_millis = (  # type: ignore[method-assign]
+        lambda: held_back + 7_000 - 2_000 * (len(queries) + len(batch_calls))
+    )
     records = [removal_record("alpha", "aaaa", "100"), removal_record("bravo", "bbbb", "200")]
 
     assert invoke(records, context) == {"batchItemFailures": [{"itemIdentifier": "200"}]}
@@ -112,7 +109,7 @@ def test_a_batch_whose_every_record_fails_is_a_function_error(table: str) -> Non
     seed_children(table, "web", "aaaa", versions=30)
 
     with pytest.raises(BatchProcessingError):
-        invoke([removal_record("web", "aaaa", "100")], Context(remaining_ms=4_000))
+        invoke([removal_record("web", "aaaa", "100")], CleanupContext(remaining_ms=4_000))
     assert len(partition_keys(table, "web")) == 30
 
     assert invoke([removal_record("web", "aaaa", "100")]) == {"batchItemFailures": []}

@@ -16,8 +16,8 @@ from fleetkeeper.services import IDEMPOTENCY_PARTITION
 from fleetkeeper.store.codec import to_raw
 from fleetkeeper.store.keys import SERVICE_SK, replica_sk, service_pk, version_sk
 from fleetkeeper.template import load_template
-from tests.cleanup_support import EVENT_PATH, partition_keys, seed_children, stream_records
-from tests.conftest import ApiClient, FakeContext, hello_spec
+from tests.cleanup_support import EVENT_PATH, CleanupContext, partition_keys, seed_children, stream_records
+from tests.conftest import ApiClient, hello_spec
 
 
 @pytest.fixture(scope="module")
@@ -175,7 +175,7 @@ def test_the_cleanups_own_deletes_do_not_trigger_it_again(api: ApiClient, table:
     delivered = [r for r in before if matches_any(patterns, r)]
     assert len(delivered) == 1
 
-    assert handler.lambda_handler({"Records": delivered}, FakeContext()) == {"batchItemFailures": []}
+    assert handler.lambda_handler({"Records": delivered}, CleanupContext()) == {"batchItemFailures": []}
 
     assert partition_keys(table, "web") == set()
     caused = stream_records(table)[len(before) :]

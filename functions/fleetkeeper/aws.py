@@ -17,11 +17,29 @@ if TYPE_CHECKING:
     from mypy_boto3_lambda import LambdaClient
     from mypy_boto3_ssm import SSMClient
 
+# botocore's "standard" retry mode: a throttled or transient call is retried up to RETRIES times
+# after the first attempt (botocore's `max_attempts` client option counts retries, not attempts).
+RETRIES = 5
+# Its backoff (botocore/retries/standard.py, ExponentialBackoff): before retry i (i = 0, 1, ...) it
+# sleeps up to min(1 s * 2**i, 20 s) after a throttling error (less after other errors), and up to
+# 5 s more when the response carries `x-amz-retry-after`.
+_BACKOFF_CAP_SECONDS = 20.0
+_RETRY_AFTER_EXTRA_SECONDS = 5.0
+# So one call can spend this long sleeping between its attempts before it raises: 1 + 2 + 4 + 8 + 16
+# + 5 * 5 = 56 s (the attempts' own time comes on top). A caller with a deadline (the cleanup) keeps
+# this much in hand before it starts a call.
+WORST_CASE_RETRY_WAIT_SECONDS = sum(
+    min(2.0**retry, _BACKOFF_CAP_SECONDS) + _RETRY_AFTER_EXTRA_SECONDS for retry in range(RETRIES)
+)
+
 _clients: dict[tuple[str, str | None, str | None], Any] = {}
 _lock = threading.Lock()
 
 
 def _client(service: str) -> Any:
+    # Read here, not from fleetkeeper.settings: clients are made lazily from anywhere (the handlers,
+    # the CLI, the embedded server, tests), the embedded server points them at its in-memory AWS
+    # after start-up, and the cache key keeps a client per (region, endpoint) as they change.
     region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
     endpoint = os.environ.get("FLEETKEEPER_AWS_ENDPOINT_URL") or None
     key = (service, region, endpoint)
@@ -33,7 +51,7 @@ def _client(service: str) -> Any:
             import botocore.session
             from botocore.config import Config
 
-            config = Config(retries={"mode": "standard", "max_attempts": 5}, connect_timeout=3, read_timeout=10)
+            config = Config(retries={"mode": "standard", "max_attempts": RETRIES}, connect_timeout=3, read_timeout=10)
             client = botocore.session.get_session().create_client(
                 service, region_name=region, endpoint_url=endpoint, config=config
             )

@@ -74,7 +74,6 @@ def record_handler(record: DynamoDBRecord, lambda_context: LambdaContext, *, tab
             "deleted": progress.deleted,
             "batch_calls": progress.batch_calls,
             "retries": progress.retries,
-            "throttles": progress.throttles,
         },
     )
 

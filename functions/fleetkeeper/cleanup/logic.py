@@ -1,7 +1,13 @@
 """Deleting one removed incarnation's children, within a time budget, retrying what DynamoDB defers.
 
+Two layers of retries, never stacked: botocore (fleetkeeper.aws, standard mode) retries a throttled
+or failed call itself, and a ClientError that still comes out of it fails the record here at once
+(the stream delivers it again). What botocore does not retry is a BatchWriteItem's partial success,
+`UnprocessedItems`: that is retried here, with backoff. The time budget counts botocore's waits: a
+call starts only while its worst-case retry waits still fit.
+
 The function's collaborators come in as parameters (the keys of the incarnation, the remaining time,
-sleep, jitter), so tests can inject throttling, unprocessed items and a clock that runs out.
+sleep, jitter), so tests can inject errors, unprocessed items and a clock that runs out.
 
 Resumable by construction: nothing is remembered between attempts. A record that runs out of time
 fails; the stream delivers it again and the next attempt re-queries what is left, so it continues
@@ -10,13 +16,13 @@ where the last one stopped. A record whose items are already gone queries nothin
 
 from __future__ import annotations
 
+import itertools
 import random
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from botocore.exceptions import ClientError
-
+from fleetkeeper.aws import WORST_CASE_RETRY_WAIT_SECONDS
 from fleetkeeper.store.table import BATCH_WRITE_LIMIT
 
 if TYPE_CHECKING:
@@ -24,23 +30,11 @@ if TYPE_CHECKING:
 
     from fleetkeeper.store.codec import RawItem
 
-# Errors worth another try inside this attempt: DynamoDB is busy, not wrong. Anything else fails
-# the record at once (the stream retries it, then sends it to the on-failure queue).
-RETRYABLE_ERRORS = frozenset(
-    {
-        "ProvisionedThroughputExceededException",
-        "ThrottlingException",
-        "RequestLimitExceeded",
-        "InternalServerError",
-        "ServiceUnavailable",
-    }
-)
-
 
 class ChildKeysPort(Protocol):
     """What the cleanup needs from the table (fleetkeeper.store.cleanup.ChildKeys in production)."""
 
-    def keys(self) -> Iterable[RawItem]: ...
+    def keys(self, before_each_query: Callable[[], None] | None = None) -> Iterable[RawItem]: ...
 
     def delete(self, keys: list[RawItem]) -> list[RawItem]: ...
 
@@ -63,7 +57,7 @@ class Incarnation:
 
 @dataclass(frozen=True)
 class RetryPolicy:
-    """Exponential backoff with full jitter for UnprocessedItems and throttling, bounded."""
+    """Exponential backoff with full jitter for UnprocessedItems, bounded."""
 
     attempts: int = 8  # BatchWriteItem calls per chunk, the first included
     base_seconds: float = 0.05
@@ -76,21 +70,25 @@ class RetryPolicy:
 
 @dataclass(frozen=True)
 class Budget:
-    """The time left in this invocation; stop while `reserve_ms` is still left to report the failure."""
+    """The time left in this invocation.
+
+    A DynamoDB call starts only while, after `pause_seconds` of our own and the call's worst-case
+    botocore retry waits (`call_waits_ms`), `reserve_ms` would still be left to report the failure.
+    """
 
     remaining_ms: Callable[[], int]
     reserve_ms: int = 5_000
+    call_waits_ms: int = int(WORST_CASE_RETRY_WAIT_SECONDS * 1000)
 
-    def allows(self, seconds: float = 0.0) -> bool:
-        return self.remaining_ms() - seconds * 1000 > self.reserve_ms
+    def allows_call(self, pause_seconds: float = 0.0) -> bool:
+        return self.remaining_ms() - pause_seconds * 1000 - self.call_waits_ms > self.reserve_ms
 
 
 @dataclass
 class Progress:
     deleted: int = 0  # keys DynamoDB confirmed deleted (gone afterwards, whether or not they existed)
     batch_calls: int = 0
-    retries: int = 0
-    throttles: int = 0
+    retries: int = 0  # BatchWriteItem calls again for UnprocessedItems
 
 
 class CleanupError(Exception):
@@ -114,7 +112,7 @@ class GaveUp(CleanupError):
 
 
 def full_jitter(cap: float) -> float:
-    """Full jitter: retries of many throttled chunks spread out instead of arriving together."""
+    """Full jitter: retries of many deferred chunks spread out instead of arriving together."""
     return random.uniform(0.0, cap)
 
 
@@ -132,35 +130,33 @@ class Cleaner:
 
     def run(self) -> Progress:
         progress = self.progress = Progress()
-        for chunk in _chunks(self.children.keys(), BATCH_WRITE_LIMIT):
-            if not self.budget.allows():
-                raise OutOfTime(
-                    f"time budget spent after deleting {progress.deleted} item(s); the retry continues",
-                    progress,
-                )
+        # Reading the keys is calls too (a Query per page): each is held to the budget like a delete.
+        keys = self.children.keys(before_each_query=lambda: self._require_time_for_a_call(progress))
+        for chunk in _chunks(keys, BATCH_WRITE_LIMIT):
             self._delete_chunk(chunk, progress)
         return progress
+
+    def _require_time_for_a_call(self, progress: Progress, *, pending: int = 0, pause: float = 0.0) -> None:
+        if self.budget.allows_call(pause):
+            return
+        if pending:
+            raise OutOfTime(f"time budget spent retrying {pending} deferred delete(s); the retry continues", progress)
+        raise OutOfTime(f"time budget spent after deleting {progress.deleted} item(s); the retry continues", progress)
 
     def _delete_chunk(self, chunk: list[RawItem], progress: Progress) -> None:
         pending = chunk
         for attempt in range(1, self.policy.attempts + 1):
-            if attempt > 1:
+            if attempt == 1:
+                self._require_time_for_a_call(progress)
+            else:
                 pause = self.policy.delay(attempt - 1, self.jitter)
-                if not self.budget.allows(pause):
-                    raise OutOfTime(
-                        f"time budget spent retrying {len(pending)} deferred delete(s); the retry continues",
-                        progress,
-                    )
+                self._require_time_for_a_call(progress, pending=len(pending), pause=pause)
                 self.sleep(pause)
                 progress.retries += 1
             progress.batch_calls += 1
-            try:
-                unprocessed = self.children.delete(pending)
-            except ClientError as exc:
-                if exc.response.get("Error", {}).get("Code") not in RETRYABLE_ERRORS:
-                    raise
-                progress.throttles += 1
-                continue  # the whole chunk again: deleting an item twice is harmless
+            # A ClientError propagates: botocore has already retried it (throttling included), and
+            # retrying again here would multiply its attempts. The record fails; the stream retries.
+            unprocessed = self.children.delete(pending)
             progress.deleted += len(pending) - len(unprocessed)
             if not unprocessed:
                 return
@@ -174,11 +170,6 @@ class Cleaner:
 
 def _chunks(keys: Iterable[RawItem], size: int) -> Iterator[list[RawItem]]:
     """Fixed-size chunks across query pages and prefixes, so n keys take ceil(n / size) calls."""
-    chunk: list[RawItem] = []
-    for key in keys:
-        chunk.append(key)
-        if len(chunk) == size:
-            yield chunk
-            chunk = []
-    if chunk:
+    iterator = iter(keys)
+    while chunk := list(itertools.islice(iterator, size)):
         yield chunk

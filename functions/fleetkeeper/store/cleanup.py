@@ -3,7 +3,8 @@
 The cleanup function (fleetkeeper/cleanup) deletes the version and replica items of an incarnation
 whose service item was removed. Both operations address children ONLY through the uid's sort-key
 prefixes (`V#<uid>#`, `R#<uid>#`), so a newer incarnation of the same name (another uid) is out of
-reach by construction. Retries, backoff and the time budget are the caller's (cleanup/logic.py).
+reach by construction. Retries of deferred items and the time budget are the caller's
+(cleanup/logic.py); throttling is botocore's (fleetkeeper.aws).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from fleetkeeper.store.keys import SERVICE_SK, child_prefixes, service_pk
 from fleetkeeper.store.table import BATCH_WRITE_LIMIT
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator, Mapping
+    from collections.abc import Callable, Iterator, Mapping
 
     from fleetkeeper.store.table import Table
 
@@ -30,14 +31,16 @@ class ChildKeys:
         self.pk = service_pk(name)
         self.prefixes = child_prefixes(uid)
 
-    def keys(self) -> Iterator[RawItem]:
+    def keys(self, before_each_query: Callable[[], None] | None = None) -> Iterator[RawItem]:
         """Every remaining child key (versions, then replicas), page by page, keys only.
 
         Lazy: a caller that deletes while iterating only asks for the next page when it needs it,
-        and items it already deleted lie behind the page cursor.
+        and items it already deleted lie behind the page cursor. `before_each_query` runs before
+        each Query call.
         """
         for prefix in self.prefixes:
             for page in self.table.query_pages(
+                before_each_query,
                 KeyConditionExpression="PK = :pk AND begins_with(SK, :prefix)",
                 ExpressionAttributeValues=expression_values(pk=self.pk, prefix=prefix),
                 ProjectionExpression="PK, SK",

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from fleetkeeper.store.codec import Item, from_raw
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator, Mapping
+    from collections.abc import Callable, Iterator, Mapping
 
     from botocore.exceptions import ClientError
     from mypy_boto3_dynamodb import DynamoDBClient
@@ -37,9 +37,14 @@ class Table:
             self._client = aws.dynamodb()  # cached per process in fleetkeeper.aws: cheap
         return self._client
 
-    def query_pages(self, **query: Any) -> Iterator[dict[str, Any]]:
-        """Every page of one Query, read lazily: the next page is asked for only when it is needed."""
+    def query_pages(self, before_each_call: Callable[[], None] | None = None, **query: Any) -> Iterator[dict[str, Any]]:
+        """Every page of one Query, read lazily: the next page is asked for only when it is needed.
+
+        `before_each_call` runs before each Query call (a caller with a deadline may refuse to start one).
+        """
         while True:
+            if before_each_call is not None:
+                before_each_call()
             page = self.client.query(TableName=self.name, **query)
             yield dict(page)
             last = page.get("LastEvaluatedKey")
