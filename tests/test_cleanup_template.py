@@ -12,9 +12,8 @@ import pytest
 from fleetkeeper import aws
 from fleetkeeper.cleanup import handler
 from fleetkeeper.eventfilter import matches_any, patterns_of
-from fleetkeeper.services import IDEMPOTENCY_PARTITION
 from fleetkeeper.store.codec import to_raw
-from fleetkeeper.store.keys import SERVICE_SK, replica_sk, service_pk, version_sk
+from fleetkeeper.store.keys import IDEMPOTENCY_PARTITION, SERVICE_SK, replica_sk, service_pk, version_sk
 from fleetkeeper.template import load_template
 from tests.cleanup_support import EVENT_PATH, CleanupContext, partition_keys, seed_children, stream_records
 from tests.conftest import ApiClient, hello_spec

@@ -52,7 +52,6 @@ if TYPE_CHECKING:
 # How many times a write without If-Match is tried when another writer moves the service under it.
 _RACE_ATTEMPTS = 5
 IDEMPOTENCY_TTL_SECONDS = 24 * 3600
-IDEMPOTENCY_PARTITION = "IDEMPOTENCY#api"
 DELETING_MESSAGE = "deleting: terminating every replica"
 
 Kick = Callable[[str], None]
@@ -287,22 +286,11 @@ def _previous_usable(state: ServiceState) -> int | None:
 
 def _idempotent_runner(table: Table) -> tuple[Callable[..., dict[str, Any]], IdempotencyConfig]:
     """The Powertools-wrapped executor for one table, built on first use (its import is not free)."""
-    from aws_lambda_powertools.utilities.idempotency import (
-        DynamoDBPersistenceLayer,
-        IdempotencyConfig,
-        idempotent_function,
-    )
+    from aws_lambda_powertools.utilities.idempotency import IdempotencyConfig, idempotent_function
 
-    from fleetkeeper.store.keys import TTL_ATTR
+    from fleetkeeper.store.idempotency import persistence_layer
 
-    persistence = DynamoDBPersistenceLayer(
-        table_name=table.name,
-        key_attr="PK",
-        sort_key_attr="SK",
-        static_pk_value=IDEMPOTENCY_PARTITION,
-        expiry_attr=TTL_ATTR,
-        boto3_client=table.client,
-    )
+    persistence = persistence_layer(table)
     config = IdempotencyConfig(
         event_key_jmespath="key",
         payload_validation_jmespath="request",

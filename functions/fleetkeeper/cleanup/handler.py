@@ -18,7 +18,7 @@ from aws_lambda_powertools.utilities.data_classes.dynamo_db_stream_event import 
 from fleetkeeper.cleanup.logic import Budget, Cleaner, Incarnation
 from fleetkeeper.settings import Settings
 from fleetkeeper.store.cleanup import ChildKeys
-from fleetkeeper.store.keys import SERVICE_SK, service_pk
+from fleetkeeper.store.keys import is_service_key
 from fleetkeeper.store.table import Table
 
 if TYPE_CHECKING:
@@ -35,8 +35,7 @@ def _is_service_removal(record: DynamoDBRecord) -> bool:
     """The event source's filter admits only these; anything else (a pump without it) is not ours."""
     if record.event_name is not DynamoDBRecordEventName.REMOVE or record.dynamodb is None:
         return False
-    keys = record.dynamodb.keys
-    return keys.get("SK") == SERVICE_SK and str(keys.get("PK", "")).startswith(service_pk(""))
+    return is_service_key(record.dynamodb.keys)
 
 
 def record_handler(record: DynamoDBRecord, lambda_context: LambdaContext, *, table: Table) -> None:

@@ -11,4 +11,5 @@ module costs only that module):
     commands    CommandStore: the api's reads and writes of target state
     reconciler  ReconcilerStore: a run's reads and its conditional writes
     cleanup     ChildKeys, partition_uids: one removed incarnation's children
+    idempotency where Powertools idempotency keeps its records
 """

@@ -12,13 +12,19 @@ uid `abc` from matching `abcd`. Pure: no client, no I/O.
 from __future__ import annotations
 
 import secrets
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
 
 SERVICE_SK = "META"
 SERVICES_INDEX = "services"
 LIST_PK_ATTR = "list_pk"
 LIST_SK_ATTR = "list_sk"
 LIST_PK_VALUE = "SERVICE"
-# Powertools idempotency records share the table under their own partition and expire by TTL.
+# Powertools idempotency records (store/idempotency.py) share the table under their own partition
+# and expire by TTL.
+IDEMPOTENCY_PARTITION = "IDEMPOTENCY#api"
 TTL_ATTR = "expiration"
 
 
@@ -29,6 +35,11 @@ def service_pk(name: str) -> str:
 def service_key(name: str) -> dict[str, str]:
     """The primary key of a service item (as plain strings; `codec.to_raw` makes it DynamoDB's)."""
     return {"PK": service_pk(name), "SK": SERVICE_SK}
+
+
+def is_service_key(key: Mapping[str, Any]) -> bool:
+    """True for the (plain, not DynamoDB-typed) key of a service item, as a stream record carries it."""
+    return key.get("SK") == SERVICE_SK and str(key.get("PK", "")).startswith(service_pk(""))
 
 
 def version_prefix(uid: str) -> str:
