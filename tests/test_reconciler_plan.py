@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from fleetkeeper.model import (
+    FailureCause,
     Lifecycle,
     ReplicaRecord,
     ReplicaStatus,
@@ -21,6 +22,9 @@ from fleetkeeper.model import (
 )
 from fleetkeeper.reconciler.driver import Instance, InstanceState
 from fleetkeeper.reconciler.plan import (
+    INITIAL_DELAY_EXCEEDED,
+    INSTANCE_LOST,
+    PROBE_FAILED,
     Claim,
     DeleteReplica,
     DeleteService,
@@ -64,6 +68,14 @@ def version(number: int, state: VersionState = VersionState.NEW, **kw: Any) -> V
     )
 
 
+# The typed facts a failed replica of each status carries unless a case says otherwise.
+_FACTS: dict[ReplicaStatus, dict[str, Any]] = {
+    S.FAILED_PROBING: {"failure_code": PROBE_FAILED, "cause": FailureCause.VERSION},
+    S.FAILED_INITIAL_DELAY: {"failure_code": INITIAL_DELAY_EXCEEDED, "cause": FailureCause.VERSION},
+    S.PREEMPTED: {"failure_code": INSTANCE_LOST, "cause": FailureCause.VERSION},
+}
+
+
 def replica(rid: int, status: ReplicaStatus = S.READY, v: int = 1, **kw: Any) -> ReplicaRecord:
     defaults: dict[str, Any] = {
         "instance_id": f"i-{rid}",
@@ -72,6 +84,7 @@ def replica(rid: int, status: ReplicaStatus = S.READY, v: int = 1, **kw: Any) ->
     }
     if status in (S.PENDING, S.FAILED_PROVISION):
         defaults = {}
+    defaults.update(_FACTS.get(status, {}))
     defaults.update(kw)
     return ReplicaRecord(
         name="svc",
@@ -258,7 +271,7 @@ def test_starting_past_the_initial_delay_fails_and_is_replaced() -> None:
 
 
 def test_a_spot_instance_terminated_by_aws_is_preempted_and_replaced() -> None:
-    gone = instance(0, InstanceState.TERMINATED, spot=True, state_reason="Server.SpotInstanceTermination")
+    gone = instance(0, InstanceState.TERMINATED, spot=True, state_reason_code="Server.SpotInstanceTermination")
     actions = plan(state([replica(0), replica(1)]), [gone, instance(1)], {1: OK}, NOW)
     assert records(actions)[0].status is S.PREEMPTED
     assert "spot instance reclaimed" in records(actions)[0].status_message
@@ -318,6 +331,7 @@ def test_status_message_names_the_failing_replica() -> None:
     refused = replica(
         2, S.FAILED_PROVISION, launch_attempts=1, next_attempt_at=ago(-30),
         status_message="InsufficientInstanceCapacity: no capacity in us-east-1a",
+        failure_code="InsufficientInstanceCapacity", cause=FailureCause.ENVIRONMENT,
     )  # fmt: skip
     current = state([replica(0), replica(1), refused], [version(1, VersionState.READY, spec=spec(3))])
     status = status_of(plan(current, [instance(0), instance(1)], {0: OK, 1: OK}, NOW))
@@ -425,7 +439,15 @@ def test_an_update_finishes_ready_when_old_instances_are_gone() -> None:
 def test_breaker_rolls_back_to_the_last_ready_version() -> None:
     versions = [version(1, VersionState.READY), version(2)]
     failing = [replica(2, S.FAILED_INITIAL_DELAY, v=2), replica(3, S.FAILED_PROBING, v=2)]
-    refused = replica(4, S.FAILED_PROVISION, v=2, launch_attempts=1, status_message="InvalidAMIID.NotFound: x")
+    refused = replica(
+        4,
+        S.FAILED_PROVISION,
+        v=2,
+        launch_attempts=1,
+        status_message="InvalidAMIID.NotFound: x",
+        failure_code="InvalidAMIID.NotFound",
+        cause=FailureCause.VERSION,
+    )
     current = state([replica(0), replica(1), *failing, refused], versions, target=2)
     actions = plan(current, [instance(0), instance(1)], {0: OK, 1: OK}, NOW)
     [trip] = only(actions, TripBreaker)
@@ -497,7 +519,7 @@ def test_plan_is_deterministic() -> None:
 
 
 def test_an_unrecorded_launch_whose_instance_died_is_replaced_not_relaunched() -> None:
-    dead = instance(0, InstanceState.TERMINATED, state_reason="Client.UserInitiatedShutdown")
+    dead = instance(0, InstanceState.TERMINATED, state_reason_code="Client.UserInitiatedShutdown")
     actions = plan(state([replica(0, S.PENDING), replica(1)]), [dead, instance(1)], {1: OK}, NOW)
     assert records(actions)[0].status is S.PREEMPTED and records(actions)[0].instance_id == "i-0"
     assert Launch(0, fresh=False) not in actions

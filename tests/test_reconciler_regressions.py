@@ -17,7 +17,7 @@ from botocore.exceptions import ClientError
 
 from fleetkeeper import aws as aws_clients
 from fleetkeeper.errors import Conflict
-from fleetkeeper.model import ReplicaRecord, ServiceStatus, VersionState, to_iso
+from fleetkeeper.model import FailureCause, ReplicaRecord, ServiceStatus, VersionState, to_iso
 from fleetkeeper.reconciler.plan import RecordReplica, RecordStatus, Terminate, TripBreaker, plan
 from fleetkeeper.reconciler.userdata import USER_DATA_LIMIT, environment_file, user_data
 from fleetkeeper.services import ServiceCommands
@@ -86,13 +86,14 @@ def test_the_breaker_rolls_back_to_the_version_that_was_serving() -> None:
 
 
 def test_spot_reclaims_do_not_trip_the_breaker_but_crashes_outside_spot_do() -> None:
-    def preempted(rid: int, cause: str) -> ReplicaRecord:
-        return replica(rid, S.PREEMPTED, status_message=f"instance i-{rid} is terminated: {cause}")
+    def preempted(rid: int, code: str, cause: FailureCause) -> ReplicaRecord:
+        message = f"instance i-{rid} is terminated ({code}): why"
+        return replica(rid, S.PREEMPTED, status_message=message, failure_code=code, cause=cause)
 
-    reclaimed = [preempted(i, "spot instance reclaimed by AWS") for i in (0, 1, 2)]
+    reclaimed = [preempted(i, "Server.SpotInstanceTermination", FailureCause.SPOT_RECLAIM) for i in (0, 1, 2)]
     actions = plan(state(reclaimed), [], {}, NOW)
     assert not [a for a in actions if isinstance(a, TripBreaker)]
-    killed = [preempted(i, "terminated outside fleetkeeper") for i in (0, 1, 2)]
+    killed = [preempted(i, "Client.UserInitiatedShutdown", FailureCause.VERSION) for i in (0, 1, 2)]
     actions = plan(state(killed), [], {}, NOW)
     assert [a for a in actions if isinstance(a, TripBreaker)]
 

@@ -224,6 +224,8 @@ def replica_item(record: ReplicaRecord) -> Item:
         "version": record.version,
         "status": record.status.value,
         "status_message": record.status_message,
+        "failure_code": record.failure_code,
+        "cause": record.cause.value if record.cause is not None else None,
         "instance_id": record.instance_id,
         "url": record.url,
         "ready_at": record.ready_at,
@@ -239,17 +241,24 @@ def replica_item(record: ReplicaRecord) -> Item:
 
 
 def replica_from_item(item: Mapping[str, Any]) -> ReplicaRecord:
+    from fleetkeeper.model import FailureCause
+
     def opt(key: str) -> str | None:
         value = item.get(key)
         return None if value is None else str(value)
 
+    status = ReplicaStatus(item["status"])
+    cause = item.get("cause")
     return ReplicaRecord(
         name=str(item["name"]),
         uid=str(item["uid"]),
         replica_id=int(item["replica_id"]),
         version=int(item["version"]),
-        status=ReplicaStatus(item["status"]),
+        status=status,
         status_message=str(item.get("status_message", "")),
+        failure_code=opt("failure_code"),
+        # Items written before causes were recorded: what their status implies, else UNRECORDED.
+        cause=FailureCause(cause) if cause is not None else FailureCause.of_unrecorded(status),
         instance_id=opt("instance_id"),
         url=opt("url"),
         ready_at=opt("ready_at"),
