@@ -11,7 +11,9 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from fleetkeeper.local.process_driver import PROCESS_EXITED, ProcessDriver
+from fleetkeeper.model import FailureCause
 from fleetkeeper.reconciler.driver import InstanceState, LaunchRequest
+from fleetkeeper.reconciler.plan import termination_cause
 from fleetkeeper.spec import parse_spec
 
 if TYPE_CHECKING:
@@ -135,6 +137,8 @@ def test_a_replica_that_exits_is_terminated_with_its_exit_code(driver: ProcessDr
     ended = eventually(lambda: (i := state_of(driver, instance)).state is InstanceState.TERMINATED and i)
     assert ended.state_reason_code == PROCESS_EXITED
     assert ended.state_reason == f"{PROCESS_EXITED}: the replica process exited with code 3"
+    # The app ended on its own: that counts against its version, and it is no spot reclaim.
+    assert termination_cause(PROCESS_EXITED) is FailureCause.VERSION
     assert driver.base_url(ended, 8080) is None
     assert "bye" in driver.log_path("web", 1).read_text()
 

@@ -841,6 +841,28 @@ def test_breaker_without_a_good_version_fails_the_service_and_stops_launching() 
     ]
 
 
+def test_a_failure_in_this_run_that_trips_the_breaker_still_loses_its_instance() -> None:
+    failed = [replica(i, S.FAILED_PROBING) for i in range(2)]
+    slow = replica(2, S.STARTING, launched_at=ago(700))
+    message = "not ready 600s after launch (last probe: connection refused)"
+    assert plan(state([*failed, slow]), [instance(2)], {2: DOWN}, NOW) == [
+        moved(
+            slow,
+            status=S.FAILED_INITIAL_DELAY,
+            status_message=message,
+            failure_code=INITIAL_DELAY_EXCEEDED,
+            cause=C.VERSION,
+        ),
+        TripBreaker(
+            1,
+            "version 1 failed: 3 replica failures before any became ready; "
+            f"last: replica 2 FAILED_INITIAL_DELAY: {message}",
+            rollback_to=None,
+        ),
+        terminate(("i-2", "replica 2: FAILED_INITIAL_DELAY")),
+    ]
+
+
 def test_a_version_that_was_ready_never_trips_the_breaker() -> None:
     failing = [replica(i, S.PREEMPTED) for i in range(3)]
     current = state([*failing, replica(3)], [version(1, READY, spec=spec(1))])
@@ -938,6 +960,18 @@ def test_delete_drains_every_replica_and_terminates_every_instance() -> None:
             ("i-stray", "replica 7 no longer exists"),
         ),
         status(ServiceStatus.SHUTTING_DOWN, "deleting: terminating 3 instance(s)"),
+    ]
+
+
+def test_delete_terminates_a_live_instance_no_replica_item_owns_yet() -> None:
+    # Claimed by a concurrent run after this one read the service (id at replica_seq): an ACTIVE
+    # service leaves it alone, a DELETING one terminates it with everything else.
+    gone = replica(0, S.SHUTTING_DOWN)
+    newer = instance(1, instance_id="i-newer")
+    current = state([gone], lifecycle=Lifecycle.DELETING, status=ServiceStatus.SHUTTING_DOWN)
+    assert plan(current, [newer], {}, NOW) == [
+        terminate(("i-newer", "service is being deleted")),
+        status(ServiceStatus.SHUTTING_DOWN, "deleting: terminating 1 instance(s)"),
     ]
 
 
