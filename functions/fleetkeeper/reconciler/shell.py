@@ -165,7 +165,7 @@ class Reconciler:
         name = state.service.name
         try:
             actions = plan(state, instances, probes, now, self.policy)
-            _Apply(self, state, instances, probes, now, report).all(actions)
+            _Apply(self, state, instances, now, report).all(actions)
         except Superseded as exc:
             # Another run or an api write got there first: stop here; the next run re-observes.
             logger.info("service %s: %s; leaving it to the next run", name, exc)
@@ -178,12 +178,12 @@ class Reconciler:
 
 @dataclass
 class _Apply:
-    """Applies one service's actions in order, keeping the replica records it writes current."""
+    """Applies one service's actions in order, keeping the replica records it writes and the version
+    states it marks current (the status after refused launches is computed from them)."""
 
     reconciler: Reconciler
     state: ServiceState
     instances: Sequence[Instance]
-    probes: dict[int, ProbeResult]
     now: datetime
     report: RunReport
     records: dict[int, ReplicaRecord] = field(default_factory=dict)
