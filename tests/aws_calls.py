@@ -116,7 +116,4 @@ class AwsCalls:
 
     def brief(self) -> list[tuple[str, str, dict[str, Any]]]:
         """Each call as (service, operation, its key parameters); see the module docstring."""
-        return [
-            (call.service, call.operation, _BRIEF.get(call.operation, lambda p: dict(p))(call.params))
-            for call in self.calls
-        ]
+        return [(call.service, call.operation, _BRIEF.get(call.operation, dict)(call.params)) for call in self.calls]

@@ -351,8 +351,6 @@ def test_a_launch_records_the_instance_and_clears_the_failure(before: ReplicaRec
 
 # --- replica transitions --------------------------------------------------------------------------
 
-_STARTED_60S_AGO: dict[str, Any] = {"launched_at": ago(60)}
-
 
 @pytest.mark.parametrize(
     ("before", "inst_state", "probe", "changes", "next_status"),
@@ -415,7 +413,7 @@ def test_replica_transitions(
     changes: dict[str, Any] | str | None,
     next_status: tuple[ServiceStatus, str],
 ) -> None:
-    old = replica(0, before, probe_failures=1 if before is S.NOT_READY else 0, **_STARTED_60S_AGO)
+    old = replica(0, before, probe_failures=1 if before is S.NOT_READY else 0, launched_at=ago(60))
     probes = {0: probe} if probe else {}
     actions = plan(state([old], [version(1, spec=spec(1))]), [instance(0, inst_state)], probes, NOW)
     expected: list[Action] = []
