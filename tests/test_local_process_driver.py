@@ -10,8 +10,10 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from fleetkeeper.local.process_driver import ProcessDriver
+from fleetkeeper.local.process_driver import PROCESS_EXITED, ProcessDriver
+from fleetkeeper.model import FailureCause
 from fleetkeeper.reconciler.driver import InstanceState, LaunchRequest
+from fleetkeeper.reconciler.plan import termination_cause
 from fleetkeeper.spec import parse_spec
 
 if TYPE_CHECKING:
@@ -133,7 +135,10 @@ def test_find_instance_finds_live_replicas_by_uid_and_replica_id(driver: Process
 def test_a_replica_that_exits_is_terminated_with_its_exit_code(driver: ProcessDriver) -> None:
     instance = driver.launch(request(run="echo bye; exit 3", setup=None))
     ended = eventually(lambda: (i := state_of(driver, instance)).state is InstanceState.TERMINATED and i)
-    assert ended.state_reason is not None and "exited with code 3" in ended.state_reason
+    assert ended.state_reason_code == PROCESS_EXITED
+    assert ended.state_reason == f"{PROCESS_EXITED}: the replica process exited with code 3"
+    # The app ended on its own: that counts against its version, and it is no spot reclaim.
+    assert termination_cause(PROCESS_EXITED) is FailureCause.VERSION
     assert driver.base_url(ended, 8080) is None
     assert "bye" in driver.log_path("web", 1).read_text()
 
@@ -141,6 +146,7 @@ def test_a_replica_that_exits_is_terminated_with_its_exit_code(driver: ProcessDr
 def test_a_failing_setup_ends_the_replica_before_run(driver: ProcessDriver) -> None:
     instance = driver.launch(request(setup="exit 7", run="echo run-started; sleep 30"))
     ended = eventually(lambda: (i := state_of(driver, instance)).state is InstanceState.TERMINATED and i)
+    assert ended.state_reason_code == PROCESS_EXITED
     assert "exited with code 7" in (ended.state_reason or "")
     assert "run-started" not in driver.log_path("web", 1).read_text()
 
@@ -149,6 +155,7 @@ def test_a_killed_replica_is_reported_terminated(driver: ProcessDriver) -> None:
     instance = driver.launch(request(run="sleep 30", setup=None))
     os.killpg(driver.pids()[0], signal.SIGKILL)
     ended = eventually(lambda: (i := state_of(driver, instance)).state is InstanceState.TERMINATED and i)
+    assert ended.state_reason_code == PROCESS_EXITED
     assert "SIGKILL" in (ended.state_reason or "")
 
 
@@ -159,7 +166,8 @@ def test_terminate_stops_the_whole_process_group(driver: ProcessDriver, tmp_path
     assert alive(child)
     driver.terminate([instance.instance_id])
     ended = eventually(lambda: (i := state_of(driver, instance)).state is InstanceState.TERMINATED and i)
-    assert "terminated by fleetkeeper" in (ended.state_reason or "")
+    assert ended.state_reason_code == "Client.UserInitiatedShutdown"
+    assert ended.state_reason == "Client.UserInitiatedShutdown: terminated by fleetkeeper"
     eventually(lambda: not alive(child))
     driver.terminate([instance.instance_id])  # terminating a terminated replica is not an error
     driver.terminate(["local-999-pid1"])  # nor is an unknown id

@@ -1,14 +1,24 @@
-"""Table tests of the pure `plan`: every replica transition, updates, the breaker, delete, orphans."""
+"""Table tests of the pure planner: every replica transition, updates, the breaker, delete, orphans,
+the refusal and status functions, and the planner's purity.
+
+Every case asserts the WHOLE action list `plan` returns, in order: an extra, missing, reordered or
+differently stamped action fails it. Expected records are built from the input records with
+`replace`, never read back from the output.
+"""
 
 from __future__ import annotations
 
+import copy
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
+from types import MappingProxyType
 from typing import Any
 
 import pytest
+import time_machine
 
 from fleetkeeper.model import (
+    FailureCause,
     Lifecycle,
     ReplicaRecord,
     ReplicaStatus,
@@ -21,6 +31,10 @@ from fleetkeeper.model import (
 )
 from fleetkeeper.reconciler.driver import Instance, InstanceState
 from fleetkeeper.reconciler.plan import (
+    INITIAL_DELAY_EXCEEDED,
+    INSTANCE_LOST,
+    PROBE_FAILED,
+    Action,
     Claim,
     DeleteReplica,
     DeleteService,
@@ -32,15 +46,22 @@ from fleetkeeper.reconciler.plan import (
     RecordStatus,
     Terminate,
     TripBreaker,
+    launched,
     plan,
     plan_orphans,
+    refused,
+    service_status,
+    status_changed,
 )
 from fleetkeeper.spec import ServiceSpec
 from tests.conftest import hello_spec
 
 NOW = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
+STAMP = to_iso(NOW)
 UID = "u1"
 S = ReplicaStatus
+C = FailureCause
+NEW, READY = VersionState.NEW, VersionState.READY
 
 
 def ago(seconds: float) -> str:
@@ -56,12 +77,20 @@ def spec(replicas: int = 2, **update: Any) -> ServiceSpec:
     return ServiceSpec.model_validate(data)
 
 
-def version(number: int, state: VersionState = VersionState.NEW, **kw: Any) -> VersionRecord:
+def version(number: int, state: VersionState = NEW, **kw: Any) -> VersionRecord:
     the_spec = kw.pop("spec", None) or spec()
     mode = kw.pop("mode", the_spec.update.mode)
     return VersionRecord(
         name="svc", uid=UID, version=number, spec=the_spec, mode=mode, created_at=ago(9999), state=state, **kw
     )
+
+
+# The typed facts a failed replica of each status carries unless a case says otherwise.
+_FACTS: dict[ReplicaStatus, dict[str, Any]] = {
+    S.FAILED_PROBING: {"failure_code": PROBE_FAILED, "cause": C.VERSION},
+    S.FAILED_INITIAL_DELAY: {"failure_code": INITIAL_DELAY_EXCEEDED, "cause": C.VERSION},
+    S.PREEMPTED: {"failure_code": INSTANCE_LOST, "cause": C.VERSION},
+}
 
 
 def replica(rid: int, status: ReplicaStatus = S.READY, v: int = 1, **kw: Any) -> ReplicaRecord:
@@ -72,6 +101,7 @@ def replica(rid: int, status: ReplicaStatus = S.READY, v: int = 1, **kw: Any) ->
     }
     if status in (S.PENDING, S.FAILED_PROVISION):
         defaults = {}
+    defaults.update(_FACTS.get(status, {}))
     defaults.update(kw)
     return ReplicaRecord(
         name="svc",
@@ -82,6 +112,22 @@ def replica(rid: int, status: ReplicaStatus = S.READY, v: int = 1, **kw: Any) ->
         created_at=ago(1000),
         updated_at=ago(1000),
         **defaults,
+    )
+
+
+def refusal(
+    rid: int, code: str, message: str, cause: FailureCause, *, v: int = 1, attempts: int = 1, retry_in: float = -30
+) -> ReplicaRecord:
+    """A FAILED_PROVISION replica; `retry_in` seconds until its next attempt (negative: due)."""
+    return replica(
+        rid,
+        S.FAILED_PROVISION,
+        v=v,
+        status_message=f"{code}: {message}",
+        failure_code=code,
+        cause=cause,
+        launch_attempts=attempts,
+        next_attempt_at=to_iso(NOW + timedelta(seconds=retry_in)),
     )
 
 
@@ -137,68 +183,97 @@ def state(
 OK = ProbeResult("http://127.0.0.1:8080", True, "HTTP 200")
 DOWN = ProbeResult("http://127.0.0.1:8080", False, "connection refused")
 
-
-def records(actions: list[Any]) -> dict[int, ReplicaRecord]:
-    return {a.after.replica_id: a.after for a in actions if isinstance(a, RecordReplica)}
+# --- expected actions -------------------------------------------------------------------------------
 
 
-def only(actions: list[Any], kind: type) -> list[Any]:
-    return [a for a in actions if isinstance(a, kind)]
+def moved(before: ReplicaRecord, **changes: Any) -> RecordReplica:
+    """The write of `before` with `changes`, stamped with the plan's `now`."""
+    return RecordReplica(before, replace(before, updated_at=STAMP, **changes))
 
 
-def terminated(actions: list[Any]) -> set[str]:
-    return {i for a in only(actions, Terminate) for i in a.instance_ids}
+def drained(before: ReplicaRecord, why: str) -> RecordReplica:
+    return moved(before, status=S.SHUTTING_DOWN, status_message=why, failure_code=None, cause=None)
 
 
-def status_of(actions: list[Any]) -> RecordStatus:
-    [status] = only(actions, RecordStatus)
-    return status
+def became_ready(before: ReplicaRecord) -> RecordReplica:
+    return moved(before, status=S.READY, status_message="", ready_at=STAMP, last_probe_ok_at=STAMP, probe_failures=0)
+
+
+def terminate(*reasons: tuple[str, str]) -> Terminate:
+    return Terminate(tuple(reasons))
+
+
+def launches(version_number: int, *ids: int) -> list[Action]:
+    """A claim of `ids` and their fresh launches."""
+    return [Claim(version_number, ids), *(Launch(rid, fresh=True) for rid in ids)]
+
+
+def mark_ready(number: int) -> MarkVersion:
+    return MarkVersion(number, NEW, READY)
+
+
+def status(kind: ServiceStatus, message: str, generation: int = 1) -> RecordStatus:
+    return RecordStatus(kind, message, generation)
 
 
 # --- a new service --------------------------------------------------------------------------------
 
 
 def test_new_service_claims_its_replicas_and_launches_them() -> None:
-    actions = plan(state([]), [], {}, NOW)
-    assert actions[:3] == [Claim(1, (0, 1)), Launch(0, fresh=True), Launch(1, fresh=True)]
-    status = status_of(actions)
-    assert status.status is ServiceStatus.REPLICA_INIT
-    assert status.message == "0/2 ready; replica 0 PENDING; replica 1 PENDING"
-    assert status.observed_generation == 1
+    assert plan(state([]), [], {}, NOW) == [
+        *launches(1, 0, 1),
+        status(ServiceStatus.REPLICA_INIT, "0/2 ready; replica 0 PENDING; replica 1 PENDING"),
+    ]
 
 
 def test_claims_continue_the_replica_sequence_never_reusing_ids() -> None:
-    actions = plan(state([], seq=7), [], {}, NOW)
-    assert only(actions, Claim) == [Claim(1, (7, 8))]
+    assert plan(state([], seq=7), [], {}, NOW) == [
+        *launches(1, 7, 8),
+        status(ServiceStatus.REPLICA_INIT, "0/2 ready; replica 7 PENDING; replica 8 PENDING"),
+    ]
 
 
 def test_launches_per_run_are_capped() -> None:
-    actions = plan(state([], [version(1, spec=spec(replicas=80))]), [], {}, NOW, Policy(max_launches_per_run=50))
-    assert only(actions, Claim)[0].replica_ids == tuple(range(50))
+    current = state([], [version(1, spec=spec(replicas=80))])
+    assert plan(current, [], {}, NOW, Policy(max_launches_per_run=50)) == [
+        *launches(1, *range(50)),
+        status(
+            ServiceStatus.REPLICA_INIT,
+            "0/80 ready; replica 0 PENDING; replica 1 PENDING; replica 2 PENDING; and 47 more",
+        ),
+    ]
 
 
 # --- launch recovery ------------------------------------------------------------------------------
 
 
 def test_a_pending_replica_left_by_a_crashed_run_is_launched_again_at_once() -> None:
-    actions = plan(state([replica(0, S.PENDING), replica(1)]), [instance(1)], {1: OK}, NOW)
-    assert Launch(0, fresh=False) in actions
-    assert not only(actions, Claim)
+    assert plan(state([replica(0, S.PENDING), replica(1)]), [instance(1)], {1: OK}, NOW) == [
+        mark_ready(1),
+        Launch(0, fresh=False),
+        status(ServiceStatus.READY, "1/2 ready; replica 0 PENDING"),
+    ]
 
 
 def test_a_pending_replica_whose_instance_exists_is_adopted_not_relaunched() -> None:
-    actions = plan(state([replica(0, S.PENDING), replica(1)]), [instance(0), instance(1)], {1: OK}, NOW)
-    adopted = records(actions)[0]
-    assert adopted.instance_id == "i-0" and adopted.status is S.STARTING
-    assert not only(actions, Launch) and not only(actions, Claim)
+    pending = replica(0, S.PENDING)
+    actions = plan(state([pending, replica(1)]), [instance(0), instance(1)], {1: OK}, NOW)
+    assert actions == [
+        moved(pending, instance_id="i-0", launched_at=STAMP, status=S.STARTING),
+        mark_ready(1),
+        status(ServiceStatus.READY, "1/2 ready; replica 0 STARTING"),
+    ]
 
 
 def test_a_refused_launch_waits_for_its_backoff() -> None:
-    refused = replica(0, S.FAILED_PROVISION, launch_attempts=1, next_attempt_at=to_iso(NOW + timedelta(seconds=5)))
-    actions = plan(state([refused, replica(1)]), [instance(1)], {1: OK}, NOW)
-    assert not only(actions, Launch) and not only(actions, Claim)
-    later = plan(state([refused, replica(1)]), [instance(1)], {1: OK}, NOW + timedelta(seconds=6))
-    assert Launch(0, fresh=False) in later
+    waiting = refusal(0, "InsufficientInstanceCapacity", "no capacity", C.ENVIRONMENT, retry_in=5)
+    current = state([waiting, replica(1)])
+    expected_status = status(
+        ServiceStatus.READY, "1/2 ready; replica 0 FAILED_PROVISION: InsufficientInstanceCapacity: no capacity"
+    )
+    assert plan(current, [instance(1)], {1: OK}, NOW) == [mark_ready(1), expected_status]
+    later = NOW + timedelta(seconds=6)
+    assert plan(current, [instance(1)], {1: OK}, later) == [mark_ready(1), Launch(0, fresh=False), expected_status]
 
 
 def test_backoff_is_exponential_and_capped() -> None:
@@ -207,82 +282,277 @@ def test_backoff_is_exponential_and_capped() -> None:
     assert policy.backoff(30) == policy.backoff_max
 
 
+# --- refused and launched: the launch outcomes the shell records ---------------------------------
+
+
+@pytest.mark.parametrize(
+    ("code", "cause"),
+    [
+        # Capacity and placement: the next attempt may land elsewhere (another subnet).
+        ("InsufficientInstanceCapacity", C.ENVIRONMENT),
+        ("Unsupported", C.ENVIRONMENT),
+        ("InsufficientFreeAddressesInSubnet", C.ENVIRONMENT),
+        # Account limits and EC2 having a moment.
+        ("VcpuLimitExceeded", C.ENVIRONMENT),
+        ("RequestLimitExceeded", C.ENVIRONMENT),
+        # The process driver's own: the laptop, not the version.
+        ("NoFreePort", C.ENVIRONMENT),
+        # The version's: its image, its parameters, its permissions.
+        ("InvalidAMIID.NotFound", C.VERSION),
+        ("InvalidParameterValue", C.VERSION),
+        ("UnauthorizedOperation", C.VERSION),
+    ],
+)
+def test_a_refusal_records_its_code_whose_fault_it_is_and_the_backoff(code: str, cause: FailureCause) -> None:
+    pending = replica(3, S.PENDING)
+    assert refused(pending, code, "what AWS said", NOW, Policy()) == replace(
+        pending,
+        status=S.FAILED_PROVISION,
+        status_message=f"{code}: what AWS said",
+        failure_code=code,
+        cause=cause,
+        launch_attempts=1,
+        next_attempt_at=to_iso(NOW + timedelta(seconds=30)),
+        updated_at=STAMP,
+    )
+
+
+def test_each_refusal_doubles_the_backoff_and_the_latest_code_decides() -> None:
+    before = refusal(3, "InsufficientInstanceCapacity", "no capacity", C.ENVIRONMENT, attempts=2)
+    assert refused(before, "InvalidAMIID.NotFound", "no such image", NOW, Policy()) == replace(
+        before,
+        status_message="InvalidAMIID.NotFound: no such image",
+        failure_code="InvalidAMIID.NotFound",
+        cause=C.VERSION,
+        launch_attempts=3,
+        next_attempt_at=to_iso(NOW + timedelta(seconds=120)),
+        updated_at=STAMP,
+    )
+
+
+@pytest.mark.parametrize(
+    "before",
+    [replica(3, S.PENDING), refusal(3, "InvalidAMIID.NotFound", "no such image", C.VERSION, attempts=2)],
+    ids=["claimed", "refused before"],
+)
+def test_a_launch_records_the_instance_and_clears_the_failure(before: ReplicaRecord) -> None:
+    assert launched(before, "i-new", NOW) == replace(
+        before,
+        instance_id="i-new",
+        status=S.PROVISIONING,
+        status_message="",
+        failure_code=None,
+        cause=None,
+        launched_at=STAMP,
+        next_attempt_at=None,
+        updated_at=STAMP,
+    )
+
+
 # --- replica transitions --------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
-    ("before", "inst_state", "probe", "after"),
+    ("before", "inst_state", "probe", "changes", "next_status"),
     [
-        (S.PROVISIONING, InstanceState.PENDING, None, S.PROVISIONING),
-        (S.PROVISIONING, InstanceState.RUNNING, None, S.STARTING),
-        (S.PROVISIONING, InstanceState.RUNNING, OK, S.READY),
-        (S.STARTING, InstanceState.RUNNING, DOWN, S.STARTING),
-        (S.STARTING, InstanceState.RUNNING, OK, S.READY),
-        (S.READY, InstanceState.RUNNING, DOWN, S.NOT_READY),
-        (S.NOT_READY, InstanceState.RUNNING, OK, S.READY),
-        (S.READY, InstanceState.STOPPED, None, S.NOT_READY),
+        (
+            S.PROVISIONING,
+            InstanceState.PENDING,
+            None,
+            None,
+            (ServiceStatus.REPLICA_INIT, "0/1 ready; replica 0 PROVISIONING"),
+        ),
+        (
+            S.PROVISIONING,
+            InstanceState.RUNNING,
+            None,
+            {"status": S.STARTING},
+            (ServiceStatus.REPLICA_INIT, "0/1 ready; replica 0 STARTING"),
+        ),
+        (S.PROVISIONING, InstanceState.RUNNING, OK, "ready", (ServiceStatus.READY, "1/1 ready")),
+        (
+            S.STARTING,
+            InstanceState.RUNNING,
+            DOWN,
+            {"status_message": "not ready yet: connection refused"},
+            (ServiceStatus.REPLICA_INIT, "0/1 ready; replica 0 STARTING: not ready yet: connection refused"),
+        ),
+        (S.STARTING, InstanceState.RUNNING, OK, "ready", (ServiceStatus.READY, "1/1 ready")),
+        (
+            S.READY,
+            InstanceState.RUNNING,
+            DOWN,
+            {
+                "status": S.NOT_READY,
+                "probe_failures": 1,
+                "status_message": "readiness probe failing: connection refused",
+            },
+            (ServiceStatus.REPLICA_INIT, "0/1 ready; replica 0 NOT_READY: readiness probe failing: connection refused"),
+        ),
+        (S.NOT_READY, InstanceState.RUNNING, OK, "ready", (ServiceStatus.READY, "1/1 ready")),
+        (
+            S.READY,
+            InstanceState.STOPPED,
+            None,
+            {
+                "status": S.NOT_READY,
+                "probe_failures": 1,
+                "status_message": "readiness probe failing: instance is stopped",
+            },
+            (
+                ServiceStatus.REPLICA_INIT,
+                "0/1 ready; replica 0 NOT_READY: readiness probe failing: instance is stopped",
+            ),
+        ),
     ],
 )
 def test_replica_transitions(
-    before: ReplicaStatus, inst_state: InstanceState, probe: ProbeResult | None, after: ReplicaStatus
+    before: ReplicaStatus,
+    inst_state: InstanceState,
+    probe: ProbeResult | None,
+    changes: dict[str, Any] | str | None,
+    next_status: tuple[ServiceStatus, str],
 ) -> None:
-    old = replica(0, before, launched_at=ago(60), probe_failures=1 if before is S.NOT_READY else 0)
+    old = replica(0, before, probe_failures=1 if before is S.NOT_READY else 0, launched_at=ago(60))
     probes = {0: probe} if probe else {}
     actions = plan(state([old], [version(1, spec=spec(1))]), [instance(0, inst_state)], probes, NOW)
-    new = records(actions).get(0, old)
-    assert new.status is after
-    if after is S.READY:
-        assert new.probe_failures == 0 and new.last_probe_ok_at == to_iso(NOW)
-
-
-def test_first_ready_replica_marks_its_version_ready() -> None:
-    actions = plan(state([replica(0, S.STARTING)]), [instance(0)], {0: OK}, NOW)
-    assert MarkVersion(1, VersionState.NEW, VersionState.READY) in actions
+    expected: list[Action] = []
+    if changes == "ready":
+        expected = [became_ready(old), mark_ready(1)]
+    elif isinstance(changes, dict):
+        expected = [moved(old, **changes)]
+    assert actions == [*expected, status(*next_status)]
 
 
 def test_not_ready_past_the_threshold_fails_probing_and_is_replaced() -> None:
     failing = replica(0, S.NOT_READY, probe_failures=2)
     actions = plan(state([failing, replica(1)]), [instance(0), instance(1)], {0: DOWN, 1: OK}, NOW)
-    assert records(actions)[0].status is S.FAILED_PROBING
-    assert "3 times in a row: connection refused" in records(actions)[0].status_message
-    assert terminated(actions) == {"i-0"}
-    assert only(actions, Claim) == [Claim(1, (2,))]
+    message = "readiness probe failed 3 times in a row: connection refused"
+    assert actions == [
+        moved(
+            failing,
+            status=S.FAILED_PROBING,
+            probe_failures=3,
+            status_message=message,
+            failure_code=PROBE_FAILED,
+            cause=C.VERSION,
+        ),
+        mark_ready(1),
+        terminate(("i-0", "replica 0: FAILED_PROBING")),
+        *launches(1, 2),
+        status(ServiceStatus.READY, f"1/2 ready; replica 0 FAILED_PROBING: {message}; replica 2 PENDING"),
+    ]
 
 
 def test_starting_past_the_initial_delay_fails_and_is_replaced() -> None:
     slow = replica(0, S.STARTING, launched_at=ago(601))
     actions = plan(state([slow, replica(1)]), [instance(0), instance(1)], {0: DOWN, 1: OK}, NOW)
-    assert records(actions)[0].status is S.FAILED_INITIAL_DELAY
-    assert terminated(actions) == {"i-0"}
-    assert only(actions, Claim) == [Claim(1, (2,))]
+    message = "not ready 600s after launch (last probe: connection refused)"
+    assert actions == [
+        moved(
+            slow,
+            status=S.FAILED_INITIAL_DELAY,
+            status_message=message,
+            failure_code=INITIAL_DELAY_EXCEEDED,
+            cause=C.VERSION,
+        ),
+        mark_ready(1),
+        terminate(("i-0", "replica 0: FAILED_INITIAL_DELAY")),
+        *launches(1, 2),
+        status(ServiceStatus.READY, f"1/2 ready; replica 0 FAILED_INITIAL_DELAY: {message}; replica 2 PENDING"),
+    ]
 
 
-def test_a_spot_instance_terminated_by_aws_is_preempted_and_replaced() -> None:
-    gone = instance(0, InstanceState.TERMINATED, spot=True, state_reason="Server.SpotInstanceTermination")
-    actions = plan(state([replica(0), replica(1)]), [gone, instance(1)], {1: OK}, NOW)
-    assert records(actions)[0].status is S.PREEMPTED
-    assert "spot instance reclaimed" in records(actions)[0].status_message
-    assert only(actions, Claim) == [Claim(1, (2,))]
+# Why an instance ended, as EC2 (or a driver) reports it, and what the planner makes of it.
+_ENDINGS = [
+    # Only the state reason makes a spot reclaim; `spot` alone does not.
+    ("Server.SpotInstanceTermination", True, C.SPOT_RECLAIM, "spot instance reclaimed by AWS"),
+    ("Client.UserInitiatedShutdown", True, C.VERSION, "terminated outside fleetkeeper"),
+    # AWS-side ends are the environment's.
+    ("Server.InternalError", False, C.ENVIRONMENT, "terminated outside fleetkeeper"),
+    ("Server.ScheduledStop", False, C.ENVIRONMENT, "terminated outside fleetkeeper"),
+    # Shut down from inside the instance, or through the API by someone: the version's.
+    ("Client.InstanceInitiatedShutdown", False, C.VERSION, "terminated outside fleetkeeper"),
+    ("Client.UserInitiatedShutdown", False, C.VERSION, "terminated outside fleetkeeper"),
+    # The process driver's replica exited by itself: the app's fault, no preemption.
+    ("Fleetkeeper.ProcessExited", False, C.VERSION, "terminated outside fleetkeeper"),
+]
+
+
+@pytest.mark.parametrize(("code", "spot", "cause", "told"), _ENDINGS)
+def test_an_instance_that_ended_is_preempted_with_its_state_reason_code_and_cause(
+    code: str, spot: bool, cause: FailureCause, told: str
+) -> None:
+    gone = instance(0, InstanceState.TERMINATED, spot=spot, state_reason_code=code, state_reason=f"{code}: why")
+    ready = replica(0)
+    actions = plan(state([ready, replica(1)]), [gone, instance(1)], {1: OK}, NOW)
+    message = f"instance i-0 is terminated ({code}: why): {told}"
+    assert actions == [
+        moved(ready, status=S.PREEMPTED, status_message=message, failure_code=code, cause=cause),
+        mark_ready(1),
+        *launches(1, 2),
+        status(ServiceStatus.READY, f"1/2 ready; replica 0 PREEMPTED: {message}; replica 2 PENDING"),
+    ]
 
 
 def test_an_instance_missing_right_after_launch_is_given_time() -> None:
     young = replica(0, S.PROVISIONING, launched_at=ago(10))
-    actions = plan(state([young, replica(1)]), [instance(1)], {1: OK}, NOW)
-    assert 0 not in records(actions) and not only(actions, Claim)
+    assert plan(state([young, replica(1)]), [instance(1)], {1: OK}, NOW) == [
+        mark_ready(1),
+        status(ServiceStatus.READY, "1/2 ready; replica 0 PROVISIONING"),
+    ]
     old = replica(0, S.PROVISIONING, launched_at=ago(400))
-    assert records(plan(state([old, replica(1)]), [instance(1)], {1: OK}, NOW))[0].status is S.PREEMPTED
+    message = "instance i-0 is gone: terminated outside fleetkeeper"
+    assert plan(state([old, replica(1)]), [instance(1)], {1: OK}, NOW) == [
+        moved(old, status=S.PREEMPTED, status_message=message, failure_code=INSTANCE_LOST, cause=C.VERSION),
+        mark_ready(1),
+        *launches(1, 2),
+        status(ServiceStatus.READY, f"1/2 ready; replica 0 PREEMPTED: {message}; replica 2 PENDING"),
+    ]
+
+
+def test_an_unrecorded_launch_whose_instance_died_is_replaced_not_relaunched() -> None:
+    dead = instance(
+        0,
+        InstanceState.TERMINATED,
+        state_reason_code="Client.UserInitiatedShutdown",
+        state_reason="Client.UserInitiatedShutdown: User initiated shutdown",
+    )
+    pending = replica(0, S.PENDING)
+    message = (
+        "instance i-0 is terminated (Client.UserInitiatedShutdown: User initiated shutdown): "
+        "terminated outside fleetkeeper"
+    )
+    assert plan(state([pending, replica(1)]), [dead, instance(1)], {1: OK}, NOW) == [
+        moved(
+            pending,
+            instance_id="i-0",
+            status=S.PREEMPTED,
+            status_message=message,
+            failure_code="Client.UserInitiatedShutdown",
+            cause=C.VERSION,
+        ),
+        mark_ready(1),
+        *launches(1, 2),
+        status(ServiceStatus.READY, f"1/2 ready; replica 0 PREEMPTED: {message}; replica 2 PENDING"),
+    ]
 
 
 def test_a_leaving_replica_whose_instance_is_gone_is_deleted() -> None:
     leaving = replica(0, S.SHUTTING_DOWN)
     actions = plan(state([leaving, replica(1), replica(2)]), [instance(1), instance(2)], {1: OK, 2: OK}, NOW)
-    assert only(actions, DeleteReplica) == [DeleteReplica(leaving)]
+    assert actions == [mark_ready(1), DeleteReplica(leaving), status(ServiceStatus.READY, "2/2 ready")]
 
 
 def test_failures_of_an_undecided_target_are_kept_for_the_breaker() -> None:
     failed = replica(0, S.FAILED_PROBING)
-    actions = plan(state([failed, replica(1, S.STARTING)]), [instance(1)], {}, NOW)
-    assert not only(actions, DeleteReplica)
+    current = state([failed, replica(1, S.STARTING, launched_at=ago(60))])
+    assert plan(current, [instance(1)], {}, NOW) == [
+        *launches(1, 2),
+        status(
+            ServiceStatus.REPLICA_INIT, "0/2 ready; replica 0 FAILED_PROBING; replica 1 STARTING; replica 2 PENDING"
+        ),
+    ]
 
 
 # --- steady state ---------------------------------------------------------------------------------
@@ -290,175 +560,386 @@ def test_failures_of_an_undecided_target_are_kept_for_the_breaker() -> None:
 
 def test_steady_state_plans_nothing() -> None:
     ready = [replica(0, ready_at=ago(100)), replica(1, ready_at=ago(100))]
-    current = state(
-        ready,
-        [version(1, VersionState.READY)],
-        status=ServiceStatus.READY,
-        message="2/2 ready",
-        observed=1,
-    )
+    current = state(ready, [version(1, READY)], status=ServiceStatus.READY, message="2/2 ready", observed=1)
     assert plan(current, [instance(0), instance(1)], {0: OK, 1: OK}, NOW) == []
 
 
 def test_status_is_recorded_when_the_generation_moves() -> None:
     current = state(
         [replica(0), replica(1)],
-        [version(1, VersionState.READY)],
+        [version(1, READY)],
         status=ServiceStatus.READY,
         message="2/2 ready",
         generation=2,
         observed=1,
     )
     assert plan(current, [instance(0), instance(1)], {0: OK, 1: OK}, NOW) == [
-        RecordStatus(ServiceStatus.READY, "2/2 ready", 2)
+        status(ServiceStatus.READY, "2/2 ready", 2)
     ]
 
 
 def test_status_message_names_the_failing_replica() -> None:
-    refused = replica(
-        2, S.FAILED_PROVISION, launch_attempts=1, next_attempt_at=ago(-30),
-        status_message="InsufficientInstanceCapacity: no capacity in us-east-1a",
-    )  # fmt: skip
-    current = state([replica(0), replica(1), refused], [version(1, VersionState.READY, spec=spec(3))])
-    status = status_of(plan(current, [instance(0), instance(1)], {0: OK, 1: OK}, NOW))
-    assert status.status is ServiceStatus.READY
-    assert status.message == (
-        "2/3 ready; replica 2 FAILED_PROVISION: InsufficientInstanceCapacity: no capacity in us-east-1a"
+    waiting = refusal(2, "InsufficientInstanceCapacity", "no capacity in us-east-1a", C.ENVIRONMENT, retry_in=30)
+    current = state([replica(0), replica(1), waiting], [version(1, READY, spec=spec(3))])
+    assert plan(current, [instance(0), instance(1)], {0: OK, 1: OK}, NOW) == [
+        status(
+            ServiceStatus.READY,
+            "2/3 ready; replica 2 FAILED_PROVISION: InsufficientInstanceCapacity: no capacity in us-east-1a",
+        )
+    ]
+
+
+# --- service_status: the pure status function the shell also calls after refusals ---------------
+
+
+def test_the_status_of_records_as_they_are_after_refusals_names_the_refusal() -> None:
+    """What the shell records when AWS refused launches `plan` expected to go through: the status of
+    the records as they now are (one launched, one refused), not a re-plan."""
+    current = state([], seq=2)
+    now_records = [
+        replica(0, S.PROVISIONING),
+        refusal(1, "InsufficientInstanceCapacity", "no capacity", C.ENVIRONMENT, retry_in=30),
+    ]
+    assert service_status(current, now_records, {1: NEW}, set()) == status(
+        ServiceStatus.REPLICA_INIT,
+        "0/2 ready; replica 0 PROVISIONING; replica 1 FAILED_PROVISION: InsufficientInstanceCapacity: no capacity",
     )
+
+
+@pytest.mark.parametrize(
+    ("records", "versions", "with_instance", "expected"),
+    [
+        ([], {1: NEW}, set(), (ServiceStatus.NO_REPLICA, "0/2 ready")),
+        # An old replica on its way out counts as left while its instance lives.
+        (
+            [replica(0, S.SHUTTING_DOWN), replica(1, v=2), replica(2, v=2)],
+            {1: READY, 2: READY},
+            {0, 1, 2},
+            (ServiceStatus.UPDATING, "updating to version 2 (rolling): 2/2 new ready, 1 old replica(s) left"),
+        ),
+        (
+            [replica(0, S.SHUTTING_DOWN), replica(1, v=2), replica(2, v=2)],
+            {1: READY, 2: READY},
+            {1, 2},
+            (ServiceStatus.READY, "2/2 ready"),
+        ),
+    ],
+    ids=["nothing", "old instance still up", "old instance gone"],
+)
+def test_service_status(
+    records: list[ReplicaRecord],
+    versions: dict[int, VersionState],
+    with_instance: set[int],
+    expected: tuple[ServiceStatus, str],
+) -> None:
+    current = state(records, [version(n, s) for n, s in sorted(versions.items())], target=max(versions))
+    assert service_status(current, records, versions, with_instance) == status(*expected)
+
+
+def test_a_status_is_only_written_when_it_changed() -> None:
+    current = state([], status=ServiceStatus.READY, message="2/2 ready", generation=3, observed=3)
+    assert not status_changed(current, status(ServiceStatus.READY, "2/2 ready", 3))
+    assert status_changed(current, status(ServiceStatus.READY, "2/2 ready", 4))
+    assert status_changed(current, status(ServiceStatus.READY, "1/2 ready", 3))
+    assert status_changed(current, status(ServiceStatus.UPDATING, "2/2 ready", 3))
 
 
 # --- scaling and duplicates -----------------------------------------------------------------------
 
 
 def test_scale_down_drains_not_ready_then_newest_first() -> None:
-    current = state([replica(0), replica(1), replica(2, S.STARTING, launched_at=ago(60))], [version(1, spec=spec(1))])
-    actions = plan(current, [instance(0), instance(1), instance(2)], {0: OK, 1: OK}, NOW)
-    drained = {rid for rid, r in records(actions).items() if r.status is S.SHUTTING_DOWN}
-    assert drained == {1, 2}
-    assert terminated(actions) == {"i-1", "i-2"}
+    r0, r1, r2 = replica(0), replica(1), replica(2, S.STARTING, launched_at=ago(60))
+    current = state([r0, r1, r2], [version(1, spec=spec(1))])
+    assert plan(current, [instance(0), instance(1), instance(2)], {0: OK, 1: OK}, NOW) == [
+        drained(r1, "scaling down to 1"),
+        drained(r2, "scaling down to 1"),
+        mark_ready(1),
+        terminate(("i-1", "replica 1: scaling down to 1"), ("i-2", "replica 2: scaling down to 1")),
+        status(ServiceStatus.READY, "1/1 ready"),
+    ]
 
 
 def test_a_duplicate_launch_of_one_replica_is_terminated() -> None:
     twin = instance(0, instance_id="i-twin", launched_at=ago(10))
     actions = plan(state([replica(0), replica(1)]), [instance(0), twin, instance(1)], {0: OK, 1: OK}, NOW)
-    assert terminated(actions) == {"i-twin"}
+    assert actions == [
+        mark_ready(1),
+        terminate(("i-twin", "duplicate launch of replica 0")),
+        status(ServiceStatus.READY, "2/2 ready"),
+    ]
 
 
 def test_an_instance_whose_replica_item_is_gone_is_terminated_but_a_newer_claim_is_not() -> None:
     stray = instance(5, instance_id="i-stray")
     newer = instance(9, instance_id="i-newer")  # claimed by a concurrent run after this one read
     actions = plan(state([replica(0), replica(1)], seq=9), [instance(0), instance(1), stray, newer], {}, NOW)
-    assert terminated(actions) == {"i-stray"}
+    assert actions == [
+        mark_ready(1),
+        terminate(("i-stray", "replica 5 no longer exists")),
+        status(ServiceStatus.READY, "2/2 ready"),
+    ]
 
 
 # --- updates --------------------------------------------------------------------------------------
 
 
 def rolling_state(new: list[ReplicaRecord], old: list[ReplicaRecord], **update: Any) -> ServiceState:
-    versions = [version(1, VersionState.READY), version(2, spec=spec(2, **update))]
+    versions = [version(1, READY), version(2, spec=spec(2, **update))]
     return state(old + new, versions, target=2)
 
 
-def drained(actions: list[Any]) -> set[int]:
-    return {rid for rid, r in records(actions).items() if r.status is S.SHUTTING_DOWN}
+ROLLED = "replaced by version 2 (rolling)"
 
 
 def test_rolling_surges_first_then_retires_old_as_new_become_ready() -> None:
     # step 1: two old ready -> one new (surge 1), nothing removed (max_unavailable 0)
-    current = rolling_state([], [replica(0), replica(1)], max_surge=1, max_unavailable=0)
-    actions = plan(current, [instance(0), instance(1)], {0: OK, 1: OK}, NOW)
-    assert only(actions, Claim) == [Claim(2, (2,))] and not drained(actions)
-    assert status_of(actions).status is ServiceStatus.UPDATING
-    # step 2: the new one is ready -> one old goes, one more new comes
-    current = rolling_state([replica(2, v=2)], [replica(0), replica(1)], max_surge=1, max_unavailable=0)
-    actions = plan(current, [instance(0), instance(1), instance(2)], {0: OK, 1: OK, 2: OK}, NOW)
-    assert drained(actions) == {0} and only(actions, Claim) == [Claim(2, (3,))]
+    r0, r1 = replica(0), replica(1)
+    current = rolling_state([], [r0, r1], max_surge=1, max_unavailable=0)
+    assert plan(current, [instance(0), instance(1)], {0: OK, 1: OK}, NOW) == [
+        *launches(2, 2),
+        status(
+            ServiceStatus.UPDATING,
+            "updating to version 2 (rolling): 0/2 new ready, 2 old replica(s) left; replica 2 PENDING",
+        ),
+    ]
+    # step 2: the new one is ready -> one old goes, one more new comes. The draining replica's record
+    # (no longer READY) is written before its instance is terminated.
+    r2 = replica(2, v=2)
+    current = rolling_state([r2], [r0, r1], max_surge=1, max_unavailable=0)
+    assert plan(current, [instance(0), instance(1), instance(2)], {0: OK, 1: OK, 2: OK}, NOW) == [
+        drained(r0, ROLLED),
+        mark_ready(2),
+        terminate(("i-0", f"replica 0: {ROLLED}")),
+        *launches(2, 3),
+        status(
+            ServiceStatus.UPDATING,
+            "updating to version 2 (rolling): 1/2 new ready, 2 old replica(s) left; replica 3 PENDING",
+        ),
+    ]
     # step 3: the second new is still starting -> nothing may go
-    current = rolling_state(
-        [replica(2, v=2), replica(3, S.STARTING, v=2, launched_at=ago(60))],
-        [replica(1)],
-        max_surge=1,
-        max_unavailable=0,
-    )
-    actions = plan(current, [instance(1), instance(2), instance(3)], {1: OK, 2: OK, 3: DOWN}, NOW)
-    assert not drained(actions) and not only(actions, Claim)
+    r3 = replica(3, S.STARTING, v=2, launched_at=ago(60))
+    current = rolling_state([r2, r3], [r1], max_surge=1, max_unavailable=0)
+    assert plan(current, [instance(1), instance(2), instance(3)], {1: OK, 2: OK, 3: DOWN}, NOW) == [
+        moved(r3, status_message="not ready yet: connection refused"),
+        mark_ready(2),
+        status(
+            ServiceStatus.UPDATING,
+            "updating to version 2 (rolling): 1/2 new ready, 1 old replica(s) left; "
+            "replica 3 STARTING: not ready yet: connection refused",
+        ),
+    ]
     # step 4: both new ready -> the last old goes
-    current = rolling_state([replica(2, v=2), replica(3, v=2)], [replica(1)], max_surge=1, max_unavailable=0)
-    actions = plan(current, [instance(1), instance(2), instance(3)], {1: OK, 2: OK, 3: OK}, NOW)
-    assert drained(actions) == {1} and terminated(actions) == {"i-1"}
+    current = rolling_state([r2, replica(3, v=2)], [r1], max_surge=1, max_unavailable=0)
+    assert plan(current, [instance(1), instance(2), instance(3)], {1: OK, 2: OK, 3: OK}, NOW) == [
+        drained(r1, ROLLED),
+        mark_ready(2),
+        terminate(("i-1", f"replica 1: {ROLLED}")),
+        status(ServiceStatus.UPDATING, "updating to version 2 (rolling): 2/2 new ready, 1 old replica(s) left"),
+    ]
 
 
 def test_rolling_with_unavailability_and_no_surge_removes_before_adding() -> None:
-    current = rolling_state([], [replica(0), replica(1)], max_surge=0, max_unavailable=1)
-    actions = plan(current, [instance(0), instance(1)], {0: OK, 1: OK}, NOW)
-    assert drained(actions) == {0} and only(actions, Claim) == [Claim(2, (2,))]
-
-
-def test_a_draining_replica_leaves_ready_before_its_instance_is_terminated() -> None:
-    current = rolling_state([replica(2, v=2)], [replica(0), replica(1)], max_surge=1, max_unavailable=0)
-    actions = plan(current, [instance(0), instance(1), instance(2)], {0: OK, 1: OK, 2: OK}, NOW)
-    kinds = [type(a) for a in actions]
-    assert kinds.index(RecordReplica) < kinds.index(Terminate)
+    r0 = replica(0)
+    current = rolling_state([], [r0, replica(1)], max_surge=0, max_unavailable=1)
+    assert plan(current, [instance(0), instance(1)], {0: OK, 1: OK}, NOW) == [
+        drained(r0, ROLLED),
+        terminate(("i-0", f"replica 0: {ROLLED}")),
+        *launches(2, 2),
+        status(
+            ServiceStatus.UPDATING,
+            "updating to version 2 (rolling): 0/2 new ready, 2 old replica(s) left; replica 2 PENDING",
+        ),
+    ]
 
 
 def test_blue_green_launches_all_new_and_keeps_old_until_all_new_are_ready() -> None:
-    current = rolling_state([], [replica(0), replica(1)], mode="blue_green")
-    actions = plan(current, [instance(0), instance(1)], {0: OK, 1: OK}, NOW)
-    assert only(actions, Claim) == [Claim(2, (2, 3))] and not drained(actions)
-    current = rolling_state([replica(2, v=2), replica(3, S.STARTING, v=2)], [replica(0), replica(1)], mode="blue_green")
+    r0, r1 = replica(0), replica(1)
+    current = rolling_state([], [r0, r1], mode="blue_green")
+    assert plan(current, [instance(0), instance(1)], {0: OK, 1: OK}, NOW) == [
+        *launches(2, 2, 3),
+        status(
+            ServiceStatus.UPDATING,
+            "updating to version 2 (blue_green): 0/2 new ready, 2 old replica(s) left; "
+            "replica 2 PENDING; replica 3 PENDING",
+        ),
+    ]
+    r2, r3 = replica(2, v=2), replica(3, S.STARTING, v=2, launched_at=ago(60))
+    current = rolling_state([r2, r3], [r0, r1], mode="blue_green")
     insts = [instance(i) for i in range(4)]
-    assert not drained(plan(current, insts, {0: OK, 1: OK, 2: OK, 3: DOWN}, NOW))
-    current = rolling_state([replica(2, v=2), replica(3, v=2)], [replica(0), replica(1)], mode="blue_green")
-    actions = plan(current, insts, dict.fromkeys(range(4), OK), NOW)
-    assert drained(actions) == {0, 1}
+    assert plan(current, insts, {0: OK, 1: OK, 2: OK, 3: DOWN}, NOW) == [
+        moved(r3, status_message="not ready yet: connection refused"),
+        mark_ready(2),
+        status(
+            ServiceStatus.UPDATING,
+            "updating to version 2 (blue_green): 1/2 new ready, 2 old replica(s) left; "
+            "replica 3 STARTING: not ready yet: connection refused",
+        ),
+    ]
+    current = rolling_state([r2, replica(3, v=2)], [r0, r1], mode="blue_green")
+    replaced = "replaced by version 2 (blue_green)"
+    assert plan(current, insts, dict.fromkeys(range(4), OK), NOW) == [
+        drained(r0, replaced),
+        drained(r1, replaced),
+        mark_ready(2),
+        terminate(("i-0", f"replica 0: {replaced}"), ("i-1", f"replica 1: {replaced}")),
+        status(ServiceStatus.UPDATING, "updating to version 2 (blue_green): 2/2 new ready, 2 old replica(s) left"),
+    ]
 
 
 def test_an_update_finishes_ready_when_old_instances_are_gone() -> None:
-    current = rolling_state([replica(2, v=2), replica(3, v=2)], [replica(1, S.SHUTTING_DOWN)])
-    actions = plan(current, [instance(2), instance(3)], {2: OK, 3: OK}, NOW)
-    assert only(actions, DeleteReplica) and status_of(actions).status is ServiceStatus.READY
+    leaving = replica(1, S.SHUTTING_DOWN)
+    current = rolling_state([replica(2, v=2), replica(3, v=2)], [leaving])
+    assert plan(current, [instance(2), instance(3)], {2: OK, 3: OK}, NOW) == [
+        mark_ready(2),
+        DeleteReplica(leaving),
+        status(ServiceStatus.READY, "2/2 ready"),
+    ]
 
 
 # --- circuit breaker ------------------------------------------------------------------------------
 
 
 def test_breaker_rolls_back_to_the_last_ready_version() -> None:
-    versions = [version(1, VersionState.READY), version(2)]
+    versions = [version(1, READY), version(2)]
     failing = [replica(2, S.FAILED_INITIAL_DELAY, v=2), replica(3, S.FAILED_PROBING, v=2)]
-    refused = replica(4, S.FAILED_PROVISION, v=2, launch_attempts=1, status_message="InvalidAMIID.NotFound: x")
-    current = state([replica(0), replica(1), *failing, refused], versions, target=2)
-    actions = plan(current, [instance(0), instance(1)], {0: OK, 1: OK}, NOW)
-    [trip] = only(actions, TripBreaker)
-    assert trip.version == 2 and trip.rollback_to == 1
-    assert trip.message.startswith("version 2 failed: 3 replica failures before any became ready")
-    assert not only(actions, Claim) and not only(actions, Launch)
+    bad_image = refusal(4, "InvalidAMIID.NotFound", "x", C.VERSION, v=2)
+    current = state([replica(0), replica(1), *failing, bad_image], versions, target=2)
+    assert plan(current, [instance(0), instance(1)], {0: OK, 1: OK}, NOW) == [
+        TripBreaker(
+            2,
+            "version 2 failed: 3 replica failures before any became ready; "
+            "last: replica 4 FAILED_PROVISION: InvalidAMIID.NotFound: x",
+            rollback_to=1,
+        )
+    ]
 
 
 def test_breaker_without_a_good_version_fails_the_service_and_stops_launching() -> None:
     failing = [replica(i, S.FAILED_INITIAL_DELAY) for i in range(3)]
-    actions = plan(state(failing), [], {}, NOW)
-    assert only(actions, TripBreaker) == [TripBreaker(1, actions[-1].message, None)]
-    # the next run sees the version FAILED: no launches, status FAILED, the failures cleaned up
+    assert plan(state(failing), [], {}, NOW) == [
+        TripBreaker(
+            1,
+            "version 1 failed: 3 replica failures before any became ready; last: replica 2 FAILED_INITIAL_DELAY",
+            rollback_to=None,
+        )
+    ]
+    # the next run sees the version FAILED: no launches, status FAILED, what is left drained, the
+    # failures cleaned up
     failed = version(1, VersionState.FAILED, state_message="version 1 failed: 3 replica failures")
-    actions = plan(state([*failing, replica(3, S.STARTING)], [failed]), [instance(3)], {3: DOWN}, NOW)
-    assert not only(actions, Claim) and not only(actions, Launch)
-    assert terminated(actions) == {"i-3"}
-    assert status_of(actions).status is ServiceStatus.FAILED
-    assert "version 1 failed" in status_of(actions).message
+    starting = replica(3, S.STARTING, launched_at=ago(60))
+    assert plan(state([*failing, starting], [failed]), [instance(3)], {3: DOWN}, NOW) == [
+        drained(starting, "version 1 FAILED"),
+        terminate(("i-3", "replica 3: version 1 FAILED")),
+        *(DeleteReplica(record) for record in failing),
+        status(
+            ServiceStatus.FAILED,
+            "version 1 failed: 3 replica failures; no earlier version was ever READY: "
+            "launching stopped until the service is updated",
+        ),
+    ]
+
+
+def test_a_failure_in_this_run_that_trips_the_breaker_still_loses_its_instance() -> None:
+    failed = [replica(i, S.FAILED_PROBING) for i in range(2)]
+    slow = replica(2, S.STARTING, launched_at=ago(700))
+    message = "not ready 600s after launch (last probe: connection refused)"
+    assert plan(state([*failed, slow]), [instance(2)], {2: DOWN}, NOW) == [
+        moved(
+            slow,
+            status=S.FAILED_INITIAL_DELAY,
+            status_message=message,
+            failure_code=INITIAL_DELAY_EXCEEDED,
+            cause=C.VERSION,
+        ),
+        TripBreaker(
+            1,
+            "version 1 failed: 3 replica failures before any became ready; "
+            f"last: replica 2 FAILED_INITIAL_DELAY: {message}",
+            rollback_to=None,
+        ),
+        terminate(("i-2", "replica 2: FAILED_INITIAL_DELAY")),
+    ]
 
 
 def test_a_version_that_was_ready_never_trips_the_breaker() -> None:
     failing = [replica(i, S.PREEMPTED) for i in range(3)]
-    current = state([*failing, replica(3)], [version(1, VersionState.READY, spec=spec(1))])
-    assert not only(plan(current, [instance(3)], {3: OK}, NOW), TripBreaker)
+    current = state([*failing, replica(3)], [version(1, READY, spec=spec(1))])
+    assert plan(current, [instance(3)], {3: OK}, NOW) == [
+        *(DeleteReplica(record) for record in failing),
+        status(ServiceStatus.READY, "1/1 ready"),
+    ]
+
+
+# Three failed replicas of a NEW target: does their cause trip the breaker? The messages say the
+# opposite of the cause on purpose: the breaker reads the typed cause, never the text.
+_SPOT_TEXT = "instance i-{} is terminated: spot instance reclaimed by AWS"
+_CRASH_TEXT = "instance i-{} is terminated: terminated outside fleetkeeper"
+
+
+@pytest.mark.parametrize(
+    ("status_of", "cause", "text", "trips"),
+    [
+        (S.PREEMPTED, C.VERSION, _SPOT_TEXT, True),
+        (S.PREEMPTED, C.SPOT_RECLAIM, _CRASH_TEXT, False),
+        (S.PREEMPTED, C.ENVIRONMENT, _CRASH_TEXT, False),
+        (S.PREEMPTED, C.UNRECORDED, _CRASH_TEXT, False),
+        (S.FAILED_PROVISION, C.VERSION, "InsufficientInstanceCapacity: x{}", True),
+        (S.FAILED_PROVISION, C.ENVIRONMENT, "InvalidAMIID.NotFound: x{}", False),
+        (S.FAILED_PROVISION, C.UNRECORDED, "InvalidAMIID.NotFound: x{}", False),
+    ],
+)
+def test_the_breaker_counts_failures_by_their_cause(
+    status_of: ReplicaStatus, cause: FailureCause, text: str, trips: bool
+) -> None:
+    failed = [
+        replica(
+            i,
+            status_of,
+            status_message=text.format(i),
+            failure_code="some-code",
+            cause=cause,
+            launch_attempts=1 if status_of is S.FAILED_PROVISION else 0,
+            next_attempt_at=ago(-60) if status_of is S.FAILED_PROVISION else None,
+        )
+        for i in range(3)
+    ]
+    actions = plan(state(failed, [version(1, spec=spec(3))]), [], {}, NOW)
+    if trips:
+        last = f"replica 2 {status_of.value}: {text.format(2)}"
+        assert actions == [
+            TripBreaker(
+                1,
+                f"version 1 failed: 3 replica failures before any became ready; last: {last}",
+                rollback_to=None,
+            )
+        ]
+    elif status_of is S.PREEMPTED:
+        # Replaced, and kept for the breaker while the version is undecided.
+        assert actions == [
+            *launches(1, 3, 4, 5),
+            status(
+                ServiceStatus.REPLICA_INIT,
+                f"0/3 ready; replica 0 PREEMPTED: {text.format(0)}; replica 1 PREEMPTED: {text.format(1)}; "
+                f"replica 2 PREEMPTED: {text.format(2)}; and 3 more",
+            ),
+        ]
+    else:
+        # Retried in place after the backoff: nothing to launch yet, no more claims.
+        assert actions == [
+            status(
+                ServiceStatus.REPLICA_INIT,
+                f"0/3 ready; replica 0 FAILED_PROVISION: {text.format(0)}; "
+                f"replica 1 FAILED_PROVISION: {text.format(1)}; replica 2 FAILED_PROVISION: {text.format(2)}",
+            )
+        ]
 
 
 def test_status_after_rollback_says_why() -> None:
     failed = version(2, VersionState.FAILED, state_message="version 2 failed: 3 replica failures")
-    current = state([replica(0), replica(1)], [version(1, VersionState.READY), failed], target=1)
-    status = status_of(plan(current, [instance(0), instance(1)], {0: OK, 1: OK}, NOW))
-    assert status.status is ServiceStatus.READY
-    assert status.message == "2/2 ready; rolled back to version 1: version 2 failed: 3 replica failures"
+    current = state([replica(0), replica(1)], [version(1, READY), failed], target=1)
+    assert plan(current, [instance(0), instance(1)], {0: OK, 1: OK}, NOW) == [
+        status(ServiceStatus.READY, "2/2 ready; rolled back to version 1: version 2 failed: 3 replica failures")
+    ]
 
 
 # --- delete and orphans ---------------------------------------------------------------------------
@@ -466,11 +947,36 @@ def test_status_after_rollback_says_why() -> None:
 
 def test_delete_drains_every_replica_and_terminates_every_instance() -> None:
     stray = instance(7, instance_id="i-stray")
-    current = state([replica(0), replica(1)], lifecycle=Lifecycle.DELETING, seq=9)
-    actions = plan(current, [instance(0), instance(1), stray], {0: OK}, NOW)
-    assert drained(actions) == {0, 1}
-    assert terminated(actions) == {"i-0", "i-1", "i-stray"}
-    assert not only(actions, DeleteService) and not only(actions, Claim)
+    r0, r1 = replica(0), replica(1)
+    current = state([r0, r1], lifecycle=Lifecycle.DELETING, seq=9)
+    assert plan(current, [instance(0), instance(1), stray], {0: OK}, NOW) == [
+        drained(r0, "service is being deleted"),
+        drained(r1, "service is being deleted"),
+        terminate(
+            ("i-0", "replica 0: service is being deleted"),
+            ("i-1", "replica 1: service is being deleted"),
+            ("i-stray", "replica 7 no longer exists"),
+        ),
+        status(ServiceStatus.SHUTTING_DOWN, "deleting: terminating 3 instance(s)"),
+    ]
+
+
+def test_delete_terminates_a_live_instance_no_replica_item_owns_yet() -> None:
+    # Claimed by a concurrent run after this one read the service (id at replica_seq): an ACTIVE
+    # service leaves it alone, a DELETING one terminates it with everything else.
+    gone = replica(0, S.SHUTTING_DOWN)
+    newer = instance(1, instance_id="i-newer")
+    current = state([gone], lifecycle=Lifecycle.DELETING, status=ServiceStatus.SHUTTING_DOWN)
+    assert plan(current, [newer], {}, NOW) == [
+        terminate(("i-newer", "service is being deleted")),
+        status(ServiceStatus.SHUTTING_DOWN, "deleting: terminating 1 instance(s)"),
+    ]
+
+
+def test_delete_clears_the_failure_facts_of_a_failed_replica_it_drains() -> None:
+    refused_one = refusal(0, "InvalidAMIID.NotFound", "x", C.VERSION, retry_in=30)
+    current = state([refused_one], lifecycle=Lifecycle.DELETING)
+    assert plan(current, [], {}, NOW) == [drained(refused_one, "service is being deleted"), DeleteService()]
 
 
 def test_delete_removes_the_service_item_once_no_instance_remains() -> None:
@@ -484,21 +990,82 @@ def test_orphans_are_terminated_after_the_grace_period_only() -> None:
     young = instance(1, uid="dead", instance_id="i-young", launched_at=ago(60))
     live = instance(2, instance_id="i-live", launched_at=ago(3600))
     gone = instance(3, uid="dead", instance_id="i-gone", state=InstanceState.TERMINATED, launched_at=ago(3600))
-    orphans = plan_orphans({UID}, [old, young, live, gone], NOW)
-    assert orphans is not None and orphans.instance_ids == ("i-old",)
+    assert plan_orphans({UID}, [old, young, live, gone], NOW) == terminate(
+        ("i-old", "orphan: service svc (uid dead) no longer exists")
+    )
     assert plan_orphans({UID, "dead"}, [old], NOW) is None
 
 
-def test_plan_is_deterministic() -> None:
-    current = rolling_state([replica(2, v=2)], [replica(0), replica(1)])
-    insts = [instance(0), instance(1), instance(2)]
-    probes = {0: OK, 1: OK, 2: OK}
-    assert plan(current, insts, probes, NOW) == plan(replace(current), list(insts), dict(probes), NOW)
+# --- purity: a function of its inputs only --------------------------------------------------------
 
 
-def test_an_unrecorded_launch_whose_instance_died_is_replaced_not_relaunched() -> None:
-    dead = instance(0, InstanceState.TERMINATED, state_reason="Client.UserInitiatedShutdown")
-    actions = plan(state([replica(0, S.PENDING), replica(1)]), [dead, instance(1)], {1: OK}, NOW)
-    assert records(actions)[0].status is S.PREEMPTED and records(actions)[0].instance_id == "i-0"
-    assert Launch(0, fresh=False) not in actions
-    assert only(actions, Claim) == [Claim(1, (2,))]
+def _scenarios() -> dict[str, tuple[ServiceState, list[Instance], dict[int, ProbeResult]]]:
+    """Inputs that between them take most of the planner's paths, each one planning record writes."""
+    r0, r1 = replica(0), replica(1)
+    return {
+        "rolling step": (
+            rolling_state([replica(2, v=2)], [r0, r1], max_surge=1, max_unavailable=0),
+            [instance(0), instance(1), instance(2)],
+            {0: OK, 1: OK, 2: OK},
+        ),
+        "failures and replacement": (
+            state([replica(0, S.NOT_READY, probe_failures=2), r1, replica(2, S.PENDING)]),
+            [instance(0, tags={"k": "v"}), instance(1)],
+            {0: DOWN, 1: OK},
+        ),
+        "breaker": (
+            state([replica(i, S.FAILED_PROBING) for i in range(2)] + [replica(2, S.STARTING, launched_at=ago(700))]),
+            [instance(2)],
+            {2: DOWN},
+        ),
+        "delete": (
+            state([r0, replica(1, S.FAILED_PROBING)], lifecycle=Lifecycle.DELETING, seq=5),
+            [instance(0), instance(1), instance(4, instance_id="i-stray")],
+            {0: OK},
+        ),
+    }
+
+
+SCENARIOS = _scenarios()
+
+
+def _read_only(
+    current: ServiceState, instances: list[Instance], probes: dict[int, ProbeResult]
+) -> tuple[Any, Any, Any]:
+    """The same inputs behind read-only views: a planner that wrote into them would raise."""
+    frozen = replace(
+        current,
+        versions=MappingProxyType(current.versions),
+        replicas=MappingProxyType(current.replicas),
+    )
+    return frozen, tuple(replace(i, tags=MappingProxyType(i.tags)) for i in instances), MappingProxyType(probes)
+
+
+@pytest.mark.parametrize("name", sorted(SCENARIOS))
+def test_plan_leaves_its_inputs_as_they_were(name: str) -> None:
+    inputs = SCENARIOS[name]
+    before = copy.deepcopy(inputs)
+    actions = plan(*_read_only(*inputs), NOW)
+    assert actions, "a scenario that plans nothing proves nothing"
+    assert inputs == before
+    assert actions == plan(*before, NOW)
+
+
+@pytest.mark.parametrize("name", sorted(SCENARIOS))
+def test_plan_depends_on_now_not_on_the_wall_clock(name: str) -> None:
+    """The same inputs planned at two far-apart wall-clock times give the same actions."""
+    with time_machine.travel(datetime(1999, 12, 31, 23, 59, 59, 999_000, tzinfo=UTC), tick=False):
+        first = plan(*SCENARIOS[name], NOW)
+    with time_machine.travel(datetime(2087, 7, 4, 6, 30, 1, 1_000, tzinfo=UTC), tick=False):
+        second = plan(*SCENARIOS[name], NOW)
+    assert any(isinstance(action, RecordReplica) for action in first)
+    assert first == second
+
+
+def test_refused_and_launched_depend_on_now_not_on_the_wall_clock() -> None:
+    pending = replica(0, S.PENDING)
+    with time_machine.travel(datetime(1999, 1, 1, tzinfo=UTC), tick=False):
+        first = (refused(pending, "Unsupported", "x", NOW, Policy()), launched(pending, "i-1", NOW))
+    with time_machine.travel(datetime(2087, 1, 1, tzinfo=UTC), tick=False):
+        second = (refused(pending, "Unsupported", "x", NOW, Policy()), launched(pending, "i-1", NOW))
+    assert first == second

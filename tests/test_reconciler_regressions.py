@@ -17,13 +17,25 @@ from botocore.exceptions import ClientError
 
 from fleetkeeper import aws as aws_clients
 from fleetkeeper.errors import Conflict
-from fleetkeeper.model import ReplicaRecord, ServiceStatus, VersionState
-from fleetkeeper.reconciler.plan import RecordReplica, RecordStatus, Terminate, TripBreaker, plan
+from fleetkeeper.model import FailureCause, ReplicaRecord, ServiceStatus, VersionState
+from fleetkeeper.reconciler.plan import INITIAL_DELAY_EXCEEDED, RecordStatus, TripBreaker, plan
 from fleetkeeper.reconciler.userdata import USER_DATA_LIMIT, environment_file, user_data
 from fleetkeeper.spec import ServiceSpec
 from tests.conftest import ApiClient, hello_spec
 from tests.reconciler_world import ProbeServer, World, spec_dict, tags
-from tests.test_reconciler_plan import NOW, OK, S, ago, instance, replica, state, version
+from tests.test_reconciler_plan import (
+    NOW,
+    OK,
+    S,
+    ago,
+    instance,
+    launches,
+    moved,
+    replica,
+    state,
+    terminate,
+    version,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -58,17 +70,34 @@ def test_a_failed_target_never_tears_down_what_still_serves() -> None:
         target=2,
         status=ServiceStatus.READY,
     )
-    actions = plan(current, [instance(0, version=3), instance(1, version=3)], {0: OK, 1: OK}, NOW)
-    assert not [a for a in actions if isinstance(a, Terminate)]
-    [status] = [a for a in actions if isinstance(a, RecordStatus)]
-    assert "no earlier version was ever READY" not in status.message
+    assert plan(current, [instance(0, version=3), instance(1, version=3)], {0: OK, 1: OK}, NOW) == [
+        RecordStatus(
+            ServiceStatus.FAILED,
+            "version 2 failed: launching stopped; update the service or roll back to a READY version",
+            1,
+        )
+    ]
 
 
 def test_a_running_replica_that_never_gets_a_probe_verdict_still_fails_its_initial_delay() -> None:
     starting = replica(0, S.STARTING, launched_at=ago(7200))
-    actions = plan(state([starting]), [instance(0)], {}, NOW)
-    after = {a.after.replica_id: a.after.status for a in actions if isinstance(a, RecordReplica)}
-    assert after.get(0) is S.FAILED_INITIAL_DELAY
+    message = "not ready 600s after launch (never answered a readiness probe)"
+    assert plan(state([starting]), [instance(0)], {}, NOW) == [
+        moved(
+            starting,
+            status=S.FAILED_INITIAL_DELAY,
+            status_message=message,
+            failure_code=INITIAL_DELAY_EXCEEDED,
+            cause=FailureCause.VERSION,
+        ),
+        terminate(("i-0", "replica 0: FAILED_INITIAL_DELAY")),
+        *launches(1, 1, 2),
+        RecordStatus(
+            ServiceStatus.REPLICA_INIT,
+            f"0/2 ready; replica 0 FAILED_INITIAL_DELAY: {message}; replica 1 PENDING; replica 2 PENDING",
+            1,
+        ),
+    ]
 
 
 def test_the_breaker_rolls_back_to_the_version_that_was_serving() -> None:
@@ -79,21 +108,40 @@ def test_the_breaker_rolls_back_to_the_version_that_was_serving() -> None:
         [version(1, VersionState.READY), version(2, VersionState.READY), version(3)],
         target=3,
     )
-    actions = plan(current, [instance(0), instance(1)], {0: OK, 1: OK}, NOW)
-    [trip] = [a for a in actions if isinstance(a, TripBreaker)]
-    assert trip.rollback_to == 1
+    assert plan(current, [instance(0), instance(1)], {0: OK, 1: OK}, NOW) == [
+        TripBreaker(
+            3,
+            "version 3 failed: 3 replica failures before any became ready; last: replica 4 FAILED_INITIAL_DELAY",
+            rollback_to=1,
+        )
+    ]
 
 
 def test_spot_reclaims_do_not_trip_the_breaker_but_crashes_outside_spot_do() -> None:
-    def preempted(rid: int, cause: str) -> ReplicaRecord:
-        return replica(rid, S.PREEMPTED, status_message=f"instance i-{rid} is terminated: {cause}")
+    def preempted(rid: int, code: str, cause: FailureCause) -> ReplicaRecord:
+        message = f"instance i-{rid} is terminated ({code}): why"
+        return replica(rid, S.PREEMPTED, status_message=message, failure_code=code, cause=cause)
 
-    reclaimed = [preempted(i, "spot instance reclaimed by AWS") for i in (0, 1, 2)]
-    actions = plan(state(reclaimed), [], {}, NOW)
-    assert not [a for a in actions if isinstance(a, TripBreaker)]
-    killed = [preempted(i, "terminated outside fleetkeeper") for i in (0, 1, 2)]
-    actions = plan(state(killed), [], {}, NOW)
-    assert [a for a in actions if isinstance(a, TripBreaker)]
+    reclaimed = [preempted(i, "Server.SpotInstanceTermination", FailureCause.SPOT_RECLAIM) for i in (0, 1, 2)]
+    assert plan(state(reclaimed), [], {}, NOW) == [
+        *launches(1, 3, 4),
+        RecordStatus(
+            ServiceStatus.REPLICA_INIT,
+            "0/2 ready; "
+            + "; ".join(f"replica {i} PREEMPTED: {reclaimed[i].status_message}" for i in (0, 1, 2))
+            + "; and 2 more",
+            1,
+        ),
+    ]
+    killed = [preempted(i, "Client.UserInitiatedShutdown", FailureCause.VERSION) for i in (0, 1, 2)]
+    assert plan(state(killed), [], {}, NOW) == [
+        TripBreaker(
+            1,
+            "version 1 failed: 3 replica failures before any became ready; "
+            f"last: replica 2 PREEMPTED: {killed[2].status_message}",
+            rollback_to=None,
+        )
+    ]
 
 
 # --- api: rollback never lands on a FAILED version -----------------------------------------------

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from fleetkeeper import aws
-from fleetkeeper.model import ReplicaStatus, ServiceStatus, VersionState
+from fleetkeeper.model import FailureCause, ReplicaStatus, ServiceStatus, VersionState
 from fleetkeeper.reconciler.driver import MANAGED_TAG, REPLICA_TAG, SERVICE_TAG, UID_TAG, VERSION_TAG
 from fleetkeeper.reconciler.plan import Policy
 from tests.conftest import ApiClient, FakeContext
@@ -168,9 +168,13 @@ def test_refused_launches_trip_the_breaker_and_roll_back(world: World, monkeypat
     state = world.store.require("svc")
     [refused] = [r for r in state.replicas.values() if r.version == 2]
     assert refused.status is ReplicaStatus.FAILED_PROVISION
-    assert refused.status_message.startswith("InvalidAMIID.NotFound")
+    assert (refused.failure_code, refused.cause) == ("InvalidAMIID.NotFound", FailureCause.VERSION)
+    assert refused.status_message.startswith("InvalidAMIID.NotFound: ")
     assert state.service.status is ServiceStatus.UPDATING
-    assert refused.status_message.split(":")[0] in state.service.status_message
+    assert state.service.status_message == (
+        f"updating to version 2 (rolling): 0/2 new ready, 2 old replica(s) left; "
+        f"replica {refused.replica_id} FAILED_PROVISION: {refused.status_message}"
+    )
     for _ in range(10):
         world.clock.advance(600)  # past the backoff
         world.run()
@@ -208,14 +212,32 @@ def test_spot_preemption_is_replaced_with_a_new_replica_id(world: World) -> None
     world.create(resources={"use_spot": True})
     world.converge()
     victim = world.store.require("svc").replicas[0]
-    World._raw_ec2().terminate_instances(InstanceIds=[victim.instance_id])
+    assert victim.instance_id is not None
+    _reclaim_spot_instance(victim.instance_id)
     world.run()
     state = world.store.require("svc")
-    assert state.replicas[0].status is ReplicaStatus.PREEMPTED
+    preempted = state.replicas[0]
+    assert preempted.status is ReplicaStatus.PREEMPTED
+    assert (preempted.failure_code, preempted.cause) == ("Server.SpotInstanceTermination", FailureCause.SPOT_RECLAIM)
     assert max(state.replicas) == 2
     world.converge()
     assert_converged(world)
     assert sorted(world.store.require("svc").replicas) == [1, 2]
+
+
+def test_an_instance_terminated_through_the_api_is_the_versions_fault_even_on_spot(world: World) -> None:
+    world.create(resources={"use_spot": True})
+    world.converge()
+    victim = world.store.require("svc").replicas[0]
+    World._raw_ec2().terminate_instances(InstanceIds=[victim.instance_id])  # Client.UserInitiatedShutdown
+    world.run()
+    preempted = world.store.require("svc").replicas[0]
+    assert preempted.status is ReplicaStatus.PREEMPTED
+    assert (preempted.failure_code, preempted.cause) == ("Client.UserInitiatedShutdown", FailureCause.VERSION)
+    assert preempted.status_message == (
+        f"instance {victim.instance_id} is terminated (Client.UserInitiatedShutdown: User initiated shutdown): "
+        "terminated outside fleetkeeper"
+    )
 
 
 def test_orphans_are_terminated_after_the_grace_period_and_unmanaged_survive(world: World) -> None:
@@ -278,6 +300,20 @@ def test_two_runs_at_once_never_double_launch_or_lose_status(world: World, monke
     race(3)
     world.converge()
     assert_deleted(world, created.service.uid)
+
+
+def _reclaim_spot_instance(instance_id: str) -> None:
+    """AWS takes a spot instance back: terminated, with EC2's StateReason for it (moto's terminate
+    always says Client.UserInitiatedShutdown)."""
+    from moto.core import DEFAULT_ACCOUNT_ID
+    from moto.ec2.models import ec2_backends
+    from moto.ec2.models.instances import StateReason
+
+    World._raw_ec2().terminate_instances(InstanceIds=[instance_id])
+    moto_instance = ec2_backends[DEFAULT_ACCOUNT_ID]["us-east-1"].get_instance(instance_id)
+    moto_instance.state_reason = StateReason(
+        "Server.SpotInstanceTermination: Spot instance termination", "Server.SpotInstanceTermination"
+    )
 
 
 def _validate_amis(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -6,8 +6,9 @@ from dataclasses import replace
 
 import pytest
 
-from fleetkeeper.model import ReplicaStatus, ServiceState, ServiceStatus, VersionState
+from fleetkeeper.model import FailureCause, ReplicaRecord, ReplicaStatus, ServiceState, ServiceStatus, VersionState
 from fleetkeeper.spec import ServiceSpec
+from fleetkeeper.store.codec import from_raw, replica_from_item, replica_item, to_raw
 from fleetkeeper.store.commands import CommandStore
 from fleetkeeper.store.errors import Superseded
 from fleetkeeper.store.reconciler import ReconcilerStore
@@ -123,3 +124,51 @@ def test_only_a_deleting_service_of_the_same_incarnation_is_deleted(
     api_store.mark_deleting(_state(store), NOW, status_message="deleting")
     store.delete_service(active)
     assert store.load("svc") is None
+
+
+def test_a_replicas_failure_facts_are_stored_and_read_back(store: ReconcilerStore, api_store: CommandStore) -> None:
+    _create(api_store)
+    [record] = store.claim_replicas(_state(store).service, 1, [0], NOW)
+    failed = replace(
+        record,
+        status=ReplicaStatus.PREEMPTED,
+        status_message="instance i-1 is terminated: spot instance reclaimed by AWS",
+        failure_code="Server.SpotInstanceTermination",
+        cause=FailureCause.SPOT_RECLAIM,
+    )
+    written = store.put_replica(record, failed)
+    assert _state(store).replicas[0] == written
+    table = store.table
+    raw = from_raw(table.client.get_item(TableName=table.name, Key=to_raw(_replica_key(record)))["Item"])
+    assert (raw["failure_code"], raw["cause"]) == ("Server.SpotInstanceTermination", "SPOT_RECLAIM")
+
+
+def test_a_healthy_replica_item_holds_no_failure_attributes(store: ReconcilerStore, api_store: CommandStore) -> None:
+    """Absent, not null: a steady state's items (and what reading them costs) are as before."""
+    _create(api_store)
+    [record] = store.claim_replicas(_state(store).service, 1, [0], NOW)
+    assert "failure_code" not in to_raw(replica_item(record)) and "cause" not in to_raw(replica_item(record))
+
+
+@pytest.mark.parametrize(
+    ("status", "cause"),
+    [
+        (ReplicaStatus.READY, None),
+        (ReplicaStatus.SHUTTING_DOWN, None),
+        (ReplicaStatus.FAILED_PROBING, FailureCause.VERSION),
+        (ReplicaStatus.FAILED_INITIAL_DELAY, FailureCause.VERSION),
+        (ReplicaStatus.FAILED_PROVISION, FailureCause.UNRECORDED),
+        (ReplicaStatus.PREEMPTED, FailureCause.UNRECORDED),
+    ],
+)
+def test_an_item_stored_before_failure_facts_reads_with_the_cause_its_status_implies(
+    status: ReplicaStatus, cause: FailureCause | None
+) -> None:
+    record = ReplicaRecord(name="svc", uid="u", replica_id=0, version=1, status=status, created_at=NOW, updated_at=NOW)
+    old_item = {k: v for k, v in replica_item(record).items() if k not in ("failure_code", "cause")}
+    assert replica_from_item(old_item) == replace(record, cause=cause)
+
+
+def _replica_key(record: ReplicaRecord) -> dict[str, str]:
+    item = replica_item(record)
+    return {"PK": item["PK"], "SK": item["SK"]}

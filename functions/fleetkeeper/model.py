@@ -50,6 +50,37 @@ _FAILED = {
 }
 
 
+class FailureCause(StrEnum):
+    """Whose fault a failed replica's failure is: it decides what the circuit breaker counts.
+
+    Derived from codes (a RunInstances error code, an instance's StateReason code, fleetkeeper's own
+    codes), never from a message; the table of codes is in reconciler/plan.py.
+    """
+
+    # The version's: its image, its spec, its app (probe and initial-delay failures, a refused launch
+    # AWS blames on the request, an instance shut down from inside or through the API). Counts.
+    VERSION = "VERSION"
+    # The environment's: capacity, placement, account limits, throttling, AWS-side (`Server.*`)
+    # terminations. Never counts; a refused launch is retried (in the next subnet).
+    ENVIRONMENT = "ENVIRONMENT"
+    # AWS took a spot instance back (`Server.SpotInstanceTermination`): the price of spot. Never counts.
+    SPOT_RECLAIM = "SPOT_RECLAIM"
+    # A refused or preempted replica stored before fleetkeeper recorded causes: its cause is not
+    # known, so it never counts (its next refusal, or its replacement, records a real one).
+    UNRECORDED = "UNRECORDED"
+
+    @property
+    def counts_toward_breaker(self) -> bool:
+        return self is FailureCause.VERSION
+
+    @classmethod
+    def of_unrecorded(cls, status: ReplicaStatus) -> FailureCause | None:
+        """The cause of a replica stored without one: implied by its status, or not known."""
+        if status in (ReplicaStatus.FAILED_PROBING, ReplicaStatus.FAILED_INITIAL_DELAY):
+            return cls.VERSION
+        return cls.UNRECORDED if status.failed else None
+
+
 class VersionState(StrEnum):
     """What the reconciler learned about a version: never ran, reached READY once, or was given up on."""
 
@@ -115,6 +146,11 @@ class ReplicaRecord:
     instance_id: str | None = None
     url: str | None = None
     status_message: str = ""
+    # Typed facts of a failed replica (None unless `status.failed`): the code of the failure (an AWS
+    # RunInstances error code, the instance's StateReason code, or fleetkeeper's own) and whose fault
+    # it was. The breaker reads these, never `status_message`, which is for people.
+    failure_code: str | None = None
+    cause: FailureCause | None = None
     # Probe bookkeeping.
     ready_at: str | None = None
     last_probe_ok_at: str | None = None

@@ -5,8 +5,11 @@ Embedded mode's stand-in for EC2. A replica runs `setup` then `run` through bash
 port on 127.0.0.1, in its own working directory `<local dir>/work/<service>/replica-<id>/`, and its
 output appended to `<local dir>/logs/<service>/replica-<id>.log`.
 
-It reports what EC2 would: a process that exited by itself is a TERMINATED instance whose
-state_reason says how it exited, so the reconciler sees a failed replica and replaces it.
+It reports what EC2 would: a process that exited by itself is a TERMINATED instance with its own
+state reason code (`PROCESS_EXITED`: the app ended on its own, which counts against its version, as
+a crash would; it is no preemption) and a message that says how it exited, so the reconciler sees a
+failed replica and replaces it. A replica fleetkeeper terminated ends as an EC2 instance terminated
+through the API does: `Client.UserInitiatedShutdown`.
 Instance ids look like `local-3-pid4242`: the pid is there so a person (or a test) can find and
 kill a replica's process.
 
@@ -55,6 +58,11 @@ _WRAPPER = 'if [ -n "$1" ]; then bash -c "$1" || exit $?; fi; exec bash -c "$2"'
 # them either): fake AWS credentials, the table name, Powertools and fleetkeeper settings.
 _PRIVATE_PREFIXES = ("AWS_", "FLEETKEEPER_", "POWERTOOLS_", "TABLE_NAME")
 
+# State reason codes: the driver's own for a replica process that exited by itself, and EC2's for
+# an instance terminated through the API (here: by fleetkeeper).
+PROCESS_EXITED = "Fleetkeeper.ProcessExited"
+USER_INITIATED_SHUTDOWN = "Client.UserInitiatedShutdown"
+
 
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that nothing listens on right now."""
@@ -89,12 +97,16 @@ class _Replica:
             _signal_group(self.process, signal.SIGKILL)
             self.ended_at = time.monotonic()
             self.log.close()
-            reason = (
-                "Client.UserInitiatedShutdown: terminated by fleetkeeper"
-                if self.terminating
-                else f"Server.ProcessExited: the replica process exited with code {_describe_exit(code)}"
+            if self.terminating:
+                reason_code, reason = USER_INITIATED_SHUTDOWN, "terminated by fleetkeeper"
+            else:
+                reason_code, reason = PROCESS_EXITED, f"the replica process exited with code {_describe_exit(code)}"
+            self.instance = replace(
+                self.instance,
+                state=InstanceState.TERMINATED,
+                state_reason_code=reason_code,
+                state_reason=f"{reason_code}: {reason}",
             )
-            self.instance = replace(self.instance, state=InstanceState.TERMINATED, state_reason=reason)
         return self.instance
 
 

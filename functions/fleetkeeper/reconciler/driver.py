@@ -46,7 +46,10 @@ class Instance:
     replica_id: int
     private_ip: str | None = None
     spot: bool = False
-    # Why the instance stopped or terminated, when known (e.g. "Server.SpotInstanceTermination").
+    # Why the instance stopped or terminated, when known: the code (EC2's StateReason code, such as
+    # "Server.SpotInstanceTermination" or "Client.UserInitiatedShutdown", or a driver's own) is the
+    # fact the reconciler decides on; the message is for people.
+    state_reason_code: str | None = None
     state_reason: str | None = None
     launched_at: str | None = None
     tags: dict[str, str] = field(default_factory=dict)

@@ -11,13 +11,22 @@ Replica lifecycle (SkyPilot Serve's vocabulary, DESIGN.md):
     PENDING (claimed) -> PROVISIONING (launched) -> STARTING (running) -> READY (probe 200)
     READY -> NOT_READY (probe failing) -> FAILED_PROBING (failing `probe_failure_threshold` times)
     not READY by `initial_delay_seconds` after launch -> FAILED_INITIAL_DELAY
-    launch refused by AWS -> FAILED_PROVISION (retried in place, exponential backoff)
+    launch refused by AWS -> FAILED_PROVISION (`refused`; retried in place, exponential backoff)
     instance terminated by AWS (spot reclaim) or outside fleetkeeper -> PREEMPTED
     chosen for removal -> SHUTTING_DOWN (recorded before the instance is terminated)
 
 Failed and shutting-down replicas are replaced by new replica ids; their items are deleted once
 their instance is gone, except the failures of a target version that has not yet been decided,
 which the circuit breaker counts.
+
+A failed replica carries typed facts: `failure_code` (the AWS error code of a refused launch, the
+StateReason code of an ended instance, or fleetkeeper's own) and `cause` (whose fault: the version's,
+the environment's, a spot reclaim), decided here from codes alone. The breaker counts by `cause`;
+status messages are for people and are never read back.
+
+The shell only observes and applies. What it records after a launch is decided here too: `launched`
+and `refused` give the replica's next record, and `service_status` the status of the records as they
+are once AWS refused launches the plan expected to go through.
 """
 
 from __future__ import annotations
@@ -27,6 +36,7 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
 from fleetkeeper.model import (
+    FailureCause,
     Lifecycle,
     ReplicaRecord,
     ReplicaStatus,
@@ -173,14 +183,69 @@ LEAVING = frozenset(
         ReplicaStatus.PREEMPTED,
     }
 )
-# Statuses that count as a failure of their version for the circuit breaker (refusals count through
-# `launch_attempts`, since a FAILED_PROVISION replica is retried in place).
-_BREAKER_FAILURES = frozenset(
-    {ReplicaStatus.FAILED_INITIAL_DELAY, ReplicaStatus.FAILED_PROBING, ReplicaStatus.PREEMPTED}
-)
 _NOT_YET_RUNNING = frozenset({ReplicaStatus.PENDING, ReplicaStatus.PROVISIONING})
 _BOOTING = frozenset({ReplicaStatus.PENDING, ReplicaStatus.PROVISIONING, ReplicaStatus.STARTING})
 _MESSAGE_PROBLEMS = 3
+
+
+# --- failure facts: whose fault a failure is, from codes (never from messages) -------------------------
+
+# fleetkeeper's own failure codes, for failures no AWS code describes. All count against the version.
+PROBE_FAILED = "Fleetkeeper.ProbeFailed"  # FAILED_PROBING: `probe_failure_threshold` failed probes
+INITIAL_DELAY_EXCEEDED = "Fleetkeeper.InitialDelayExceeded"  # FAILED_INITIAL_DELAY
+# PREEMPTED: the instance ended with no state reason, or DescribeInstances stopped listing it.
+INSTANCE_LOST = "Fleetkeeper.InstanceLost"
+
+# RunInstances refusals that say nothing about the version: the zone is out of capacity or does not
+# offer the instance type (the next attempt goes to the next subnet), the account is at a limit, or
+# EC2 is having a moment. They are retried with backoff (the status message says why) and never
+# count toward the circuit breaker: a capacity blip must not fail a good version. Any other refusal
+# (a missing AMI, a bad parameter, a denied permission) is the version's.
+ENVIRONMENT_REFUSALS = frozenset(
+    {
+        "Unsupported",
+        "InsufficientInstanceCapacity",
+        "InsufficientHostCapacity",
+        "InsufficientReservedInstanceCapacity",
+        "InsufficientCapacity",
+        "InsufficientFreeAddressesInSubnet",
+        "InstanceLimitExceeded",
+        "VcpuLimitExceeded",
+        "MaxSpotInstanceCountExceeded",
+        "SpotMaxPriceTooLow",
+        "RequestLimitExceeded",
+        "ThrottlingException",
+        "Throttling",
+        "ServiceUnavailable",
+        "Unavailable",
+        "InternalError",
+        # The process driver's (embedded mode): the laptop ran out of ports or could not start bash.
+        "NoFreePort",
+        "ProcessLaunchFailed",
+    }
+)
+# StateReason codes of an instance AWS took back because it was spot. Only these make a preemption a
+# spot reclaim: an instance that merely *was* spot and ended for another reason is not one.
+SPOT_RECLAIMS = frozenset({"Server.SpotInstanceTermination"})
+# How a spot reclaim's status message ends (for people; the breaker reads `cause`).
+SPOT_RECLAIMED = "spot instance reclaimed by AWS"
+
+
+def refusal_cause(code: str) -> FailureCause:
+    """Whose fault a refused launch is, from the refusal's error code."""
+    return FailureCause.ENVIRONMENT if code in ENVIRONMENT_REFUSALS else FailureCause.VERSION
+
+
+def termination_cause(code: str) -> FailureCause:
+    """Whose fault an instance's end is, from its state reason code: a spot reclaim; `Server.*` (AWS
+    ended it: an internal error, no capacity at launch, a retirement) is the environment's; `Client.*`
+    (shut down from inside, through the API, a bad volume or snapshot), a driver's own code (the
+    process driver's: the app exited) and fleetkeeper's own are the version's."""
+    if code in SPOT_RECLAIMS:
+        return FailureCause.SPOT_RECLAIM
+    if code.startswith("Server."):
+        return FailureCause.ENVIRONMENT
+    return FailureCause.VERSION
 
 
 def is_live(instance: Instance) -> bool:
@@ -246,16 +311,18 @@ def _observe(
             since = _seconds_since(record.launched_at, now)
             if since is not None and since < policy.lost_instance_grace.total_seconds():
                 return record  # not visible yet: DescribeInstances lags RunInstances
-            why = "is gone"
+            why, code = "is gone", INSTANCE_LOST
         else:
             reason = f" ({described.state_reason})" if described.state_reason else ""
-            why = f"is {described.state.value}{reason}"
-        spot = described is not None and described.spot
-        cause = SPOT_RECLAIMED if spot else "terminated outside fleetkeeper"
+            why, code = f"is {described.state.value}{reason}", described.state_reason_code or INSTANCE_LOST
+        cause = termination_cause(code)
+        told = SPOT_RECLAIMED if cause is FailureCause.SPOT_RECLAIM else "terminated outside fleetkeeper"
         return replace(
             record,
             status=ReplicaStatus.PREEMPTED,
-            status_message=f"instance {record.instance_id} {why}: {cause}",
+            status_message=f"instance {record.instance_id} {why}: {told}",
+            failure_code=code,
+            cause=cause,
         )
     if record.instance_id != instance.instance_id:
         # Adopt: launched by a run that crashed before recording it (or found by tag after a race).
@@ -265,6 +332,8 @@ def _observe(
             launched_at=record.launched_at or to_iso(now),
             status=ReplicaStatus.PROVISIONING,
             status_message="",
+            failure_code=None,
+            cause=None,
         )
     if probe is not None and probe.url != record.url:
         record = replace(record, url=probe.url)
@@ -308,6 +377,8 @@ def _observe(
             status=ReplicaStatus.FAILED_PROBING,
             probe_failures=failures,
             status_message=f"readiness probe failed {failures} times in a row: {probe.detail}",
+            failure_code=PROBE_FAILED,
+            cause=FailureCause.VERSION,
         )
     return replace(
         record,
@@ -329,6 +400,8 @@ def _check_initial_delay(record: ReplicaRecord, state: ServiceState, now: dateti
         record,
         status=ReplicaStatus.FAILED_INITIAL_DELAY,
         status_message=f"not ready {delay}s after launch ({detail})",
+        failure_code=INITIAL_DELAY_EXCEEDED,
+        cause=FailureCause.VERSION,
     )
 
 
@@ -347,7 +420,9 @@ class _Work:
 
     def drain(self, replica_id: int, why: str, live: Mapping[int, Instance]) -> None:
         record = self.replicas[replica_id]
-        self.replicas[replica_id] = replace(record, status=ReplicaStatus.SHUTTING_DOWN, status_message=why)
+        self.replicas[replica_id] = replace(
+            record, status=ReplicaStatus.SHUTTING_DOWN, status_message=why, failure_code=None, cause=None
+        )
         if replica_id in live:
             self.terminate[live[replica_id].instance_id] = f"replica {replica_id}: {why}"
 
@@ -361,6 +436,11 @@ class _Work:
             if before is not None and after != before:
                 actions.append(RecordReplica(before, replace(after, updated_at=to_iso(now))))
         return actions
+
+    def current(self) -> list[ReplicaRecord]:
+        """Every replica as it will be once the plan is applied: deleted ones gone, claimed ones in."""
+        deleted = {record.replica_id for record in self.delete}
+        return [r for rid, r in sorted(self.replicas.items()) if rid not in deleted] + self.claimed
 
     def cleanup_actions(self) -> list[Action]:
         actions: list[Action] = []
@@ -421,11 +501,46 @@ def plan(
         return [*work.replica_actions(now), *marks, tripped, *work.cleanup_actions()]
 
     launches = _plan_replicas(state, live, work, versions, now, policy)
-    status = _service_status(state, work, versions, live)
+    status = service_status(state, work.current(), versions, set(live))
     actions: list[Action] = [*work.replica_actions(now), *marks, *work.cleanup_actions(), *launches]
-    if status != (service.status, service.status_message, service.observed_generation):
-        actions.append(RecordStatus(*status))
+    if status_changed(state, status):
+        actions.append(status)
     return actions
+
+
+def refused(record: ReplicaRecord, refusal_code: str, message: str, now: datetime, policy: Policy) -> ReplicaRecord:
+    """The record of a replica whose launch AWS refused (the shell writes it on LaunchRefused).
+
+    FAILED_PROVISION with the refusal's code and whose fault it is, retried in place once a backoff
+    that doubles with each refusal has passed (`plan` launches it again then).
+    """
+    attempts = record.launch_attempts + 1
+    return replace(
+        record,
+        status=ReplicaStatus.FAILED_PROVISION,
+        status_message=f"{refusal_code}: {message}",
+        failure_code=refusal_code,
+        cause=refusal_cause(refusal_code),
+        launch_attempts=attempts,
+        next_attempt_at=to_iso(now + policy.backoff(attempts)),
+        updated_at=to_iso(now),
+    )
+
+
+def launched(record: ReplicaRecord, instance_id: str, now: datetime) -> ReplicaRecord:
+    """The record of a replica whose instance was just launched, or found by tag: PROVISIONING."""
+    stamp = to_iso(now)
+    return replace(
+        record,
+        instance_id=instance_id,
+        status=ReplicaStatus.PROVISIONING,
+        status_message="",
+        failure_code=None,
+        cause=None,
+        launched_at=stamp,
+        next_attempt_at=None,
+        updated_at=stamp,
+    )
 
 
 def _terminate_strays(state: ServiceState, mine: Sequence[Instance], live: Mapping[int, Instance], work: _Work) -> None:
@@ -461,52 +576,13 @@ def _plan_delete(
     return actions
 
 
-# Launch refusals that say nothing about the version: the zone is out of capacity, the account is
-# at a limit, or EC2 is having a moment. They are retried with backoff (the status message says
-# why) and never trip the circuit breaker: a capacity blip must not fail a good version.
-ENVIRONMENT_REFUSALS = frozenset(
-    {
-        "InsufficientInstanceCapacity",
-        "InsufficientHostCapacity",
-        "InsufficientReservedInstanceCapacity",
-        "InsufficientCapacity",
-        "InsufficientFreeAddressesInSubnet",
-        "InstanceLimitExceeded",
-        "VcpuLimitExceeded",
-        "MaxSpotInstanceCountExceeded",
-        "SpotMaxPriceTooLow",
-        "RequestLimitExceeded",
-        "ThrottlingException",
-        "Throttling",
-        "ServiceUnavailable",
-        "Unavailable",
-        "InternalError",
-    }
-)
-
-
-# How a PREEMPTED replica's message ends when AWS took its spot instance back: that is the price
-# of spot, not a fault of the version, so it does not count toward the breaker (as in SkyPilot).
-SPOT_RECLAIMED = "spot instance reclaimed by AWS"
-
-
-def refusal_code(record: ReplicaRecord) -> str:
-    """The AWS error code of a FAILED_PROVISION replica (its message is "<code>: <message>")."""
-    return record.status_message.split(":", 1)[0].strip()
-
-
 def _failures(records: Sequence[ReplicaRecord]) -> int:
     """Failures of a version for the breaker: refusals of the version's launches, and replicas that
-    failed once running. A replica that got past its refusals no longer counts them."""
-    refused = sum(
-        r.launch_attempts
-        for r in records
-        if r.status is ReplicaStatus.FAILED_PROVISION and refusal_code(r) not in ENVIRONMENT_REFUSALS
-    )
-    spot_reclaims = sum(
-        1 for r in records if r.status is ReplicaStatus.PREEMPTED and r.status_message.endswith(SPOT_RECLAIMED)
-    )
-    return refused + sum(1 for r in records if r.status in _BREAKER_FAILURES) - spot_reclaims
+    failed once running, each only when its cause is the version's. A replica that got past its
+    refusals no longer counts them."""
+    counted = [r for r in records if r.status.failed and r.cause is not None and r.cause.counts_toward_breaker]
+    refused = sum(r.launch_attempts for r in counted if r.status is ReplicaStatus.FAILED_PROVISION)
+    return refused + sum(1 for r in counted if r.status is not ReplicaStatus.FAILED_PROVISION)
 
 
 def _circuit_breaker(
@@ -637,26 +713,33 @@ def _describe(record: ReplicaRecord) -> str:
     return f"{text}: {record.status_message}" if record.status_message else text
 
 
-def _service_status(
+def service_status(
     state: ServiceState,
-    work: _Work,
+    replicas: Sequence[ReplicaRecord],
     versions: Mapping[int, VersionState],
-    live: Mapping[int, Instance],
-) -> tuple[ServiceStatus, str, int]:
-    """The service status from every replica (not just ready ones), with a message that says why."""
+    with_instance: Set[int],
+) -> RecordStatus:
+    """The service status from every replica (not just ready ones), with a message that says why.
+
+    `replicas`: every replica of the service as it now is (after this run's transitions, deletions and
+    claims), in replica id order; `versions`: each version's state as it now is; `with_instance`: the
+    ids of the replicas that still have a live instance. Pure: `plan` records what it returns when it
+    differs from the service's, and the shell calls it again on the records as they are after AWS
+    refused launches the plan expected to go through.
+    """
     service = state.service
     target_number = service.target_version
     target = state.target
-    deleted = {r.replica_id for r in work.delete}
-    current = [r for rid, r in sorted(work.replicas.items()) if rid not in deleted] + work.claimed
     target_failed = target is None or versions.get(target_number) is VersionState.FAILED
     wanted = 0 if target is None or target_failed else target.spec.target_replicas
 
-    new = [r for r in current if r.version == target_number and r.status not in LEAVING]
+    new = [r for r in replicas if r.version == target_number and r.status not in LEAVING]
     ready = sum(1 for r in new if r.status is ReplicaStatus.READY)
-    old_left = [r for r in current if r.version != target_number and (r.status not in LEAVING or r.replica_id in live)]
+    old_left = [
+        r for r in replicas if r.version != target_number and (r.status not in LEAVING or r.replica_id in with_instance)
+    ]
     quiet = (ReplicaStatus.READY, ReplicaStatus.SHUTTING_DOWN)
-    problems = [r for r in current if r.status not in quiet]
+    problems = [r for r in replicas if r.status not in quiet]
 
     if target_failed:
         reason = target.state_message if target is not None else "the target version is missing"
@@ -688,7 +771,17 @@ def _service_status(
     latest = state.versions.get(service.latest_version)
     if latest is not None and latest.version != target_number and latest.state is VersionState.FAILED:
         parts.append(f"rolled back to version {target_number}: {latest.state_message}")
-    return status, "; ".join(parts), service.generation
+    return RecordStatus(status, "; ".join(parts), service.generation)
+
+
+def status_changed(state: ServiceState, status: RecordStatus) -> bool:
+    """Whether `status` differs from what the service item holds (a steady state writes nothing)."""
+    service = state.service
+    return (status.status, status.message, status.observed_generation) != (
+        service.status,
+        service.status_message,
+        service.observed_generation,
+    )
 
 
 def plan_orphans(

@@ -19,7 +19,7 @@ from collections import Counter
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-from fleetkeeper.model import ReplicaRecord, ReplicaStatus, ServiceState, to_iso, utcnow
+from fleetkeeper.model import ReplicaRecord, ServiceState, VersionState, to_iso, utcnow
 from fleetkeeper.reconciler.driver import Instance, LaunchRefused, LaunchRequest
 from fleetkeeper.reconciler.plan import (
     Action,
@@ -34,9 +34,14 @@ from fleetkeeper.reconciler.plan import (
     RecordStatus,
     Terminate,
     TripBreaker,
+    launched,
+    match_instances,
     plan,
     plan_orphans,
     probe_targets,
+    refused,
+    service_status,
+    status_changed,
 )
 from fleetkeeper.reconciler.probe import ProbeTarget, probe_all
 from fleetkeeper.store.errors import Superseded
@@ -160,7 +165,7 @@ class Reconciler:
         name = state.service.name
         try:
             actions = plan(state, instances, probes, now, self.policy)
-            _Apply(self, state, instances, probes, now, report).all(actions)
+            _Apply(self, state, instances, now, report).all(actions)
         except Superseded as exc:
             # Another run or an api write got there first: stop here; the next run re-observes.
             logger.info("service %s: %s; leaving it to the next run", name, exc)
@@ -173,20 +178,22 @@ class Reconciler:
 
 @dataclass
 class _Apply:
-    """Applies one service's actions in order, keeping the replica records it writes current."""
+    """Applies one service's actions in order, keeping the replica records it writes and the version
+    states it marks current (the status after refused launches is computed from them)."""
 
     reconciler: Reconciler
     state: ServiceState
     instances: Sequence[Instance]
-    probes: dict[int, ProbeResult]
     now: datetime
     report: RunReport
     records: dict[int, ReplicaRecord] = field(default_factory=dict)
+    versions: dict[int, VersionState] = field(default_factory=dict)
     fresh: set[int] = field(default_factory=set)
     refused: bool = False
 
     def __post_init__(self) -> None:
         self.records = dict(self.state.replicas)
+        self.versions = {number: version.state for number, version in self.state.versions.items()}
 
     @property
     def store(self) -> ReconcilerStore:
@@ -215,6 +222,7 @@ class _Apply:
                 self.driver.terminate(action.instance_ids)
             case MarkVersion(version=version, expected=expected, state=new_state, message=message):
                 self.store.mark_version(service, version, expected, new_state, message)
+                self.versions[version] = new_state
             case TripBreaker(version=version, message=message, rollback_to=good):
                 logger.warning("service %s: %s (rolling back to %s)", service.name, message, good)
                 self.store.trip_breaker(
@@ -234,24 +242,22 @@ class _Apply:
                 self.store.delete_service(service)
 
     def _status_after_refusals(self) -> RecordStatus | None:
-        """The plan's status assumed its launches would go through; AWS refused some. Re-derive it
-        from the records as they now are, so the message names the refusal in this very run."""
-        claimed = max(self.records, default=-1) + 1
-        service = replace(self.state.service, replica_seq=max(self.state.service.replica_seq, claimed))
-        now_state = replace(self.state, service=service, replicas=dict(self.records))
-        replanned = plan(now_state, self.instances, self.probes, self.now, self.reconciler.policy)
-        return next((a for a in replanned if isinstance(a, RecordStatus)), None)
+        """The plan's status assumed its launches would go through; AWS refused some. The status of
+        the records as they now are, so the message names the refusal in this very run."""
+        with_instance = set(match_instances(self.state, self.instances))
+        records = [record for _, record in sorted(self.records.items())]
+        status = service_status(self.state, records, self.versions, with_instance)
+        return status if status_changed(self.state, status) else None
 
     def _launch(self, record: ReplicaRecord, *, fresh: bool) -> None:
         """Find-or-launch one replica's instance and record it (PROVISIONING) or the refusal."""
-        stamp = to_iso(self.now)
         if not fresh:
             # Left PENDING by an earlier run (crashed, or refused and now past its backoff). Bump the
             # revision first: of two runs recovering it at once, only one gets past this write.
-            record = self.store.put_replica(record, replace(record, updated_at=stamp))
+            record = self.store.put_replica(record, replace(record, updated_at=to_iso(self.now)))
             found = self.driver.find_instance(record.uid, record.replica_id)
             if found is not None:  # the crashed run did launch it: adopt, never duplicate
-                self._record_launched(record, found, stamp)
+                self._record_launched(record, found)
                 return
         version = self.state.versions[record.version]
         request = LaunchRequest(
@@ -266,33 +272,12 @@ class _Apply:
             instance = self.driver.launch(request)
         except LaunchRefused as refusal:
             self.refused = True
-            attempts = record.launch_attempts + 1
-            retry_at = self.now + self.reconciler.policy.backoff(attempts)
             logger.warning("service %s: replica %d refused: %s", record.name, record.replica_id, refusal)
-            self.records[record.replica_id] = self.store.put_replica(
-                record,
-                replace(
-                    record,
-                    status=ReplicaStatus.FAILED_PROVISION,
-                    status_message=str(refusal),
-                    launch_attempts=attempts,
-                    next_attempt_at=to_iso(retry_at),
-                    updated_at=stamp,
-                ),
-            )
+            after = refused(record, refusal.code, refusal.message, self.now, self.reconciler.policy)
+            self.records[record.replica_id] = self.store.put_replica(record, after)
             return
-        self._record_launched(record, instance, stamp)
+        self._record_launched(record, instance)
 
-    def _record_launched(self, record: ReplicaRecord, instance: Instance, stamp: str) -> None:
-        self.records[record.replica_id] = self.store.put_replica(
-            record,
-            replace(
-                record,
-                instance_id=instance.instance_id,
-                status=ReplicaStatus.PROVISIONING,
-                status_message="",
-                launched_at=stamp,
-                next_attempt_at=None,
-                updated_at=stamp,
-            ),
-        )
+    def _record_launched(self, record: ReplicaRecord, instance: Instance) -> None:
+        after = launched(record, instance.instance_id, self.now)
+        self.records[record.replica_id] = self.store.put_replica(record, after)

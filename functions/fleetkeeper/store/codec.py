@@ -13,6 +13,7 @@ from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
 from fleetkeeper.model import (
+    FailureCause,
     Lifecycle,
     ReplicaRecord,
     ReplicaStatus,
@@ -178,6 +179,8 @@ def replica_item(record: ReplicaRecord) -> Item:
         "version": record.version,
         "status": record.status.value,
         "status_message": record.status_message,
+        "failure_code": record.failure_code,
+        "cause": record.cause.value if record.cause is not None else None,
         "instance_id": record.instance_id,
         "url": record.url,
         "ready_at": record.ready_at,
@@ -197,13 +200,18 @@ def replica_from_item(item: Mapping[str, Any]) -> ReplicaRecord:
         value = item.get(key)
         return None if value is None else str(value)
 
+    status = ReplicaStatus(item["status"])
+    cause = item.get("cause")
     return ReplicaRecord(
         name=str(item["name"]),
         uid=str(item["uid"]),
         replica_id=int(item["replica_id"]),
         version=int(item["version"]),
-        status=ReplicaStatus(item["status"]),
+        status=status,
         status_message=str(item.get("status_message", "")),
+        failure_code=opt("failure_code"),
+        # Items written before causes were recorded: what their status implies, else UNRECORDED.
+        cause=FailureCause(cause) if cause is not None else FailureCause.of_unrecorded(status),
         instance_id=opt("instance_id"),
         url=opt("url"),
         ready_at=opt("ready_at"),

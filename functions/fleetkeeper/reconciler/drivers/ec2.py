@@ -259,6 +259,7 @@ def _instance(raw: InstanceTypeDef) -> Instance:
         replica_id=_int_tag(tags, REPLICA_TAG),
         private_ip=raw.get("PrivateIpAddress"),
         spot=raw.get("InstanceLifecycle") == "spot",
+        state_reason_code=str(reason.get("Code") or "") or None,
         state_reason=str(reason.get("Message") or reason.get("Code") or "") or None,
         launched_at=to_iso(launched) if launched is not None else None,
         tags=tags,
