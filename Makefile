@@ -9,7 +9,7 @@ PORT   ?= 8080
 # Tests get both cores; override with PYTEST_WORKERS=1 to debug.
 PYTEST_WORKERS ?= 2
 
-.PHONY: local test lint typecheck cfn unit bench openapi clean
+.PHONY: local test lint typecheck imports cfn unit bench openapi clean
 
 # checkov and the SAM CLI pin boto3 (and each other's dependencies) to exact versions that clash
 # with ours and with each other, so each gets a venv of its own under .venv-tools/.
@@ -43,6 +43,11 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
+# The architecture as a checked contract: the layers, the pure planner, and what Lambda may import
+# ([tool.importlinter] in pyproject.toml; tests/test_architecture.py proves each contract can fail).
+imports: $(STAMP)
+	$(BIN)/lint-imports --no-cache
+
 $(CHECKOV_STAMP):
 	@test -x $(TOOLS)/checkov/bin/python || $(PYTHON) -m venv $(TOOLS)/checkov
 	$(TOOLS)/checkov/bin/python -m pip install --quiet "checkov==$(CHECKOV_VERSION)"
@@ -72,7 +77,7 @@ unit: $(STAMP)
 	   $(BIN)/python -m pytest -n $(PYTEST_WORKERS) $(PYTEST_ARGS); \
 	 fi
 
-test: lint typecheck cfn unit
+test: lint typecheck imports cfn unit
 
 bench: $(STAMP)
 	@for b in bench/*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
