@@ -33,6 +33,9 @@ for _var in ("FLEETKEEPER_AWS_ENDPOINT_URL", "RECONCILER_FUNCTION_NAME", "FLEETK
 
 TABLE = "fleetkeeper-test"
 
+# The translated template's fixture lives with the template helpers it is built from.
+pytest_plugins = ["tests.cfn"]
+
 
 @pytest.fixture
 def aws(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
