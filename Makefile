@@ -79,6 +79,12 @@ unit: $(STAMP)
 
 test: lint typecheck imports cfn unit
 
+# The property tests (every @given test: hypothesis marks them) as a random search, FUZZ_EXAMPLES
+# examples per test (default 3000) instead of `make test`'s fixed, derandomized 200. A failure
+# prints the input and a blob to reproduce it; keep the input as an @example of its test.
+fuzz: $(STAMP)
+	HYPOTHESIS_PROFILE=fuzz $(MAKE) --no-print-directory unit PYTEST_ARGS="-m hypothesis $(PYTEST_ARGS)"
+
 # Mutation testing (slow, so not part of `make test`): mutmut changes MUTATE_PATHS (paths under
 # functions/, globs allowed) one small edit at a time and runs only MUTATE_TESTS, the tests that
 # exercise them, against each mutant; a mutant no test fails on "survived". It runs in $(MUTATE_DIR)
