@@ -9,7 +9,7 @@ PORT   ?= 8080
 # Tests get both cores; override with PYTEST_WORKERS=1 to debug.
 PYTEST_WORKERS ?= 2
 
-.PHONY: local test lint typecheck cfn unit bench openapi clean
+.PHONY: local test lint typecheck imports cfn unit fuzz mutate bench openapi clean
 
 # checkov and the SAM CLI pin boto3 (and each other's dependencies) to exact versions that clash
 # with ours and with each other, so each gets a venv of its own under .venv-tools/.
@@ -43,6 +43,11 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
+# The architecture as a checked contract: the layers, the pure planner, and what Lambda may import
+# ([tool.importlinter] in pyproject.toml; tests/test_architecture.py proves each contract can fail).
+imports: $(STAMP)
+	$(BIN)/lint-imports --no-cache
+
 $(CHECKOV_STAMP):
 	@test -x $(TOOLS)/checkov/bin/python || $(PYTHON) -m venv $(TOOLS)/checkov
 	$(TOOLS)/checkov/bin/python -m pip install --quiet "checkov==$(CHECKOV_VERSION)"
@@ -72,7 +77,46 @@ unit: $(STAMP)
 	   $(BIN)/python -m pytest -n $(PYTEST_WORKERS) $(PYTEST_ARGS); \
 	 fi
 
-test: lint typecheck cfn unit
+test: lint typecheck imports cfn unit
+
+# The property tests (every @given test: hypothesis marks them) as a random search, FUZZ_EXAMPLES
+# examples per test (default 3000) instead of `make test`'s fixed, derandomized 200. A failure
+# prints the input and a blob to reproduce it; keep the input as an @example of its test.
+fuzz: $(STAMP)
+	HYPOTHESIS_PROFILE=fuzz $(MAKE) --no-print-directory unit PYTEST_ARGS="-m hypothesis $(PYTEST_ARGS)"
+
+# Mutation testing (slow, so not part of `make test`): mutmut changes MUTATE_PATHS (paths under
+# functions/, globs allowed) one small edit at a time and runs only MUTATE_TESTS, the tests that
+# exercise them, against each mutant; a mutant no test fails on "survived". It runs in $(MUTATE_DIR)
+# (the package and tests linked in, mutmut's copy under $(MUTATE_DIR)/mutants), fresh each time.
+# The store's default scope follows its split from store.py into the store/ package.
+# `make mutate MUTATE_PATHS=fleetkeeper/store/conditions.py MUTATE_TESTS=tests/test_store.py` narrows it;
+# then `cd $(MUTATE_DIR) && ../$(BIN)/mutmut show NAME` prints one mutant's diff.
+MUTATE_PATHS   ?= fleetkeeper/reconciler/plan.py \
+                  $(patsubst functions/%,%,$(wildcard functions/fleetkeeper/store.py functions/fleetkeeper/store/*.py))
+MUTATE_TESTS   ?= tests/test_reconciler_plan.py $(wildcard tests/test_store*.py tests/test_reconciler_store*.py)
+MUTATE_WORKERS ?= $(PYTEST_WORKERS)
+MUTATE_DIR     := .mutmut
+MUTATE_STAMP   := $(VENV)/.installed-mutate
+comma          := ,
+
+$(MUTATE_STAMP): $(STAMP)
+	$(BIN)/python -m pip install --quiet -e '.[dev,mutate]'
+	@touch $@
+
+mutate: $(MUTATE_STAMP)
+	rm -rf $(MUTATE_DIR)
+	mkdir -p $(MUTATE_DIR)
+	ln -s ../functions/fleetkeeper ../tests ../template.yaml $(MUTATE_DIR)/
+	{ cat pyproject.toml; echo; echo '[tool.mutmut]'; \
+	  echo 'source_paths = ["fleetkeeper"]'; \
+	  echo 'only_mutate = [$(foreach p,$(MUTATE_PATHS),"$(p)"$(comma))]'; \
+	  echo 'pytest_add_cli_args_test_selection = [$(foreach t,$(MUTATE_TESTS),"$(t)"$(comma))]'; \
+	  echo 'pytest_add_cli_args = ["-p", "no:xdist", "-p", "no:cacheprovider"]'; \
+	  echo 'also_copy = ["template.yaml"]'; \
+	} > $(MUTATE_DIR)/pyproject.toml
+	cd $(MUTATE_DIR) && ../$(BIN)/mutmut run --max-children $(MUTATE_WORKERS)
+	cd $(MUTATE_DIR) && ../$(BIN)/mutmut results
 
 bench: $(STAMP)
 	@for b in bench/*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
@@ -82,4 +126,4 @@ openapi: $(STAMP)
 	TABLE_NAME=unused $(BIN)/python -c 'from fleetkeeper.api.handler import openapi_json; print(openapi_json())' > docs/openapi.json
 
 clean:
-	rm -rf $(VENV) $(TOOLS) .mypy_cache .ruff_cache .pytest_cache .aws-sam
+	rm -rf $(VENV) $(TOOLS) $(MUTATE_DIR) .mypy_cache .ruff_cache .pytest_cache .aws-sam

@@ -4,6 +4,9 @@ The tests assert on what CloudFormation would actually receive, not on the SAM s
 generates the REST API's OpenAPI body, the roles, the event source mappings and the schedules.
 Translation needs no AWS account: the managed-policy loader is a stub (SAM only needs it to expand
 managed policy *names*, which this template does not use).
+
+The `translated` fixture (template.yaml translated once per test process; read it, never change it)
+is registered for every test by tests/conftest.py; the test_template_*.py files share it.
 """
 
 from __future__ import annotations
@@ -12,6 +15,8 @@ import copy
 import json
 import re
 from typing import Any
+
+import pytest
 
 from fleetkeeper.template import load_template
 
@@ -88,6 +93,12 @@ def translate(template: dict[str, Any] | None = None, overrides: dict[str, Any] 
     translated: dict[str, Any] = transform(source, values, _NoManagedPolicies())
     translated["__parameter_values__"] = values
     return translated
+
+
+@pytest.fixture(scope="session")
+def translated() -> dict[str, Any]:
+    """template.yaml as CloudFormation receives it, with every parameter at its default or a sentinel."""
+    return translate()
 
 
 def resources_of_type(translated: dict[str, Any], kind: str) -> dict[str, dict[str, Any]]:

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -32,6 +33,27 @@ for _var in ("FLEETKEEPER_AWS_ENDPOINT_URL", "RECONCILER_FUNCTION_NAME", "FLEETK
     os.environ.pop(_var, None)
 
 TABLE = "fleetkeeper-test"
+
+# Property tests: `make test` runs the "ci" profile, the same examples on every run and machine (no
+# random seed, no example database), so a red build is the code's fault, never the draw's. `make
+# fuzz` runs "fuzz": a random search, longer (FUZZ_EXAMPLES per test), remembering what it found in
+# .hypothesis/. Whatever a search finds is kept as an @example of its test, so CI runs it forever.
+# A property's examples share its function-scoped fixtures (the api's table): they must not need a fresh one.
+_SUPPRESS = [HealthCheck.function_scoped_fixture]
+settings.register_profile(
+    "ci", derandomize=True, database=None, max_examples=200, deadline=None, suppress_health_check=_SUPPRESS
+)
+settings.register_profile(
+    "fuzz",
+    max_examples=int(os.environ.get("FUZZ_EXAMPLES", "3000")),
+    deadline=None,
+    suppress_health_check=_SUPPRESS,
+    print_blob=True,
+)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+# The translated template's fixture lives with the template helpers it is built from.
+pytest_plugins = ["tests.cfn"]
 
 
 @pytest.fixture

@@ -1,12 +1,15 @@
-"""Property: whatever a client sends, the api answers 2xx or 4xx with the error shape, never a 5xx."""
+"""Property: whatever a client sends, the api answers 2xx or 4xx with the error shape, never a 5xx.
+
+Settings come from the hypothesis profiles in conftest.py: derandomized in `make test`, a longer
+random search in `make fuzz`. Every input a search has found is kept below as an @example.
+"""
 
 from __future__ import annotations
 
 import json
-import os
 from typing import Any
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from tests.conftest import ApiClient, hello_spec
@@ -74,12 +77,19 @@ def check(response: Any) -> None:
         assert "Traceback" not in json.dumps(response.body)
 
 
-@settings(
-    max_examples=int(os.environ.get("FUZZ_EXAMPLES", "300")),
-    deadline=None,
-    suppress_health_check=[HealthCheck.function_scoped_fixture],
-)
 @given(method=methods, path=paths, body=bodies, header_map=headers)
+# Found by the search: a body sent as text/plain was a 500 (now a 415 that names the header to send).
+@example(
+    method="POST",
+    path="/v1/services",
+    body={"name": "web", "spec": hello_spec()},
+    header_map={"Content-Type": "text/plain"},
+)
+# Found by the search: "¹".isdigit() is true, int("¹") raises: If-Match "¹" is a 500.
+@example(method="POST", path="/v1/services/web/rollback", body=None, header_map={"If-Match": "¹"}).xfail(
+    reason="If-Match '¹' passes str.isdigit() and then fails int(): a 500 until the handler's fix lands",
+    raises=AssertionError,
+)
 def test_no_request_yields_a_5xx(api: ApiClient, method: str, path: str, body: Any, header_map: dict[str, str]) -> None:
     # Keep one service around so update/rollback/delete paths reach the store, not only 404s.
     if api.get("/v1/services/web").status == 404:
@@ -87,8 +97,9 @@ def test_no_request_yields_a_5xx(api: ApiClient, method: str, path: str, body: A
     check(api.call(method, path, body, headers=header_map))
 
 
-@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(raw=st.one_of(st.binary(max_size=200), st.text(max_size=200)), path=paths)
+# Found by the search: a body that is not UTF-8 was a 500 (now a 400).
+@example(raw=b"\xff\xfe", path="/v1/services")
 def test_no_raw_body_yields_a_5xx(api: ApiClient, raw: bytes | str, path: str) -> None:
     check(api.call("POST", path, raw=raw))
     check(api.call("PUT", path, raw=raw))

@@ -13,11 +13,6 @@ from tests.cfn import refers_to, resources_of_type, sam_template, translate
 HTTP_METHODS = {"get", "put", "post", "delete", "patch", "head", "options", "x-amazon-apigateway-any-method"}
 
 
-@pytest.fixture(scope="module")
-def translated() -> dict[str, Any]:
-    return translate()
-
-
 def rest_api(translated: dict[str, Any]) -> dict[str, Any]:
     apis = resources_of_type(translated, "AWS::ApiGateway::RestApi")
     assert list(apis) == ["Api"], f"expected exactly one REST API, got {sorted(apis)}"

@@ -6,14 +6,26 @@ from typing import Any
 
 import pytest
 
-from tests.cfn import resources_of_type, sam_template, translate
+from fleetkeeper.template import create_table_kwargs, load_template
+from tests.cfn import resources_of_type, sam_template
 
 
 @pytest.fixture(scope="module")
-def table() -> dict[str, Any]:
-    tables = resources_of_type(translate(), "AWS::DynamoDB::Table")
+def table(translated: dict[str, Any]) -> dict[str, Any]:
+    tables = resources_of_type(translated, "AWS::DynamoDB::Table")
     assert list(tables) == ["Table"], sorted(tables)
     return tables["Table"]
+
+
+def test_the_table_the_embedded_mode_builds_has_the_templates_keys_index_stream_and_ttl(
+    table: dict[str, Any],
+) -> None:
+    """Tests and `fleetkeeper local` create the table from template.yaml (fleetkeeper.template)."""
+    kwargs = create_table_kwargs(load_template(), "t")
+    assert [k["AttributeName"] for k in kwargs["KeySchema"]] == ["PK", "SK"]
+    assert [i["IndexName"] for i in kwargs["GlobalSecondaryIndexes"]] == ["services"]
+    assert kwargs["StreamSpecification"]["StreamViewType"] == "NEW_AND_OLD_IMAGES"
+    assert table["Properties"]["TimeToLiveSpecification"] == {"AttributeName": "expiration", "Enabled": True}
 
 
 def test_table_survives_stack_deletion_and_replacement(table: dict[str, Any]) -> None:

@@ -10,7 +10,6 @@ import json
 from pathlib import Path
 from typing import Any
 
-import pytest
 import yaml
 
 from tests.cfn import (
@@ -22,15 +21,9 @@ from tests.cfn import (
     resources_of_type,
     role_policies,
     role_statements,
-    translate,
 )
 
 ALLOWLIST_PATH = Path(__file__).with_name("parliament_allowlist.yaml")
-
-
-@pytest.fixture(scope="module")
-def translated() -> dict[str, Any]:
-    return translate()
 
 
 def roles(translated: dict[str, Any]) -> list[str]:

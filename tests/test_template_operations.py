@@ -11,11 +11,6 @@ from tests.cfn import Resolver, refers_to, resources_of_type, sam_template, tran
 TOPIC = "arn:aws:sns:us-east-1:123456789012:fleetkeeper-alarms"
 
 
-@pytest.fixture(scope="module")
-def translated() -> dict[str, Any]:
-    return translate()
-
-
 def alarms(translated: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {lid: a["Properties"] for lid, a in resources_of_type(translated, "AWS::CloudWatch::Alarm").items()}
 

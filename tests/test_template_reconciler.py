@@ -1,7 +1,8 @@
-"""The reconciler's deployment: its schedule, and EC2 permissions enforced by the managed tag.
+"""The reconciler's deployment: its EC2 permissions (enforced by the managed tag), its role passing,
+its schedule and kick, and its VPC, as CloudFormation receives them.
 
 Invariant 7 (DESIGN.md): the control plane only touches instances carrying its managed tag, and its
-IAM policy enforces that. These tests read the translated role, so a policy that says the right
+IAM policy enforces that. These tests read the translated template, so a policy that says the right
 thing in SAM shorthand but not in CloudFormation fails too.
 """
 
@@ -25,8 +26,8 @@ from tests.cfn import (
 )
 
 MANAGED_TAG = "fleetkeeper:managed"
-RESOURCE_TAG = f"aws:resourcetag/{MANAGED_TAG}"
-REQUEST_TAG = f"aws:requesttag/{MANAGED_TAG}"
+RESOURCE_TAG = f"aws:ResourceTag/{MANAGED_TAG}"
+REQUEST_TAG = f"aws:RequestTag/{MANAGED_TAG}"
 # What Lambda itself does with the function's role to attach it to its VPC (hyperplane ENIs);
 # these touch network interfaces, never instances.
 LAMBDA_VPC_ACTIONS = {
@@ -38,50 +39,41 @@ LAMBDA_VPC_ACTIONS = {
 
 
 @pytest.fixture(scope="module")
-def translated() -> dict[str, Any]:
-    translated = translate()
-    assert "ReconcilerFunction" in translated["Resources"]
-    return translated
-
-
-@pytest.fixture(scope="module")
 def statements(translated: dict[str, Any]) -> list[dict[str, Any]]:
     return role_statements(translated, function_role(translated, "ReconcilerFunction"))
 
 
-def tag_conditioned(statement: dict[str, Any], key: str) -> bool:
-    """The statement only applies when `key` (a tag condition key) is present with a value."""
-    keys = condition_keys(statement)
-    return key in keys and all(str(v) for v in as_list(keys[key]))
-
-
-@pytest.mark.parametrize("action", ["ec2:TerminateInstances", "ec2:CreateTags"])
-def test_instance_changes_need_the_managed_tag(statements: list[dict[str, Any]], action: str) -> None:
-    granting = statements_granting(statements, action)
-    assert granting, f"the reconciler cannot {action}"
-    for statement in granting:
-        keys = condition_keys(statement)
-        at_launch = str(keys.get("ec2:createaction", "")).lower() in {"runinstances", "['runinstances']"}
-        if action == "ec2:CreateTags" and at_launch:
-            # Tagging as part of RunInstances: the instance has no tags yet, the request must carry it.
-            assert tag_conditioned(statement, REQUEST_TAG), statement
-        else:
-            assert tag_conditioned(statement, RESOURCE_TAG), statement
+def resources(translated: dict[str, Any], statement: dict[str, Any]) -> list[str]:
+    return [str(r) for r in as_list(Resolver(translated).resolve(statement["Resource"]))]
 
 
 def test_launches_must_carry_the_managed_tag(translated: dict[str, Any], statements: list[dict[str, Any]]) -> None:
-    resolver = Resolver(translated)
+    """RunInstances also authorizes the image, subnet, security group... which carry no request tag;
+    the statements that cover the instance itself, and its volumes, must demand the tag."""
     granting = statements_granting(statements, "ec2:RunInstances")
     assert granting, "the reconciler cannot launch instances"
-    creates_instances = []
+    on_instances = [s for s in granting if any(r == "*" or ":instance/" in r for r in resources(translated, s))]
+    assert on_instances, "no RunInstances statement covers instance resources"
+    for statement in on_instances:
+        assert statement["Condition"] == {"StringEquals": {REQUEST_TAG: "true"}}, statement
+        assert any(":volume/" in r for r in resources(translated, statement)), "volumes launch untagged"
+
+
+def test_instances_are_tagged_only_at_launch(statements: list[dict[str, Any]]) -> None:
+    """fleetkeeper never retags: CreateTags only as part of a RunInstances that carries the tag."""
+    granting = statements_granting(statements, "ec2:CreateTags")
+    assert granting, "instances could not be tagged at launch"
     for statement in granting:
-        resources = [str(r) for r in as_list(resolver.resolve(statement["Resource"]))]
-        # RunInstances also authorizes the subnet, security group, image... those carry no request
-        # tag; the statement that covers the instance itself must demand it.
-        if any(r == "*" or re.search(r":instance/", r) for r in resources):
-            creates_instances.append(statement)
-            assert tag_conditioned(statement, REQUEST_TAG), statement
-    assert creates_instances, "no RunInstances statement covers instance resources"
+        assert statement["Condition"] == {"StringEquals": {"ec2:CreateAction": "RunInstances", REQUEST_TAG: "true"}}, (
+            statement
+        )
+
+
+def test_only_managed_instances_can_be_terminated(statements: list[dict[str, Any]]) -> None:
+    granting = statements_granting(statements, "ec2:TerminateInstances")
+    assert granting, "the reconciler cannot terminate instances"
+    for statement in granting:
+        assert statement["Condition"] == {"StringEquals": {RESOURCE_TAG: "true"}}, statement
 
 
 def test_no_other_instance_mutation_without_the_tag(statements: list[dict[str, Any]]) -> None:
@@ -94,30 +86,27 @@ def test_no_other_instance_mutation_without_the_tag(statements: list[dict[str, A
             if name == "ec2:runinstances" or name in LAMBDA_VPC_ACTIONS:
                 continue  # RunInstances is checked by resource type above
             keys = condition_keys(statement)
-            assert RESOURCE_TAG in keys or REQUEST_TAG in keys, f"{action} without the managed tag: {statement}"
+            assert {RESOURCE_TAG.lower(), REQUEST_TAG.lower()} & set(keys), f"{action} without the managed tag"
 
 
-def test_pass_role_only_for_the_replicas_role(translated: dict[str, Any], statements: list[dict[str, Any]]) -> None:
-    resolver = Resolver(translated)
+def test_only_describe_calls_get_every_resource(statements: list[dict[str, Any]]) -> None:
+    for statement in statements:
+        if "*" in as_list(statement["Resource"]):
+            assert all(str(a).startswith("ec2:Describe") for a in as_list(statement["Action"])), statement
+
+
+def test_pass_role_only_for_the_replicas_role_and_only_to_ec2(
+    translated: dict[str, Any], statements: list[dict[str, Any]]
+) -> None:
     granting = statements_granting(statements, "iam:PassRole")
     assert granting, "the reconciler cannot pass the replicas' role (instances would launch without it)"
     for statement in granting:
-        resources = [str(r) for r in as_list(resolver.resolve(statement["Resource"]))]
-        assert resources, statement
-        for arn in resources:
-            assert "*" not in arn, f"PassRole on a pattern: {arn}"
+        # The role comes from the deployment (the ReplicaRoleArn parameter), not a name the template guesses.
+        assert statement["Resource"] == {"Ref": "ReplicaRoleArn"}, statement
+        assert "ReplicaRoleArn" in translated["Parameters"]
+        for arn in resources(translated, statement):
             assert re.fullmatch(r"arn:aws:iam::\d{12}:role/[\w+=,.@/-]+", arn), f"not a role ARN: {arn}"
-        passed_to = condition_keys(statement).get("iam:passedtoservice")
-        if passed_to is not None:
-            assert as_list(passed_to) == ["ec2.amazonaws.com"], passed_to
-    # The role comes from the deployment (a parameter), not a name the template guesses.
-    parameters = set(translated.get("Parameters", {}))
-    assert any(
-        refers_to(resource, name) or resource == {"Ref": name}
-        for statement in granting
-        for resource in as_list(statement["Resource"])
-        for name in parameters
-    ), "PassRole's resource is not derived from a parameter"
+        assert statement["Condition"] == {"StringEquals": {"iam:PassedToService": "ec2.amazonaws.com"}}
 
 
 def schedule_of(translated: dict[str, Any]) -> tuple[str, Any]:
@@ -151,6 +140,17 @@ def test_schedule_runs_at_the_parameters_rate(translated: dict[str, Any]) -> Non
 def test_default_rate_is_one_minute(translated: dict[str, Any]) -> None:
     _, expression = schedule_of(translated)
     assert Resolver(translated).resolve(expression) == "rate(1 minute)"
+
+
+def test_the_api_kicks_the_reconciler(translated: dict[str, Any]) -> None:
+    """After each write the api invokes the reconciler by name (the api role may invoke nothing else:
+    test_template_iam.py)."""
+    api = translated["Resources"]["ApiFunction"]["Properties"]
+    assert refers_to(api["Environment"]["Variables"]["RECONCILER_FUNCTION_NAME"], "ReconcilerFunction")
+    invokes = statements_granting(
+        role_statements(translated, function_role(translated, "ApiFunction")), "lambda:InvokeFunction"
+    )
+    assert any(refers_to(r, "ReconcilerFunction") for s in invokes for r in as_list(s["Resource"])), invokes
 
 
 def test_reconciler_runs_in_the_deployments_vpc(translated: dict[str, Any]) -> None:

@@ -6,7 +6,10 @@ the cleanup's own deletes from re-triggering it is proved, not assumed.
 
 Supported: exact values (a list of alternatives), {"prefix": ...}, {"exists": bool},
 {"anything-but": [...]}, {"numeric": [op, n, ...]} and nested objects. A pattern matches a record
-when every key it names matches; records are plain JSON (as Lambda sees them).
+when every key it names matches; records are plain JSON (as Lambda sees them). As in AWS's Event
+Ruler, which flattens a record into the paths of its leaves, `exists` is about a leaf (an object at
+that path is no leaf), and a path under an object the record lacks is simply absent: only
+`{"exists": false}` holds there. Arrays of objects are not supported.
 """
 
 from __future__ import annotations
@@ -38,7 +41,7 @@ def _matches_rule(rule: Any, value: Any) -> bool:
         if rest:
             raise ValueError(f"a filter rule has one operator, got {sorted(rule)}")
         if operator == "exists":
-            return (value is not _MISSING) is bool(operand)
+            return (value is not _MISSING and not isinstance(value, dict)) is bool(operand)
         if value is _MISSING:
             return False
         if operator == "prefix":
@@ -57,7 +60,8 @@ def matches(pattern: dict[str, Any], record: Any) -> bool:
     for key, expected in pattern.items():
         value = record.get(key, _MISSING) if isinstance(record, dict) else _MISSING
         if isinstance(expected, dict):
-            if value is _MISSING or not isinstance(value, dict) or not matches(expected, value):
+            # Under a missing object every path is absent: only `exists: false` rules can hold.
+            if not matches(expected, value if isinstance(value, dict) else {}):
                 return False
         elif isinstance(expected, list):
             candidates = value if isinstance(value, list) else [value]

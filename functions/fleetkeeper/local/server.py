@@ -26,6 +26,8 @@ from fleetkeeper.local.options import MAX_TICK, Options, add_arguments, options_
 from fleetkeeper.local.process_driver import LOCAL_DIR_ENV, LOOPBACK, ProcessDriver
 from fleetkeeper.local.reconcile_loop import ReconcileLoop
 from fleetkeeper.local.stream_pump import StreamPump, StreamSource
+from fleetkeeper.reconciler.drivers import EMBEDDED_DRIVER, register_driver
+from fleetkeeper.settings import DRIVER_ENV
 from fleetkeeper.template import create_table, load_template
 
 if TYPE_CHECKING:
@@ -51,7 +53,7 @@ def configure_environment(options: Options) -> None:
             "AWS_ACCOUNT_ID_ENDPOINT_MODE": "disabled",  # moto's stream reads need it
             "AWS_EC2_METADATA_DISABLED": "true",
             "TABLE_NAME": options.table,
-            "FLEETKEEPER_DRIVER": "process",
+            DRIVER_ENV: EMBEDDED_DRIVER,
             LOCAL_DIR_ENV: str(options.local_dir),
             "POWERTOOLS_SERVICE_NAME": "fleetkeeper",
             "POWERTOOLS_METRICS_NAMESPACE": "fleetkeeper",
@@ -59,6 +61,8 @@ def configure_environment(options: Options) -> None:
             "POWERTOOLS_TRACE_DISABLED": "true",
         }
     )
+    # The reconciler's drivers know `ec2` only: the deployed code never imports this package.
+    register_driver(EMBEDDED_DRIVER, ProcessDriver.shared)
     for variable in ("AWS_PROFILE", "RECONCILER_FUNCTION_NAME", "FLEETKEEPER_KICK_URL"):
         os.environ.pop(variable, None)
 
