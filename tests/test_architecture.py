@@ -50,7 +50,7 @@ VIOLATIONS = [
     ("lambda-bundle", "fleetkeeper.reconciler.drivers", "import fleetkeeper.local.process_driver", LAZY),
     ("lambda-bundle", "fleetkeeper.cleanup.logic", "from fleetkeeper.cli import main", LAZY),
     ("lambda-bundle", "fleetkeeper.api.kick", "import yaml", LAZY),
-    ("lambda-bundle", "fleetkeeper.store", "from fleetkeeper.template import load_template", LAZY),
+    ("lambda-bundle", "fleetkeeper.store.table", "from fleetkeeper.template import load_template", LAZY),
     ("lambda-bundle", "fleetkeeper.errors", "import moto", LAZY),
 ]  # fmt: skip
 
