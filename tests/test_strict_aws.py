@@ -141,6 +141,23 @@ def test_get_item_is_never_torn_and_an_item_changed_since_is_not_in_flight(stric
     assert strict_aws.dynamodb.torn_reads[-1].stale == (1,)
 
 
+def test_drawn_tears_hit_only_another_actors_transaction_still_in_flight(strict_aws: StrictAws, table: str) -> None:
+    """With FaultRates.torn_read=1 every read that may be torn is: only by another actor, and only
+    while the transaction is the last write to the table."""
+    strict_aws.faults = FaultRates(torn_read=1.0)
+    store = Store(table)
+    with strict_aws.acting_as("api"):
+        store.create_service("web", _spec(), "rolling", NOW)
+        assert len(_partition("web")) == 2  # its own read: after the transaction returned
+
+    with strict_aws.acting_as("reconciler"):
+        assert len(_partition("web")) == 1  # overlapped the api's transaction: one of its two items
+        aws.dynamodb().put_item(TableName=table, Item=to_raw({"PK": "SVC#other", "SK": "META"}))
+        assert len(_partition("web")) == 2  # a later write: that transaction is no longer in flight
+
+    assert [t.transaction for t in strict_aws.dynamodb.torn_reads] == [1]
+
+
 # === DynamoDB: ExclusiveStartKey is validated ===================================================
 
 

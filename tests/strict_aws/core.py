@@ -82,7 +82,7 @@ class FaultRates:
     """
 
     throttle: float = 0.0  # any DynamoDB or EC2 attempt: the service's throttling error
-    torn_read: float = 0.0  # Query/Scan/BatchGetItem: torn against the latest transaction on its tables
+    torn_read: float = 0.0  # Query/Scan/BatchGetItem: torn against a transaction still the last write to its tables
     transaction_conflict: float = 0.0  # TransactWriteItems: cancelled, TransactionConflict on one item
     write_conflict: float = 0.0  # PutItem/UpdateItem/DeleteItem: TransactionConflictException
 
@@ -148,6 +148,7 @@ class StrictAws:
         self._lock = threading.RLock()
         self._bursts: list[_Burst] = []
         self._invocation: LambdaContext | None = None
+        self._actors = threading.local()
 
     # -- activation (one controller at a time, process-wide) --
 
@@ -200,6 +201,28 @@ class StrictAws:
     def record_fault(self, service: str, operation: str, kind: str) -> None:
         with self._lock:
             self.faults_injected.append(Fault(service, operation, kind))
+
+    # -- actors (for RNG-drawn torn reads) --
+
+    @contextlib.contextmanager
+    def acting_as(self, actor: str) -> Iterator[None]:
+        """AWS calls in this block (on this thread) are made by `actor` ("api", "reconciler", ...).
+
+        A read drawn to be torn (FaultRates.torn_read) is torn only against a transaction of
+        another actor: DynamoDB tears a read that overlapped a transaction, and the actor that made
+        the transaction had its answer before its next read started. Calls outside any block have
+        no actor and may overlap anything.
+        """
+        previous = getattr(self._actors, "name", None)
+        self._actors.name = actor
+        try:
+            yield
+        finally:
+            self._actors.name = previous
+
+    def actor(self) -> str | None:
+        name: str | None = getattr(self._actors, "name", None)
+        return name
 
     # -- Lambda --
 

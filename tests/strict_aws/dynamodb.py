@@ -166,6 +166,7 @@ class Transaction:
 
     seq: int
     items: tuple[TxItem, ...]
+    actor: str | None = None  # who committed it (StrictAws.acting_as), when the test says
 
     @property
     def tables(self) -> frozenset[str]:
@@ -223,6 +224,11 @@ class DynamoDBLayer:
         self.transactions: deque[Transaction] = deque(maxlen=TRANSACTION_MEMORY)
         self.torn_reads: list[TornRead] = []
         self._seq = 0
+        # The last successful write request to each table: ("tx", seq) for a transaction. Only a
+        # transaction that is still the last write to a table can be in flight for a read drawn by
+        # the RNG: a read that overlapped it cannot have started after a later write.
+        self._last_write: dict[str, tuple[str, int]] = {}
+        self._writes = 0
         self._tears: list[_Tear] = []
         self._transaction_conflicts: list[_TransactionConflict] = []
         self._write_conflicts: list[_WriteConflict] = []
@@ -301,6 +307,13 @@ class DynamoDBLayer:
                 conflict = self._write_conflict(call.operation, backend, body)
                 if conflict is not None:
                     return conflict
+            if call.operation in SINGLE_WRITES or call.operation == "BatchWriteItem":
+                response = call.send()
+                if response[0] == 200:
+                    self._writes += 1
+                    for name in self._tables(backend, call.operation, body):
+                        self._last_write[name] = ("write", self._writes)
+                return response
             if call.operation in READS:
                 return self._read(call, backend, body)
             return call.send()
@@ -405,7 +418,9 @@ class DynamoDBLayer:
                 )
                 for (ref, _), old in zip(refs, before, strict=True)
             )
-            self.transactions.append(Transaction(self._seq, items))
+            self.transactions.append(Transaction(self._seq, items, self._strict.actor()))
+            for name in self.transactions[-1].tables:
+                self._last_write[name] = ("tx", self._seq)
         return response
 
     def _transaction_conflict(self, refs: list[tuple[ItemRef, Any]] | None) -> Response | None:
@@ -463,8 +478,9 @@ class DynamoDBLayer:
     # -- reads --
 
     @staticmethod
-    def _tables_read(backend: Any, operation: str, body: dict[str, Any]) -> set[str]:
-        names = list(body.get("RequestItems", {})) if operation == "BatchGetItem" else [body.get("TableName", "")]
+    def _tables(backend: Any, operation: str, body: dict[str, Any]) -> set[str]:
+        batch = operation in {"BatchGetItem", "BatchWriteItem"}
+        names = list(body.get("RequestItems", {})) if batch else [body.get("TableName", "")]
         tables: set[str] = set()
         for name in names:
             try:
@@ -491,9 +507,16 @@ class DynamoDBLayer:
                 return tear.transaction, self._random_subset(candidates)
         rate = self._strict.faults.torn_read
         if rate and self._strict.rng.random() < rate:
+            last = {self._last_write.get(name) for name in tables}
+            reader = self._strict.actor()
             for transaction in reversed(self.transactions):
-                if transaction.tables & tables:
-                    return transaction, self._random_subset(self._in_flight(backend, transaction))
+                if ("tx", transaction.seq) not in last:
+                    continue
+                # A read that starts after the transaction returned is not torn: the transaction's
+                # own actor has seen it return. Unnamed actors are assumed to be others.
+                if reader is not None and reader == transaction.actor:
+                    return None
+                return transaction, self._random_subset(self._in_flight(backend, transaction))
         return None
 
     def _random_subset(self, candidates: list[TxItem]) -> list[TxItem]:
@@ -503,7 +526,7 @@ class DynamoDBLayer:
         return sorted(rng.sample(candidates, rng.randint(1, len(candidates) - 1)), key=lambda i: i.index)
 
     def _read(self, call: Call, backend: Any, body: dict[str, Any]) -> Response:
-        choice = self._choose_tear(backend, call.operation, self._tables_read(backend, call.operation, body))
+        choice = self._choose_tear(backend, call.operation, self._tables(backend, call.operation, body))
         if choice is None or not choice[1]:
             return call.send()
         transaction, stale = choice
