@@ -7,6 +7,7 @@ driver) and checks what AWS would answer, including what botocore's standard ret
 from __future__ import annotations
 
 import threading
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -372,43 +373,43 @@ def _launch_args(token: str | None = "fk-abc-1", **overrides: Any) -> dict[str, 
     return args
 
 
+def _run_instances(args: dict[str, Any]) -> dict[str, Any]:
+    return dict(aws.ec2().run_instances(**args))
+
+
 def _all_instances() -> list[dict[str, Any]]:
     reservations: list[dict[str, Any]] = aws.ec2().describe_instances()["Reservations"]  # type: ignore[assignment]
     return [i for r in reservations for i in r["Instances"]]
 
 
 def test_the_same_client_token_and_parameters_give_the_same_instance(strict_aws: StrictAws) -> None:
-    first = aws_ec2_run(_launch_args())
-    again = aws_ec2_run(_launch_args())
+    first = _run_instances(_launch_args())
+    again = _run_instances(_launch_args())
 
     assert again["Instances"][0]["InstanceId"] == first["Instances"][0]["InstanceId"]
     assert again["ReservationId"] == first["ReservationId"]
     assert len(_all_instances()) == 1
 
 
-def aws_ec2_run(args: dict[str, Any]) -> dict[str, Any]:
-    return dict(aws.ec2().run_instances(**args))
-
-
 def test_the_same_client_token_with_other_parameters_is_a_mismatch(strict_aws: StrictAws) -> None:
-    aws_ec2_run(_launch_args())
+    _run_instances(_launch_args())
 
     with pytest.raises(ClientError) as caught:
-        aws_ec2_run(_launch_args(InstanceType="t3.small"))
+        _run_instances(_launch_args(InstanceType="t3.small"))
 
     assert _code(caught.value) == "IdempotentParameterMismatch"
     assert len(_all_instances()) == 1
-    aws_ec2_run(_launch_args(token="fk-abc-2", InstanceType="t3.small"))  # another token: another launch
+    _run_instances(_launch_args(token="fk-abc-2", InstanceType="t3.small"))  # another token: another launch
     assert len(_all_instances()) == 2
 
 
 def test_a_client_token_is_claimed_only_by_a_launch_that_succeeded(strict_aws: StrictAws) -> None:
     refusal = strict_aws.ec2.unsupported(instance_type="t3.micro")
     with pytest.raises(ClientError, match="Unsupported"):
-        aws_ec2_run(_launch_args())
+        _run_instances(_launch_args())
     refusal.clear()
 
-    launched = aws_ec2_run(_launch_args())
+    launched = _run_instances(_launch_args())
 
     assert [i["InstanceId"] for i in _all_instances()] == [launched["Instances"][0]["InstanceId"]]
 
@@ -420,7 +421,7 @@ def test_concurrent_launches_with_one_client_token_make_one_instance(strict_aws:
 
     def launch() -> None:
         barrier.wait()
-        ids.append(aws_ec2_run(_launch_args())["Instances"][0]["InstanceId"])
+        ids.append(_run_instances(_launch_args())["Instances"][0]["InstanceId"])
 
     threads = [threading.Thread(target=launch) for _ in range(8)]
     for thread in threads:
@@ -490,7 +491,7 @@ def test_insufficient_capacity_in_one_subnet_is_retried_by_botocore_then_refuses
 def test_a_short_capacity_shortage_is_absorbed_by_botocores_retries(strict_aws: StrictAws) -> None:
     strict_aws.ec2.insufficient_capacity(instance_type="t3.micro", times=2)
 
-    launched = aws_ec2_run(_launch_args())
+    launched = _run_instances(_launch_args())
 
     assert launched["ResponseMetadata"]["RetryAttempts"] == 2
     assert len(_all_instances()) == 1
@@ -500,8 +501,8 @@ def test_an_unsupported_instance_type_is_refused_at_once(strict_aws: StrictAws) 
     strict_aws.ec2.unsupported(instance_type="p5.48xlarge")
 
     with pytest.raises(ClientError) as caught:
-        aws_ec2_run(_launch_args(InstanceType="p5.48xlarge"))
-    aws_ec2_run(_launch_args(token="other"))
+        _run_instances(_launch_args(InstanceType="p5.48xlarge"))
+    _run_instances(_launch_args(token="other"))
 
     assert _code(caught.value) == "Unsupported"
     assert "Your requested instance type (p5.48xlarge) is not supported" in str(caught.value)
@@ -523,7 +524,7 @@ def test_a_request_limit_burst_is_retried_by_botocore(strict_aws: StrictAws) -> 
 def test_a_termination_by_aws_reports_a_real_state_reason(strict_aws: StrictAws, code: str) -> None:
     spot = code == "Server.SpotInstanceTermination"
     market: dict[str, Any] = {"InstanceMarketOptions": {"MarketType": "spot"}} if spot else {}
-    instance_id = aws_ec2_run(_launch_args(**market))["Instances"][0]["InstanceId"]
+    instance_id = _run_instances(_launch_args(**market))["Instances"][0]["InstanceId"]
 
     strict_aws.ec2.terminate_by_aws(instance_id, code)
 
@@ -536,7 +537,7 @@ def test_a_termination_by_aws_reports_a_real_state_reason(strict_aws: StrictAws,
 
 
 def test_aws_reclaims_only_spot_instances(strict_aws: StrictAws) -> None:
-    instance_id = aws_ec2_run(_launch_args())["Instances"][0]["InstanceId"]
+    instance_id = _run_instances(_launch_args())["Instances"][0]["InstanceId"]
     with pytest.raises(ValueError, match="not a spot instance"):
         strict_aws.ec2.terminate_by_aws(instance_id, "Server.SpotInstanceTermination")
 
@@ -547,8 +548,8 @@ def test_ec2_resolves_a_resolve_ssm_image_id_itself(strict_aws: StrictAws) -> No
         Name="/golden/ami", Value="ami-0fedcba9876543210", Type="String", DataType="text", Overwrite=True
     )
 
-    latest = aws_ec2_run(_launch_args(token="a", ImageId="resolve:ssm:/golden/ami"))
-    pinned = aws_ec2_run(_launch_args(token="b", ImageId="resolve:ssm:/golden/ami:1"))
+    latest = _run_instances(_launch_args(token="a", ImageId="resolve:ssm:/golden/ami"))
+    pinned = _run_instances(_launch_args(token="b", ImageId="resolve:ssm:/golden/ami:1"))
 
     assert latest["Instances"][0]["ImageId"] == "ami-0fedcba9876543210"
     assert pinned["Instances"][0]["ImageId"] == "ami-0123456789abcdef0"
@@ -557,7 +558,7 @@ def test_ec2_resolves_a_resolve_ssm_image_id_itself(strict_aws: StrictAws) -> No
 
 def test_a_resolve_ssm_image_id_of_a_missing_parameter_refuses_the_launch(strict_aws: StrictAws) -> None:
     with pytest.raises(ClientError) as caught:
-        aws_ec2_run(_launch_args(ImageId="resolve:ssm:/no/such/parameter"))
+        _run_instances(_launch_args(ImageId="resolve:ssm:/no/such/parameter"))
 
     assert _code(caught.value) == "InvalidParameterValue"
     assert "/no/such/parameter" in str(caught.value)
@@ -636,7 +637,7 @@ def test_concurrent_creates_of_one_name_are_atomic(strict_aws: StrictAws, table:
     def create() -> None:
         barrier.wait()
         try:
-            store.create_service("web", _spec(), "rolling", to_iso_now())
+            store.create_service("web", _spec(), "rolling", to_iso(datetime.now(UTC)))
             outcomes.append("created")
         except Exception as exc:
             outcomes.append(type(exc).__name__)
@@ -649,12 +650,6 @@ def test_concurrent_creates_of_one_name_are_atomic(strict_aws: StrictAws, table:
 
     assert sorted(outcomes) == ["Conflict"] * 7 + ["created"]
     assert len(_partition("web")) == 2
-
-
-def to_iso_now() -> str:
-    from datetime import UTC, datetime
-
-    return to_iso(datetime.now(UTC))
 
 
 def _seeded_tears(seed: int, name: str) -> list[tuple[int, tuple[int, ...]]]:

@@ -89,7 +89,7 @@ class Ec2Layer:
         self.describe_lag = 0.0
         self.lag_operations: frozenset[str] = frozenset({"DescribeInstances"})
         self.launched_at: dict[str, float] = {}  # instance id -> the layer's clock when launched
-        self.client_tokens: dict[str, _Token] = {}
+        self.client_tokens: dict[tuple[str, str], _Token] = {}  # (region, token): a token is per Region
         self.capacity_rules: list[CapacityRule] = []
 
     # -- what the test configures --
@@ -168,7 +168,7 @@ class Ec2Layer:
         token = call.param("ClientToken")
         params = sorted((k, v) for k, v in call.form() if k != "ClientToken")
         if token:
-            known = self.client_tokens.get(token)
+            known = self.client_tokens.get((call.region, token))
             if known is not None:
                 if known.params != params:
                     return ec2_error("IdempotentParameterMismatch", MISMATCH)
@@ -196,7 +196,7 @@ class Ec2Layer:
             for instance_id in launched:
                 self.launched_at[instance_id] = now
             if token:
-                self.client_tokens[token] = _Token(params, response, launched)
+                self.client_tokens[(call.region, token)] = _Token(params, response, launched)
         return response
 
     @staticmethod
