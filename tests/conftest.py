@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import zlib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import pytest
 from hypothesis import HealthCheck, settings
+
+from tests import strict_aws as strict_layer
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -55,18 +59,55 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 # The translated template's fixture lives with the template helpers it is built from.
 pytest_plugins = ["tests.cfn"]
 
+# The strict-AWS layer's hook replaces moto's in botocore's handler list before any client exists,
+# so every client of the session carries it (inert until a test activates the layer).
+strict_layer.install_hooks()
+_STRICT = pytest.StashKey[strict_layer.StrictAws | None]()
+
+
+def _wants_strict(request: pytest.FixtureRequest) -> bool:
+    if "strict_aws" in request.fixturenames:
+        return True
+    if request.node.get_closest_marker("lenient_aws") is not None:
+        return False
+    return os.environ.get(strict_layer.STRICT_ENV, "") not in ("", "0")
+
+
+def _strict_seed(request: pytest.FixtureRequest) -> int:
+    configured = os.environ.get(strict_layer.SEED_ENV)
+    return int(configured) if configured else zlib.crc32(request.node.nodeid.encode())
+
 
 @pytest.fixture
-def aws(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """A fresh in-memory AWS for one test, with fleetkeeper's clients pointed at it."""
+def aws(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """A fresh in-memory AWS for one test, with fleetkeeper's clients pointed at it.
+
+    On the strict-AWS layer when the test asks for `strict_aws` or FLEETKEEPER_STRICT_AWS=1.
+    """
     from moto import mock_aws
 
     from fleetkeeper import aws as aws_clients
 
     aws_clients.reset_clients()
-    with mock_aws():
+    controller = None
+    if _wants_strict(request):
+        # Random faults from the environment are for the existing suite; a test asking for
+        # `strict_aws` schedules its own.
+        explicit = "strict_aws" in request.fixturenames
+        faults = strict_layer.FaultRates.parse("" if explicit else os.environ.get(strict_layer.FAULTS_ENV, ""))
+        controller = strict_layer.StrictAws(seed=_strict_seed(request), faults=faults)
+    request.node.stash[_STRICT] = controller
+    with mock_aws(), controller.active() if controller else contextlib.nullcontext():
         yield
     aws_clients.reset_clients()
+
+
+@pytest.fixture
+def strict_aws(aws: None, request: pytest.FixtureRequest) -> strict_layer.StrictAws:
+    """The strict-AWS controller over this test's moto (see tests/strict_aws/__init__.py)."""
+    controller: strict_layer.StrictAws | None = request.node.stash[_STRICT]
+    assert controller is not None
+    return controller
 
 
 @pytest.fixture

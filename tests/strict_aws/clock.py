@@ -1,0 +1,34 @@
+"""The layer's clock: virtual seconds, moved by the test, by AWS calls and by botocore's retry pauses."""
+
+from __future__ import annotations
+
+import threading
+
+
+class VirtualClock:
+    """Seconds since the start of a test, moved only on purpose: nothing here ever sleeps.
+
+    The strict layer reads it for everything time-dependent it models (how long a launched instance
+    stays invisible to DescribeInstances, how much time a Lambda invocation has left) and moves it
+    when `StrictAws.call_latency` is set (every AWS attempt costs that much) and when botocore pauses
+    before a retry (the pause is taken on this clock instead of the wall clock).
+    """
+
+    def __init__(self, start: float = 0.0) -> None:
+        self._now = float(start)
+        self._lock = threading.Lock()
+
+    def time(self) -> float:
+        with self._lock:
+            return self._now
+
+    def advance(self, seconds: float) -> float:
+        """Move the clock forward; returns the new time."""
+        if seconds < 0:
+            raise ValueError(f"a clock does not go back: advance({seconds})")
+        with self._lock:
+            self._now += seconds
+            return self._now
+
+    def sleep(self, seconds: float) -> None:
+        self.advance(max(0.0, seconds))
