@@ -14,11 +14,15 @@ import pytest
 from botocore.exceptions import ClientError
 
 from fleetkeeper import aws
-from fleetkeeper.model import to_iso
+from fleetkeeper.model import ServiceState, to_iso
 from fleetkeeper.reconciler.driver import MANAGED_TAG, LaunchRefused, LaunchRequest
 from fleetkeeper.reconciler.drivers.ec2 import Ec2Driver
 from fleetkeeper.spec import ServiceSpec
-from fleetkeeper.store import SERVICES_INDEX, ReconcilerStore, Store, service_pk, to_raw, version_sk
+from fleetkeeper.store.codec import to_raw
+from fleetkeeper.store.commands import CommandStore
+from fleetkeeper.store.keys import SERVICES_INDEX, service_pk, version_sk
+from fleetkeeper.store.reconciler import ReconcilerStore
+from fleetkeeper.store.table import Table
 from tests.conftest import TABLE, ApiClient, hello_spec
 from tests.strict_aws import STATE_REASONS, FaultRates, LambdaTimeout, StrictAws
 
@@ -31,6 +35,10 @@ AMI = "ami-12345678"
 
 def _code(exc: ClientError) -> str:
     return str(exc.response.get("Error", {}).get("Code"))
+
+
+def _create(table: str, name: str) -> ServiceState:
+    return CommandStore(Table(table)).create_service(name, _spec(), "rolling", NOW, status_message="created")
 
 
 def _spec(**overrides: Any) -> ServiceSpec:
@@ -52,8 +60,8 @@ def _partition(name: str) -> list[str]:
 
 
 def test_a_torn_query_after_a_create_shows_the_service_without_its_version(strict_aws: StrictAws, table: str) -> None:
-    store = Store(table)
-    created = store.create_service("web", _spec(), "rolling", NOW)
+    store = CommandStore(Table(table))
+    created = store.create_service("web", _spec(), "rolling", NOW, status_message="created")
     # The version item (index 1 of the create's TransactItems) is read before the transaction.
     strict_aws.dynamodb.tear_next_read(lambda item: item.key_value("SK").startswith("V#"))
 
@@ -69,8 +77,8 @@ def test_a_torn_query_after_a_create_shows_the_service_without_its_version(stric
 
 
 def test_a_torn_query_after_a_create_shows_the_version_without_its_service(strict_aws: StrictAws, table: str) -> None:
-    store = Store(table)
-    uid = store.create_service("web", _spec(), "rolling", NOW).service.uid
+    store = CommandStore(Table(table))
+    uid = store.create_service("web", _spec(), "rolling", NOW, status_message="created").service.uid
     strict_aws.dynamodb.tear_next_read([0])  # the service item: still absent
 
     assert _partition("web") == [version_sk(uid, 1)]
@@ -80,8 +88,8 @@ def test_a_torn_query_after_a_create_shows_the_version_without_its_service(stric
 def test_a_torn_query_after_an_update_shows_the_new_version_without_the_move_to_it(
     strict_aws: StrictAws, table: str
 ) -> None:
-    store = Store(table)
-    state = store.create_service("web", _spec(), "rolling", NOW)
+    store = CommandStore(Table(table))
+    state = store.create_service("web", _spec(), "rolling", NOW, status_message="created")
     store.add_version(state, _spec(envs={"RELEASE": "2"}), "rolling", NOW, expected_generation=None)
     strict_aws.dynamodb.tear_next_read([0])  # the service item's Update: still at version 1
 
@@ -92,8 +100,8 @@ def test_a_torn_query_after_an_update_shows_the_new_version_without_the_move_to_
 
 
 def test_a_torn_query_after_an_update_shows_the_move_without_the_new_version(strict_aws: StrictAws, table: str) -> None:
-    store = Store(table)
-    state = store.create_service("web", _spec(), "rolling", NOW)
+    store = CommandStore(Table(table))
+    state = store.create_service("web", _spec(), "rolling", NOW, status_message="created")
     store.add_version(state, _spec(envs={"RELEASE": "2"}), "rolling", NOW, expected_generation=None)
     strict_aws.dynamodb.tear_next_read([1])  # the new version's Put: not there yet
 
@@ -105,9 +113,9 @@ def test_a_torn_query_after_an_update_shows_the_move_without_the_new_version(str
 
 def test_a_torn_query_of_the_services_index_misses_a_new_service(strict_aws: StrictAws, table: str) -> None:
     """The sparse index is read from the same mixed state: a create's service item is not listed."""
-    store = Store(table)
-    store.create_service("old", _spec(), "rolling", NOW)
-    store.create_service("new", _spec(), "rolling", NOW)
+    store = CommandStore(Table(table))
+    store.create_service("old", _spec(), "rolling", NOW, status_message="created")
+    store.create_service("new", _spec(), "rolling", NOW, status_message="created")
     strict_aws.dynamodb.tear_next_read([0])
 
     assert [s.name for s in store.iter_services()] == ["old"]
@@ -115,7 +123,7 @@ def test_a_torn_query_of_the_services_index_misses_a_new_service(strict_aws: Str
 
 
 def test_a_torn_batch_get_item_returns_one_item_of_the_transaction(strict_aws: StrictAws, table: str) -> None:
-    uid = Store(table).create_service("web", _spec(), "rolling", NOW).service.uid
+    uid = _create(table, "web").service.uid
     keys = [to_raw({"PK": service_pk("web"), "SK": sk}) for sk in ("META", version_sk(uid, 1))]
     strict_aws.dynamodb.tear_next_read([0], operations=["BatchGetItem"])
 
@@ -127,14 +135,14 @@ def test_a_torn_batch_get_item_returns_one_item_of_the_transaction(strict_aws: S
 
 
 def test_get_item_is_never_torn_and_an_item_changed_since_is_not_in_flight(strict_aws: StrictAws, table: str) -> None:
-    store = ReconcilerStore(table)
-    state = store.create_service("web", _spec(), "rolling", NOW)
+    store = ReconcilerStore(Table(table))
+    state = _create(table, "web")
     create = strict_aws.dynamodb.last_transaction()
     store.record_status(state.service, state.service.status, "changed since", observed_generation=1)
     strict_aws.dynamodb.tear_next_read(transaction=create, times=2, stale=[0, 1])
 
     meta = aws.dynamodb().get_item(TableName=table, Key=to_raw({"PK": service_pk("web"), "SK": "META"}))
-    after = store.require("web")
+    after = CommandStore(Table(table)).require("web")
 
     assert meta["Item"]["status_message"]["S"] == "changed since"  # GetItem: serializable
     assert after.service.status_message == "changed since"  # the service item left the transaction's state
@@ -146,9 +154,9 @@ def test_drawn_tears_hit_only_another_actors_transaction_still_in_flight(strict_
     """With FaultRates.torn_read=1 every read that may be torn is: only by another actor, and only
     while the transaction is the last write to the table."""
     strict_aws.faults = FaultRates(torn_read=1.0)
-    store = Store(table)
+    store = CommandStore(Table(table))
     with strict_aws.acting_as("api"):
-        store.create_service("web", _spec(), "rolling", NOW)
+        store.create_service("web", _spec(), "rolling", NOW, status_message="created")
         assert len(_partition("web")) == 2  # its own read: after the transaction returned
 
     with strict_aws.acting_as("reconciler"):
@@ -176,9 +184,9 @@ def _index_page(**extra: Any) -> dict[str, Any]:
 
 
 def test_a_real_last_evaluated_key_pages_through_the_index(strict_aws: StrictAws, table: str) -> None:
-    store = Store(table)
+    store = CommandStore(Table(table))
     for name in ("a", "b", "c"):
-        store.create_service(name, _spec(), "rolling", NOW)
+        store.create_service(name, _spec(), "rolling", NOW, status_message="created")
     names, token = [], None
     while True:
         page, token = store.list_services(limit=1, next_token=token)
@@ -200,9 +208,9 @@ def test_a_real_last_evaluated_key_pages_through_the_index(strict_aws: StrictAws
 def test_an_invalid_exclusive_start_key_is_a_validation_exception(
     strict_aws: StrictAws, table: str, mangle: Callable[[dict[str, Any]], dict[str, Any]], message: str
 ) -> None:
-    store = Store(table)
-    store.create_service("a", _spec(), "rolling", NOW)
-    store.create_service("b", _spec(), "rolling", NOW)
+    store = CommandStore(Table(table))
+    store.create_service("a", _spec(), "rolling", NOW, status_message="created")
+    store.create_service("b", _spec(), "rolling", NOW, status_message="created")
     start = _index_page()["LastEvaluatedKey"]
     assert _index_page(ExclusiveStartKey=start)["Items"]  # the real one is fine
 
@@ -215,7 +223,7 @@ def test_an_invalid_exclusive_start_key_is_a_validation_exception(
 
 
 def test_a_start_key_outside_the_sort_key_condition_is_refused(strict_aws: StrictAws, table: str) -> None:
-    uid = Store(table).create_service("web", _spec(), "rolling", NOW).service.uid
+    uid = _create(table, "web").service.uid
     query: dict[str, Any] = {
         "TableName": table,
         "KeyConditionExpression": "PK = :pk AND begins_with(SK, :prefix)",
@@ -292,7 +300,7 @@ def test_a_transaction_conflict_cancels_the_transaction_and_is_not_retried(stric
     strict_aws.dynamodb.conflict_next_transaction([1])
 
     with pytest.raises(ClientError) as caught:
-        Store(table).create_service("web", _spec(), "rolling", NOW)
+        _create(table, "web")
 
     response: dict[str, Any] = caught.value.response  # type: ignore[assignment]
     assert _code(caught.value) == "TransactionCanceledException"
@@ -301,7 +309,9 @@ def test_a_transaction_conflict_cancels_the_transaction_and_is_not_retried(stric
     assert "[None, TransactionConflict]" in str(caught.value)
     assert strict_aws.attempts_of("dynamodb", "TransactWriteItems") == 1  # botocore does not retry it
     assert _partition("web") == []  # nothing written
-    Store(table).create_service("web", _spec(), "rolling", NOW)  # the next one goes through
+    CommandStore(Table(table)).create_service(
+        "web", _spec(), "rolling", NOW, status_message="created"
+    )  # the next one goes through
 
 
 def test_a_single_item_write_overlapping_a_transaction_gets_transaction_conflict(
@@ -323,7 +333,7 @@ def test_a_single_item_write_overlapping_a_transaction_gets_transaction_conflict
 
 
 def test_a_throttle_burst_of_3_is_absorbed_by_botocores_retries(strict_aws: StrictAws, table: str) -> None:
-    Store(table).create_service("web", _spec(), "rolling", NOW)
+    _create(table, "web")
     strict_aws.throttle("dynamodb", "Query", times=3)
     start = strict_aws.clock.time()
 
@@ -630,14 +640,14 @@ def test_without_a_fault_the_layer_is_transparent(strict_aws: StrictAws, api: Ap
 
 def test_concurrent_creates_of_one_name_are_atomic(strict_aws: StrictAws, table: str) -> None:
     """moto alone can let two transactions both pass `attribute_not_exists`; DynamoDB cannot."""
-    store = Store(table)
+    store = CommandStore(Table(table))
     outcomes: list[str] = []
     barrier = threading.Barrier(8)
 
     def create() -> None:
         barrier.wait()
         try:
-            store.create_service("web", _spec(), "rolling", to_iso(datetime.now(UTC)))
+            store.create_service("web", _spec(), "rolling", to_iso(datetime.now(UTC)), status_message="created")
             outcomes.append("created")
         except Exception as exc:
             outcomes.append(type(exc).__name__)
@@ -648,15 +658,15 @@ def test_concurrent_creates_of_one_name_are_atomic(strict_aws: StrictAws, table:
     for thread in threads:
         thread.join()
 
-    assert sorted(outcomes) == ["Conflict"] * 7 + ["created"]
+    assert sorted(outcomes) == ["ServiceExists"] * 7 + ["created"]
     assert len(_partition("web")) == 2
 
 
 def _seeded_tears(seed: int, name: str) -> list[tuple[int, tuple[int, ...]]]:
     """Creates and updates with reads in between, on a fresh controller drawing tears from `seed`."""
     with StrictAws(seed=seed, faults=FaultRates(torn_read=0.5)).active() as strict:
-        store = Store(TABLE)
-        state = store.create_service(name, _spec(), "rolling", NOW)
+        store = CommandStore(Table(TABLE))
+        state = store.create_service(name, _spec(), "rolling", NOW, status_message="created")
         for release in range(6):
             state = store.add_version(state, _spec(envs={"R": str(release)}), "rolling", NOW, expected_generation=None)
             for _ in range(3):
