@@ -824,7 +824,7 @@ class Simulation:
         self._quiesce()
         self.strict.clock.advance(self.policy.orphan_grace.total_seconds() + 60)
         quiet = 0  # consecutive runs without a write: 4 span more than any deadline of the model
-        for attempt in range(60):
+        for _attempt in range(60):
             mark = len(self.hooks.calls)
             self._snapshot_live()
             outcome, report = self._one_run(None)
@@ -836,7 +836,7 @@ class Simulation:
             if quiet == 4:
                 break
         else:
-            raise Violation("converges", f"no steady state after {attempt + 1} runs")
+            raise Violation("converges", f"no steady state after 60 runs")
         self._check_final()
 
     def _check_final(self) -> None:
