@@ -836,7 +836,7 @@ class Simulation:
             if quiet == 4:
                 break
         else:
-            raise Violation("converges", f"no steady state after 60 runs")
+            raise Violation("converges", "no steady state after 60 runs")
         self._check_final()
 
     def _check_final(self) -> None:
