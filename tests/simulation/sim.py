@@ -185,7 +185,7 @@ class Simulation:
         self.delivered: list[dict[str, Any]] = []
         self.unmanaged = ""
         self._uids = itertools.count(1)
-        self._live_before: dict[str, int] = {}
+        self._live_before: dict[Any, int] = {}
         self.known_failed: set[tuple[str, int]] = set()
         self.known_hits: list[Violation] = []  # known defects met on the way (the run goes on)
 
@@ -693,10 +693,11 @@ class Simulation:
         assert state is not None and state.service.uid == uid
         return state.versions[version].spec.model_dump(mode="json", exclude_none=True)
 
-    def _live_counts(self) -> dict[str, int]:
-        """Live instances per uid whose replica is not leaving (the ones a surge bound counts)."""
+    def _live_counts(self) -> dict[Any, int]:
+        """Live instances per uid, and per (uid, version), whose replica is not leaving (the ones a
+        surge bound counts)."""
         states = {s.service.uid: s for s in self._states().values()}
-        counts: Counter[str] = Counter()
+        counts: Counter[Any] = Counter()
         for inst, tags in self._instances():
             uid = tags.get(UID_TAG)
             if uid is None or inst.state not in LIVE_STATES:
@@ -705,6 +706,7 @@ class Simulation:
             record = state.replicas.get(int(tags.get(REPLICA_TAG, "-1"))) if state else None
             if record is None or record.status not in LEAVING:
                 counts[uid] += 1
+                counts[(uid, int(tags.get(VERSION_TAG, "0")))] += 1
         return dict(counts)
 
     def _snapshot_live(self) -> None:
@@ -723,15 +725,18 @@ class Simulation:
             spec = state.target.spec
             update = spec.update
             replicas = spec.service.replicas or 0
-            bound = replicas + update.max_surge if update.mode == "rolling" else 2 * max(replicas, 1)
             uid = state.service.uid
-            count = live.get(uid, 0)
-            if count > bound and count > self._live_before.get(uid, 0):
+            if update.mode == "rolling":
+                bound, count = replicas + update.max_surge, live.get(uid, 0)
+            else:  # blue_green launches the whole new set at once: the target's own replicas are bounded
+                bound, count = replicas, live.get((uid, state.service.target_version), 0)
+            before = self._live_before.get(uid if update.mode == "rolling" else (uid, state.service.target_version), 0)
+            if count > bound and count > before:
                 raise Violation(
                     "surge-bound",
                     f"{name} ({uid}): {count} live non-leaving instances > {bound} "
                     f"(target {replicas}, {update.mode}, max_surge {update.max_surge}), up from "
-                    f"{self._live_before.get(uid, 0)}",
+                    f"{before}",
                 )
 
     def _check(self) -> None:
