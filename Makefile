@@ -90,12 +90,14 @@ fuzz: $(STAMP)
 # seeds (each printed; a failure prints its seed and steps) of SIM_STEPS steps (default 30).
 SEEDS     ?= 20
 SIM_STEPS ?= 30
+SOAK_BASE ?= $(shell date +%s)
 
 sim: $(STAMP)
 	SIM_SEED=$(SIM_SEED) SIM_STEPS=$(SIM_STEPS) $(BIN)/python -m pytest tests/test_simulation.py -p no:xdist -s -q $(PYTEST_ARGS)
 
 soak: $(STAMP)
-	SIM_SOAK=$(SEEDS) SIM_STEPS=$(SIM_STEPS) $(MAKE) --no-print-directory unit PYTEST_ARGS="tests/test_simulation.py -rxX $(PYTEST_ARGS)"
+	@echo "soak: $(SEEDS) seeds drawn from SOAK_BASE=$(SOAK_BASE)"
+	SIM_SOAK=$(SEEDS) SIM_SOAK_BASE=$(SOAK_BASE) SIM_STEPS=$(SIM_STEPS) $(MAKE) --no-print-directory unit PYTEST_ARGS="tests/test_simulation.py -rxX $(PYTEST_ARGS)"
 
 # Mutation testing (slow, so not part of `make test`): mutmut changes MUTATE_PATHS (paths under
 # functions/, globs allowed) one small edit at a time and runs only MUTATE_TESTS, the tests that

@@ -28,7 +28,8 @@ def _seeds() -> list[int]:
         return [int(os.environ["SIM_SEED"])]
     soak = int(os.environ.get("SIM_SOAK", "0"))
     if soak:
-        picker = random.SystemRandom()
+        # Every xdist worker must collect the same seeds: they come from one base, chosen by make.
+        picker = random.Random(int(os.environ.get("SIM_SOAK_BASE", "0")))
         return [picker.randrange(2**31) for _ in range(soak)]
     return SEEDS
 
