@@ -9,7 +9,7 @@ PORT   ?= 8080
 # Tests get both cores; override with PYTEST_WORKERS=1 to debug.
 PYTEST_WORKERS ?= 2
 
-.PHONY: local test lint typecheck imports cfn unit fuzz mutate bench openapi clean
+.PHONY: local test lint typecheck imports cfn unit fuzz mutate bench openapi clean sim soak
 
 # checkov and the SAM CLI pin boto3 (and each other's dependencies) to exact versions that clash
 # with ours and with each other, so each gets a venv of its own under .venv-tools/.
@@ -84,6 +84,20 @@ test: lint typecheck imports cfn unit
 # prints the input and a blob to reproduce it; keep the input as an @example of its test.
 fuzz: $(STAMP)
 	HYPOTHESIS_PROFILE=fuzz $(MAKE) --no-print-directory unit PYTEST_ARGS="-m hypothesis $(PYTEST_ARGS)"
+
+# The seeded simulation (tests/test_simulation.py; docs/ARCHITECTURE.md, "Simulation"). `make test`
+# runs its fixed seeds; `make sim SIM_SEED=n` replays one seed; `make soak SEEDS=N` runs N random
+# seeds (each printed; a failure prints its seed and steps) of SIM_STEPS steps (default 30).
+SEEDS     ?= 20
+SIM_STEPS ?= 30
+SOAK_BASE ?= $(shell date +%s)
+
+sim: $(STAMP)
+	SIM_SEED=$(SIM_SEED) SIM_STEPS=$(SIM_STEPS) $(BIN)/python -m pytest tests/test_simulation.py -p no:xdist -s -q $(PYTEST_ARGS)
+
+soak: $(STAMP)
+	@echo "soak: $(SEEDS) seeds drawn from SOAK_BASE=$(SOAK_BASE)"
+	SIM_SOAK=$(SEEDS) SIM_SOAK_BASE=$(SOAK_BASE) SIM_STEPS=$(SIM_STEPS) $(MAKE) --no-print-directory unit PYTEST_ARGS="tests/test_simulation.py -rxX $(PYTEST_ARGS)"
 
 # Mutation testing (slow, so not part of `make test`): mutmut changes MUTATE_PATHS (paths under
 # functions/, globs allowed) one small edit at a time and runs only MUTATE_TESTS, the tests that

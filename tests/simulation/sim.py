@@ -1,0 +1,921 @@
+"""The simulation engine: one seed, many interleaved steps, DESIGN.md's invariants after each.
+
+Everything is driven by the seed and nothing by the wall clock:
+
+- `Simulation.rng` (steps, their arguments, probe verdicts), the strict layer's RNG (drawn faults),
+  moto's id generator (`mock_random`), the service uids (`keys.new_uid` replaced by a counter) and
+  Python's global `random` (botocore's retry jitter) are all seeded from it;
+- time is the strict layer's `VirtualClock`: the reconciler's `now`, moto's LaunchTime, describe
+  lag, Lambda deadlines and botocore's retry pauses all read it;
+- probes never touch a socket: the Reconciler's `prober` answers from the simulation's model (a
+  version's readiness path says whether it is healthy);
+- concurrency is explicit: two reconciler runs interleave by pausing one at its k-th AWS call (a
+  botocore `before-call` hook) while the other runs to completion, so only one thread ever runs.
+
+The invariants read moto's backends directly (never through botocore), so checking draws no fault
+and moves no clock.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import json
+import random
+import threading
+from collections import Counter
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from functools import cache
+from typing import TYPE_CHECKING, Any
+
+from fleetkeeper import aws
+from fleetkeeper.model import ReplicaStatus, ServiceStatus, VersionState
+from fleetkeeper.reconciler.driver import MANAGED_TAG, REPLICA_TAG, UID_TAG, VERSION_TAG
+from fleetkeeper.reconciler.plan import Policy, ProbeResult
+from fleetkeeper.store.codec import from_raw, state_from_items
+from tests.cleanup_support import CleanupContext, stream_records
+from tests.conftest import TABLE, ApiClient, HttpResult
+from tests.reconciler_world import ec2_driver, is_mutation
+from tests.strict_aws import STATE_REASONS, FaultRates, LambdaTimeout, StrictAws
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Hashable, Iterator, Sequence
+
+    from fleetkeeper.model import ServiceState
+    from fleetkeeper.reconciler.probe import ProbeTarget
+    from fleetkeeper.reconciler.shell import RunReport
+
+NAMES = ("alpha", "beta", "gamma")
+BASE = datetime(2026, 1, 1, tzinfo=UTC)
+REGION = "us-east-1"
+LIVE_STATES = {"pending", "running", "stopping", "stopped"}
+LEAVING = {
+    ReplicaStatus.SHUTTING_DOWN,
+    ReplicaStatus.FAILED_PROVISION,
+    ReplicaStatus.FAILED_INITIAL_DELAY,
+    ReplicaStatus.FAILED_PROBING,
+    ReplicaStatus.PREEMPTED,
+}
+# Readiness paths: the model's verdict for every replica of a version (no HTTP anywhere).
+GOOD, BAD, HUNG = "/ok", "/fail", "/hang"
+
+# Known defects other branches are fixing: a failure classified as one of these is expected (xfail).
+KNOWN_DEFECTS = {
+    "api-5xx-contention": "api answers 500 on TransactionConflict/throttling (apifix: 503 + Retry-After)",
+    "partial-visibility": "a torn read of the target version is acted on (recfix: 'not observed', never FAILED)",
+}
+
+
+# Invariants a known defect can break later on (the final state after a version wrongly FAILED).
+CONSEQUENCES = {"final-state", "converges"}
+
+
+class SimCrash(BaseException):
+    """The reconciler's process dies at an AWS call (not an Exception: nothing in the shell catches it)."""
+
+
+class Violation(AssertionError):
+    def __init__(self, invariant: str, detail: str, known: str | None = None) -> None:
+        super().__init__(f"[{invariant}] {detail}")
+        self.invariant = invariant
+        self.detail = detail
+        self.known = known
+
+
+class SimulationFailure(AssertionError):
+    """A violated invariant, with everything needed to replay it."""
+
+    def __init__(self, seed: int, steps: list[str], violation: Violation) -> None:
+        self.seed = seed
+        self.steps = steps
+        self.violation = violation
+        self.known = violation.known
+        listing = "\n".join(f"  {n:3d}. {s}" for n, s in enumerate(steps, 1))
+        super().__init__(
+            f"simulation seed {seed} failed at step {len(steps)}: {violation}\n"
+            f"replay: SIM_SEED={seed} .venv/bin/python -m pytest tests/test_simulation.py -p no:xdist\n"
+            f"steps:\n{listing}"
+        )
+
+
+@dataclass
+class Expected:
+    """The last accepted API write for a name: what the final state must match."""
+
+    deleted: bool = True
+    uid: str = ""
+    target: int = 0
+    specs: dict[int, dict[str, Any]] = field(default_factory=dict)
+    generation: int = 0
+
+
+class _Hooks:
+    """botocore `before-call` on fleetkeeper's clients: counts calls per thread, crashes or pauses
+    a thread at its k-th call, and records every call (for the steady-state check)."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, str]] = []
+        self.per_thread: Counter[int] = Counter()
+        self.crash_at: dict[int, int] = {}
+        self.pause_at: dict[int, tuple[int, threading.Event, threading.Event]] = {}
+
+    def attach(self) -> None:
+        for client in (aws.dynamodb(), aws.ec2(), aws.ssm()):
+            client.meta.events.register("before-call", self.before)
+
+    def before(self, model: Any, **_: Any) -> None:
+        me = threading.get_ident()
+        self.calls.append((model.service_model.service_name, model.name))
+        self.per_thread[me] += 1
+        number = self.per_thread[me]
+        if self.crash_at.get(me) == number:
+            del self.crash_at[me]
+            raise SimCrash(f"crash before AWS call {number} ({model.name})")
+        pause = self.pause_at.get(me)
+        if pause is not None and pause[0] == number:
+            del self.pause_at[me]
+            pause[1].set()
+            pause[2].wait()
+
+    def start(self) -> None:
+        self.per_thread[threading.get_ident()] = 0
+
+
+@cache
+def _cleanup_patterns() -> list[dict[str, Any]]:
+    """The cleanup mapping's FilterCriteria, from template.yaml as CloudFormation receives it."""
+    from fleetkeeper.eventfilter import patterns_of
+    from tests.cfn import refers_to, resources_of_type, translate
+
+    mappings = [
+        body["Properties"]
+        for body in resources_of_type(translate(), "AWS::Lambda::EventSourceMapping").values()
+        if refers_to(body["Properties"]["FunctionName"], "CleanupFunction")
+    ]
+    return patterns_of(mappings[0]["FilterCriteria"])
+
+
+class Simulation:
+    """One seed's world. `run(steps)` plays `steps` random steps, then the final convergence."""
+
+    def __init__(self, seed: int) -> None:
+        self.seed = seed
+        self.rng = random.Random(seed)
+        rates = FaultRates(
+            throttle=self.rng.choice([0.0, 0.01, 0.03]),
+            torn_read=self.rng.choice([0.0, 0.0, 0.05, 0.15]),
+            transaction_conflict=self.rng.choice([0.0, 0.02, 0.05]),
+            write_conflict=self.rng.choice([0.0, 0.02]),
+        )
+        self.rates = rates
+        self.strict = StrictAws(seed=seed, faults=rates)
+        self.policy = Policy()
+        self.api = ApiClient()
+        self.hooks = _Hooks()
+        self.steps: list[str] = []
+        self.expected: dict[str, Expected] = {name: Expected() for name in NAMES}
+        self.deleted_uids: dict[str, str] = {}  # uid -> name, once a delete was accepted
+        self.removed_at: dict[str, float] = {}  # uid -> virtual time its service item was seen gone
+        self.cleaned: set[str] = set()  # uids whose REMOVE record a cleanup handled successfully
+        self.blame: Counter[tuple[str, int]] = Counter()  # (uid, version) -> VERSION-cause kills injected
+        self.full_runs_at: list[float] = []  # virtual times of scheduled runs that completed
+        self.seen_records: set[str] = set()
+        self.pending: list[dict[str, Any]] = []  # admitted REMOVE records not yet handled
+        self.delivered: list[dict[str, Any]] = []
+        self.unmanaged = ""
+        self._uids = itertools.count(1)
+        self._live_before: dict[Any, int] = {}
+        self.known_failed: set[tuple[str, int]] = set()
+        self.known_hits: list[Violation] = []  # known defects met on the way (the run goes on)
+
+    # -- the run --
+
+    def run(self, steps: int) -> None:
+        with self._world():
+            try:
+                for _ in range(steps):
+                    self._step()
+                    self._check()
+                self._finish()
+            except Violation as violation:
+                if violation.known is None and self.known_hits and violation.invariant in CONSEQUENCES:
+                    # What a known defect left behind (a wrongly FAILED version stays FAILED).
+                    violation.known = self.known_hits[0].known
+                raise SimulationFailure(self.seed, self.steps, violation) from None
+        if self.known_hits:
+            # Only known defects (other branches are fixing them): the seed fails as that defect.
+            raise SimulationFailure(self.seed, self.steps, self.known_hits[0])
+
+    @contextlib.contextmanager
+    def _world(self) -> Iterator[None]:
+        import os
+
+        import moto.ec2.models.instances as moto_instances
+        from moto import mock_aws
+        from moto.moto_api._internal import mock_random
+
+        from fleetkeeper.store import keys
+        from fleetkeeper.template import create_table
+
+        saved_env = {k: os.environ.get(k) for k in ("TABLE_NAME", "FLEETKEEPER_REPLICA_HOST")}
+        saved_utcnow, saved_uid = moto_instances.utcnow, keys.new_uid
+        saved_random = random.getstate()
+        random.seed(self.seed)  # botocore's retry jitter draws from the global RNG
+        mock_random.seed(self.seed)
+        os.environ["TABLE_NAME"] = TABLE
+        os.environ.pop("FLEETKEEPER_REPLICA_HOST", None)
+        moto_instances.utcnow = lambda: self.now().replace(tzinfo=None)  # type: ignore[attr-defined]
+        keys.new_uid = lambda: f"{self.seed % 2**32:08x}{next(self._uids):08x}"  # type: ignore[assignment]
+        aws.reset_clients()
+        try:
+            with mock_aws():
+                # Set up on plain moto: the layer's RNG is drawn only by the simulation's steps.
+                import boto3
+
+                create_table(aws.dynamodb(), TABLE)
+                made = boto3.client("ec2", region_name=REGION).run_instances(
+                    ImageId="ami-12345678", MinCount=1, MaxCount=1
+                )
+                self.unmanaged = made["Instances"][0]["InstanceId"]
+                self.hooks.attach()
+                with self.strict.active():
+                    yield
+        finally:
+            aws.reset_clients()
+            moto_instances.utcnow = saved_utcnow  # type: ignore[attr-defined]
+            keys.new_uid = saved_uid  # type: ignore[assignment]
+            random.setstate(saved_random)
+            for key, value in saved_env.items():
+                if value is None:
+                    os.environ.pop(key, None)
+                else:
+                    os.environ[key] = value
+
+    def now(self) -> datetime:
+        return BASE + timedelta(seconds=self.strict.clock.time())
+
+    def _log(self, text: str) -> None:
+        self.steps.append(f"t={self.strict.clock.time():.0f}s {text}")
+
+    # -- steps --
+
+    def _step(self) -> None:
+        kinds: list[tuple[Callable[[], None], int]] = [
+            (self._api_create, 8),
+            (self._api_update, 8),
+            (self._api_rollback, 3),
+            (self._api_delete, 4),
+            (self._api_invalid, 3),
+            (self._run_scheduled, 14),
+            (self._run_kick, 8),
+            (self._run_crashed, 5),
+            (self._run_timed_out, 3),
+            (self._run_interleaved, 5),
+            (self._cleanup, 8),
+            (self._fault, 10),
+            (self._clock_jump, 3),
+        ]
+        choice = self.rng.choices([k for k, _ in kinds], weights=[w for _, w in kinds])[0]
+        choice()
+
+    def _spec(self) -> dict[str, Any]:
+        health = self.rng.choices([GOOD, BAD, HUNG], weights=[8, 2, 1])[0]
+        mode = self.rng.choices(["rolling", "blue_green"], weights=[4, 1])[0]
+        surge = self.rng.choice([0, 1, 2]) if mode == "rolling" else 1
+        unavailable = self.rng.choice([0, 1]) if surge else 1
+        return {
+            "service": {
+                "readiness_probe": {
+                    "path": health,
+                    # A good version always answers long before its deadline; a bad one fails fast.
+                    "initial_delay_seconds": 1800 if health == GOOD else 120,
+                    "timeout_seconds": 5,
+                },
+                "replicas": self.rng.choice([1, 2, 3]),
+                "ports": 8080,
+            },
+            "resources": {"instance_type": "t3.micro", "use_spot": self.rng.random() < 0.3},
+            "run": "python3 -m http.server $PORT",
+            "envs": {"RELEASE": str(self.rng.randrange(1000))},
+            "update": {"mode": mode, "max_surge": surge, "max_unavailable": unavailable},
+        }
+
+    def _call_api(self, label: str, method: str, path: str, body: Any = None, **kw: Any) -> HttpResult:
+        before = len(self.strict.faults_injected)
+        with self.strict.acting_as("api"):
+            result = self.api.call(method, path, body, **kw)
+        faults = {f.kind for f in self.strict.faults_injected[before:]}
+        self._log(f"api {label} {method} {path} -> {result.status} (faults: {sorted(faults) or '-'})")
+        if result.status >= 500:
+            contention = faults & {
+                "TransactionConflict",
+                "ProvisionedThroughputExceededException",
+                "ThrottlingException",
+            }
+            contention |= {k for k in faults if "onflict" in k}
+            if result.status == 503 and "Retry-After" in result.headers and contention:
+                return result
+            known = "api-5xx-contention" if contention and result.status == 500 else None
+            violation = Violation("api-no-5xx", f"{method} {path} answered {result.status}: {result.body}", known)
+            if known is None:
+                raise violation
+            self._known(violation)
+        return result
+
+    def _known(self, violation: Violation) -> None:
+        """A known defect: noted (the seed ends as an xfail), and the simulation goes on."""
+        self._log(f"KNOWN DEFECT {violation.known}: {violation}")
+        self.known_hits.append(violation)
+
+    def _resync(self, name: str) -> None:
+        """After an answer that is not a clean 2xx/4xx, learn what the table holds for `name`."""
+        state = self._states().get(name)
+        exp = self.expected[name]
+        if state is None or state.service.lifecycle.value == "DELETING":
+            exp.deleted = True
+            if state is not None:
+                self.deleted_uids[state.service.uid] = name
+            return
+        if state.service.uid != exp.uid or state.service.target_version != exp.target or exp.deleted:
+            exp.deleted, exp.uid = False, state.service.uid
+            exp.target, exp.generation = state.service.target_version, state.service.generation
+            exp.specs[exp.target] = self._spec_in_table(name, exp.uid, exp.target)
+
+    def _name(self) -> str:
+        return self.rng.choice(NAMES)
+
+    def _accept(self, name: str, body: dict[str, Any], spec: dict[str, Any] | None) -> None:
+        exp = self.expected[name]
+        if body["uid"] != exp.uid:
+            exp.specs = {}
+        exp.deleted, exp.uid, exp.target, exp.generation = (
+            False,
+            body["uid"],
+            body["target_version"],
+            body["generation"],
+        )
+        if spec is not None:
+            exp.specs[body["target_version"]] = spec
+
+    def _api_create(self) -> None:
+        name, spec = self._name(), self._spec()
+        result = self._call_api(f"create {name}", "POST", "/v1/services", {"name": name, "spec": spec})
+        if result.status >= 500:
+            self._resync(name)
+        elif result.status == 201:
+            self._accept(name, result.body, spec)
+        elif result.status != 409:
+            raise Violation("api-answers", f"create {name}: {result.status} {result.body}")
+
+    def _api_update(self) -> None:
+        name, spec = self._name(), self._spec()
+        exp = self.expected[name]
+        headers = {}
+        if self.rng.random() < 0.4 and not exp.deleted:
+            headers["If-Match"] = str(exp.generation - self.rng.choice([0, 0, 1]))
+        result = self._call_api("update", "PUT", f"/v1/services/{name}", {"spec": spec}, headers=headers)
+        if result.status >= 500:
+            self._resync(name)
+        elif result.status == 200:
+            self._accept(name, result.body, spec)
+        elif result.status not in (404, 409, 412):
+            raise Violation("api-answers", f"update {name}: {result.status} {result.body}")
+
+    def _api_rollback(self) -> None:
+        name = self._name()
+        body = {} if self.rng.random() < 0.5 else {"version": self.rng.randint(1, 4)}
+        result = self._call_api("rollback", "POST", f"/v1/services/{name}/rollback", body)
+        if result.status >= 500:
+            self._resync(name)
+        elif result.status == 200:
+            exp = self.expected[name]
+            self._accept(name, result.body, None)
+            if exp.target not in exp.specs:
+                exp.specs[exp.target] = self._spec_in_table(name, exp.uid, exp.target)
+        elif result.status not in (400, 404, 409, 412):
+            raise Violation("api-answers", f"rollback {name}: {result.status} {result.body}")
+
+    def _api_delete(self) -> None:
+        name = self._name()
+        result = self._call_api("delete", "DELETE", f"/v1/services/{name}")
+        if result.status >= 500:
+            self._resync(name)
+        elif result.status == 202:
+            self.expected[name].deleted = True
+            self.deleted_uids[result.body["uid"]] = name
+        elif result.status != 404:
+            raise Violation("api-answers", f"delete {name}: {result.status} {result.body}")
+
+    def _api_invalid(self) -> None:
+        spec = self._spec()
+        case = self.rng.randrange(5)
+        if case == 0:
+            call = ("POST", "/v1/services", {"name": "Bad_Name", "spec": spec})
+        elif case == 1:
+            call = ("POST", "/v1/services", {"name": self._name(), "spec": {**spec, "file_mounts": {"/x": "y"}}})
+        elif case == 2:
+            spec["service"]["replicas"] = -1
+            call = ("PUT", f"/v1/services/{self._name()}", {"spec": spec})
+        elif case == 3:
+            call = ("POST", f"/v1/services/{self._name()}/rollback", {"version": 9999})
+        else:
+            call = ("PUT", f"/v1/services/{self._name()}", {"spec": spec, "mode": "sideways"})
+        result = self._call_api("invalid", *call)
+        if not 400 <= result.status < 500:
+            raise Violation("api-invalid-4xx", f"{call[0]} {call[1]}: {result.status} {result.body}")
+
+    # -- reconciler runs --
+
+    def prober(self, targets: Sequence[ProbeTarget], budget: float) -> dict[Hashable, ProbeResult]:
+        verdicts: dict[Hashable, ProbeResult] = {}
+        for target in sorted(targets, key=lambda t: repr(t.key)):
+            path = target.probe.path
+            if path == HUNG or (path == GOOD and self.rng.random() < 0.05):
+                continue  # no verdict within the budget
+            ok = path == GOOD
+            verdicts[target.key] = ProbeResult(target.base_url, ok, "HTTP 200" if ok else "HTTP 503")
+        return verdicts
+
+    def _reconciler(self) -> Any:
+        from fleetkeeper.reconciler.shell import Reconciler
+        from fleetkeeper.store.reconciler import ReconcilerStore
+        from fleetkeeper.store.table import Table
+
+        return Reconciler(
+            store=ReconcilerStore(Table(TABLE)),
+            driver=ec2_driver(),
+            now=self.now,
+            policy=self.policy,
+            probe_budget_seconds=5,
+            prober=self.prober,
+        )
+
+    def _one_run(self, name: str | None) -> tuple[str, RunReport | None]:
+        """One reconciler invocation on this thread: its outcome and report."""
+        self.hooks.start()
+        with self.strict.acting_as("reconciler"):
+            try:
+                report = self._reconciler().run_one(name) if name else self._reconciler().run_all()
+            except SimCrash as crash:
+                return f"crashed ({crash})", None
+            except LambdaTimeout:
+                return "timed out", None
+            except Exception as exc:  # the whole run failed (AWS contention); the schedule retries
+                return f"failed ({type(exc).__name__})", None
+        if name is None and not report.errors:
+            self.full_runs_at.append(self.strict.clock.time())
+        return "done", report
+
+    def _after_run(self, label: str, outcome: str, report: RunReport | None) -> None:
+        summary = "" if report is None else json.dumps(report.as_dict(), sort_keys=True)
+        self._log(f"{label}: {outcome} {summary}")
+        if report is not None:
+            self._check_surge(report)
+        self.strict.clock.advance(60)
+
+    def _run_scheduled(self) -> None:
+        self._snapshot_live()
+        self._after_run("run_all", *self._one_run(None))
+
+    def _run_kick(self) -> None:
+        name = self._name()
+        self._snapshot_live()
+        self._after_run(f"run_one({name})", *self._one_run(name))
+
+    def _run_crashed(self) -> None:
+        name = self.rng.choice([None, self._name()])
+        k = self.rng.randint(1, 25)
+        self.hooks.crash_at[threading.get_ident()] = k
+        try:
+            outcome, report = self._one_run(name)
+        finally:
+            self.hooks.crash_at.pop(threading.get_ident(), None)
+        self._after_run(f"run({name or 'all'}) crash at call {k}", outcome, None if "crash" in outcome else report)
+
+    def _run_timed_out(self) -> None:
+        name = self.rng.choice([None, self._name()])
+        timeout = self.rng.choice([0.5, 1.5, 3.0, 6.0])
+        self.strict.call_latency = 0.25
+        context = self.strict.lambda_context(timeout_seconds=timeout, function_name="fleetkeeper-reconciler")
+        try:
+            outcome, report = self._one_run(name)
+        finally:
+            context.end()
+            self.strict.call_latency = 0.0
+        self._after_run(f"run({name or 'all'}) timeout {timeout}s", outcome, report)
+
+    def _run_interleaved(self) -> None:
+        """Run A pauses at its k-th AWS call; run B runs to completion; then A resumes."""
+        name_a, name_b = self.rng.choice([None, self._name()]), self.rng.choice([None, self._name()])
+        k = self.rng.randint(1, 20)
+        paused, resume = threading.Event(), threading.Event()
+        result: list[tuple[str, RunReport | None]] = []
+
+        def run_a() -> None:
+            self.hooks.start()
+            self.hooks.pause_at[threading.get_ident()] = (k, paused, resume)
+            try:
+                result.append(self._one_run_counted(name_a))
+            finally:
+                self.hooks.pause_at.pop(threading.get_ident(), None)
+                paused.set()
+
+        thread = threading.Thread(target=run_a, name="sim-run-a")
+        thread.start()
+        if not paused.wait(120):  # a safety net against a hung test, never a timing assertion
+            raise Violation("simulation", "run A never reached a pause point")
+        outcome_b, report_b = self._one_run(name_b)
+        self._log(f"interleave: A=run({name_a or 'all'}) paused at call {k}; B=run({name_b or 'all'}): {outcome_b}")
+        resume.set()
+        thread.join()
+        outcome_a, report_a = result[0]
+        self._after_run("interleave: A resumed", outcome_a, None)  # A's view is stale by design
+        del report_a, report_b
+
+    def _one_run_counted(self, name: str | None) -> tuple[str, RunReport | None]:
+        """`_one_run` without resetting the thread's call count (the pause counts from its start)."""
+        start = self.hooks.start
+        self.hooks.start = lambda: None  # type: ignore[method-assign]
+        try:
+            return self._one_run(name)
+        finally:
+            self.hooks.start = start  # type: ignore[method-assign]
+
+    # -- cleanup deliveries --
+
+    def _read_stream(self) -> None:
+        from fleetkeeper.eventfilter import matches_any
+
+        with self.strict.acting_as("stream"):
+            records = stream_records(TABLE)
+        for record in records:
+            key = f"{record['dynamodb']['SequenceNumber']}/{record['eventID']}"
+            if key in self.seen_records:
+                continue
+            self.seen_records.add(key)
+            if matches_any(_cleanup_patterns(), record):
+                self.pending.append(record)
+
+    def _deliver(self, batch: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Hand `batch` to the cleanup handler; returns the records it failed."""
+        from fleetkeeper.cleanup import handler
+
+        with self.strict.acting_as("cleanup"):
+            try:
+                answer = handler.lambda_handler({"Records": batch}, CleanupContext())
+            except Exception:
+                return batch  # every record failed: Lambda retries the batch
+        failed_ids = {f["itemIdentifier"] for f in answer["batchItemFailures"]}
+        failed = [r for r in batch if r["dynamodb"]["SequenceNumber"] in failed_ids]
+        for record in batch:
+            if record not in failed:
+                self.cleaned.add(record["dynamodb"]["OldImage"]["uid"]["S"])
+        return failed
+
+    def _cleanup(self) -> None:
+        self._read_stream()
+        if self.delivered and self.rng.random() < 0.25:  # a duplicate delivery
+            batch = [self.rng.choice(self.delivered)]
+        elif self.pending and self.rng.random() < 0.2:  # late: the mapping has not polled yet
+            self._log(f"cleanup: {len(self.pending)} record(s) held back")
+            return
+        else:
+            batch = self.pending[:10]
+        if not batch:
+            self._log("cleanup: nothing to deliver")
+            return
+        failed = self._deliver(batch)
+        uids = [r["dynamodb"]["OldImage"]["uid"]["S"] for r in batch]
+        self._log(f"cleanup: delivered {uids}, {len(failed)} failed")
+        for record in batch:
+            if record in self.pending and record not in failed:
+                self.pending.remove(record)
+                self.delivered.append(record)
+
+    # -- faults --
+
+    def _fault(self) -> None:
+        kind = self.rng.randrange(9)
+        if kind == 0:
+            with contextlib.suppress(Exception):  # no transaction yet
+                self.strict.dynamodb.tear_next_read()
+                self._log("fault: tear the next read of the last transaction")
+                return
+            self._log("fault: (no transaction to tear)")
+        elif kind == 1:
+            self.strict.dynamodb.conflict_next_transaction()
+            self._log("fault: TransactionConflict on the next transaction")
+        elif kind == 2:
+            times = self.rng.randint(1, 8)
+            self.strict.throttle("dynamodb", None, times=times)
+            self._log(f"fault: DynamoDB throttles the next {times} attempts")
+        elif kind == 3:
+            times = self.rng.randint(1, 8)
+            self.strict.ec2.throttle(None, times=times)
+            self._log(f"fault: RequestLimitExceeded on the next {times} EC2 attempts")
+        elif kind == 4:
+            lag = self.rng.choice([0, 0, 30, 90, 150])
+            self.strict.ec2.set_describe_lag(lag)
+            self._log(f"fault: describe lag {lag}s")
+        elif kind == 5:
+            times = self.rng.randint(1, 8)
+            if self.rng.random() < 0.7:
+                self.strict.ec2.insufficient_capacity(times=times)
+                self._log(f"fault: InsufficientInstanceCapacity x{times}")
+            else:
+                self.strict.ec2.unsupported(times=times)
+                self._log(f"fault: Unsupported x{times}")
+        elif kind == 6:
+            self.strict.dynamodb.conflict_next_write(times=self.rng.randint(1, 3))
+            self._log("fault: TransactionConflictException on the next single writes")
+        else:
+            self._terminate_by_aws()
+
+    def _terminate_by_aws(self) -> None:
+        live = sorted(
+            (tags.get(UID_TAG, ""), int(tags.get(REPLICA_TAG, "0")), inst)
+            for inst, tags in self._instances()
+            if inst.state == "running" and MANAGED_TAG in tags
+        )
+        if not live:
+            self._log("fault: (no instance for AWS to terminate)")
+            return
+        uid, replica_id, instance = self.rng.choice(live)
+        codes = [c for c in STATE_REASONS if c != "Server.SpotInstanceTermination"]
+        if instance.lifecycle == "spot" and self.rng.random() < 0.6:
+            code = "Server.SpotInstanceTermination"
+        else:
+            code = self.rng.choice(codes)
+        self.strict.ec2.terminate_by_aws(instance.id, code)
+        if code.startswith("Client."):
+            version = int(dict(self._tags(instance)).get(VERSION_TAG, "0"))
+            self.blame[(uid, version)] += 1
+        self._log(f"fault: AWS terminates replica {replica_id} of uid {uid} ({code})")
+
+    def _clock_jump(self) -> None:
+        seconds = self.rng.choice([120, 300, 600, 900])
+        self.strict.clock.advance(seconds)
+        self._log(f"clock jumps {seconds}s")
+
+    # -- reading the world without AWS calls --
+
+    @staticmethod
+    def _backend_ec2() -> Any:
+        from moto.core.models import DEFAULT_ACCOUNT_ID
+        from moto.ec2.models import ec2_backends
+
+        return ec2_backends[DEFAULT_ACCOUNT_ID][REGION]
+
+    def _tags(self, instance: Any) -> dict[str, str]:
+        return dict(self._backend_ec2().tags.get(instance.id, {}))
+
+    def _instances(self) -> list[tuple[Any, dict[str, str]]]:
+        return [(inst, self._tags(inst)) for inst in self._backend_ec2().all_instances()]
+
+    def _items(self) -> list[dict[str, Any]]:
+        from moto.core.models import DEFAULT_ACCOUNT_ID
+        from moto.dynamodb.models import dynamodb_backends
+
+        table = dynamodb_backends[DEFAULT_ACCOUNT_ID][REGION].get_table(TABLE)
+        return [from_raw(item.to_json()["Attributes"]) for item in table.all_items()]
+
+    def _states(self) -> dict[str, ServiceState]:
+        partitions: dict[str, list[dict[str, Any]]] = {}
+        for item in self._items():
+            if str(item["PK"]).startswith("SVC#"):
+                partitions.setdefault(str(item["PK"])[4:], []).append(item)
+        states = {name: state_from_items(items) for name, items in partitions.items()}
+        return {name: state for name, state in states.items() if state is not None}
+
+    def _spec_in_table(self, name: str, uid: str, version: int) -> dict[str, Any]:
+        state = self._states().get(name)
+        assert state is not None and state.service.uid == uid
+        return state.versions[version].spec.model_dump(mode="json", exclude_none=True)
+
+    def _live_counts(self) -> dict[Any, int]:
+        """Live instances per uid, and per (uid, version), whose replica is not leaving (the ones a
+        surge bound counts)."""
+        states = {s.service.uid: s for s in self._states().values()}
+        counts: Counter[Any] = Counter()
+        for inst, tags in self._instances():
+            uid = tags.get(UID_TAG)
+            if uid is None or inst.state not in LIVE_STATES:
+                continue
+            state = states.get(uid)
+            record = state.replicas.get(int(tags.get(REPLICA_TAG, "-1"))) if state else None
+            if record is None or record.status not in LEAVING:
+                counts[uid] += 1
+                counts[(uid, int(tags.get(VERSION_TAG, "0")))] += 1
+        return dict(counts)
+
+    def _snapshot_live(self) -> None:
+        self._live_before = self._live_counts()
+
+    # -- invariants --
+
+    def _check_surge(self, report: RunReport) -> None:
+        """After a run that completed for a service: its live, non-leaving instances stay within
+        target + max_surge (rolling; blue_green: twice the target), or did not grow in this run
+        (an excess a run inherits, e.g. from a scale-down, only shrinks)."""
+        live = self._live_counts()
+        for name, state in self._states().items():
+            if name in report.errors or name in report.superseded or state.target is None:
+                continue
+            spec = state.target.spec
+            update = spec.update
+            replicas = spec.service.replicas or 0
+            uid = state.service.uid
+            if update.mode == "rolling":
+                bound, count = replicas + update.max_surge, live.get(uid, 0)
+            else:  # blue_green launches the whole new set at once: the target's own replicas are bounded
+                bound, count = replicas, live.get((uid, state.service.target_version), 0)
+            before = self._live_before.get(uid if update.mode == "rolling" else (uid, state.service.target_version), 0)
+            if count > bound and count > before:
+                raise Violation(
+                    "surge-bound",
+                    f"{name} ({uid}): {count} live non-leaving instances > {bound} "
+                    f"(target {replicas}, {update.mode}, max_surge {update.max_surge}), up from "
+                    f"{before}",
+                )
+
+    def _check(self) -> None:
+        now = self.strict.clock.time()
+        instances = self._instances()
+        unmanaged = [inst for inst, _ in instances if inst.id == self.unmanaged]
+        if not unmanaged or unmanaged[0].state != "running":
+            raise Violation("unmanaged-untouched", f"unmanaged instance {self.unmanaged} is not running")
+        launched: Counter[tuple[str, str]] = Counter()
+        live_by_uid: Counter[str] = Counter()
+        for inst, tags in instances:
+            if MANAGED_TAG in tags:
+                launched[(tags.get(UID_TAG, ""), tags.get(REPLICA_TAG, ""))] += 1
+                if inst.state in LIVE_STATES:
+                    live_by_uid[tags.get(UID_TAG, "")] += 1
+        twice = sorted(key for key, n in launched.items() if n > 1)
+        if twice:
+            raise Violation("launch-once", f"replica ids launched more than once (uid, replica id): {twice}")
+        states = self._states()
+        live_uids = {s.service.uid for s in states.values()}
+        for name, state in states.items():
+            self._check_failed(name, state)
+        items = self._items()
+        for uid in self.deleted_uids:
+            if uid in live_uids:
+                continue
+            self.removed_at.setdefault(uid, now)
+            grace = self.policy.orphan_grace.total_seconds() + 120
+            swept = any(t > self.removed_at[uid] + grace for t in self.full_runs_at)
+            if swept and live_by_uid.get(uid):
+                raise Violation("deleted-leaves-nothing", f"uid {uid}: {live_by_uid[uid]} live instance(s) survive")
+            if uid in self.cleaned:
+                left = [i["SK"] for i in items if str(i["SK"]).startswith((f"V#{uid}#", f"R#{uid}#"))]
+                if left:
+                    raise Violation("deleted-leaves-nothing", f"uid {uid}: items after its cleanup: {left[:5]}")
+
+    def _check_failed(self, name: str, state: ServiceState) -> None:
+        uid = state.service.uid
+        for number, version in state.versions.items():
+            if version.state is not VersionState.FAILED:
+                continue
+            path = version.spec.service.readiness_probe.path
+            if path == GOOD and self.blame[(uid, number)] < self.policy.breaker_threshold:
+                if (uid, number) in self.known_failed:
+                    continue
+                torn = bool(self.strict.dynamodb.torn_reads)
+                violation = Violation(
+                    "failed-only-when-failed",
+                    f"{name} v{number} (healthy; {self.blame[(uid, number)]} VERSION-cause kills injected) "
+                    f"is FAILED: {version.state_message} / "
+                    f"{state.service.status_message}",
+                    "partial-visibility" if torn else None,
+                )
+                if violation.known is None:
+                    raise violation
+                self.known_failed.add((uid, number))
+                self._known(violation)
+        # The status is the reconciler's verdict on `observed_generation`; after a newer api write it
+        # is stale until the next run records one (observed_generation says so).
+        current = state.service.observed_generation == state.service.generation
+        if current and state.service.status is ServiceStatus.FAILED:
+            target = state.target
+            if target is not None and target.state is not VersionState.FAILED:
+                raise Violation("failed-only-when-failed", f"{name} FAILED while v{target.version} is {target.state}")
+
+    # -- the end of a seed --
+
+    def _quiesce(self) -> None:
+        self.strict.faults = FaultRates()
+        self.strict._bursts.clear()
+        self.strict.dynamodb._tears.clear()
+        self.strict.dynamodb._transaction_conflicts.clear()
+        self.strict.dynamodb._write_conflicts.clear()
+        self.strict.ec2.capacity_rules.clear()
+        self.strict.ec2.set_describe_lag(0)
+
+    def _drain_cleanup(self) -> None:
+        self._read_stream()
+        while self.pending:
+            batch = self.pending[:10]
+            failed = self._deliver(batch)
+            if failed:
+                raise Violation("cleanup-completes", f"cleanup failed without faults: {failed[:1]}")
+            for record in batch:
+                self.pending.remove(record)
+                self.delivered.append(record)
+
+    def _finish(self) -> None:
+        self._log("end: faults stop")
+        self._quiesce()
+        self.strict.clock.advance(self.policy.orphan_grace.total_seconds() + 60)
+        quiet = 0  # consecutive runs without a write: 4 span more than any deadline of the model
+        for _attempt in range(60):
+            mark = len(self.hooks.calls)
+            self._snapshot_live()
+            outcome, report = self._one_run(None)
+            self._after_run("converge run_all", outcome, report)
+            self._drain_cleanup()
+            self._check()
+            writes = [c for c in self.hooks.calls[mark:] if is_mutation(*c)]
+            quiet = quiet + 1 if outcome == "done" and report is not None and not report.errors and not writes else 0
+            if quiet == 4:
+                break
+        else:
+            raise Violation("converges", "no steady state after 60 runs")
+        self._check_final()
+
+    def _check_final(self) -> None:
+        mark = len(self.hooks.calls)
+        outcome, _ = self._one_run(None)
+        writes = [c for c in self.hooks.calls[mark:] if is_mutation(*c)]
+        self._log(f"steady run_all: {outcome}, writes {writes}")
+        if writes:
+            raise Violation("steady-state-no-write", f"a run after convergence wrote {writes}")
+        states = self._states()
+        live: dict[str, list[tuple[Any, dict[str, str]]]] = {}
+        for inst, tags in self._instances():
+            if MANAGED_TAG in tags and inst.state in LIVE_STATES:
+                live.setdefault(tags.get(UID_TAG, ""), []).append((inst, tags))
+        for name, exp in self.expected.items():
+            state = states.get(name)
+            if exp.deleted:
+                if state is not None and state.service.uid == exp.uid and exp.uid:
+                    raise Violation("final-state", f"{name} was deleted but its service item remains")
+                continue
+            if state is None or state.service.uid != exp.uid:
+                raise Violation("final-state", f"{name}: service {exp.uid} missing")
+            self._check_final_service(name, exp, state, live.get(exp.uid, []))
+        known_live = {s.service.uid for s in states.values()}
+        strays = sorted(uid for uid in live if uid not in known_live)
+        if strays:
+            raise Violation("deleted-leaves-nothing", f"live instances of no service: {strays}")
+        for uid in self.deleted_uids:
+            if uid in known_live:
+                continue
+            left = [i["SK"] for i in self._items() if str(i["SK"]).startswith((f"V#{uid}#", f"R#{uid}#"))]
+            if left:
+                raise Violation("deleted-leaves-nothing", f"uid {uid}: items after the final cleanup: {left[:5]}")
+
+    def _check_final_service(
+        self, name: str, exp: Expected, state: ServiceState, live: list[tuple[Any, dict[str, str]]]
+    ) -> None:
+        service = state.service
+        wanted = exp.specs.get(exp.target) or self._spec_in_table(name, exp.uid, exp.target)
+        health = wanted["service"]["readiness_probe"]["path"]
+        target = state.target
+        assert target is not None
+        if health == GOOD and self.blame[(exp.uid, exp.target)] < self.policy.breaker_threshold:
+            if service.target_version != exp.target:
+                raise Violation("final-state", f"{name}: target v{service.target_version}, last write v{exp.target}")
+            self._check_serving(name, state, live)
+            return
+        # A bad last write: the breaker rolled back to a serving version, or the service is FAILED.
+        if service.target_version == exp.target:
+            if target.state is VersionState.READY:
+                self._check_serving(name, state, live)  # became READY before its failures: legitimate
+                return
+            if service.status is not ServiceStatus.FAILED and target.state is not VersionState.FAILED:
+                # still waiting on a hung or failing version, within its deadlines: not converged
+                raise Violation("final-state", f"{name}: v{exp.target} undecided: {service.status_message}")
+            return
+        rolled = target.spec.service.readiness_probe.path
+        if target.state is not VersionState.READY and rolled == GOOD:
+            raise Violation("final-state", f"{name}: rolled back to v{target.version} ({target.state})")
+        if target.state is VersionState.READY:
+            self._check_serving(name, state, live)
+
+    def _check_serving(self, name: str, state: ServiceState, live: list[tuple[Any, dict[str, str]]]) -> None:
+        service, target = state.service, state.target
+        assert target is not None
+        replicas = target.spec.service.replicas or 0
+        versions = sorted(int(tags.get(VERSION_TAG, "0")) for _, tags in live)
+        if len(live) != replicas or set(versions) - {service.target_version}:
+            raise Violation(
+                "final-state",
+                f"{name}: live instance versions {versions}, want {replicas} of v{service.target_version}",
+            )
+        not_ready = [r for r in state.replicas.values() if r.status is not ReplicaStatus.READY]
+        if not_ready or service.status is not ServiceStatus.READY:
+            raise Violation("final-state", f"{name}: {service.status}: {service.status_message}")
+        if service.observed_generation != service.generation:
+            raise Violation("final-state", f"{name}: observed generation {service.observed_generation}")
