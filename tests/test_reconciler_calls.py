@@ -138,7 +138,8 @@ def test_apply_claims_launches_by_client_token_and_records_each_outcome(world: W
     """Two replicas: the first launches, AWS refuses the second. Each outcome is recorded as it
     happens; then the status names the refusal (from the records as they are, not a re-plan)."""
     uid = world.create(replicas=2).service.uid
-    image = aws_clients.ssm().get_parameter(Name=DEFAULT_IMAGE_PARAMETER)["Parameter"]["Value"]
+    # EC2 resolves the default image's parameter: the reconciler makes no SSM call (no SSM endpoint).
+    image = f"resolve:ssm:{DEFAULT_IMAGE_PARAMETER}"
 
     def no_capacity_for_replica_1(params: dict[str, Any], **_: Any) -> None:
         if params["ClientToken"].endswith("-1"):
@@ -199,7 +200,6 @@ def test_apply_claims_launches_by_client_token_and_records_each_outcome(world: W
         load(),
         DESCRIBE_MANAGED,
         ("dynamodb", "TransactWriteItems", claim),
-        ("ssm", "GetParameter", {"Name": DEFAULT_IMAGE_PARAMETER}),
         launch(0),
         put_replica(uid, 0, 0, "PROVISIONING"),
         launch(1),

@@ -14,6 +14,7 @@ import pytest
 
 from fleetkeeper.reconciler.drivers import make_driver
 from fleetkeeper.reconciler.drivers.ec2 import Ec2Driver
+from fleetkeeper.reconciler.plan import ProbeResult
 from fleetkeeper.reconciler.probe import ProbeTarget, probe_all, probe_one
 from fleetkeeper.reconciler.userdata import USER_DATA_LIMIT, environment_file, render, user_data
 from fleetkeeper.settings import Ec2Settings, Settings
@@ -90,11 +91,12 @@ def test_probe_details_are_deterministic(http: str) -> None:
     assert probe_one(_target(f"http://127.0.0.1:{port}", "/health")).detail == "connection refused"
 
 
-def test_the_probe_phase_is_bounded_and_a_late_probe_gives_no_verdict(http: str) -> None:
+def test_the_probe_phase_is_bounded_and_a_late_probe_is_a_failed_one(http: str) -> None:
     started = time.monotonic()
     results = probe_all([_target(http, "/health"), _target(http, "/slow", timeout=10)], budget_seconds=1)
     assert time.monotonic() - started < 2.5
-    assert set(results) == {"/health"}
+    assert results["/health"].ok
+    assert results["/slow"] == ProbeResult(http, False, "no verdict within the run's 1s probe budget")
 
 
 def test_replica_host_replaces_the_instance_address() -> None:

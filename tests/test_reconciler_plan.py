@@ -29,7 +29,7 @@ from fleetkeeper.model import (
     VersionState,
     to_iso,
 )
-from fleetkeeper.reconciler.driver import Instance, InstanceState
+from fleetkeeper.reconciler.driver import Instance, InstanceState, client_token
 from fleetkeeper.reconciler.plan import (
     INITIAL_DELAY_EXCEEDED,
     INSTANCE_LOST,
@@ -143,6 +143,8 @@ def instance(rid: int, state: InstanceState = InstanceState.RUNNING, **kw: Any) 
         "launched_at": ago(900),
     }
     fields.update(kw)
+    # Launched by fleetkeeper for the replica its tags name, unless a test says otherwise.
+    fields.setdefault("client_token", client_token(fields["uid"], fields["replica_id"]))
     return Instance(**fields)
 
 

@@ -299,11 +299,14 @@ def test_a_spec_whose_user_data_ec2_would_refuse_is_a_400(api: ApiClient) -> Non
 # --- the orphan sweep and the IAM policy ---------------------------------------------------------
 
 
-def _run_tagged(tag_map: dict[str, str]) -> str:
+def _run_tagged(tag_map: dict[str, str], client_token: str | None = None) -> str:
+    """An instance with these tags; launched by fleetkeeper when `client_token` is one it derives."""
+    extra = {"ClientToken": client_token} if client_token else {}
     made = World._raw_ec2().run_instances(
         ImageId="ami-12345678",
         MinCount=1,
         MaxCount=1,
+        **extra,
         TagSpecifications=[{"ResourceType": "instance", "Tags": [{"Key": k, "Value": v} for k, v in tag_map.items()]}],
     )
     return str(made["Instances"][0]["InstanceId"])
@@ -316,7 +319,10 @@ def _instance_state(instance_id: str) -> str:
 
 def test_the_orphan_sweep_only_sees_what_the_iam_policy_lets_it_terminate(world: World) -> None:
     opted_out = _run_tagged({"fleetkeeper:managed": "false", "Name": "not-ours"})
-    orphan = _run_tagged({"fleetkeeper:managed": "true", "fleetkeeper:uid": "deadbeef", "fleetkeeper:replica-id": "0"})
+    orphan = _run_tagged(
+        {"fleetkeeper:managed": "true", "fleetkeeper:uid": "deadbeef", "fleetkeeper:replica-id": "0"},
+        client_token="fk-deadbeef-0",
+    )
 
     def iam(params: dict[str, Any], **_: Any) -> None:
         """template.yaml's TerminateOnlyManaged: aws:ResourceTag/fleetkeeper:managed == "true"."""

@@ -29,7 +29,7 @@ def test_every_variable_is_read() -> None:
         {
             "TABLE_NAME": "fleet",
             "FLEETKEEPER_DRIVER": "process",
-            "FLEETKEEPER_PROBE_BUDGET_SECONDS": "7.5",
+            "FLEETKEEPER_PROBE_BUDGET_SECONDS": "27.5",
             "RECONCILER_FUNCTION_NAME": "fk-reconciler",
             "FLEETKEEPER_KICK_URL": "http://127.0.0.1:8080/_local/kick",
             "FLEETKEEPER_SUBNET_IDS": "subnet-a, subnet-b,",  # an empty stack parameter joins to ""
@@ -43,7 +43,7 @@ def test_every_variable_is_read() -> None:
     assert settings == Settings(
         table_name="fleet",
         driver="process",
-        probe_budget_seconds=7.5,
+        probe_budget_seconds=27.5,
         reconciler_function_name="fk-reconciler",
         kick_url="http://127.0.0.1:8080/_local/kick",
         ec2=Ec2Settings(
@@ -84,3 +84,9 @@ def test_each_handler_refuses_to_run_without_its_table(monkeypatch: pytest.Monke
     ):
         with pytest.raises(SettingsError, match="TABLE_NAME is not set"):
             handler(event, FakeContext())
+
+
+def test_a_probe_budget_a_spec_s_longest_probe_cannot_finish_in_is_refused() -> None:
+    with pytest.raises(SettingsError, match=r"FLEETKEEPER_PROBE_BUDGET_SECONDS=19\.5: at least 20 seconds"):
+        Settings.from_env({"TABLE_NAME": "t", "FLEETKEEPER_PROBE_BUDGET_SECONDS": "19.5"})
+    assert Settings.from_env({"TABLE_NAME": "t", "FLEETKEEPER_PROBE_BUDGET_SECONDS": "20"}).probe_budget_seconds == 20

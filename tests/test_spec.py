@@ -101,7 +101,7 @@ def test_probe_path_shorthand_and_defaults() -> None:
         ({"service": {"readiness_probe": "/h", "ports": 70000}}, "spec.service.ports", "65535"),
         ({"update": {"mode": "canary"}}, "spec.update.mode", "rolling"),
         ({"envs": {"1BAD": "x"}}, "spec.envs", "valid shell name"),
-        ({"resources": {"image_id": "ubuntu"}}, "spec.resources.image_id", "should match"),
+        ({"resources": {"image_id": "ubuntu"}}, "spec.resources.image_id", "expected an AMI id"),
     ],
 )
 def test_invalid_specs_name_the_field(patch: dict[str, Any], field: str, words: str) -> None:

@@ -160,3 +160,19 @@ def test_reconciler_runs_in_the_deployments_vpc(translated: dict[str, Any]) -> N
     parameters = translated.get("Parameters", {})
     for key in ("SubnetIds", "SecurityGroupIds"):
         assert any(vpc[key] == {"Ref": name} for name in parameters), f"{key} is not a parameter: {vpc[key]!r}"
+
+
+def test_images_are_resolved_by_ec2_with_exactly_the_parameters_specs_may_name(
+    translated: dict[str, Any], statements: list[dict[str, Any]]
+) -> None:
+    """The reconciler makes no SSM call: RunInstances' `resolve:ssm:` needs ssm:GetParameters on
+    the parameter, for the stack's default image and AWS's public ones (what spec.py accepts)."""
+    from fleetkeeper.spec import PUBLIC_PARAMETERS
+
+    assert statements_granting(statements, "ssm:GetParameter") == []
+    granting = statements_granting(statements, "ssm:GetParameters")
+    assert len(granting) == 1
+    arns = resources(translated, granting[0])
+    assert len(arns) == 2
+    assert any(arn.endswith(f":parameter{PUBLIC_PARAMETERS}*") for arn in arns), arns
+    assert all(":ssm:" in arn for arn in arns)

@@ -33,6 +33,13 @@ REPLICA_HOST_ENV = "FLEETKEEPER_REPLICA_HOST"
 DEFAULT_IMAGE_PARAMETER = "/aws/service/ami-amazon-linux-latest/al2023-ami-kernel-default-x86_64"
 DEFAULT_INSTANCE_TYPE = "t3.small"
 DEFAULT_PROBE_BUDGET_SECONDS = 20.0
+# The longest readiness probe timeout a spec may ask for (spec.py enforces it: a 400 naming
+# `spec.service.readiness_probe.timeout_seconds`), and the headroom a probe needs on top of it
+# to start (a worker, a connection) and still finish inside the run's probe budget. A budget below
+# their sum is refused: a probe that cannot finish inside the budget would never give a verdict.
+MAX_PROBE_TIMEOUT_SECONDS = 15
+PROBE_HEADROOM_SECONDS = 5.0
+MIN_PROBE_BUDGET_SECONDS = MAX_PROBE_TIMEOUT_SECONDS + PROBE_HEADROOM_SECONDS
 
 DriverKind = Literal["ec2", "process"]
 
@@ -89,7 +96,7 @@ class Settings:
         return cls(
             table_name=table,
             driver=_driver(environ.get(DRIVER_ENV) or "ec2"),
-            probe_budget_seconds=_seconds(environ, PROBE_BUDGET_ENV, DEFAULT_PROBE_BUDGET_SECONDS),
+            probe_budget_seconds=_probe_budget(environ),
             reconciler_function_name=environ.get(RECONCILER_FUNCTION_ENV) or None,
             kick_url=environ.get(KICK_URL_ENV) or None,
             ec2=Ec2Settings.from_env(environ),
@@ -107,6 +114,16 @@ def _driver(kind: str) -> DriverKind:
     if kind == "process":
         return "process"
     raise SettingsError(f"{DRIVER_ENV}={kind!r}: expected 'ec2' or 'process'")
+
+
+def _probe_budget(environ: Mapping[str, str]) -> float:
+    budget = _seconds(environ, PROBE_BUDGET_ENV, DEFAULT_PROBE_BUDGET_SECONDS)
+    if budget < MIN_PROBE_BUDGET_SECONDS:
+        raise SettingsError(
+            f"{PROBE_BUDGET_ENV}={budget:g}: at least {MIN_PROBE_BUDGET_SECONDS:g} seconds, so that a probe "
+            f"with the longest timeout a spec may set ({MAX_PROBE_TIMEOUT_SECONDS}s) finishes inside it"
+        )
+    return budget
 
 
 def _seconds(environ: Mapping[str, str], name: str, default: float) -> float:

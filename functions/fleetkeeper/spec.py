@@ -10,14 +10,46 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from fleetkeeper.errors import InvalidRequest
+from fleetkeeper.settings import DEFAULT_PROBE_BUDGET_SECONDS, MAX_PROBE_TIMEOUT_SECONDS
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
 DEFAULT_PORT = 8080
+# The lowest port a replica may serve on: infra/network.yaml opens ReplicaPortFrom (1024) to
+# ReplicaPortTo to the reconciler's probes, and a port below 1024 needs root in the replica.
+MIN_PORT = 1024
+# AWS's public SSM parameters: the only ones the reconciler's IAM lets EC2 resolve for a spec
+# (template.yaml's ResolveImages; the stack's own DefaultImageParameter serves specs without image_id).
+PUBLIC_PARAMETERS = "/aws/service/"
+_IMAGE = re.compile(r"^(ami-[0-9a-f]{8,17}|resolve:ssm:/[A-Za-z0-9_.\-/]+(:[A-Za-z0-9_.\-]+)?)$")
+# Root device names of AWS's public image families, each the same for every image of the family.
+# A spec with disk_size must size the root device, and an image named by a parameter is resolved
+# by EC2 at launch: fleetkeeper cannot look its root device up (that would be an SSM call, and the
+# shipped network has no SSM endpoint), so it knows these families or refuses.
+_ROOT_DEVICES = (
+    ("/aws/service/ami-amazon-linux-latest/", "/dev/xvda"),
+    ("/aws/service/canonical/", "/dev/sda1"),
+)
+
+
+def root_device_of_parameter(parameter: str) -> str | None:
+    """The root device name of the images an SSM parameter names, when the family is known."""
+    name = parameter.removeprefix("resolve:ssm:")
+    return next((device for prefix, device in _ROOT_DEVICES if name.startswith(prefix)), None)
+
+
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 # Fields that SkyPilot accepts but fleetkeeper cannot honour: each gets a specific reason.
@@ -37,6 +69,30 @@ _UNSUPPORTED: dict[str, str] = {
 }
 
 
+_STORED = "fleetkeeper.stored"
+
+
+def _stored(info: ValidationInfo) -> bool:
+    """Validating a spec the api accepted earlier (`stored_spec`): the rules that only keep new specs
+    out (probe timeout, ports, images) do not apply, or a stricter release would make old services
+    unloadable. The reconciler copes with what those rules now refuse."""
+    return isinstance(info.context, dict) and bool(info.context.get(_STORED))
+
+
+def stored_spec(text: str) -> ServiceSpec:
+    """A version item's spec (JSON text), as the api accepted it when it was written."""
+    return ServiceSpec.model_validate_json(text, context={_STORED: True})
+
+
+def _unprivileged(port: int | None, info: ValidationInfo) -> int | None:
+    if port is not None and port < MIN_PORT and not _stored(info):
+        raise ValueError(
+            f"port {port} is below {MIN_PORT}: the network stack (infra/network.yaml) opens replica "
+            f"ports {MIN_PORT}-65535 to the reconciler's probes; serve on {MIN_PORT} or above"
+        )
+    return port
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
@@ -44,9 +100,20 @@ class _Strict(BaseModel):
 class ReadinessProbe(_Strict):
     path: Annotated[str, Field(pattern=r"^/", max_length=2048)]
     initial_delay_seconds: Annotated[int, Field(ge=0, le=86_400)] = 1200
-    timeout_seconds: Annotated[int, Field(ge=1, le=300)] = 15
+    timeout_seconds: Annotated[int, Field(ge=1)] = 15
     headers: dict[str, str] = Field(default_factory=dict)
     post_data: dict[str, Any] | list[Any] | str | None = None
+
+    @field_validator("timeout_seconds")
+    @classmethod
+    def _fits_the_probe_budget(cls, value: int, info: ValidationInfo) -> int:
+        if value > MAX_PROBE_TIMEOUT_SECONDS and not _stored(info):
+            raise ValueError(
+                f"{value}s is longer than a probe can take: the reconciler probes every replica within "
+                f"{DEFAULT_PROBE_BUDGET_SECONDS:g}s per run, so a probe's timeout is at most "
+                f"{MAX_PROBE_TIMEOUT_SECONDS}s"
+            )
+        return value
 
 
 class ReplicaPolicy(_Strict):
@@ -72,6 +139,11 @@ class ServiceSection(_Strict):
     replica_policy: ReplicaPolicy | None = None
     ports: Annotated[int, Field(ge=1, le=65535)] | None = None
 
+    @field_validator("ports")
+    @classmethod
+    def _port_range(cls, value: int | None, info: ValidationInfo) -> int | None:
+        return _unprivileged(value, info)
+
     @field_validator("readiness_probe", mode="before")
     @classmethod
     def _path_shorthand(cls, value: Any) -> Any:
@@ -86,12 +158,45 @@ class ServiceSection(_Strict):
 
 class Resources(_Strict):
     instance_type: Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9-]*\.[a-z0-9]+$")] | None = None
-    image_id: Annotated[str, Field(pattern=r"^(ami-[0-9a-f]{8,17}|resolve:ssm:/.+)$")] | None = None
+    image_id: str | None = None
     use_spot: bool = False
     ports: Annotated[int, Field(ge=1, le=65535)] | None = None
     disk_size: Annotated[int, Field(ge=8, le=16_384)] | None = None
     # Accepted only next to an explicit instance_type (it then documents what that type carries).
     accelerators: str | dict[str, int] | None = None
+
+    @field_validator("ports")
+    @classmethod
+    def _port_range(cls, value: int | None, info: ValidationInfo) -> int | None:
+        return _unprivileged(value, info)
+
+    @field_validator("image_id")
+    @classmethod
+    def _image_ec2_may_resolve(cls, value: str | None, info: ValidationInfo) -> str | None:
+        if value is None:
+            return value
+        if not _IMAGE.match(value):
+            raise ValueError("expected an AMI id (ami-0123456789abcdef0) or resolve:ssm:<parameter>")
+        public = value.startswith("resolve:ssm:" + PUBLIC_PARAMETERS)
+        if value.startswith("resolve:ssm:") and not public and not _stored(info):
+            raise ValueError(
+                f"only AWS's public parameters (resolve:ssm:{PUBLIC_PARAMETERS}...) may name an image: "
+                "the reconciler may not read any other; give the AMI id instead"
+            )
+        return value
+
+    @model_validator(mode="after")
+    def _disk_size_needs_a_known_root_device(self, info: ValidationInfo) -> Resources:
+        image = self.image_id
+        if self.disk_size is None or image is None or not image.startswith("resolve:ssm:") or _stored(info):
+            return self
+        if root_device_of_parameter(image) is None:
+            raise ValueError(
+                f"`disk_size` with image_id {image} is not supported: fleetkeeper cannot tell that "
+                "image's root device before EC2 resolves it; give the AMI id, or an Amazon Linux "
+                "(/aws/service/ami-amazon-linux-latest/...) or Ubuntu (/aws/service/canonical/...) parameter"
+            )
+        return self
 
     @model_validator(mode="after")
     def _accelerators_need_instance_type(self) -> Resources:

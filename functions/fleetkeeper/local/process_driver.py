@@ -42,6 +42,7 @@ from fleetkeeper.reconciler.driver import (
     LaunchRefused,
     LaunchRequest,
 )
+from fleetkeeper.reconciler.plan import launched_by_fleetkeeper
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -172,6 +173,7 @@ class ProcessDriver:
                     instance.uid == uid
                     and instance.replica_id == replica_id
                     and instance.state is not InstanceState.TERMINATED
+                    and launched_by_fleetkeeper(instance)
                 ):
                     return instance
             return None
@@ -258,6 +260,9 @@ class ProcessDriver:
         env = {k: v for k, v in os.environ.items() if not k.startswith(_PRIVATE_PREFIXES)}
         env.update(spec.envs)
         env["PORT"] = str(port)
+        # A local replica listens on loopback only, whatever its spec says (on EC2 it binds all
+        # interfaces, so the reconciler's probes reach it): see examples/hello.
+        env["HOST"] = LOOPBACK
         try:
             process = subprocess.Popen(  # the user's own spec, run as the user, as on EC2
                 ["bash", "-c", _WRAPPER, "fleetkeeper-replica", spec.setup or "", spec.run],
@@ -281,6 +286,7 @@ class ProcessDriver:
             replica_id=request.replica_id,
             private_ip=LOOPBACK,
             launched_at=started,
+            client_token=request.client_token,
             tags={
                 MANAGED_TAG: "true",
                 SERVICE_TAG: request.service,

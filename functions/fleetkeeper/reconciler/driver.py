@@ -53,6 +53,10 @@ class Instance:
     state_reason: str | None = None
     launched_at: str | None = None
     tags: dict[str, str] = field(default_factory=dict)
+    # The ClientToken it was launched with (DescribeInstances reports it; "" or None when launched
+    # without one). Only a token fleetkeeper derives for the tagged replica makes the instance
+    # fleetkeeper's: anyone allowed ec2:CreateTags can copy the tags (plan.launched_by_fleetkeeper).
+    client_token: str | None = None
 
 
 @dataclass(frozen=True)
@@ -69,8 +73,13 @@ class LaunchRequest:
     @property
     def client_token(self) -> str:
         """Idempotency token for the launch: unique per (incarnation, replica, refusal), <= 64 characters."""
-        token = f"fk-{self.uid}-{self.replica_id}"
-        return token if self.attempt == 0 else f"{token}-{self.attempt}"
+        return client_token(self.uid, self.replica_id, self.attempt)
+
+
+def client_token(uid: str, replica_id: int, attempt: int = 0) -> str:
+    """The ClientToken of launch `attempt` of a replica: `fk-<uid>-<replica id>`, then `...-<attempt>`."""
+    token = f"fk-{uid}-{replica_id}"
+    return token if attempt == 0 else f"{token}-{attempt}"
 
 
 class LaunchRefused(Exception):

@@ -62,7 +62,10 @@ def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, A
     summary = report.as_dict()
     # A run that changed nothing is the steady state: keep it out of the INFO log (one line a minute
     # per stack would be most of the log volume).
-    changed = any(summary.get(key) for key in ("actions", "errors", "superseded", "orphans_terminated"))
+    changed = any(
+        summary.get(key)
+        for key in ("actions", "errors", "superseded", "orphans_terminated", "unloadable", "foreign_instances")
+    )
     log = logger.info if changed else logger.debug
     log("reconcile run done", extra={"kick": name, **summary})
     metrics.add_metric(name="ReconcileCompleted", unit=MetricUnit.Count, value=1)

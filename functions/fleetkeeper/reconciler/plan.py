@@ -46,7 +46,7 @@ from fleetkeeper.model import (
     from_iso,
     to_iso,
 )
-from fleetkeeper.reconciler.driver import Instance, InstanceState
+from fleetkeeper.reconciler.driver import Instance, InstanceState, client_token
 
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence, Set
@@ -248,6 +248,37 @@ def termination_cause(code: str) -> FailureCause:
     return FailureCause.VERSION
 
 
+def observed(state: ServiceState) -> bool:
+    """Whether this read of the service can be acted on (invariant 1).
+
+    DynamoDB's Query is only read-committed against TransactWriteItems: a read may see the service
+    item of a create or an update without the version item written in the same transaction. An
+    ACTIVE service whose target version is not visible is not observed yet: nothing is planned for
+    it (no FAILED, no status, no claims) and the next run reads it again. A DELETING service needs no
+    version to be taken down.
+    """
+    return state.service.lifecycle is Lifecycle.DELETING or state.target is not None
+
+
+def launched_by_fleetkeeper(instance: Instance) -> bool:
+    """Whether fleetkeeper launched this instance for the replica its tags name (invariant 7).
+
+    The tags alone do not say it: anyone allowed ec2:CreateTags can copy them onto any instance.
+    fleetkeeper launches a replica only with a ClientToken it derives from the replica
+    (`client_token(uid, replica_id, attempt)`), so an instance is fleetkeeper's only when its token
+    is one of those for the uid and replica id it is tagged with. Any other is neither adopted nor
+    terminated, by `plan` and by `plan_orphans` alike.
+    """
+    token = instance.client_token
+    if not token or not instance.uid or instance.replica_id < 0:
+        return False
+    base = client_token(instance.uid, instance.replica_id)
+    if token == base:
+        return True
+    attempt = token.removeprefix(base + "-")
+    return token.startswith(base + "-") and attempt.isascii() and attempt.isdigit() and attempt[0] != "0"
+
+
 def is_live(instance: Instance) -> bool:
     return instance.state not in GONE_STATES
 
@@ -260,7 +291,7 @@ def match_instances(state: ServiceState, instances: Sequence[Instance]) -> dict[
     """The one live instance each replica owns: its recorded instance, else the earliest with its tag."""
     by_replica: dict[int, list[Instance]] = {}
     for instance in instances:
-        if instance.uid == state.service.uid and is_live(instance):
+        if instance.uid == state.service.uid and is_live(instance) and launched_by_fleetkeeper(instance):
             by_replica.setdefault(instance.replica_id, []).append(instance)
     matched: dict[int, Instance] = {}
     for replica_id, candidates in by_replica.items():
@@ -463,10 +494,13 @@ def plan(
     the replicas that were probed. Order: replica records (a draining replica leaves READY before
     its instance goes), version marks / breaker, terminations, item deletions, claims and launches,
     and the service status last, so a run that dies midway never records a status it did not reach.
+    A service that is not `observed` (its target version not visible yet) gets no action at all.
     """
     policy = policy or Policy()
+    if not observed(state):
+        return []  # half a transaction: the target version is not visible yet
     service = state.service
-    mine = [i for i in instances if i.uid == service.uid]
+    mine = [i for i in instances if i.uid == service.uid and launched_by_fleetkeeper(i)]
     described = {i.instance_id: i for i in mine}
     live = match_instances(state, mine)
     work = _Work(original=state.replicas, replicas={}, terminate={}, delete=[], claimed=[])
@@ -785,17 +819,26 @@ def status_changed(state: ServiceState, status: RecordStatus) -> bool:
 
 
 def plan_orphans(
-    live_uids: Set[str], instances: Sequence[Instance], now: datetime, policy: Policy | None = None
+    live_uids: Set[str],
+    instances: Sequence[Instance],
+    now: datetime,
+    policy: Policy | None = None,
+    *,
+    spared_services: Set[str] = frozenset(),
 ) -> Terminate | None:
     """Managed instances of no live service (deleted, or an old incarnation), past the grace period.
 
     Only the scheduled run sweeps, and only instances the driver listed, which are all managed: an
-    instance without the managed tag is never even seen.
+    instance without the managed tag is never even seen. An instance fleetkeeper did not launch
+    (`launched_by_fleetkeeper`) is never an orphan, nor is one of `spared_services`: services this
+    run could not load, whose uid it therefore cannot vouch for.
     """
     policy = policy or Policy()
     reasons: dict[str, str] = {}
     for instance in instances:
-        if not is_live(instance) or instance.uid in live_uids:
+        if not is_live(instance) or instance.uid in live_uids or not launched_by_fleetkeeper(instance):
+            continue
+        if instance.service in spared_services:
             continue
         age = _seconds_since(instance.launched_at, now)
         if age is not None and age < policy.orphan_grace.total_seconds():

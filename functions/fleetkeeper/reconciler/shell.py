@@ -35,7 +35,9 @@ from fleetkeeper.reconciler.plan import (
     Terminate,
     TripBreaker,
     launched,
+    launched_by_fleetkeeper,
     match_instances,
+    observed,
     plan,
     plan_orphans,
     probe_targets,
@@ -43,8 +45,8 @@ from fleetkeeper.reconciler.plan import (
     service_status,
     status_changed,
 )
-from fleetkeeper.reconciler.probe import ProbeTarget, probe_all
-from fleetkeeper.store.errors import Superseded
+from fleetkeeper.reconciler.probe import ProbeTarget, probe_all, rotated
+from fleetkeeper.store.errors import CorruptItem, Superseded
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Hashable, Iterable, Sequence
@@ -65,6 +67,13 @@ class RunReport:
     superseded: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     orphans: list[str] = field(default_factory=list)
+    # Services read mid-transaction (the target version not visible yet): nothing written for them.
+    unobserved: list[str] = field(default_factory=list)
+    # Services whose items could not be loaded (corrupt, another schema, or the read failed), with
+    # why: skipped this run, and their instances spared by the orphan sweep.
+    unloadable: dict[str, str] = field(default_factory=dict)
+    # Instances carrying fleetkeeper's tags without a ClientToken fleetkeeper derives: left alone.
+    foreign: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -73,6 +82,9 @@ class RunReport:
             "superseded": self.superseded,
             "errors": self.errors,
             "orphans_terminated": self.orphans,
+            "unobserved": self.unobserved,
+            "unloadable": dict(sorted(self.unloadable.items())),
+            "foreign_instances": self.foreign,
         }
 
 
@@ -89,15 +101,24 @@ class Reconciler:
     # -- entry points --
 
     def run_all(self) -> RunReport:
-        """The scheduled run: every service, then the orphan sweep."""
+        """The scheduled run: every service, then the orphan sweep.
+
+        A service that cannot be loaded is logged, reported and skipped; the others and the sweep
+        go on (its instances are spared: the sweep cannot tell they are not orphans).
+        """
         now = self.now()
-        services = list(self.store.iter_services())
-        states = [s for s in (self.store.load(svc.name) for svc in services) if s is not None]
-        instances = self.driver.list_instances()
-        report = self._reconcile_all(states, instances, now)
+        report = RunReport()
+        listed = list(self.store.list_services())
+        states: list[ServiceState] = []
+        for entry in listed:
+            state = self._load(entry.name, report)
+            if state is not None:
+                states.append(state)
+        instances = self._owned(self.driver.list_instances(), report)
+        self._reconcile_all(states, instances, now, report)
         # A uid listed by the index or loaded is live, even if its item went away since.
-        live_uids = {svc.uid for svc in services} | {s.service.uid for s in states}
-        orphans = plan_orphans(live_uids, instances, now, self.policy)
+        live_uids = {entry.uid for entry in listed if entry.uid} | {s.service.uid for s in states}
+        orphans = plan_orphans(live_uids, instances, now, self.policy, spared_services=set(report.unloadable))
         if orphans is not None:
             for instance_id, reason in orphans.reasons:
                 logger.info("terminating %s: %s", instance_id, reason)
@@ -115,29 +136,71 @@ class Reconciler:
     def run_one(self, name: str) -> RunReport:
         """A kick after an api write: that one service, its instances only (no orphan sweep)."""
         now = self.now()
-        state = self.store.load(name)
+        report = RunReport()
+        state = self._load(name, report)
         if state is None:
-            return RunReport()
-        instances = self.driver.list_instances(uid=state.service.uid)
-        return self._reconcile_all([state], instances, now)
+            return report
+        instances = self._owned(self.driver.list_instances(uid=state.service.uid), report)
+        return self._reconcile_all([state], instances, now, report)
+
+    def _load(self, name: str, report: RunReport) -> ServiceState | None:
+        try:
+            return self.store.load(name)
+        except CorruptItem as exc:
+            logger.error("service %s: skipped, its items do not load: %s", name, exc)
+            report.unloadable[name] = f"{exc.sk}: {exc.problem}"
+        except Exception as exc:
+            # A throttled or failed read of one service: the next run tries again.
+            logger.exception("service %s: skipped, could not be read", name)
+            report.unloadable[name] = type(exc).__name__
+        return None
+
+    @staticmethod
+    def _owned(instances: Sequence[Instance], report: RunReport) -> list[Instance]:
+        """The instances fleetkeeper launched (invariant 7); the others are logged and left alone."""
+        mine: list[Instance] = []
+        for instance in instances:
+            if launched_by_fleetkeeper(instance):
+                mine.append(instance)
+            else:
+                logger.warning(
+                    "instance %s carries fleetkeeper's tags (service %r, replica %s) but its ClientToken "
+                    "%r is not one fleetkeeper derives: neither adopted nor terminated",
+                    instance.instance_id,
+                    instance.service,
+                    instance.replica_id,
+                    instance.client_token,
+                )
+                report.foreign.append(instance.instance_id)
+        return mine
 
     # -- observe --
 
-    def _reconcile_all(self, states: Sequence[ServiceState], instances: Sequence[Instance], now: datetime) -> RunReport:
+    def _reconcile_all(
+        self, states: Sequence[ServiceState], instances: Sequence[Instance], now: datetime, report: RunReport
+    ) -> RunReport:
+        report.services += len(states)
+        for state in states:
+            if not observed(state):
+                # Half of the api's transaction: acting on it would fail a healthy service.
+                logger.info(
+                    "service %s: target version not visible yet; leaving it to the next run", state.service.name
+                )
+                report.unobserved.append(state.service.name)
+        states = [state for state in states if observed(state)]
         by_uid: dict[str, list[Instance]] = {}
         for instance in instances:
             by_uid.setdefault(instance.uid, []).append(instance)
         probes: dict[str, dict[int, ProbeResult]] = {}
-        for (uid, replica_id), result in self._probe(states, by_uid).items():
+        for (uid, replica_id), result in self._probe(states, by_uid, now).items():
             probes.setdefault(uid, {})[replica_id] = result
-        report = RunReport(services=len(states))
         for state in states:
             uid = state.service.uid
             self._reconcile(state, by_uid.get(uid, []), probes.get(uid, {}), now, report)
         return report
 
     def _probe(
-        self, states: Iterable[ServiceState], by_uid: dict[str, list[Instance]]
+        self, states: Iterable[ServiceState], by_uid: dict[str, list[Instance]], now: datetime
     ) -> dict[tuple[str, int], ProbeResult]:
         targets: list[ProbeTarget] = []
         for state in states:
@@ -149,7 +212,9 @@ class Reconciler:
                 if base_url is not None:
                     key = (state.service.uid, replica_id)
                     targets.append(ProbeTarget(key, base_url, version.spec.service.readiness_probe))
-        results = self.prober(targets, self.probe_budget_seconds)
+        # Probes start in this order: rotated by the run's time so that, when there are more probes
+        # than the budget lets finish, it is not the same replicas that go without a verdict.
+        results = self.prober(rotated(targets, now), self.probe_budget_seconds)
         return {key: result for key, result in results.items() if isinstance(key, tuple)}
 
     # -- plan and apply --
@@ -256,7 +321,7 @@ class _Apply:
             # revision first: of two runs recovering it at once, only one gets past this write.
             record = self.store.put_replica(record, replace(record, updated_at=to_iso(self.now)))
             found = self.driver.find_instance(record.uid, record.replica_id)
-            if found is not None:  # the crashed run did launch it: adopt, never duplicate
+            if found is not None and launched_by_fleetkeeper(found):  # the crashed run did launch it: adopt
                 self._record_launched(record, found)
                 return
         version = self.state.versions[record.version]

@@ -10,7 +10,7 @@ import base64
 import binascii
 import json
 from decimal import Decimal
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from fleetkeeper.model import (
     FailureCause,
@@ -23,7 +23,7 @@ from fleetkeeper.model import (
     VersionRecord,
     VersionState,
 )
-from fleetkeeper.store.errors import MalformedPageToken
+from fleetkeeper.store.errors import CorruptItem, MalformedPageToken
 from fleetkeeper.store.keys import (
     LIST_PK_ATTR,
     LIST_PK_VALUE,
@@ -36,11 +36,12 @@ from fleetkeeper.store.keys import (
 )
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping
+    from collections.abc import Callable, Mapping
 
     from mypy_boto3_dynamodb.type_defs import AttributeValueTypeDef
 
 Item = dict[str, Any]
+_T = TypeVar("_T")
 RawItem = dict[str, "AttributeValueTypeDef"]
 
 
@@ -154,13 +155,13 @@ def version_item(record: VersionRecord) -> Item:
 
 
 def version_from_item(item: Mapping[str, Any]) -> VersionRecord:
-    from fleetkeeper.spec import ServiceSpec
+    from fleetkeeper.spec import stored_spec
 
     return VersionRecord(
         name=str(item["name"]),
         uid=str(item["uid"]),
         version=int(item["version"]),
-        spec=ServiceSpec.model_validate_json(str(item["spec"])),
+        spec=stored_spec(str(item["spec"])),
         mode=str(item["mode"]),
         created_at=str(item["created_at"]),
         state=VersionState(item.get("state", VersionState.NEW.value)),
@@ -227,23 +228,36 @@ def replica_from_item(item: Mapping[str, Any]) -> ReplicaRecord:
 
 
 def state_from_items(items: list[Item]) -> ServiceState | None:
-    """Assemble a service from its partition's items, keeping only the current incarnation's children."""
+    """Assemble a service from its partition's items, keeping only the current incarnation's children.
+
+    Raises CorruptItem for an item that does not decode (a missing attribute, a value of another
+    schema): the caller skips this service, not every service.
+    """
     meta = next((i for i in items if i["SK"] == SERVICE_SK), None)
     if meta is None:
         return None
-    service = service_from_item(meta)
+    service = _decoded(meta, service_from_item)
     versions: dict[int, VersionRecord] = {}
     replicas: dict[int, ReplicaRecord] = {}
     vprefix, rprefix = child_prefixes(service.uid)
     for item in items:
         sk = str(item["SK"])
         if sk.startswith(vprefix):
-            version = version_from_item(item)
+            version = _decoded(item, version_from_item)
             versions[version.version] = version
         elif sk.startswith(rprefix):
-            replica = replica_from_item(item)
+            replica = _decoded(item, replica_from_item)
             replicas[replica.replica_id] = replica
     return ServiceState(service=service, versions=versions, replicas=replicas)
+
+
+def _decoded(item: Item, decode: Callable[[Item], _T]) -> _T:
+    try:
+        return decode(item)
+    except (KeyError, ValueError, TypeError, ArithmeticError) as exc:  # pydantic's errors are ValueErrors
+        name = str(item.get("PK", "")).removeprefix("SVC#")
+        problem = f"missing attribute {exc}" if isinstance(exc, KeyError) else f"{type(exc).__name__}: {exc}"
+        raise CorruptItem(name, str(item.get("SK", "")), "; ".join(problem.split("\n"))[:300]) from exc
 
 
 # --- page tokens ----------------------------------------------------------------------------------------

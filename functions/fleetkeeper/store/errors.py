@@ -111,3 +111,15 @@ class MalformedPageToken(StoreError):
 
 class Superseded(StoreError):
     """A reconciler write found its item changed since the run observed it: another writer won."""
+
+
+@dataclass(eq=False)
+class CorruptItem(StoreError):
+    """An item of service `name` (sort key `sk`) does not decode: corrupt, or of another schema."""
+
+    name: str
+    sk: str
+    problem: str
+
+    def __post_init__(self) -> None:
+        super().__init__(f"service {self.name!r}: item {self.sk} does not decode: {self.problem}")

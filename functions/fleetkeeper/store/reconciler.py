@@ -9,14 +9,14 @@ a service deleting.
 from __future__ import annotations
 
 import contextlib
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from botocore.exceptions import ClientError
 
 from fleetkeeper.model import Lifecycle, ReplicaRecord, VersionState
 from fleetkeeper.store import keys
-from fleetkeeper.store.codec import expression_values, replica_item, to_raw
+from fleetkeeper.store.codec import expression_values, from_raw, replica_item, to_raw
 from fleetkeeper.store.errors import Superseded
 from fleetkeeper.store.reads import ServiceReads
 from fleetkeeper.store.table import TRANSACT_ITEM_LIMIT, cancellation_reasons, error_code
@@ -28,6 +28,15 @@ if TYPE_CHECKING:
 
     from fleetkeeper.model import ServiceRecord, ServiceState, ServiceStatus
     from fleetkeeper.store.table import Table
+
+
+@dataclass(frozen=True)
+class Listed:
+    """A service as the index lists it: its name, and its uid when the item has a readable one."""
+
+    name: str
+    uid: str | None
+
 
 # A claim's transaction: the service's replica_seq update plus as many replica puts as fit.
 _CLAIMS_PER_TRANSACTION = TRANSACT_ITEM_LIMIT - 1
@@ -47,6 +56,21 @@ class ReconcilerStore:
 
     def iter_services(self) -> Iterator[ServiceRecord]:
         return self._reads.iter_services()
+
+    def list_services(self) -> Iterator[Listed]:
+        """Every service the index lists, by name (and uid), without decoding the rest of its item:
+        a service item of another schema must not hide every other service from the run."""
+        for page in self.table.query_pages(
+            IndexName=keys.SERVICES_INDEX,
+            KeyConditionExpression=f"{keys.LIST_PK_ATTR} = :lpk",
+            ExpressionAttributeValues=expression_values(lpk=keys.LIST_PK_VALUE),
+        ):
+            for raw in page["Items"]:
+                item = from_raw(raw)
+                name = item.get(keys.LIST_SK_ATTR)
+                uid = item.get("uid")
+                if isinstance(name, str):
+                    yield Listed(name, uid if isinstance(uid, str) and uid else None)
 
     # -- writes --
 

@@ -26,8 +26,10 @@ from fleetkeeper.reconciler.driver import (
     LaunchRefused,
     LaunchRequest,
 )
+from fleetkeeper.reconciler.plan import launched_by_fleetkeeper
 from fleetkeeper.reconciler.userdata import user_data
 from fleetkeeper.settings import DEFAULT_IMAGE_PARAMETER, DEFAULT_INSTANCE_TYPE
+from fleetkeeper.spec import root_device_of_parameter
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -40,10 +42,12 @@ if TYPE_CHECKING:
         RunInstancesRequestTypeDef,
         TagTypeDef,
     )
-    from mypy_boto3_ssm import SSMClient
 
     from fleetkeeper.settings import Ec2Settings
 
+# Refusal code of a disk_size launch whose image's root device cannot be known (counts against the
+# version: the spec must change).
+UNKNOWN_ROOT_DEVICE = "Fleetkeeper.UnknownRootDevice"
 _MANAGED_FILTER: FilterTypeDef = {"Name": f"tag:{MANAGED_TAG}", "Values": [MANAGED_VALUE]}
 _PAGE_SIZE = 1000
 _TERMINATE_CHUNK = 500
@@ -69,8 +73,7 @@ class Ec2Driver:
     default_image_parameter: str = DEFAULT_IMAGE_PARAMETER
     default_instance_type: str = DEFAULT_INSTANCE_TYPE
     replica_host: str | None = None
-    # Per run (a driver lives for one run): SSM parameter -> AMI id, AMI id -> root device name.
-    _images: dict[str, str] = field(default_factory=dict, repr=False)
+    # Per run (a driver lives for one run): AMI id -> root device name.
     _root_devices: dict[str, str] = field(default_factory=dict, repr=False)
 
     @classmethod
@@ -87,10 +90,6 @@ class Ec2Driver:
     @property
     def ec2(self) -> EC2Client:
         return aws.ec2()
-
-    @property
-    def ssm(self) -> SSMClient:
-        return aws.ssm()
 
     # -- observe --
 
@@ -111,7 +110,9 @@ class Ec2Driver:
                 {"Name": "instance-state-name", "Values": _LIVE_STATES},
             ]
         )
-        return min(found, key=lambda i: (i.launched_at or "", i.instance_id), default=None)
+        # An instance someone else tagged as this replica's is not it (plan.launched_by_fleetkeeper).
+        ours = [i for i in found if launched_by_fleetkeeper(i)]
+        return min(ours, key=lambda i: (i.launched_at or "", i.instance_id), default=None)
 
     def _describe(self, filters: list[FilterTypeDef]) -> list[Instance]:
         instances: list[Instance] = []
@@ -190,29 +191,41 @@ class Ec2Driver:
         return args
 
     def _image(self, image: str | None) -> str:
-        """An AMI id: the spec's, or resolved from an SSM parameter (ours; moto lacks resolve:ssm)."""
-        if image is not None and not image.startswith("resolve:ssm:"):
-            return image
-        parameter = image.removeprefix("resolve:ssm:") if image else self.default_image_parameter
-        if parameter not in self._images:
-            try:
-                value = self.ssm.get_parameter(Name=parameter)["Parameter"]["Value"]
-            except ClientError as exc:
-                error = exc.response.get("Error", {})
-                raise LaunchRefused(
-                    str(error.get("Code", "Unknown")),
-                    f"image parameter {parameter}: {error.get('Message', '')}",
-                ) from exc
-            self._images[parameter] = str(value)
-        return self._images[parameter]
+        """The ImageId to launch: the spec's AMI id or `resolve:ssm:` parameter, else the stack's
+        default parameter as `resolve:ssm:`. EC2 resolves parameters itself, so the reconciler makes
+        no SSM call (the shipped network has no SSM endpoint unless asked for one)."""
+        return image if image is not None else f"resolve:ssm:{self.default_image_parameter}"
 
     def _root_device(self, image_id: str) -> str:
+        """The root device name to size for disk_size, never a guess.
+
+        A parameter's image is known only to EC2 at launch: its family's device (spec.py knows AWS's
+        public families; the api refuses other parameters with disk_size) or a refusal with the
+        reason. An AMI id is described; a throttled DescribeImages fails this service's run (the next
+        run retries) instead of defaulting to a device the image may not have.
+        """
+        if image_id.startswith("resolve:ssm:"):
+            device = root_device_of_parameter(image_id)
+            if device is None:
+                raise LaunchRefused(
+                    UNKNOWN_ROOT_DEVICE,
+                    f"disk_size needs the root device of {image_id}, which fleetkeeper cannot know before "
+                    "EC2 resolves the parameter: give resources.image_id as an AMI id",
+                )
+            return device
         if image_id not in self._root_devices:
             try:
                 images = self.ec2.describe_images(ImageIds=[image_id]).get("Images", [])
-            except ClientError:
-                images = []  # RunInstances reports a bad image better than we could
-            self._root_devices[image_id] = str(images[0].get("RootDeviceName", "/dev/xvda")) if images else "/dev/xvda"
+            except ClientError as exc:
+                error = exc.response.get("Error", {})
+                code = str(error.get("Code", "Unknown"))
+                if code in _TRANSIENT:
+                    raise
+                raise LaunchRefused(code, f"image {image_id}: {error.get('Message', '')}") from exc
+            device = images[0].get("RootDeviceName") if images else None
+            if not device:
+                raise LaunchRefused("InvalidAMIID.NotFound", f"image {image_id} not found or has no root device")
+            self._root_devices[image_id] = str(device)
         return self._root_devices[image_id]
 
     def terminate(self, instance_ids: Sequence[str]) -> None:
@@ -263,4 +276,5 @@ def _instance(raw: InstanceTypeDef) -> Instance:
         state_reason=str(reason.get("Message") or reason.get("Code") or "") or None,
         launched_at=to_iso(launched) if launched is not None else None,
         tags=tags,
+        client_token=str(raw.get("ClientToken") or "") or None,
     )
