@@ -279,11 +279,7 @@ def decode_token(token: str) -> RawItem:
     """A services-index page token, as the ExclusiveStartKey of the index's Query."""
     key = _token_key(token, {"PK", "SK", LIST_PK_ATTR, LIST_SK_ATTR})
     # A service item's key, and its index key: the index's one partition, list_sk = the name.
-    if (
-        key[LIST_PK_ATTR] != LIST_PK_VALUE
-        or key["SK"] != SERVICE_SK
-        or key["PK"] != service_pk(key[LIST_SK_ATTR])
-    ):
+    if key[LIST_PK_ATTR] != LIST_PK_VALUE or key["SK"] != SERVICE_SK or key["PK"] != service_pk(key[LIST_SK_ATTR]):
         raise MalformedPageToken("unknown token")
     return to_raw(key)
 

@@ -21,9 +21,7 @@ if TYPE_CHECKING:
 
 # Answers that mean "not now" rather than "no": nothing was written, and the same call may pass later.
 # Throttling codes reach us only after botocore's own retries (fleetkeeper.aws) gave up.
-THROTTLING_CODES = frozenset(
-    {"ProvisionedThroughputExceededException", "ThrottlingException", "RequestLimitExceeded"}
-)
+THROTTLING_CODES = frozenset({"ProvisionedThroughputExceededException", "ThrottlingException", "RequestLimitExceeded"})
 CONFLICT_CODES = frozenset({"TransactionConflictException", "TransactionInProgressException"})
 
 # DynamoDB's ceilings on one call: the items of a TransactWriteItems, the requests of a BatchWriteItem.
