@@ -199,6 +199,18 @@ class ApiClient:
         status, out_headers, data = response_parts(lambda_handler(event, FakeContext()))
         return HttpResult(status, out_headers, json.loads(data) if data else None)
 
+    def all_versions(self, name: str) -> list[dict[str, Any]]:
+        """Every version of a service, following GET .../versions' pages."""
+        versions: list[dict[str, Any]] = []
+        token: str | None = None
+        while True:
+            page = self.get(f"/v1/services/{name}/versions?limit=20" + (f"&next_token={token}" if token else ""))
+            assert page.status == 200, page.body
+            versions.extend(page.body["versions"])
+            token = page.body["next_token"]
+            if not token:
+                return versions
+
     def get(self, path: str, **kw: Any) -> HttpResult:
         return self.call("GET", path, **kw)
 

@@ -17,7 +17,7 @@ def test_each_write_invokes_the_reconciler_asynchronously_for_that_service(
 ) -> None:
     monkeypatch.setenv("RECONCILER_FUNCTION_NAME", "fleetkeeper-reconciler")
     invokes: list[dict[str, Any]] = []
-    aws.lambda_().meta.events.register(
+    aws.lambda_for_kick().meta.events.register(
         "provide-client-params.lambda.Invoke", lambda params, **_: invokes.append(dict(params))
     )
     # No such function in this AWS: the invoke fails, and the writes must not notice.
@@ -34,7 +34,9 @@ def test_each_write_invokes_the_reconciler_asynchronously_for_that_service(
 def test_reads_and_refused_writes_do_not_kick(api: ApiClient, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("RECONCILER_FUNCTION_NAME", "fleetkeeper-reconciler")
     invokes: list[object] = []
-    aws.lambda_().meta.events.register("provide-client-params.lambda.Invoke", lambda params, **_: invokes.append(1))
+    aws.lambda_for_kick().meta.events.register(
+        "provide-client-params.lambda.Invoke", lambda params, **_: invokes.append(1)
+    )
     api.get("/v1/services")
     api.get("/v1/services/nope")
     api.post("/v1/services", {"name": "web", "spec": hello_spec(workdir=".")})

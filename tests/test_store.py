@@ -258,7 +258,7 @@ def test_updates_keep_the_newest_versions_and_never_prune_what_is_in_use(api: Ap
         assert api.put("/v1/services/web", {"spec": hello_spec(envs={"N": str(i)})}).status == 200
     latest = VERSION_HISTORY_LIMIT + 6
     assert calls["TransactWriteItems"] == VERSION_HISTORY_LIMIT + 5  # still one write per update
-    kept = [v["version"] for v in api.get("/v1/services/web/versions").body["versions"]]
+    kept = [v["version"] for v in api.all_versions("web")]
     assert kept == [2, *range(latest - VERSION_HISTORY_LIMIT + 1, latest + 1)]
     gone = api.post("/v1/services/web/rollback", {"version": 1})
     assert gone.status == 404 and f"newest {VERSION_HISTORY_LIMIT} are kept" in gone.body["error"]["message"]
@@ -273,6 +273,6 @@ def test_the_version_being_served_survives_pruning_after_a_rollback(api: ApiClie
     # This update pushes version 1 out of the window, but it is the target being served (and
     # rolled away from only by this very update): it stays.
     latest = api.put("/v1/services/web", {"spec": hello_spec(envs={"N": "new"})}).body["latest_version"]
-    versions = [v["version"] for v in api.get("/v1/services/web/versions").body["versions"]]
+    versions = [v["version"] for v in api.all_versions("web")]
     assert versions[0] == 1
     assert versions[1:] == list(range(latest - VERSION_HISTORY_LIMIT + 1, latest + 1))

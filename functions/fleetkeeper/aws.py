@@ -32,17 +32,24 @@ WORST_CASE_RETRY_WAIT_SECONDS = sum(
     min(2.0**retry, _BACKOFF_CAP_SECONDS) + _RETRY_AFTER_EXTRA_SECONDS for retry in range(RETRIES)
 )
 
+# The api's reconciler kick (an async Invoke: Lambda answers 202 once the event is queued) has its own
+# client: a kick is best-effort and the schedule is its backstop, so it may cost an api request at
+# most KICK_CONNECT_TIMEOUT + KICK_READ_TIMEOUT seconds, one attempt, never the shared client's 5
+# retries with 10 s reads, which could outlast API Gateway's 29 s integration timeout.
+KICK_CONNECT_TIMEOUT = 1
+KICK_READ_TIMEOUT = 2
+
 _clients: dict[tuple[str, str | None, str | None], Any] = {}
 _lock = threading.Lock()
 
 
-def _client(service: str) -> Any:
+def _client(service: str, *, kick: bool = False) -> Any:
     # Read here, not from fleetkeeper.settings: clients are made lazily from anywhere (the handlers,
     # the CLI, the embedded server, tests), the embedded server points them at its in-memory AWS
     # after start-up, and the cache key keeps a client per (region, endpoint) as they change.
     region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
     endpoint = os.environ.get("FLEETKEEPER_AWS_ENDPOINT_URL") or None
-    key = (service, region, endpoint)
+    key = (service + ("/kick" if kick else ""), region, endpoint)
     with _lock:
         client = _clients.get(key)
         if client is None:
@@ -51,7 +58,16 @@ def _client(service: str) -> Any:
             import botocore.session
             from botocore.config import Config
 
-            config = Config(retries={"mode": "standard", "max_attempts": RETRIES}, connect_timeout=3, read_timeout=10)
+            if kick:
+                config = Config(
+                    retries={"mode": "standard", "total_max_attempts": 1},
+                    connect_timeout=KICK_CONNECT_TIMEOUT,
+                    read_timeout=KICK_READ_TIMEOUT,
+                )
+            else:
+                config = Config(
+                    retries={"mode": "standard", "max_attempts": RETRIES}, connect_timeout=3, read_timeout=10
+                )
             client = botocore.session.get_session().create_client(
                 service, region_name=region, endpoint_url=endpoint, config=config
             )
@@ -71,6 +87,12 @@ def ec2() -> EC2Client:
 
 def lambda_() -> LambdaClient:
     client: LambdaClient = _client("lambda")
+    return client
+
+
+def lambda_for_kick() -> LambdaClient:
+    """Lambda for the api's best-effort reconciler kick: one attempt, short timeouts."""
+    client: LambdaClient = _client("lambda", kick=True)
     return client
 
 

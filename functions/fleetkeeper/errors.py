@@ -14,6 +14,10 @@ class FleetkeeperError(Exception):
         self.message = message
         self.details = details or []
 
+    def headers(self) -> dict[str, str]:
+        """Response headers that go with this error (none but for a 503)."""
+        return {}
+
     def to_body(self) -> dict[str, Any]:
         return {"error": {"code": self.code, "message": self.message, "details": self.details}}
 
@@ -60,3 +64,17 @@ class RequestInProgress(FleetkeeperError):
 
     status = 409
     code = "request_in_progress"
+
+
+class ServiceUnavailable(FleetkeeperError):
+    """DynamoDB was busy (a conflicting transaction, throttling): nothing was written; retry later."""
+
+    status = 503
+    code = "unavailable"
+
+    def __init__(self, message: str, *, retry_after: int = 1, details: list[dict[str, Any]] | None = None) -> None:
+        super().__init__(message, details=details)
+        self.retry_after = retry_after
+
+    def headers(self) -> dict[str, str]:
+        return {"Retry-After": str(self.retry_after)}

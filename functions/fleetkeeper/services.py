@@ -12,9 +12,10 @@ write leaves on the service are chosen here too.
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal, cast
+from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast
 
 from fleetkeeper.errors import (
     Conflict,
@@ -24,10 +25,12 @@ from fleetkeeper.errors import (
     NotFound,
     PreconditionFailed,
     RequestInProgress,
+    ServiceUnavailable,
 )
 from fleetkeeper.model import Lifecycle, ServiceRecord, ServiceState, VersionState, to_iso, utcnow
 from fleetkeeper.store.commands import VERSION_HISTORY_LIMIT
 from fleetkeeper.store.errors import (
+    Contention,
     Deleting,
     GenerationMismatch,
     MalformedPageToken,
@@ -45,17 +48,29 @@ if TYPE_CHECKING:
 
     from aws_lambda_powertools.utilities.idempotency import IdempotencyConfig
 
+    from fleetkeeper.model import VersionRecord
     from fleetkeeper.spec import ServiceSpec
     from fleetkeeper.store.commands import CommandStore
     from fleetkeeper.store.table import Table
 
 # How many times a write without If-Match is tried when another writer moves the service under it.
 _RACE_ATTEMPTS = 5
+# How many times a command is tried when DynamoDB reports contention that a retry can outlast (a
+# cancelled transaction's TransactionConflict, a torn read: nothing was written either way), with
+# pauses of CONTENTION_PAUSE_SECONDS * 2**n between them. Throttling is not retried here: botocore
+# already retried it 5 times (fleetkeeper.aws), and more attempts would only add to the load.
+CONTENTION_ATTEMPTS = 3
+CONTENTION_PAUSE_SECONDS = 0.05
+# Retry-After (seconds) of the 503 a contention becomes: a conflict clears in milliseconds,
+# throttling takes DynamoDB's capacity to catch up.
+RETRY_AFTER_CONFLICT = 1
+RETRY_AFTER_THROTTLED = 5
 IDEMPOTENCY_TTL_SECONDS = 24 * 3600
 DELETING_MESSAGE = "deleting: terminating every replica"
 
 Kick = Callable[[str], None]
-Command = Literal["get", "list", "create", "update", "rollback", "delete"]
+Command = Literal["get", "list", "versions", "create", "update", "rollback", "delete"]
+T = TypeVar("T")
 
 
 def _no_kick(_name: str) -> None:
@@ -67,6 +82,7 @@ class ServiceCommands:
     store: CommandStore
     kick: Kick = _no_kick
     now: Callable[[], str] = field(default=lambda: to_iso(utcnow()))
+    sleep: Callable[[float], None] = time.sleep
     _idempotency: tuple[Callable[..., dict[str, Any]], IdempotencyConfig] | None = field(
         default=None, init=False, repr=False
     )
@@ -75,11 +91,24 @@ class ServiceCommands:
 
     def get(self, name: str) -> ServiceState:
         with _as_api_errors("get"):
-            return self.store.require(name)
+            return self._contended(lambda: self.store.require(name))
 
     def list_page(self, *, limit: int, next_token: str | None) -> tuple[list[ServiceRecord], str | None]:
         with _as_api_errors("list"):
-            return self.store.list_services(limit=limit, next_token=next_token)
+            return self._contended(lambda: self.store.list_services(limit=limit, next_token=next_token))
+
+    def versions_page(
+        self, name: str, *, limit: int, next_token: str | None
+    ) -> tuple[ServiceRecord, list[VersionRecord], str | None]:
+        """The service item and a page of its versions (oldest first)."""
+
+        def read() -> tuple[ServiceRecord, list[VersionRecord], str | None]:
+            service = self.store.service(name)
+            versions, token = self.store.versions_page(service, limit=limit, next_token=next_token)
+            return service, versions, token
+
+        with _as_api_errors("versions"):
+            return self._contended(read)
 
     # -- writes --
 
@@ -87,7 +116,9 @@ class ServiceCommands:
         _check_spec(name, spec, "creates")
         waiting = f"waiting for the reconciler to launch {spec.target_replicas} replica(s)"
         with _as_api_errors("create"):
-            state = self.store.create_service(name, spec, spec.update.mode, self.now(), status_message=waiting)
+            state = self._contended(
+                lambda: self.store.create_service(name, spec, spec.update.mode, self.now(), status_message=waiting)
+            )
         self.kick(name)
         return state
 
@@ -102,7 +133,7 @@ class ServiceCommands:
             )
 
         with _as_api_errors("update"):
-            return self._write_on_latest(name, add_version)
+            return self._contended(lambda: self._write_on_latest(name, add_version))
 
     def rollback(self, name: str, version: int | None, *, expected_generation: int | None) -> ServiceState:
         def set_target(state: ServiceState) -> ServiceState | None:
@@ -126,14 +157,29 @@ class ServiceCommands:
             return self.store.set_target(state, target, self.now(), expected_generation=expected_generation)
 
         with _as_api_errors("rollback"):
-            return self._write_on_latest(name, set_target)
+            return self._contended(lambda: self._write_on_latest(name, set_target))
 
     def delete(self, name: str) -> ServiceState:
-        with _as_api_errors("delete"):
+        def mark() -> ServiceState:
             state = self.store.require(name)
-            deleted = self.store.mark_deleting(state, self.now(), status_message=DELETING_MESSAGE)
+            return self.store.mark_deleting(state, self.now(), status_message=DELETING_MESSAGE)
+
+        with _as_api_errors("delete"):
+            deleted = self._contended(mark)
         self.kick(name)
         return deleted
+
+    def _contended(self, command: Callable[[], T]) -> T:
+        """Run `command` (reads, then at most one conditional write), again on a contention a retry
+        can outlast: such a contention wrote nothing, and the retry re-reads before it writes."""
+        for attempt in range(1, CONTENTION_ATTEMPTS + 1):
+            try:
+                return command()
+            except Contention as exc:
+                if exc.throttled or attempt == CONTENTION_ATTEMPTS:
+                    raise
+                self.sleep(CONTENTION_PAUSE_SECONDS * 2 ** (attempt - 1))
+        raise AssertionError("unreachable")  # pragma: no cover
 
     def _write_on_latest(self, name: str, write: Callable[[ServiceState], ServiceState | None]) -> ServiceState:
         """Read the ACTIVE service and `write` on it (None: nothing to write), then kick.
@@ -179,6 +225,7 @@ class ServiceCommands:
             return execute()
         from aws_lambda_powertools.utilities.idempotency.exceptions import (
             IdempotencyAlreadyInProgressError,
+            IdempotencyPersistenceLayerError,
             IdempotencyValidationError,
         )
 
@@ -198,6 +245,14 @@ class ServiceCommands:
         except IdempotencyAlreadyInProgressError as exc:
             raise RequestInProgress(
                 "a request with this Idempotency-Key is still in progress; retry in a moment"
+            ) from exc
+        except IdempotencyPersistenceLayerError as exc:
+            # Powertools could not read or write its record (throttling past botocore's retries, a
+            # conflict): the command did not run, or its result could not be kept. Retry the request.
+            raise ServiceUnavailable(
+                "the request's Idempotency-Key record could not be read or written; retry the request "
+                "with the same key",
+                retry_after=RETRY_AFTER_CONFLICT,
             ) from exc
         return result
 
@@ -244,6 +299,16 @@ def api_error(fact: StoreError, command: Command) -> FleetkeeperError | None:
             return NotFound(
                 f"service {name!r} has no version {version} (latest is {latest}; "
                 f"the newest {VERSION_HISTORY_LIMIT} are kept)"
+            )
+        case Contention(throttled=True):
+            return ServiceUnavailable(
+                "the service's table is throttling requests; retry after the Retry-After seconds",
+                retry_after=RETRY_AFTER_THROTTLED,
+            )
+        case Contention():
+            return ServiceUnavailable(
+                "another request was changing this service at the same moment; retry after the Retry-After seconds",
+                retry_after=RETRY_AFTER_CONFLICT,
             )
         case MalformedPageToken(problem=problem):
             return InvalidRequest(

@@ -16,6 +16,7 @@ import binascii
 import contextlib
 import json
 import os
+import zlib
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -29,16 +30,19 @@ from aws_lambda_powertools.event_handler.openapi.params import Header, Path, Que
 
 from fleetkeeper.api.kick import ReconcilerKick
 from fleetkeeper.api.models import (
+    MAX_CLIENT_INTEGER,
     NAME_PATTERN,
     CreateServiceRequest,
     ErrorBody,
     RollbackRequest,
     ServiceList,
+    ServiceTarget,
     ServiceView,
     UpdateServiceRequest,
     VersionList,
     service_view,
     summary,
+    target_view,
     version_view,
 )
 from fleetkeeper.errors import FleetkeeperError, InvalidRequest, PayloadTooLarge, UnsupportedMediaType
@@ -57,11 +61,22 @@ if TYPE_CHECKING:
     from fleetkeeper.model import ServiceState
 
 MAX_BODY_BYTES = 64 * 1024
+# A page of GET .../versions. A version's spec comes from a body of at most 64 KiB and is answered
+# as ASCII JSON, where one 4-byte character becomes a 12-byte surrogate-pair escape: at most ~3x,
+# 192 KiB a version, so a page of 20 stays under 4 MB, well within Lambda's 6 MB response.
+MAX_VERSIONS_PAGE = 20
+DEFAULT_VERSIONS_PAGE = 10
+_UNAVAILABLE: OpenAPIResponse = {
+    "description": "DynamoDB was busy (a concurrent write, throttling); nothing was written: retry after Retry-After",
+    "content": {"application/json": {"model": ErrorBody}},
+}
 _ERRORS: dict[int, OpenAPIResponse] = {
     400: {"description": "invalid request", "content": {"application/json": {"model": ErrorBody}}},
     404: {"description": "no such service", "content": {"application/json": {"model": ErrorBody}}},
     409: {"description": "conflict", "content": {"application/json": {"model": ErrorBody}}},
+    503: _UNAVAILABLE,
 }
+_READ_ERRORS: dict[int, OpenAPIResponse] = {400: _ERRORS[400], 404: _ERRORS[404], 503: _UNAVAILABLE}
 
 # Path and header parameters. A name that does not match is refused by Powertools' validation and
 # answered by `_validation_error` with the api's own words for it.
@@ -111,6 +126,11 @@ def _with_etag(status: int, state: ServiceState) -> Response[Any]:
     return _json(status, service_view(state), {"ETag": str(state.service.generation)})
 
 
+def _written(status: int, state: ServiceState) -> Response[Any]:
+    """A write's answer: the service and its target, without replicas (ServiceTarget)."""
+    return _json(status, target_view(state), {"ETag": str(state.service.generation)})
+
+
 def _invalid_name(name: object) -> InvalidRequest:
     return InvalidRequest(
         f"service name {name!r} is invalid: use 1-63 lower-case letters, digits and dashes, starting with a letter",
@@ -118,15 +138,29 @@ def _invalid_name(name: object) -> InvalidRequest:
     )
 
 
+_MAX_CLIENT_DIGITS = len(str(MAX_CLIENT_INTEGER))
+
+
 def _expected_generation(raw: str | None) -> int | None:
-    """If-Match as a generation number; None for any generation."""
+    """If-Match as a generation number; None for any generation.
+
+    ASCII digits only (str.isdigit() also takes "¹" and "٣", which int() refuses or reads as
+    another digit), at most MAX_CLIENT_INTEGER: checked by length before int() ever sees it, so
+    neither Python's 4,300-digit limit nor DynamoDB's 38 digits can turn it into a 500.
+    """
     if raw is None or raw.strip() in {"", "*"}:
         return None
     text = raw.strip().removeprefix("W/").strip('"')
-    if not text.isdigit():
+    shown = raw if len(raw) <= 40 else raw[:40] + "..."
+    if not (text.isascii() and text.isdigit()):
         raise InvalidRequest(
-            f'If-Match must be the service\'s generation as a number (e.g. 7 or "7"), got {raw!r}',
+            f'If-Match must be the service\'s generation as a number (e.g. 7 or "7"), got {shown!r}',
             details=[{"field": "If-Match", "problem": "not a generation number"}],
+        )
+    if len(text.lstrip("0")) > _MAX_CLIENT_DIGITS or int(text) > MAX_CLIENT_INTEGER:
+        raise InvalidRequest(
+            f"If-Match must be a generation of at most {MAX_CLIENT_INTEGER}, got {shown!r}",
+            details=[{"field": "If-Match", "problem": f"greater than {MAX_CLIENT_INTEGER}"}],
         )
     return int(text)
 
@@ -149,12 +183,29 @@ def _replayable(
     """Run a write command (once per Idempotency-Key) and answer with the service view."""
 
     def run() -> dict[str, Any]:
+        # What Powertools keeps as the record's result, and what a replay answers: the write's view
+        # without replicas (so the record never grows with the replica count), as its JSON text
+        # compressed. Text, because Powertools stores a cached dict with sorted keys, and a replay of
+        # that would not be the first answer byte for byte; compressed, because Powertools stores it
+        # with ASCII escapes, where a spec of 64 KiB of 4-byte characters would take 229 KB of the
+        # 400 KB item (12 bytes per character, and every backslash doubled).
         state = execute()
-        return {"view": service_view(state), "generation": state.service.generation}
+        return {"view_z": _pack(target_view(state)), "generation": state.service.generation}
 
     request = {"operation": operation, "name": name, "body": body}
     result = commands().idempotently(key, request, run, app.lambda_context)
-    return _json(status, result["view"], {"ETag": str(result["generation"])})
+    # The first answer and a replay both answer the cached text parsed back: the same dict, keys
+    # in the same order, so the resolver serializes them to the same bytes.
+    return _json(status, _unpack(result["view_z"]), {"ETag": str(result["generation"])})
+
+
+def _pack(view: dict[str, Any]) -> str:
+    text = json.dumps(view, separators=(",", ":"), ensure_ascii=False)
+    return base64.b64encode(zlib.compress(text.encode(), level=6)).decode()
+
+
+def _unpack(packed: str) -> Any:
+    return json.loads(zlib.decompress(base64.b64decode(packed)))
 
 
 # --- routes -----------------------------------------------------------------------------------------
@@ -163,13 +214,13 @@ def _replayable(
 @app.post(
     "/v1/services",
     responses={
-        201: {"description": "created", "content": {"application/json": {"model": ServiceView}}},
+        201: {"description": "created", "content": {"application/json": {"model": ServiceTarget}}},
         **_ERRORS,
     },
 )
 def create_service(
     request: CreateServiceRequest, idempotency_key: IdempotencyKeyHeader = None
-) -> Response[ServiceView]:
+) -> Response[ServiceTarget]:
     return _replayable(
         "create",
         request.name,
@@ -180,7 +231,7 @@ def create_service(
     )
 
 
-@app.get("/v1/services", responses={400: _ERRORS[400]})
+@app.get("/v1/services", responses={400: _ERRORS[400], 503: _UNAVAILABLE})
 def list_services(
     limit: Annotated[int, Query(ge=1, le=100)] = 50,
     next_token: Annotated[str | None, Query(max_length=2048)] = None,
@@ -189,18 +240,25 @@ def list_services(
     return _json(200, {"services": [summary(s) for s in services], "next_token": token})
 
 
-@app.get("/v1/services/<name>", responses={404: _ERRORS[404], 400: _ERRORS[400]})
+@app.get("/v1/services/<name>", responses=_READ_ERRORS)
 def get_service(name: ServiceNameParam) -> Response[ServiceView]:
     return _with_etag(200, commands().get(name))
 
 
-@app.put("/v1/services/<name>", responses={**_ERRORS, 412: {"description": "If-Match generation mismatch"}})
+@app.put(
+    "/v1/services/<name>",
+    responses={
+        200: {"description": "updated", "content": {"application/json": {"model": ServiceTarget}}},
+        **_ERRORS,
+        412: {"description": "If-Match generation mismatch"},
+    },
+)
 def update_service(
     name: ServiceNameParam,
     request: UpdateServiceRequest,
     if_match: IfMatchHeader = None,
     idempotency_key: IdempotencyKeyHeader = None,
-) -> Response[ServiceView]:
+) -> Response[ServiceTarget]:
     expected = _expected_generation(if_match)
     return _replayable(
         "update",
@@ -212,31 +270,49 @@ def update_service(
     )
 
 
-@app.get("/v1/services/<name>/versions", responses={404: _ERRORS[404], 400: _ERRORS[400]})
-def list_versions(name: ServiceNameParam) -> Response[VersionList]:
-    state = commands().get(name)
-    versions = [version_view(state.versions[v]) for v in sorted(state.versions)]
+@app.get("/v1/services/<name>/versions", responses=_READ_ERRORS)
+def list_versions(
+    name: ServiceNameParam,
+    limit: Annotated[int, Query(ge=1, le=MAX_VERSIONS_PAGE)] = DEFAULT_VERSIONS_PAGE,
+    next_token: Annotated[str | None, Query(max_length=2048)] = None,
+) -> Response[VersionList]:
+    service, versions, token = commands().versions_page(name, limit=limit, next_token=next_token)
     return _json(
         200,
-        {"name": name, "target_version": state.service.target_version, "versions": versions},
-        {"ETag": str(state.service.generation)},
+        {
+            "name": name,
+            "target_version": service.target_version,
+            "versions": [version_view(v) for v in versions],
+            "next_token": token,
+        },
+        {"ETag": str(service.generation)},
     )
 
 
 @app.post(
     "/v1/services/<name>/rollback",
-    responses={**_ERRORS, 412: {"description": "If-Match generation mismatch"}},
+    responses={
+        200: {"description": "rolled back", "content": {"application/json": {"model": ServiceTarget}}},
+        **_ERRORS,
+        412: {"description": "If-Match generation mismatch"},
+    },
 )
-def rollback_service(name: ServiceNameParam, if_match: IfMatchHeader = None) -> Response[ServiceView]:
+def rollback_service(name: ServiceNameParam, if_match: IfMatchHeader = None) -> Response[ServiceTarget]:
     request = _optional_body(RollbackRequest)
     expected = _expected_generation(if_match)
     state = commands().rollback(name, request.version, expected_generation=expected)
-    return _with_etag(200, state)
+    return _written(200, state)
 
 
-@app.delete("/v1/services/<name>", responses={404: _ERRORS[404], 400: _ERRORS[400]})
-def delete_service(name: ServiceNameParam) -> Response[ServiceView]:
-    return _with_etag(202, commands().delete(name))
+@app.delete(
+    "/v1/services/<name>",
+    responses={
+        202: {"description": "deleting", "content": {"application/json": {"model": ServiceTarget}}},
+        **_READ_ERRORS,
+    },
+)
+def delete_service(name: ServiceNameParam) -> Response[ServiceTarget]:
+    return _written(202, commands().delete(name))
 
 
 def openapi_json() -> str:
@@ -285,7 +361,7 @@ def _summarise(details: list[dict[str, str]]) -> str:
 
 @app.exception_handler(FleetkeeperError)
 def _domain_error(exc: FleetkeeperError) -> Response[Any]:
-    return _json(exc.status, exc.to_body())
+    return _json(exc.status, exc.to_body(), exc.headers() or None)
 
 
 def _is_the_name(error: Any) -> bool:
@@ -360,12 +436,14 @@ def _refuse_body(event: dict[str, Any]) -> dict[str, Any] | None:
         error = PayloadTooLarge(f"request body is {len(raw)} bytes; the limit is {MAX_BODY_BYTES} (64 KiB)")
     else:
         try:
-            raw.decode("utf-8")
+            text = raw.decode("utf-8")
         except UnicodeDecodeError:
             error = InvalidRequest(
                 "request body is not UTF-8 text; send JSON",
                 details=[{"field": "body", "problem": "not UTF-8"}],
             )
+        else:
+            error = _too_deep(text)
     if error is None:
         return None
     return {
@@ -374,6 +452,24 @@ def _refuse_body(event: dict[str, Any]) -> dict[str, Any] | None:
         "body": json.dumps(error.to_body()),
         "isBase64Encoded": False,
     }
+
+
+def _too_deep(text: str) -> InvalidRequest | None:
+    """A 400 for JSON nested deeper than the parser's stack ("[[[[..." within 64 KiB): Python's
+    json raises RecursionError for it, which Powertools would let out as a 500. Other invalid JSON
+    is left to Powertools' validation (a 400 naming the body)."""
+    if not text.strip():
+        return None
+    try:
+        json.loads(text)
+    except RecursionError:
+        return InvalidRequest(
+            "request body is JSON nested too deeply; a spec needs a few levels",
+            details=[{"field": "body", "problem": "nested too deeply"}],
+        )
+    except ValueError:
+        return None
+    return None
 
 
 @logger.inject_lambda_context(clear_state=True)

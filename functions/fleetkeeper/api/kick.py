@@ -16,6 +16,8 @@ if TYPE_CHECKING:
     from fleetkeeper.settings import Settings
 
 logger = logging.getLogger(__name__)
+# The embedded kick URL: loopback, answered at once by the local reconcile loop; one attempt.
+KICK_URL_TIMEOUT_SECONDS = 1
 
 
 @dataclass(frozen=True)
@@ -35,12 +37,12 @@ class ReconcilerKick:
             if self.function_name:
                 from fleetkeeper import aws
 
-                aws.lambda_().invoke(FunctionName=self.function_name, InvocationType="Event", Payload=payload)
+                aws.lambda_for_kick().invoke(FunctionName=self.function_name, InvocationType="Event", Payload=payload)
             elif self.url:
                 request = urllib.request.Request(
                     self.url, data=payload, method="POST", headers={"Content-Type": "application/json"}
                 )
-                with urllib.request.urlopen(request, timeout=1):
+                with urllib.request.urlopen(request, timeout=KICK_URL_TIMEOUT_SECONDS):
                     pass
         except Exception:  # a kick must never fail the write it follows
             logger.warning("could not kick the reconciler for %s; the schedule will pick it up", name, exc_info=True)

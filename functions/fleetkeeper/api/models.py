@@ -12,6 +12,9 @@ if TYPE_CHECKING:
     from fleetkeeper.model import ReplicaRecord, ServiceRecord, ServiceState, VersionRecord
 
 NAME_PATTERN = r"^[a-z][a-z0-9-]{0,62}$"
+# Every integer a client sends (a version, a generation in If-Match, a page size) is at most this:
+# far below DynamoDB's 38 significant digits, and more versions or writes than a service will see.
+MAX_CLIENT_INTEGER = 10**9
 ServiceName = Annotated[str, Field(pattern=NAME_PATTERN, description="lower-case letters, digits and dashes")]
 
 
@@ -30,7 +33,7 @@ class UpdateServiceRequest(_Request):
 
 
 class RollbackRequest(_Request):
-    version: Annotated[int, Field(ge=1)] | None = None
+    version: Annotated[int, Field(ge=1, le=MAX_CLIENT_INTEGER)] | None = None
 
 
 class ReplicaView(BaseModel):
@@ -58,10 +61,17 @@ class ServiceSummary(BaseModel):
     updated_at: str
 
 
-class ServiceView(ServiceSummary):
-    replicas: list[ReplicaView]
+class ServiceTarget(ServiceSummary):
+    """What a write answers: the service and its target, without replicas (a write never changes
+    them, and a service of 1,000 replicas would make every response, and every Idempotency-Key
+    record, hundreds of KB)."""
+
     spec: dict[str, Any] | None = Field(description="the target version's spec")
     mode: str | None = Field(description="how the target version rolls out: rolling or blue_green")
+
+
+class ServiceView(ServiceTarget):
+    replicas: list[ReplicaView]
 
 
 class ServiceList(BaseModel):
@@ -81,7 +91,8 @@ class VersionView(BaseModel):
 class VersionList(BaseModel):
     name: str
     target_version: int
-    versions: list[VersionView]
+    versions: list[VersionView] = Field(description="a page of versions, oldest first")
+    next_token: str | None = Field(description="pass as next_token for the next page; null on the last")
 
 
 class ErrorDetail(BaseModel):
@@ -123,13 +134,20 @@ def replica_view(replica: ReplicaRecord) -> dict[str, Any]:
     }
 
 
-def service_view(state: ServiceState) -> dict[str, Any]:
+def target_view(state: ServiceState) -> dict[str, Any]:
+    """A write's answer: the service and its target version's spec, no replicas."""
     target = state.target
     return {
         **summary(state.service),
-        "replicas": [replica_view(state.replicas[r]) for r in sorted(state.replicas)],
         "spec": target.spec.to_json_dict() if target else None,
         "mode": target.mode if target else None,
+    }
+
+
+def service_view(state: ServiceState) -> dict[str, Any]:
+    return {
+        **target_view(state),
+        "replicas": [replica_view(state.replicas[r]) for r in sorted(state.replicas)],
     }
 
 

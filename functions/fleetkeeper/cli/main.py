@@ -162,7 +162,7 @@ class Cli:
         return EXIT_OK
 
     def versions(self) -> int:
-        versions = self.client.request("GET", f"/v1/services/{self.name}/versions").body
+        versions = self._all_versions()
         self.print(render.as_json(versions) if self.json else render.versions_table(versions))
         return EXIT_OK
 
@@ -209,6 +209,20 @@ class Cli:
         else:
             self.note(f"fleetkeeper: {message}")
         return code
+
+    def _all_versions(self) -> dict[str, Any]:
+        """GET .../versions page by page, as one body: name, target_version, every version."""
+        first: dict[str, Any] | None = None
+        versions: list[dict[str, Any]] = []
+        token: str | None = None
+        while True:
+            query = "?limit=20" + (f"&next_token={_quote(token)}" if token else "")
+            page = self.client.request("GET", f"/v1/services/{self.name}/versions{query}").body
+            first = first or page
+            versions.extend(page["versions"])
+            token = page.get("next_token")
+            if not token:
+                return {"name": first["name"], "target_version": first["target_version"], "versions": versions}
 
     def _all_services(self) -> list[dict[str, Any]]:
         services: list[dict[str, Any]] = []

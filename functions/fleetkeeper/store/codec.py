@@ -146,7 +146,9 @@ def version_item(record: VersionRecord) -> Item:
         "uid": record.uid,
         "version": record.version,
         # Stored as JSON text: specs hold floats, which DynamoDB's number type would turn into Decimals.
-        "spec": json.dumps(record.spec.to_json_dict(), separators=(",", ":"), sort_keys=True),
+        # As UTF-8 (ensure_ascii=False): a `\uXXXX` escape costs 6 bytes (12 for a surrogate pair)
+        # of the 400 KB item where the character itself costs 1 to 4; older escaped items read alike.
+        "spec": json.dumps(record.spec.to_json_dict(), separators=(",", ":"), sort_keys=True, ensure_ascii=False),
         "mode": record.mode,
         "state": record.state.value,
         "state_message": record.state_message,
@@ -261,8 +263,10 @@ def _decoded(item: Item, decode: Callable[[Item], _T]) -> _T:
 
 
 # --- page tokens ----------------------------------------------------------------------------------------
-# The api's `next_token` is the index's LastEvaluatedKey as URL-safe base64 JSON. A token is checked
-# before it reaches DynamoDB: a key that is not an index key would be a 500 there, not a 400.
+# The api's `next_token` is a LastEvaluatedKey as URL-safe base64 JSON. A token is checked before it
+# reaches DynamoDB, against the exact key this store would have issued (every attribute a non-empty
+# string, the index's one partition value, a sort key inside the Query's condition): anything else
+# would be DynamoDB's ValidationException ("The provided starting key is invalid"), a 500, not a 400.
 
 
 def encode_token(last_key: Mapping[str, Any] | None) -> str | None:
@@ -271,12 +275,34 @@ def encode_token(last_key: Mapping[str, Any] | None) -> str | None:
     return base64.urlsafe_b64encode(json.dumps(from_raw(last_key), sort_keys=True).encode()).decode()
 
 
-def decode_token(token: str) -> RawItem:
+def _token_key(token: str, attributes: set[str]) -> dict[str, str]:
+    """The token's key: exactly `attributes`, each a non-empty string."""
     try:
         key = json.loads(base64.urlsafe_b64decode(token.encode() + b"=" * (-len(token) % 4)))
-    except (ValueError, binascii.Error, UnicodeError) as exc:
+    except (ValueError, binascii.Error, UnicodeError, RecursionError) as exc:
+        # RecursionError: JSON nested deeper than the parser's stack (e.g. "[[[[..." in the token).
         raise MalformedPageToken("malformed") from exc
-    expected = {"PK", "SK", LIST_PK_ATTR, LIST_SK_ATTR}
-    if not isinstance(key, dict) or set(key) != expected or not all(isinstance(v, str) for v in key.values()):
+    if not isinstance(key, dict) or set(key) != attributes:
         raise MalformedPageToken("unknown token")
+    if not all(isinstance(v, str) and v for v in key.values()):
+        raise MalformedPageToken("unknown token")
+    return key
+
+
+def decode_token(token: str) -> RawItem:
+    """A services-index page token, as the ExclusiveStartKey of the index's Query."""
+    key = _token_key(token, {"PK", "SK", LIST_PK_ATTR, LIST_SK_ATTR})
+    # A service item's key, and its index key: the index's one partition, list_sk = the name.
+    if key[LIST_PK_ATTR] != LIST_PK_VALUE or key["SK"] != SERVICE_SK or key["PK"] != service_pk(key[LIST_SK_ATTR]):
+        raise MalformedPageToken("unknown token")
+    return to_raw(key)
+
+
+def decode_version_token(token: str, name: str, uid: str) -> RawItem:
+    """A versions page token of the incarnation `uid` of `name`, as the ExclusiveStartKey of its Query."""
+    key = _token_key(token, {"PK", "SK"})
+    prefix = child_prefixes(uid)[0]
+    if key["PK"] != service_pk(name) or not key["SK"].startswith(prefix):
+        # Another service's token, or one of an earlier incarnation of this name.
+        raise MalformedPageToken("not a token of this service's versions")
     return to_raw(key)

@@ -17,6 +17,7 @@ from fleetkeeper.model import Lifecycle, ServiceRecord, ServiceState, ServiceSta
 from fleetkeeper.store import keys
 from fleetkeeper.store.codec import Item, expression_values, service_from_item, service_item, to_raw, version_item
 from fleetkeeper.store.errors import (
+    Contention,
     Deleting,
     GenerationMismatch,
     Raced,
@@ -48,6 +49,9 @@ if TYPE_CHECKING:
 # what falls out of the window (never the target, never a version a replica runs), so neither a
 # read of the service nor a reconcile run grows with a long-lived service's history.
 VERSION_HISTORY_LIMIT = 50
+# Consistent Queries a read of one service makes before a torn read (service item without its
+# target version) is reported as Contention.
+TORN_READ_ATTEMPTS = 3
 # An update's transaction: the service update, the new version, and the prunes that still fit.
 _PRUNES_PER_UPDATE = TRANSACT_ITEM_LIMIT - 2
 
@@ -62,13 +66,42 @@ class CommandStore:
     # -- reads --
 
     def load(self, name: str) -> ServiceState | None:
-        return self._reads.load(name)
+        """The whole service, never without its target version (invariant 1, reading side).
+
+        A Query is only read-committed against TransactWriteItems: while a create or an update is
+        in flight it can return the new service item without the new version item it was written
+        with. Such a read is simply read again, up to `TORN_READ_ATTEMPTS` consistent Queries in
+        all; then Contention (a 503 the client retries). Chosen over a TransactGetItems of service
+        + target version: the Query is needed anyway (replicas, versions), the tear lasts only as
+        long as a transaction is in flight (milliseconds), so the common case stays ONE Query and a
+        torn one costs one more; a TransactGetItems would add a call and its own conflicts
+        (TransactionCanceledException against an ongoing write) to every read that tore.
+        (The other tear order, the old service item beside the new version, is a consistent view
+        of the state before the write: the new version is just not targeted yet.)
+        """
+        for _ in range(TORN_READ_ATTEMPTS):
+            state = self._reads.load(name)
+            if state is None or state.target is not None:
+                return state
+        raise Contention("torn read: the service's target version stayed invisible")
 
     def require(self, name: str) -> ServiceState:
-        state = self._reads.load(name)
+        state = self.load(name)
         if state is None:
             raise ServiceMissing(name)
         return state
+
+    def service(self, name: str) -> ServiceRecord:
+        """The service item alone (consistent GetItem)."""
+        service = self._reads.service(name)
+        if service is None:
+            raise ServiceMissing(name)
+        return service
+
+    def versions_page(
+        self, service: ServiceRecord, *, limit: int, next_token: str | None
+    ) -> tuple[list[VersionRecord], str | None]:
+        return self._reads.versions_page(service, limit=limit, next_token=next_token)
 
     def list_services(self, *, limit: int, next_token: str | None = None) -> tuple[list[ServiceRecord], str | None]:
         return self._reads.list_page(limit=limit, next_token=next_token)

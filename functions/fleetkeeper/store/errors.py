@@ -123,3 +123,16 @@ class CorruptItem(StoreError):
 
     def __post_init__(self) -> None:
         super().__init__(f"service {self.name!r}: item {self.sk} does not decode: {self.problem}")
+
+
+@dataclass(eq=False)
+class Contention(StoreError):
+    """DynamoDB did not do what was asked, and nothing was written: another transaction held an item
+    (`TransactionConflict`), throttling outlasted botocore's retries, or reads kept landing in the
+    middle of a transaction (`torn read`). Asking again later is safe; `reason` is DynamoDB's code."""
+
+    reason: str
+    throttled: bool = False  # botocore already retried it: the caller should not multiply attempts
+
+    def __post_init__(self) -> None:
+        super().__init__(f"contention: {self.reason}")

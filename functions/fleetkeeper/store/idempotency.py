@@ -26,5 +26,5 @@ def persistence_layer(table: Table) -> DynamoDBPersistenceLayer:
         sort_key_attr="SK",
         static_pk_value=IDEMPOTENCY_PARTITION,
         expiry_attr=TTL_ATTR,
-        boto3_client=table.client,
+        boto3_client=table.raw_client,  # Powertools reads its own ClientErrors
     )

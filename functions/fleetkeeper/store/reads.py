@@ -10,18 +10,28 @@ from typing import TYPE_CHECKING, Any
 from fleetkeeper.store.codec import (
     Item,
     decode_token,
+    decode_version_token,
     encode_token,
     expression_values,
     from_raw,
     service_from_item,
     state_from_items,
+    to_raw,
+    version_from_item,
 )
-from fleetkeeper.store.keys import LIST_PK_ATTR, LIST_PK_VALUE, SERVICES_INDEX, service_pk
+from fleetkeeper.store.keys import (
+    LIST_PK_ATTR,
+    LIST_PK_VALUE,
+    SERVICES_INDEX,
+    service_key,
+    service_pk,
+    version_prefix,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
-    from fleetkeeper.model import ServiceRecord, ServiceState
+    from fleetkeeper.model import ServiceRecord, ServiceState, VersionRecord
     from fleetkeeper.store.table import Table
 
 # The sparse index's one partition: every service item, and nothing else.
@@ -46,6 +56,34 @@ class ServiceReads:
         ):
             items.extend(from_raw(raw) for raw in page["Items"])
         return state_from_items(items)
+
+    def service(self, name: str) -> ServiceRecord | None:
+        """The service item alone: one consistent GetItem (serializable against transactions)."""
+        raw = self.table.client.get_item(
+            TableName=self.table.name, Key=to_raw(service_key(name)), ConsistentRead=True
+        ).get("Item")
+        return service_from_item(from_raw(raw)) if raw else None
+
+    def versions_page(
+        self, service: ServiceRecord, *, limit: int, next_token: str | None = None
+    ) -> tuple[list[VersionRecord], str | None]:
+        """A page of the incarnation's versions, oldest first: one consistent Query of `limit` items.
+
+        Raises MalformedPageToken for a token that is not one of this incarnation's versions.
+        """
+        query: dict[str, Any] = {
+            "KeyConditionExpression": "PK = :pk AND begins_with(SK, :prefix)",
+            "ExpressionAttributeValues": expression_values(
+                pk=service_pk(service.name), prefix=version_prefix(service.uid)
+            ),
+            "ConsistentRead": True,
+            "Limit": limit,
+        }
+        if next_token:
+            query["ExclusiveStartKey"] = decode_version_token(next_token, service.name, service.uid)
+        page = self.table.client.query(TableName=self.table.name, **query)
+        versions = [version_from_item(from_raw(raw)) for raw in page["Items"]]
+        return versions, encode_token(page.get("LastEvaluatedKey"))
 
     def list_page(self, *, limit: int, next_token: str | None = None) -> tuple[list[ServiceRecord], str | None]:
         """A page of service items from the sparse index (never version or replica items).
