@@ -1,10 +1,11 @@
 """Deleting one removed incarnation's children, within a time budget, retrying what DynamoDB defers.
 
 Two layers of retries, never stacked: botocore (fleetkeeper.aws, standard mode) retries a throttled
-or failed call itself, and a ClientError that still comes out of it fails the record here at once
-(the stream delivers it again). What botocore does not retry is a BatchWriteItem's partial success,
-`UnprocessedItems`: that is retried here, with backoff. The time budget counts botocore's waits: a
-call starts only while its worst-case retry waits still fit.
+or failed call itself, and a ClientError (or the store's Contention, for throttling) that still
+comes out of it fails the record here at once (the stream delivers it again). What botocore does
+not retry is a BatchWriteItem's partial success, `UnprocessedItems`: that is retried here, with
+backoff. The time budget counts botocore's waits: a call starts only while its worst-case retry
+waits still fit.
 
 The function's collaborators come in as parameters (the keys of the incarnation, the remaining time,
 sleep, jitter), so tests can inject errors, unprocessed items and a clock that runs out.
@@ -154,7 +155,7 @@ class Cleaner:
                 self.sleep(pause)
                 progress.retries += 1
             progress.batch_calls += 1
-            # A ClientError propagates: botocore has already retried it (throttling included), and
+            # A ClientError (Contention, for throttling) propagates: botocore has already retried it, and
             # retrying again here would multiply its attempts. The record fails; the stream retries.
             unprocessed = self.children.delete(pending)
             progress.deleted += len(pending) - len(unprocessed)
