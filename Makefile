@@ -87,9 +87,10 @@ fuzz: $(STAMP)
 
 # The seeded simulation (tests/test_simulation.py; docs/ARCHITECTURE.md, "Simulation"). `make test`
 # runs its fixed seeds; `make sim SIM_SEED=n` replays one seed; `make soak SEEDS=N` runs N random
-# seeds (each printed; a failure prints its seed and steps) of SIM_STEPS steps (default 30).
+# seeds (each printed; a failure prints its seed and steps) of SIM_STEPS steps (default 2000; the
+# fixed seeds of `make test` run 200 each, tests/test_simulation.py).
 SEEDS     ?= 20
-SIM_STEPS ?= 30
+SIM_STEPS ?= 2000
 SOAK_BASE ?= $(shell date +%s)
 
 sim: $(STAMP)

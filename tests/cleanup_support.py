@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import copy
 import json
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -139,9 +139,18 @@ def stream_records(table: str) -> list[dict[str, Any]]:
     return [_as_lambda_json(r, arn) for r in records]
 
 
+def lambda_record(record: dict[str, Any], stream_arn: str) -> dict[str, Any]:
+    """A record of moto's stream shard (`StreamRecord.to_json()`, read from the backend without
+    botocore) in the JSON shape Lambda hands to functions: what `stream_records` returns for it."""
+    return _as_lambda_json(record, stream_arn)
+
+
 def _as_lambda_json(record: dict[str, Any], stream_arn: str) -> dict[str, Any]:
     def plain(value: Any) -> Any:
-        return int(value.timestamp()) if isinstance(value, datetime) else str(value)
+        if isinstance(value, datetime):
+            # botocore parses the wire's timestamp as UTC; moto's backend holds it naive, in UTC.
+            return int((value if value.tzinfo else value.replace(tzinfo=UTC)).timestamp())
+        return str(value)
 
     out: dict[str, Any] = json.loads(json.dumps(record, default=plain))
     out["eventSourceARN"] = stream_arn
