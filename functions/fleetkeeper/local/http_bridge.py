@@ -43,6 +43,11 @@ _SERVICE_NAME = re.compile(NAME_PATTERN)
 _REPLICA_LOG = re.compile(r"^replica-(\d+)\.log$")
 
 
+# After refusing a body: how long and how much of it the bridge reads and drops before it closes.
+_LINGER_SECONDS = 2.0
+_LINGER_MAX_BYTES = 4 * 1024 * 1024
+
+
 class ApiBridge(ThreadingHTTPServer):
     """The embedded control plane's HTTP server (see the module docstring)."""
 
@@ -105,13 +110,37 @@ class _RequestHandler(BaseHTTPRequestHandler):
         self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         threading.current_thread().name = API_FUNCTION  # readable logs tell the handlers apart by thread
 
+    def finish(self) -> None:
+        if getattr(self, "_unread_body", False):
+            self._lingering_close()
+        super().finish()
+
+    def _lingering_close(self) -> None:
+        """Close after a refusal the way HTTP servers must: answer, stop writing, then read and drop
+        what the client is still sending (bounded) until it closes. Closing at once would reset the
+        connection while the client is mid-body, and it would see a broken pipe, not our answer."""
+        try:
+            self.wfile.flush()
+            self.connection.shutdown(socket.SHUT_WR)
+            self.connection.settimeout(_LINGER_SECONDS)
+            drained = 0
+            while drained < _LINGER_MAX_BYTES:
+                chunk = self.connection.recv(65536)
+                if not chunk:
+                    break
+                drained += len(chunk)
+        except OSError:
+            pass  # the client went away, or took longer than we wait: nothing more to do
+
     def _handle(self, method: str) -> None:
         started = time.perf_counter()
         try:
             refusal = self._refuse_body()
             if refusal is not None:
-                # The body is left unread, so the connection cannot carry another request.
+                # The body is left unread, so the connection cannot carry another request; it is
+                # drained after the answer (`finish`) so the client can read that answer.
                 self.close_connection = True
+                self._unread_body = True
                 status, headers, payload = refusal
             elif self.path.startswith("/_local/"):
                 body = self._read_body()
