@@ -998,6 +998,82 @@ def test_orphans_are_terminated_after_the_grace_period_only() -> None:
     assert plan_orphans({UID, "dead"}, [old], NOW) is None
 
 
+# --- observation and ownership (invariants 1 and 7) -----------------------------------------------
+
+
+def test_a_service_whose_target_version_is_not_visible_yet_gets_no_action() -> None:
+    current = state([replica(0, S.STARTING), replica(1, S.FAILED_PROBING)], [version(1, READY)], target=2)
+    assert plan(current, [instance(0), instance(1)], {0: OK}, NOW) == []
+
+
+def test_a_deleting_service_is_taken_down_without_its_target_version() -> None:
+    r0 = replica(0)
+    current = state([r0], [version(1, READY)], target=2, lifecycle=Lifecycle.DELETING)
+    assert plan(current, [instance(0)], {0: OK}, NOW) == [
+        drained(r0, "service is being deleted"),
+        terminate(("i-0", "replica 0: service is being deleted")),
+        status(ServiceStatus.SHUTTING_DOWN, "deleting: terminating 1 instance(s)"),
+    ]
+
+
+# ClientTokens on an instance tagged as replica 0 of UID: is it fleetkeeper's launch?
+_TOKENS = [
+    (client_token(UID, 0), True),
+    (client_token(UID, 0, 1), True),
+    (client_token(UID, 0, 12), True),
+    (None, False),
+    ("", False),
+    (client_token(UID, 1), False),  # another replica's token
+    (client_token("u2", 0), False),  # another incarnation's
+    (client_token(UID, 0) + "-", False),
+    (client_token(UID, 0) + "-01", False),
+    (client_token(UID, 0) + "-0", False),
+    (client_token(UID, 0) + "-x", False),
+    (client_token(UID, 0) + "-\u0663", False),  # a digit, but not an ASCII one
+    ("12", False),
+    (client_token(UID, 0) + "7", False),
+]
+
+
+@pytest.mark.parametrize(("token", "ours"), _TOKENS)
+def test_only_an_instance_launched_with_the_replicas_token_is_a_duplicate(token: str | None, ours: bool) -> None:
+    copy_ = instance(0, instance_id="i-copy", launched_at=ago(10), client_token=token)
+    actions = plan(state([replica(0), replica(1)]), [instance(0), copy_, instance(1)], {0: OK, 1: OK}, NOW)
+    duplicate = [terminate(("i-copy", "duplicate launch of replica 0"))] if ours else []
+    assert actions == [mark_ready(1), *duplicate, status(ServiceStatus.READY, "2/2 ready")]
+
+
+@pytest.mark.parametrize(("token", "ours"), _TOKENS)
+def test_only_an_instance_launched_with_the_replicas_token_is_adopted(token: str | None, ours: bool) -> None:
+    pending = replica(0, S.PENDING)
+    found = instance(0, instance_id="i-found", client_token=token)
+    actions = plan(state([pending, replica(1)]), [found, instance(1)], {1: OK}, NOW)
+    if ours:
+        expected: list[Action] = [moved(pending, instance_id="i-found", launched_at=STAMP, status=S.STARTING)]
+        message = "1/2 ready; replica 0 STARTING"
+    else:
+        expected = []
+        message = "1/2 ready; replica 0 PENDING"
+    launch = [] if ours else [Launch(0, fresh=False)]
+    assert actions == [*expected, mark_ready(1), *launch, status(ServiceStatus.READY, message)]
+
+
+@pytest.mark.parametrize(("token", "ours"), _TOKENS)
+def test_only_an_instance_launched_by_fleetkeeper_is_an_orphan(token: str | None, ours: bool) -> None:
+    orphan = instance(0, launched_at=ago(3600), client_token=token)
+    expected = terminate(("i-0", "orphan: service svc (uid u1) no longer exists")) if ours else None
+    assert plan_orphans({"u9"}, [orphan], NOW) == expected
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [{"uid": "", "client_token": client_token("", 0)}, {"replica_id": -1, "client_token": client_token(UID, -1)}],
+    ids=["no uid", "no replica id"],
+)
+def test_an_instance_without_a_uid_or_replica_id_is_never_an_orphan(fields: dict[str, Any]) -> None:
+    assert plan_orphans({"u9"}, [instance(0, launched_at=ago(3600), **fields)], NOW) is None
+
+
 # --- purity: a function of its inputs only --------------------------------------------------------
 
 
