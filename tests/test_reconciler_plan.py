@@ -798,6 +798,65 @@ def test_an_update_finishes_ready_when_old_instances_are_gone() -> None:
     ]
 
 
+def test_an_update_drops_the_old_versions_refused_launches_and_drains_its_not_ready_replicas() -> None:
+    old_refusal = refusal(0, "InsufficientInstanceCapacity", "no capacity", C.ENVIRONMENT)
+    starting = replica(1, S.STARTING, launched_at=ago(60))
+    current = rolling_state([replica(2, v=2), replica(3, v=2)], [old_refusal, starting])
+    insts = [instance(1), instance(2), instance(3)]
+    assert plan(current, insts, {1: DOWN, 2: OK, 3: OK}, NOW) == [
+        drained(starting, ROLLED),
+        mark_ready(2),
+        terminate(("i-1", f"replica 1: {ROLLED}")),
+        DeleteReplica(old_refusal),
+        status(ServiceStatus.UPDATING, "updating to version 2 (rolling): 2/2 new ready, 1 old replica(s) left"),
+    ]
+
+
+def test_a_failed_target_drains_the_old_replicas_that_serve_nothing_and_keeps_the_rest() -> None:
+    failed = version(2, VersionState.FAILED, state_message="version 2 failed: 3 replica failures")
+    starting = replica(0, S.STARTING, launched_at=ago(60))
+    current = state([starting], [version(1), failed], target=2)
+    assert plan(current, [instance(0)], {}, NOW) == [
+        drained(starting, "replaced by version 2 (rolling)"),
+        terminate(("i-0", "replica 0: replaced by version 2 (rolling)")),
+        status(
+            ServiceStatus.FAILED,
+            "version 2 failed: 3 replica failures; no earlier version was ever READY: "
+            "launching stopped until the service is updated",
+        ),
+    ]
+
+
+def test_rolling_with_unavailability_of_every_replica_replaces_them_all_at_once() -> None:
+    r0, r1 = replica(0), replica(1)
+    current = rolling_state([], [r0, r1], max_surge=0, max_unavailable=2)
+    assert plan(current, [instance(0), instance(1)], {0: OK, 1: OK}, NOW) == [
+        drained(r0, ROLLED),
+        drained(r1, ROLLED),
+        terminate(("i-0", f"replica 0: {ROLLED}"), ("i-1", f"replica 1: {ROLLED}")),
+        *launches(2, 2, 3),
+        status(
+            ServiceStatus.UPDATING,
+            "updating to version 2 (rolling): 0/2 new ready, 2 old replica(s) left; replica 2 PENDING; "
+            "replica 3 PENDING",
+        ),
+    ]
+
+
+def test_rolling_surge_counts_the_new_replicas_already_launched() -> None:
+    old = [replica(i) for i in range(3)]
+    starting = replica(3, S.STARTING, v=2, launched_at=ago(60))
+    versions = [version(1, READY), version(2, spec=spec(3, max_surge=1, max_unavailable=0))]
+    current = state([*old, starting], versions, target=2)
+    insts = [instance(i) for i in range(4)]
+    assert plan(current, insts, {0: OK, 1: OK, 2: OK}, NOW) == [
+        status(
+            ServiceStatus.UPDATING,
+            "updating to version 2 (rolling): 0/3 new ready, 3 old replica(s) left; replica 3 STARTING",
+        ),
+    ]
+
+
 # --- circuit breaker ------------------------------------------------------------------------------
 
 
@@ -1072,6 +1131,82 @@ def test_only_an_instance_launched_by_fleetkeeper_is_an_orphan(token: str | None
 )
 def test_an_instance_without_a_uid_or_replica_id_is_never_an_orphan(fields: dict[str, Any]) -> None:
     assert plan_orphans({"u9"}, [instance(0, launched_at=ago(3600), **fields)], NOW) is None
+
+
+def test_an_unrecorded_replica_adopts_its_earliest_launch_and_the_rest_are_duplicates() -> None:
+    pending = replica(0, S.PENDING)
+    later = instance(0, instance_id="i-a", launched_at=ago(10))
+    earlier = instance(0, instance_id="i-b", launched_at=ago(20))
+    unknown = instance(0, instance_id="i-c", launched_at=None)
+    actions = plan(state([pending, replica(1)]), [later, earlier, instance(1)], {1: OK}, NOW)
+    assert actions == [
+        moved(pending, instance_id="i-b", launched_at=STAMP, status=S.STARTING),
+        mark_ready(1),
+        terminate(("i-a", "duplicate launch of replica 0")),
+        status(ServiceStatus.READY, "1/2 ready; replica 0 STARTING"),
+    ]
+    # an instance EC2 reports no launch time for sorts first
+    actions = plan(state([pending, replica(1)]), [earlier, unknown, instance(1)], {1: OK}, NOW)
+    assert actions == [
+        moved(pending, instance_id="i-c", launched_at=STAMP, status=S.STARTING),
+        mark_ready(1),
+        terminate(("i-b", "duplicate launch of replica 0")),
+        status(ServiceStatus.READY, "1/2 ready; replica 0 STARTING"),
+    ]
+
+
+def test_orphans_one_by_one_whatever_comes_before_them() -> None:
+    # Each instance that is not an orphan (live service, spared service, young) comes before one that is.
+    live = instance(2, instance_id="i-live", launched_at=ago(3600))
+    spared = instance(4, uid="gone", service="broken", instance_id="i-spared", launched_at=ago(3600))
+    young = instance(1, uid="dead", instance_id="i-young", launched_at=ago(599))
+    at_grace = instance(0, uid="dead", instance_id="i-at-grace", launched_at=ago(600))
+    nameless = instance(5, uid="dead", service="", instance_id="i-nameless", launched_at=ago(3600))
+    undated = instance(6, uid="dead", instance_id="i-undated", launched_at=None)
+    assert plan_orphans(
+        {UID}, [live, at_grace, spared, nameless, young, undated], NOW, spared_services={"broken"}
+    ) == terminate(
+        ("i-at-grace", "orphan: service svc (uid dead) no longer exists"),
+        ("i-nameless", "orphan: service ? (uid dead) no longer exists"),
+        ("i-undated", "orphan: service svc (uid dead) no longer exists"),
+    )
+
+
+def test_a_replica_not_ready_exactly_at_its_initial_delay_still_has_time() -> None:
+    starting = replica(0, S.STARTING, launched_at=ago(600))
+    current = state([starting], [version(1, spec=spec(1))])
+    assert plan(current, [instance(0)], {0: DOWN}, NOW) == [
+        moved(starting, status_message="not ready yet: connection refused"),
+        status(ServiceStatus.REPLICA_INIT, "0/1 ready; replica 0 STARTING: not ready yet: connection refused"),
+    ]
+
+
+def test_a_shut_down_replica_of_an_undecided_target_is_deleted_once_its_instance_is_gone() -> None:
+    leaving = replica(0, S.SHUTTING_DOWN)
+    starting = replica(1, S.STARTING, launched_at=ago(60))
+    current = state([leaving, starting], [version(1, spec=spec(1))])
+    assert plan(current, [instance(1)], {}, NOW) == [
+        DeleteReplica(leaving),
+        status(ServiceStatus.REPLICA_INIT, "0/1 ready; replica 1 STARTING"),
+    ]
+
+
+def test_scale_down_launches_nothing_more_and_drains_unlaunched_claims() -> None:
+    ready = [replica(i, ready_at=ago(100)) for i in range(4)]
+    current = state(ready, [version(1, READY, spec=spec(3))])
+    assert plan(current, [instance(i) for i in range(4)], dict.fromkeys(range(4), OK), NOW) == [
+        drained(ready[3], "scaling down to 3"),
+        terminate(("i-3", "replica 3: scaling down to 3")),
+        status(ServiceStatus.READY, "3/3 ready"),
+    ]
+    claimed = [replica(i, S.PENDING) for i in range(3)]
+    current = state(claimed, [version(1, spec=spec(1))])
+    assert plan(current, [], {}, NOW) == [
+        drained(claimed[1], "scaling down to 1"),
+        drained(claimed[2], "scaling down to 1"),
+        Launch(0, fresh=False),
+        status(ServiceStatus.REPLICA_INIT, "0/1 ready; replica 0 PENDING"),
+    ]
 
 
 # --- purity: a function of its inputs only --------------------------------------------------------
