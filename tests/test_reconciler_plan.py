@@ -557,6 +557,164 @@ def test_failures_of_an_undecided_target_are_kept_for_the_breaker() -> None:
     ]
 
 
+def test_more_transitions() -> None:
+    """One replica of a one-replica service (ready or not) per case, with the whole plan."""
+    one = [version(1, spec=spec(1))]
+    # booting, first failed probe: STARTING with the probe's detail
+    provisioning = replica(0, S.PROVISIONING, launched_at=ago(60))
+    assert plan(state([provisioning], one), [instance(0)], {0: DOWN}, NOW) == [
+        moved(provisioning, status=S.STARTING, status_message="not ready yet: connection refused"),
+        status(ServiceStatus.REPLICA_INIT, "0/1 ready; replica 0 STARTING: not ready yet: connection refused"),
+    ]
+    # back to READY: the failure message goes
+    failing = replica(0, S.NOT_READY, probe_failures=1, status_message="readiness probe failing: x")
+    assert plan(state([failing], one), [instance(0)], {0: OK}, NOW) == [
+        became_ready(failing),
+        mark_ready(1),
+        status(ServiceStatus.READY, "1/1 ready"),
+    ]
+    # the probe found the replica at another address
+    starting = replica(0, S.STARTING, launched_at=ago(60))
+    moved_probe = ProbeResult("http://10.0.0.9:8080", True, "HTTP 200")
+    assert plan(state([starting], one), [instance(0)], {0: moved_probe}, NOW) == [
+        moved(
+            starting,
+            url="http://10.0.0.9:8080",
+            status=S.READY,
+            status_message="",
+            ready_at=STAMP,
+            last_probe_ok_at=STAMP,
+            probe_failures=0,
+        ),
+        mark_ready(1),
+        status(ServiceStatus.READY, "1/1 ready"),
+    ]
+    # an instance pending again (stopped and started) within the initial delay: left as it is
+    assert plan(state([starting], one), [instance(0, InstanceState.PENDING)], {}, NOW) == [
+        status(ServiceStatus.REPLICA_INIT, "0/1 ready; replica 0 STARTING"),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("before", "inst_state", "detail"),
+    [
+        (S.PROVISIONING, InstanceState.PENDING, "instance still pending"),
+        (S.STARTING, InstanceState.RUNNING, "never answered a readiness probe"),
+    ],
+)
+def test_past_the_initial_delay_without_a_verdict_fails(
+    before: ReplicaStatus, inst_state: InstanceState, detail: str
+) -> None:
+    slow = replica(0, before, launched_at=ago(601))
+    message = f"not ready 600s after launch ({detail})"
+    assert plan(state([slow], [version(1, spec=spec(1))]), [instance(0, inst_state)], {}, NOW) == [
+        moved(
+            slow,
+            status=S.FAILED_INITIAL_DELAY,
+            status_message=message,
+            failure_code=INITIAL_DELAY_EXCEEDED,
+            cause=C.VERSION,
+        ),
+        terminate(("i-0", "replica 0: FAILED_INITIAL_DELAY")),
+        *launches(1, 1),
+        status(ServiceStatus.REPLICA_INIT, f"0/1 ready; replica 0 FAILED_INITIAL_DELAY: {message}; replica 1 PENDING"),
+    ]
+
+
+def test_a_missing_instance_is_lost_exactly_at_the_grace_period() -> None:
+    old = replica(0, S.PROVISIONING, launched_at=ago(300))
+    message = "instance i-0 is gone: terminated outside fleetkeeper"
+    assert plan(state([old], [version(1, spec=spec(1))]), [], {}, NOW) == [
+        moved(old, status=S.PREEMPTED, status_message=message, failure_code=INSTANCE_LOST, cause=C.VERSION),
+        *launches(1, 1),
+        status(ServiceStatus.REPLICA_INIT, f"0/1 ready; replica 0 PREEMPTED: {message}; replica 1 PENDING"),
+    ]
+
+
+def test_an_instance_that_ended_without_a_reason_is_lost() -> None:
+    ready = replica(0)
+    gone = instance(0, InstanceState.TERMINATED)
+    message = "instance i-0 is terminated: terminated outside fleetkeeper"
+    assert plan(state([ready], [version(1, READY, spec=spec(1))]), [gone], {}, NOW) == [
+        moved(ready, status=S.PREEMPTED, status_message=message, failure_code=INSTANCE_LOST, cause=C.VERSION),
+        *launches(1, 1),
+        status(ServiceStatus.REPLICA_INIT, f"0/1 ready; replica 0 PREEMPTED: {message}; replica 1 PENDING"),
+    ]
+
+
+def test_the_recorded_instance_is_judged_not_another_dead_launch_of_the_replica() -> None:
+    ready = replica(0)
+    other = instance(0, InstanceState.TERMINATED, instance_id="i-dup", state_reason_code="Client.UserInitiatedShutdown")
+    message = "instance i-0 is gone: terminated outside fleetkeeper"
+    assert plan(state([ready], [version(1, READY, spec=spec(1))]), [other], {}, NOW) == [
+        moved(ready, status=S.PREEMPTED, status_message=message, failure_code=INSTANCE_LOST, cause=C.VERSION),
+        *launches(1, 1),
+        status(ServiceStatus.REPLICA_INIT, f"0/1 ready; replica 0 PREEMPTED: {message}; replica 1 PENDING"),
+    ]
+
+
+def test_a_refused_replica_whose_earlier_launch_is_found_adopts_it() -> None:
+    refused_one = refusal(0, "InsufficientInstanceCapacity", "no capacity", C.ENVIRONMENT, retry_in=30)
+    current = state([refused_one], [version(1, spec=spec(1))])
+    assert plan(current, [instance(0)], {}, NOW) == [
+        moved(
+            refused_one,
+            instance_id="i-0",
+            launched_at=STAMP,
+            status=S.STARTING,
+            status_message="",
+            failure_code=None,
+            cause=None,
+        ),
+        status(ServiceStatus.REPLICA_INIT, "0/1 ready; replica 0 STARTING"),
+    ]
+
+
+def test_the_recorded_instance_wins_over_an_earlier_launch_of_the_replica() -> None:
+    twin = instance(0, instance_id="i-twin", launched_at=ago(1000))
+    actions = plan(state([replica(0), replica(1)]), [twin, instance(0), instance(1)], {0: OK, 1: OK}, NOW)
+    assert actions == [
+        mark_ready(1),
+        terminate(("i-twin", "duplicate launch of replica 0")),
+        status(ServiceStatus.READY, "2/2 ready"),
+    ]
+
+
+def test_a_stray_listed_first_does_not_hide_the_owned_instances() -> None:
+    stray = instance(0, instance_id="i-stray")
+    actions = plan(state([replica(1), replica(2)], seq=3), [stray, instance(1), instance(2)], {1: OK, 2: OK}, NOW)
+    assert actions == [
+        mark_ready(1),
+        terminate(("i-stray", "replica 0 no longer exists")),
+        status(ServiceStatus.READY, "2/2 ready"),
+    ]
+
+
+def test_launches_go_past_replicas_that_need_none() -> None:
+    waiting = refusal(1, "InsufficientInstanceCapacity", "no capacity", C.ENVIRONMENT, retry_in=5)
+    due_now = refusal(2, "InsufficientInstanceCapacity", "no capacity", C.ENVIRONMENT, retry_in=0)
+    current = state([replica(0), waiting, due_now, replica(3, S.PENDING)], [version(1, READY, spec=spec(4))])
+    text = "FAILED_PROVISION: InsufficientInstanceCapacity: no capacity"
+    assert plan(current, [instance(0)], {0: OK}, NOW) == [
+        Launch(2, fresh=False),
+        Launch(3, fresh=False),
+        status(ServiceStatus.READY, f"1/4 ready; replica 1 {text}; replica 2 {text}; replica 3 PENDING"),
+    ]
+
+
+def test_retries_count_toward_the_launch_cap() -> None:
+    due = refusal(0, "InsufficientInstanceCapacity", "no capacity", C.ENVIRONMENT)
+    current = state([due], [version(1, spec=spec(3))])
+    assert plan(current, [], {}, NOW, Policy(max_launches_per_run=2)) == [
+        Launch(0, fresh=False),
+        *launches(1, 1),
+        status(
+            ServiceStatus.REPLICA_INIT,
+            "0/3 ready; replica 0 FAILED_PROVISION: InsufficientInstanceCapacity: no capacity; replica 1 PENDING",
+        ),
+    ]
+
+
 # --- steady state ---------------------------------------------------------------------------------
 
 
@@ -1000,6 +1158,68 @@ def test_status_after_rollback_says_why() -> None:
     current = state([replica(0), replica(1)], [version(1, READY), failed], target=1)
     assert plan(current, [instance(0), instance(1)], {0: OK, 1: OK}, NOW) == [
         status(ServiceStatus.READY, "2/2 ready; rolled back to version 1: version 2 failed: 3 replica failures")
+    ]
+
+
+def test_the_breaker_rolls_back_to_the_version_still_serving_else_the_newest_ready_one() -> None:
+    failing = [replica(i, S.FAILED_PROBING, v=3) for i in (3, 4, 5)]
+    message = "version 3 failed: 3 replica failures before any became ready; last: replica 5 FAILED_PROBING"
+    # rolled back from v2 to v1, then updated to v3: v1 serves, a v2 replica is still booting
+    versions = [version(1, READY), version(2, READY), version(3)]
+    booting = replica(1, S.STARTING, v=2, launched_at=ago(60))
+    current = state([replica(0), booting, *failing], versions, target=3)
+    assert plan(current, [instance(0), instance(1)], {0: OK}, NOW) == [TripBreaker(3, message, rollback_to=1)]
+    # nothing serves: the newest READY version, never a FAILED or the target one
+    versions = [version(1, READY), version(2, VersionState.FAILED), version(3)]
+    assert plan(state(failing, versions, target=3), [], {}, NOW) == [TripBreaker(3, message, rollback_to=1)]
+
+
+def test_the_breaker_rolls_back_to_a_version_that_became_ready_in_the_same_run() -> None:
+    starting = replica(0, S.STARTING, launched_at=ago(60))
+    failing = [replica(i, S.FAILED_PROBING, v=2) for i in (1, 2, 3)]
+    current = state([starting, *failing], [version(1), version(2)], target=2)
+    assert plan(current, [instance(0)], {0: OK}, NOW) == [
+        became_ready(starting),
+        mark_ready(1),
+        TripBreaker(
+            2,
+            "version 2 failed: 3 replica failures before any became ready; last: replica 3 FAILED_PROBING",
+            rollback_to=1,
+        ),
+    ]
+
+
+def test_the_breaker_names_the_failure_of_this_run_before_more_recent_records() -> None:
+    failed = [replace(replica(i, S.FAILED_PROBING), updated_at=ago(10)) for i in (1, 2)]
+    slow = replica(0, S.STARTING, launched_at=ago(700))
+    message = "not ready 600s after launch (last probe: connection refused)"
+    assert plan(state([slow, *failed]), [instance(0)], {0: DOWN}, NOW) == [
+        moved(
+            slow,
+            status=S.FAILED_INITIAL_DELAY,
+            status_message=message,
+            failure_code=INITIAL_DELAY_EXCEEDED,
+            cause=C.VERSION,
+        ),
+        TripBreaker(
+            1,
+            "version 1 failed: 3 replica failures before any became ready; "
+            f"last: replica 0 FAILED_INITIAL_DELAY: {message}",
+            rollback_to=None,
+        ),
+        terminate(("i-0", "replica 0: FAILED_INITIAL_DELAY")),
+    ]
+
+
+def test_a_failed_target_with_a_ready_version_says_to_roll_back() -> None:
+    failed = version(2, VersionState.FAILED, state_message="version 2 failed: 3 replica failures")
+    current = state([replica(0), replica(1)], [version(1, READY), failed], target=2)
+    assert plan(current, [instance(0), instance(1)], {0: OK, 1: OK}, NOW) == [
+        status(
+            ServiceStatus.FAILED,
+            "version 2 failed: 3 replica failures: launching stopped; "
+            "update the service or roll back to a READY version",
+        ),
     ]
 
 
