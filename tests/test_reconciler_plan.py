@@ -796,6 +796,14 @@ def test_service_status(
     assert service_status(current, records, versions, with_instance) == status(*expected)
 
 
+def test_the_status_of_a_service_whose_target_version_is_missing() -> None:
+    assert service_status(state([], target=2), [], {1: NEW}, set()) == status(
+        ServiceStatus.FAILED,
+        "the target version is missing; no earlier version was ever READY: "
+        "launching stopped until the service is updated",
+    )
+
+
 def test_a_status_is_only_written_when_it_changed() -> None:
     current = state([], status=ServiceStatus.READY, message="2/2 ready", generation=3, observed=3)
     assert not status_changed(current, status(ServiceStatus.READY, "2/2 ready", 3))
