@@ -557,6 +557,164 @@ def test_failures_of_an_undecided_target_are_kept_for_the_breaker() -> None:
     ]
 
 
+def test_more_transitions() -> None:
+    """One replica of a one-replica service (ready or not) per case, with the whole plan."""
+    one = [version(1, spec=spec(1))]
+    # booting, first failed probe: STARTING with the probe's detail
+    provisioning = replica(0, S.PROVISIONING, launched_at=ago(60))
+    assert plan(state([provisioning], one), [instance(0)], {0: DOWN}, NOW) == [
+        moved(provisioning, status=S.STARTING, status_message="not ready yet: connection refused"),
+        status(ServiceStatus.REPLICA_INIT, "0/1 ready; replica 0 STARTING: not ready yet: connection refused"),
+    ]
+    # back to READY: the failure message goes
+    failing = replica(0, S.NOT_READY, probe_failures=1, status_message="readiness probe failing: x")
+    assert plan(state([failing], one), [instance(0)], {0: OK}, NOW) == [
+        became_ready(failing),
+        mark_ready(1),
+        status(ServiceStatus.READY, "1/1 ready"),
+    ]
+    # the probe found the replica at another address
+    starting = replica(0, S.STARTING, launched_at=ago(60))
+    moved_probe = ProbeResult("http://10.0.0.9:8080", True, "HTTP 200")
+    assert plan(state([starting], one), [instance(0)], {0: moved_probe}, NOW) == [
+        moved(
+            starting,
+            url="http://10.0.0.9:8080",
+            status=S.READY,
+            status_message="",
+            ready_at=STAMP,
+            last_probe_ok_at=STAMP,
+            probe_failures=0,
+        ),
+        mark_ready(1),
+        status(ServiceStatus.READY, "1/1 ready"),
+    ]
+    # an instance pending again (stopped and started) within the initial delay: left as it is
+    assert plan(state([starting], one), [instance(0, InstanceState.PENDING)], {}, NOW) == [
+        status(ServiceStatus.REPLICA_INIT, "0/1 ready; replica 0 STARTING"),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("before", "inst_state", "detail"),
+    [
+        (S.PROVISIONING, InstanceState.PENDING, "instance still pending"),
+        (S.STARTING, InstanceState.RUNNING, "never answered a readiness probe"),
+    ],
+)
+def test_past_the_initial_delay_without_a_verdict_fails(
+    before: ReplicaStatus, inst_state: InstanceState, detail: str
+) -> None:
+    slow = replica(0, before, launched_at=ago(601))
+    message = f"not ready 600s after launch ({detail})"
+    assert plan(state([slow], [version(1, spec=spec(1))]), [instance(0, inst_state)], {}, NOW) == [
+        moved(
+            slow,
+            status=S.FAILED_INITIAL_DELAY,
+            status_message=message,
+            failure_code=INITIAL_DELAY_EXCEEDED,
+            cause=C.VERSION,
+        ),
+        terminate(("i-0", "replica 0: FAILED_INITIAL_DELAY")),
+        *launches(1, 1),
+        status(ServiceStatus.REPLICA_INIT, f"0/1 ready; replica 0 FAILED_INITIAL_DELAY: {message}; replica 1 PENDING"),
+    ]
+
+
+def test_a_missing_instance_is_lost_exactly_at_the_grace_period() -> None:
+    old = replica(0, S.PROVISIONING, launched_at=ago(300))
+    message = "instance i-0 is gone: terminated outside fleetkeeper"
+    assert plan(state([old], [version(1, spec=spec(1))]), [], {}, NOW) == [
+        moved(old, status=S.PREEMPTED, status_message=message, failure_code=INSTANCE_LOST, cause=C.VERSION),
+        *launches(1, 1),
+        status(ServiceStatus.REPLICA_INIT, f"0/1 ready; replica 0 PREEMPTED: {message}; replica 1 PENDING"),
+    ]
+
+
+def test_an_instance_that_ended_without_a_reason_is_lost() -> None:
+    ready = replica(0)
+    gone = instance(0, InstanceState.TERMINATED)
+    message = "instance i-0 is terminated: terminated outside fleetkeeper"
+    assert plan(state([ready], [version(1, READY, spec=spec(1))]), [gone], {}, NOW) == [
+        moved(ready, status=S.PREEMPTED, status_message=message, failure_code=INSTANCE_LOST, cause=C.VERSION),
+        *launches(1, 1),
+        status(ServiceStatus.REPLICA_INIT, f"0/1 ready; replica 0 PREEMPTED: {message}; replica 1 PENDING"),
+    ]
+
+
+def test_the_recorded_instance_is_judged_not_another_dead_launch_of_the_replica() -> None:
+    ready = replica(0)
+    other = instance(0, InstanceState.TERMINATED, instance_id="i-dup", state_reason_code="Client.UserInitiatedShutdown")
+    message = "instance i-0 is gone: terminated outside fleetkeeper"
+    assert plan(state([ready], [version(1, READY, spec=spec(1))]), [other], {}, NOW) == [
+        moved(ready, status=S.PREEMPTED, status_message=message, failure_code=INSTANCE_LOST, cause=C.VERSION),
+        *launches(1, 1),
+        status(ServiceStatus.REPLICA_INIT, f"0/1 ready; replica 0 PREEMPTED: {message}; replica 1 PENDING"),
+    ]
+
+
+def test_a_refused_replica_whose_earlier_launch_is_found_adopts_it() -> None:
+    refused_one = refusal(0, "InsufficientInstanceCapacity", "no capacity", C.ENVIRONMENT, retry_in=30)
+    current = state([refused_one], [version(1, spec=spec(1))])
+    assert plan(current, [instance(0)], {}, NOW) == [
+        moved(
+            refused_one,
+            instance_id="i-0",
+            launched_at=STAMP,
+            status=S.STARTING,
+            status_message="",
+            failure_code=None,
+            cause=None,
+        ),
+        status(ServiceStatus.REPLICA_INIT, "0/1 ready; replica 0 STARTING"),
+    ]
+
+
+def test_the_recorded_instance_wins_over_an_earlier_launch_of_the_replica() -> None:
+    twin = instance(0, instance_id="i-twin", launched_at=ago(1000))
+    actions = plan(state([replica(0), replica(1)]), [twin, instance(0), instance(1)], {0: OK, 1: OK}, NOW)
+    assert actions == [
+        mark_ready(1),
+        terminate(("i-twin", "duplicate launch of replica 0")),
+        status(ServiceStatus.READY, "2/2 ready"),
+    ]
+
+
+def test_a_stray_listed_first_does_not_hide_the_owned_instances() -> None:
+    stray = instance(0, instance_id="i-stray")
+    actions = plan(state([replica(1), replica(2)], seq=3), [stray, instance(1), instance(2)], {1: OK, 2: OK}, NOW)
+    assert actions == [
+        mark_ready(1),
+        terminate(("i-stray", "replica 0 no longer exists")),
+        status(ServiceStatus.READY, "2/2 ready"),
+    ]
+
+
+def test_launches_go_past_replicas_that_need_none() -> None:
+    waiting = refusal(1, "InsufficientInstanceCapacity", "no capacity", C.ENVIRONMENT, retry_in=5)
+    due_now = refusal(2, "InsufficientInstanceCapacity", "no capacity", C.ENVIRONMENT, retry_in=0)
+    current = state([replica(0), waiting, due_now, replica(3, S.PENDING)], [version(1, READY, spec=spec(4))])
+    text = "FAILED_PROVISION: InsufficientInstanceCapacity: no capacity"
+    assert plan(current, [instance(0)], {0: OK}, NOW) == [
+        Launch(2, fresh=False),
+        Launch(3, fresh=False),
+        status(ServiceStatus.READY, f"1/4 ready; replica 1 {text}; replica 2 {text}; replica 3 PENDING"),
+    ]
+
+
+def test_retries_count_toward_the_launch_cap() -> None:
+    due = refusal(0, "InsufficientInstanceCapacity", "no capacity", C.ENVIRONMENT)
+    current = state([due], [version(1, spec=spec(3))])
+    assert plan(current, [], {}, NOW, Policy(max_launches_per_run=2)) == [
+        Launch(0, fresh=False),
+        *launches(1, 1),
+        status(
+            ServiceStatus.REPLICA_INIT,
+            "0/3 ready; replica 0 FAILED_PROVISION: InsufficientInstanceCapacity: no capacity; replica 1 PENDING",
+        ),
+    ]
+
+
 # --- steady state ---------------------------------------------------------------------------------
 
 
@@ -636,6 +794,14 @@ def test_service_status(
 ) -> None:
     current = state(records, [version(n, s) for n, s in sorted(versions.items())], target=max(versions))
     assert service_status(current, records, versions, with_instance) == status(*expected)
+
+
+def test_the_status_of_a_service_whose_target_version_is_missing() -> None:
+    assert service_status(state([], target=2), [], {1: NEW}, set()) == status(
+        ServiceStatus.FAILED,
+        "the target version is missing; no earlier version was ever READY: "
+        "launching stopped until the service is updated",
+    )
 
 
 def test_a_status_is_only_written_when_it_changed() -> None:
@@ -798,6 +964,65 @@ def test_an_update_finishes_ready_when_old_instances_are_gone() -> None:
     ]
 
 
+def test_an_update_drops_the_old_versions_refused_launches_and_drains_its_not_ready_replicas() -> None:
+    old_refusal = refusal(0, "InsufficientInstanceCapacity", "no capacity", C.ENVIRONMENT)
+    starting = replica(1, S.STARTING, launched_at=ago(60))
+    current = rolling_state([replica(2, v=2), replica(3, v=2)], [old_refusal, starting])
+    insts = [instance(1), instance(2), instance(3)]
+    assert plan(current, insts, {1: DOWN, 2: OK, 3: OK}, NOW) == [
+        drained(starting, ROLLED),
+        mark_ready(2),
+        terminate(("i-1", f"replica 1: {ROLLED}")),
+        DeleteReplica(old_refusal),
+        status(ServiceStatus.UPDATING, "updating to version 2 (rolling): 2/2 new ready, 1 old replica(s) left"),
+    ]
+
+
+def test_a_failed_target_drains_the_old_replicas_that_serve_nothing_and_keeps_the_rest() -> None:
+    failed = version(2, VersionState.FAILED, state_message="version 2 failed: 3 replica failures")
+    starting = replica(0, S.STARTING, launched_at=ago(60))
+    current = state([starting], [version(1), failed], target=2)
+    assert plan(current, [instance(0)], {}, NOW) == [
+        drained(starting, "replaced by version 2 (rolling)"),
+        terminate(("i-0", "replica 0: replaced by version 2 (rolling)")),
+        status(
+            ServiceStatus.FAILED,
+            "version 2 failed: 3 replica failures; no earlier version was ever READY: "
+            "launching stopped until the service is updated",
+        ),
+    ]
+
+
+def test_rolling_with_unavailability_of_every_replica_replaces_them_all_at_once() -> None:
+    r0, r1 = replica(0), replica(1)
+    current = rolling_state([], [r0, r1], max_surge=0, max_unavailable=2)
+    assert plan(current, [instance(0), instance(1)], {0: OK, 1: OK}, NOW) == [
+        drained(r0, ROLLED),
+        drained(r1, ROLLED),
+        terminate(("i-0", f"replica 0: {ROLLED}"), ("i-1", f"replica 1: {ROLLED}")),
+        *launches(2, 2, 3),
+        status(
+            ServiceStatus.UPDATING,
+            "updating to version 2 (rolling): 0/2 new ready, 2 old replica(s) left; replica 2 PENDING; "
+            "replica 3 PENDING",
+        ),
+    ]
+
+
+def test_rolling_surge_counts_the_new_replicas_already_launched() -> None:
+    old = [replica(i) for i in range(3)]
+    starting = replica(3, S.STARTING, v=2, launched_at=ago(60))
+    versions = [version(1, READY), version(2, spec=spec(3, max_surge=1, max_unavailable=0))]
+    current = state([*old, starting], versions, target=2)
+    insts = [instance(i) for i in range(4)]
+    assert plan(current, insts, {0: OK, 1: OK, 2: OK}, NOW) == [
+        status(
+            ServiceStatus.UPDATING,
+            "updating to version 2 (rolling): 0/3 new ready, 3 old replica(s) left; replica 3 STARTING",
+        ),
+    ]
+
+
 # --- circuit breaker ------------------------------------------------------------------------------
 
 
@@ -944,6 +1169,68 @@ def test_status_after_rollback_says_why() -> None:
     ]
 
 
+def test_the_breaker_rolls_back_to_the_version_still_serving_else_the_newest_ready_one() -> None:
+    failing = [replica(i, S.FAILED_PROBING, v=3) for i in (3, 4, 5)]
+    message = "version 3 failed: 3 replica failures before any became ready; last: replica 5 FAILED_PROBING"
+    # rolled back from v2 to v1, then updated to v3: v1 serves, a v2 replica is still booting
+    versions = [version(1, READY), version(2, READY), version(3)]
+    booting = replica(1, S.STARTING, v=2, launched_at=ago(60))
+    current = state([replica(0), booting, *failing], versions, target=3)
+    assert plan(current, [instance(0), instance(1)], {0: OK}, NOW) == [TripBreaker(3, message, rollback_to=1)]
+    # nothing serves: the newest READY version, never a FAILED or the target one
+    versions = [version(1, READY), version(2, VersionState.FAILED), version(3)]
+    assert plan(state(failing, versions, target=3), [], {}, NOW) == [TripBreaker(3, message, rollback_to=1)]
+
+
+def test_the_breaker_rolls_back_to_a_version_that_became_ready_in_the_same_run() -> None:
+    starting = replica(0, S.STARTING, launched_at=ago(60))
+    failing = [replica(i, S.FAILED_PROBING, v=2) for i in (1, 2, 3)]
+    current = state([starting, *failing], [version(1), version(2)], target=2)
+    assert plan(current, [instance(0)], {0: OK}, NOW) == [
+        became_ready(starting),
+        mark_ready(1),
+        TripBreaker(
+            2,
+            "version 2 failed: 3 replica failures before any became ready; last: replica 3 FAILED_PROBING",
+            rollback_to=1,
+        ),
+    ]
+
+
+def test_the_breaker_names_the_failure_of_this_run_before_more_recent_records() -> None:
+    failed = [replace(replica(i, S.FAILED_PROBING), updated_at=ago(10)) for i in (1, 2)]
+    slow = replica(0, S.STARTING, launched_at=ago(700))
+    message = "not ready 600s after launch (last probe: connection refused)"
+    assert plan(state([slow, *failed]), [instance(0)], {0: DOWN}, NOW) == [
+        moved(
+            slow,
+            status=S.FAILED_INITIAL_DELAY,
+            status_message=message,
+            failure_code=INITIAL_DELAY_EXCEEDED,
+            cause=C.VERSION,
+        ),
+        TripBreaker(
+            1,
+            "version 1 failed: 3 replica failures before any became ready; "
+            f"last: replica 0 FAILED_INITIAL_DELAY: {message}",
+            rollback_to=None,
+        ),
+        terminate(("i-0", "replica 0: FAILED_INITIAL_DELAY")),
+    ]
+
+
+def test_a_failed_target_with_a_ready_version_says_to_roll_back() -> None:
+    failed = version(2, VersionState.FAILED, state_message="version 2 failed: 3 replica failures")
+    current = state([replica(0), replica(1)], [version(1, READY), failed], target=2)
+    assert plan(current, [instance(0), instance(1)], {0: OK, 1: OK}, NOW) == [
+        status(
+            ServiceStatus.FAILED,
+            "version 2 failed: 3 replica failures: launching stopped; "
+            "update the service or roll back to a READY version",
+        ),
+    ]
+
+
 # --- delete and orphans ---------------------------------------------------------------------------
 
 
@@ -996,6 +1283,158 @@ def test_orphans_are_terminated_after_the_grace_period_only() -> None:
         ("i-old", "orphan: service svc (uid dead) no longer exists")
     )
     assert plan_orphans({UID, "dead"}, [old], NOW) is None
+
+
+# --- observation and ownership (invariants 1 and 7) -----------------------------------------------
+
+
+def test_a_service_whose_target_version_is_not_visible_yet_gets_no_action() -> None:
+    current = state([replica(0, S.STARTING), replica(1, S.FAILED_PROBING)], [version(1, READY)], target=2)
+    assert plan(current, [instance(0), instance(1)], {0: OK}, NOW) == []
+
+
+def test_a_deleting_service_is_taken_down_without_its_target_version() -> None:
+    r0 = replica(0)
+    current = state([r0], [version(1, READY)], target=2, lifecycle=Lifecycle.DELETING)
+    assert plan(current, [instance(0)], {0: OK}, NOW) == [
+        drained(r0, "service is being deleted"),
+        terminate(("i-0", "replica 0: service is being deleted")),
+        status(ServiceStatus.SHUTTING_DOWN, "deleting: terminating 1 instance(s)"),
+    ]
+
+
+# ClientTokens on an instance tagged as replica 0 of UID: is it fleetkeeper's launch?
+_TOKENS = [
+    (client_token(UID, 0), True),
+    (client_token(UID, 0, 1), True),
+    (client_token(UID, 0, 12), True),
+    (None, False),
+    ("", False),
+    (client_token(UID, 1), False),  # another replica's token
+    (client_token("u2", 0), False),  # another incarnation's
+    (client_token(UID, 0) + "-", False),
+    (client_token(UID, 0) + "-01", False),
+    (client_token(UID, 0) + "-0", False),
+    (client_token(UID, 0) + "-x", False),
+    (client_token(UID, 0) + "-\u0663", False),  # a digit, but not an ASCII one
+    ("12", False),
+    (client_token(UID, 0) + "7", False),
+]
+
+
+@pytest.mark.parametrize(("token", "ours"), _TOKENS)
+def test_only_an_instance_launched_with_the_replicas_token_is_a_duplicate(token: str | None, ours: bool) -> None:
+    copy_ = instance(0, instance_id="i-copy", launched_at=ago(10), client_token=token)
+    actions = plan(state([replica(0), replica(1)]), [instance(0), copy_, instance(1)], {0: OK, 1: OK}, NOW)
+    duplicate = [terminate(("i-copy", "duplicate launch of replica 0"))] if ours else []
+    assert actions == [mark_ready(1), *duplicate, status(ServiceStatus.READY, "2/2 ready")]
+
+
+@pytest.mark.parametrize(("token", "ours"), _TOKENS)
+def test_only_an_instance_launched_with_the_replicas_token_is_adopted(token: str | None, ours: bool) -> None:
+    pending = replica(0, S.PENDING)
+    found = instance(0, instance_id="i-found", client_token=token)
+    actions = plan(state([pending, replica(1)]), [found, instance(1)], {1: OK}, NOW)
+    if ours:
+        expected: list[Action] = [moved(pending, instance_id="i-found", launched_at=STAMP, status=S.STARTING)]
+        message = "1/2 ready; replica 0 STARTING"
+    else:
+        expected = []
+        message = "1/2 ready; replica 0 PENDING"
+    launch = [] if ours else [Launch(0, fresh=False)]
+    assert actions == [*expected, mark_ready(1), *launch, status(ServiceStatus.READY, message)]
+
+
+@pytest.mark.parametrize(("token", "ours"), _TOKENS)
+def test_only_an_instance_launched_by_fleetkeeper_is_an_orphan(token: str | None, ours: bool) -> None:
+    orphan = instance(0, launched_at=ago(3600), client_token=token)
+    expected = terminate(("i-0", "orphan: service svc (uid u1) no longer exists")) if ours else None
+    assert plan_orphans({"u9"}, [orphan], NOW) == expected
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [{"uid": "", "client_token": client_token("", 0)}, {"replica_id": -1, "client_token": client_token(UID, -1)}],
+    ids=["no uid", "no replica id"],
+)
+def test_an_instance_without_a_uid_or_replica_id_is_never_an_orphan(fields: dict[str, Any]) -> None:
+    assert plan_orphans({"u9"}, [instance(0, launched_at=ago(3600), **fields)], NOW) is None
+
+
+def test_an_unrecorded_replica_adopts_its_earliest_launch_and_the_rest_are_duplicates() -> None:
+    pending = replica(0, S.PENDING)
+    later = instance(0, instance_id="i-a", launched_at=ago(10))
+    earlier = instance(0, instance_id="i-b", launched_at=ago(20))
+    unknown = instance(0, instance_id="i-c", launched_at=None)
+    actions = plan(state([pending, replica(1)]), [later, earlier, instance(1)], {1: OK}, NOW)
+    assert actions == [
+        moved(pending, instance_id="i-b", launched_at=STAMP, status=S.STARTING),
+        mark_ready(1),
+        terminate(("i-a", "duplicate launch of replica 0")),
+        status(ServiceStatus.READY, "1/2 ready; replica 0 STARTING"),
+    ]
+    # an instance EC2 reports no launch time for sorts first
+    actions = plan(state([pending, replica(1)]), [earlier, unknown, instance(1)], {1: OK}, NOW)
+    assert actions == [
+        moved(pending, instance_id="i-c", launched_at=STAMP, status=S.STARTING),
+        mark_ready(1),
+        terminate(("i-b", "duplicate launch of replica 0")),
+        status(ServiceStatus.READY, "1/2 ready; replica 0 STARTING"),
+    ]
+
+
+def test_orphans_one_by_one_whatever_comes_before_them() -> None:
+    # Each instance that is not an orphan (live service, spared service, young) comes before one that is.
+    live = instance(2, instance_id="i-live", launched_at=ago(3600))
+    spared = instance(4, uid="gone", service="broken", instance_id="i-spared", launched_at=ago(3600))
+    young = instance(1, uid="dead", instance_id="i-young", launched_at=ago(599))
+    at_grace = instance(0, uid="dead", instance_id="i-at-grace", launched_at=ago(600))
+    nameless = instance(5, uid="dead", service="", instance_id="i-nameless", launched_at=ago(3600))
+    undated = instance(6, uid="dead", instance_id="i-undated", launched_at=None)
+    assert plan_orphans(
+        {UID}, [live, at_grace, spared, nameless, young, undated], NOW, spared_services={"broken"}
+    ) == terminate(
+        ("i-at-grace", "orphan: service svc (uid dead) no longer exists"),
+        ("i-nameless", "orphan: service ? (uid dead) no longer exists"),
+        ("i-undated", "orphan: service svc (uid dead) no longer exists"),
+    )
+
+
+def test_a_replica_not_ready_exactly_at_its_initial_delay_still_has_time() -> None:
+    starting = replica(0, S.STARTING, launched_at=ago(600))
+    current = state([starting], [version(1, spec=spec(1))])
+    assert plan(current, [instance(0)], {0: DOWN}, NOW) == [
+        moved(starting, status_message="not ready yet: connection refused"),
+        status(ServiceStatus.REPLICA_INIT, "0/1 ready; replica 0 STARTING: not ready yet: connection refused"),
+    ]
+
+
+def test_a_shut_down_replica_of_an_undecided_target_is_deleted_once_its_instance_is_gone() -> None:
+    leaving = replica(0, S.SHUTTING_DOWN)
+    starting = replica(1, S.STARTING, launched_at=ago(60))
+    current = state([leaving, starting], [version(1, spec=spec(1))])
+    assert plan(current, [instance(1)], {}, NOW) == [
+        DeleteReplica(leaving),
+        status(ServiceStatus.REPLICA_INIT, "0/1 ready; replica 1 STARTING"),
+    ]
+
+
+def test_scale_down_launches_nothing_more_and_drains_unlaunched_claims() -> None:
+    ready = [replica(i, ready_at=ago(100)) for i in range(4)]
+    current = state(ready, [version(1, READY, spec=spec(3))])
+    assert plan(current, [instance(i) for i in range(4)], dict.fromkeys(range(4), OK), NOW) == [
+        drained(ready[3], "scaling down to 3"),
+        terminate(("i-3", "replica 3: scaling down to 3")),
+        status(ServiceStatus.READY, "3/3 ready"),
+    ]
+    claimed = [replica(i, S.PENDING) for i in range(3)]
+    current = state(claimed, [version(1, spec=spec(1))])
+    assert plan(current, [], {}, NOW) == [
+        drained(claimed[1], "scaling down to 1"),
+        drained(claimed[2], "scaling down to 1"),
+        Launch(0, fresh=False),
+        status(ServiceStatus.REPLICA_INIT, "0/1 ready; replica 0 PENDING"),
+    ]
 
 
 # --- purity: a function of its inputs only --------------------------------------------------------
