@@ -56,8 +56,9 @@ settings.register_profile(
 )
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
-# The translated template's fixture lives with the template helpers it is built from.
-pytest_plugins = ["tests.cfn"]
+# The translated template's fixture lives with the template helpers it is built from; the reconciler
+# tests' `server` and `world` with the world they build.
+pytest_plugins = ["tests.cfn", "tests.reconciler_world"]
 
 # The strict-AWS layer's hook replaces moto's in botocore's handler list before any client exists,
 # so every client of the session carries it (inert until a test activates the layer).

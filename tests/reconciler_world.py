@@ -1,5 +1,8 @@
 """A small world for reconciler tests: moto AWS, the table, a probe server on 127.0.0.1, a clock.
 
+Also a pytest plugin (tests/conftest.py loads it): the `server` and `world` fixtures every
+reconciler test file shares.
+
 Replica addresses are resolved to 127.0.0.1 through the driver (FLEETKEEPER_REPLICA_HOST), so every
 readiness probe goes to `ProbeServer`, never to the 10.x addresses moto invents. AWS calls are
 counted (and can be made to fail) through botocore's event hooks on fleetkeeper's own clients.
@@ -13,7 +16,9 @@ from collections import Counter
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+import pytest
 
 from fleetkeeper import aws
 from fleetkeeper.model import Lifecycle, ReplicaStatus, ServiceState, to_iso
@@ -29,6 +34,9 @@ from fleetkeeper.store.reconciler import ReconcilerStore
 from fleetkeeper.store.table import Table
 from fleetkeeper.template import create_table
 from tests.conftest import TABLE, hello_spec
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
 
 DYNAMODB_WRITES = {"PutItem", "UpdateItem", "DeleteItem", "TransactWriteItems", "BatchWriteItem"}
 
@@ -289,3 +297,23 @@ def assert_deleted(world: World, uid: str, name: str = "svc") -> None:
     assert world.store.load(name) is None
     assert [i for i in world.instances() if tags(i).get(UID_TAG) == uid] == []
     assert world.unmanaged_state() == "running"
+
+
+# --- fixtures (a pytest plugin: tests/conftest.py lists this module in pytest_plugins) ---------------
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[ProbeServer]:
+    """One probe server per test module; each `world` resets what it answers and what it saw."""
+    probe_server = ProbeServer()
+    yield probe_server
+    probe_server.close()
+
+
+@pytest.fixture
+def world(aws: None, server: ProbeServer, monkeypatch: pytest.MonkeyPatch) -> World:
+    """A fresh world on this test's AWS (the strict-AWS layer by default), probes to `server`."""
+    monkeypatch.setenv("FLEETKEEPER_REPLICA_HOST", "127.0.0.1")
+    server.status = 200
+    server.requests.clear()
+    return World(server)

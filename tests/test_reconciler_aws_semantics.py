@@ -36,28 +36,11 @@ from fleetkeeper.store.codec import state_from_items
 from fleetkeeper.store.errors import CorruptItem
 from fleetkeeper.store.keys import service_pk
 from tests.conftest import TABLE, hello_spec
-from tests.reconciler_world import ProbeServer, World, assert_converged, spec_dict
+from tests.reconciler_world import World, assert_converged, spec_dict
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator
-
     from tests.conftest import ApiClient
     from tests.strict_aws import StrictAws
-
-
-@pytest.fixture(scope="module")
-def server() -> Iterator[ProbeServer]:
-    probe_server = ProbeServer()
-    yield probe_server
-    probe_server.close()
-
-
-@pytest.fixture
-def world(strict_aws: StrictAws, server: ProbeServer, monkeypatch: pytest.MonkeyPatch) -> World:
-    monkeypatch.setenv("FLEETKEEPER_REPLICA_HOST", "127.0.0.1")
-    server.status = 200
-    server.requests.clear()
-    return World(server)
 
 
 def _version_items(item: Any) -> bool:

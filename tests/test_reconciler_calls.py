@@ -9,35 +9,19 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-import pytest
 from botocore.exceptions import ClientError
 
 from fleetkeeper import aws as aws_clients
 from fleetkeeper.reconciler.drivers.ec2 import DEFAULT_IMAGE_PARAMETER
 from fleetkeeper.reconciler.probe import probe_all
 from tests.aws_calls import AwsCalls
-from tests.reconciler_world import ProbeServer, World
+from tests.reconciler_world import World
 
 if TYPE_CHECKING:
-    from collections.abc import Hashable, Iterator, Sequence
+    from collections.abc import Hashable, Sequence
 
     from fleetkeeper.reconciler.plan import ProbeResult
     from fleetkeeper.reconciler.probe import ProbeTarget
-
-
-@pytest.fixture(scope="module")
-def server() -> Iterator[ProbeServer]:
-    probe_server = ProbeServer()
-    yield probe_server
-    probe_server.close()
-
-
-@pytest.fixture
-def world(aws: None, server: ProbeServer, monkeypatch: pytest.MonkeyPatch) -> World:
-    monkeypatch.setenv("FLEETKEEPER_REPLICA_HOST", "127.0.0.1")
-    server.status = 200
-    server.requests.clear()
-    return World(server)
 
 
 MANAGED = {"Name": "tag:fleetkeeper:managed", "Values": ["true"]}

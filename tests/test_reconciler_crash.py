@@ -21,16 +21,9 @@ from fleetkeeper.reconciler.driver import UID_TAG
 from tests.reconciler_world import Crash, ProbeServer, World, assert_converged, assert_deleted, tags
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator
+    pass
 
 PHASES = ["create", "update", "delete", "replica-died-during-update"]
-
-
-@pytest.fixture(scope="module")
-def server() -> Iterator[ProbeServer]:
-    probe_server = ProbeServer()
-    yield probe_server
-    probe_server.close()
 
 
 def _start(world: World, phase: str) -> str:

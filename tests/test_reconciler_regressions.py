@@ -22,7 +22,7 @@ from fleetkeeper.reconciler.plan import INITIAL_DELAY_EXCEEDED, RecordStatus, Tr
 from fleetkeeper.reconciler.userdata import USER_DATA_LIMIT, environment_file, user_data
 from fleetkeeper.spec import ServiceSpec
 from tests.conftest import ApiClient, hello_spec
-from tests.reconciler_world import ProbeServer, World, spec_dict, tags
+from tests.reconciler_world import World, spec_dict, tags
 from tests.test_reconciler_plan import (
     NOW,
     OK,
@@ -38,21 +38,7 @@ from tests.test_reconciler_plan import (
 )
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator
-
-
-@pytest.fixture(scope="module")
-def server() -> Iterator[ProbeServer]:
-    s = ProbeServer()
-    yield s
-    s.close()
-
-
-@pytest.fixture
-def world(aws: None, server: ProbeServer, monkeypatch: pytest.MonkeyPatch) -> World:
-    monkeypatch.setenv("FLEETKEEPER_REPLICA_HOST", "127.0.0.1")
-    server.status = 200
-    return World(server)
+    pass
 
 
 # --- plan -------------------------------------------------------------------------------------------

@@ -20,24 +20,9 @@ from fleetkeeper.reconciler.plan import Policy
 from tests.conftest import ApiClient, FakeContext
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator
+    pass
 
 from tests.reconciler_world import ProbeServer, World, assert_converged, assert_deleted, spec_dict, tags
-
-
-@pytest.fixture(scope="module")
-def server() -> Iterator[ProbeServer]:
-    probe_server = ProbeServer()
-    yield probe_server
-    probe_server.close()
-
-
-@pytest.fixture
-def world(aws: None, server: ProbeServer, monkeypatch: pytest.MonkeyPatch) -> World:
-    monkeypatch.setenv("FLEETKEEPER_REPLICA_HOST", "127.0.0.1")
-    server.status = 200
-    server.requests.clear()
-    return World(server)
 
 
 def test_whole_lifecycle_through_the_api_and_the_handler(
