@@ -1041,6 +1041,11 @@ def test_breaker_rolls_back_to_the_last_ready_version() -> None:
     ]
 
 
+def test_the_breakers_rollback_says_why_in_the_planners_words() -> None:
+    trip = TripBreaker(2, "version 2 failed: 3 replica failures", rollback_to=1)
+    assert trip.status_message == "rolling back to version 1: version 2 failed: 3 replica failures"
+
+
 def test_breaker_without_a_good_version_fails_the_service_and_stops_launching() -> None:
     failing = [replica(i, S.FAILED_INITIAL_DELAY) for i in range(3)]
     assert plan(state(failing), [], {}, NOW) == [

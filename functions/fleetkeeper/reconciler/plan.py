@@ -146,6 +146,11 @@ class TripBreaker:
     message: str
     rollback_to: int | None
 
+    @property
+    def status_message(self) -> str:
+        """What the rollback writes on the service at once, so a client waiting on the update sees why."""
+        return f"rolling back to version {self.rollback_to}: {self.message}"
+
 
 @dataclass(frozen=True)
 class RecordStatus:

@@ -290,9 +290,7 @@ class _Apply:
                 self.versions[version] = new_state
             case TripBreaker(version=version, message=message, rollback_to=good):
                 logger.warning("service %s: %s (rolling back to %s)", service.name, message, good)
-                self.store.trip_breaker(
-                    service, version, message, good, status_message=f"rolling back to version {good}: {message}"
-                )
+                self.store.trip_breaker(service, version, message, good, status_message=action.status_message)
             case Claim(version=version, replica_ids=ids):
                 for record in self.store.claim_replicas(service, version, ids, to_iso(self.now)):
                     self.records[record.replica_id] = record
