@@ -60,7 +60,7 @@ from fleetkeeper.model import (  # noqa: E402
     VersionState,
     to_iso,
 )
-from fleetkeeper.reconciler.driver import MANAGED_TAG, REPLICA_TAG, SERVICE_TAG, UID_TAG, VERSION_TAG  # noqa: E402
+from fleetkeeper.reconciler.driver import MANAGED_TAG, REPLICA_TAG, SERVICE_TAG, UID_TAG, VERSION_TAG, LaunchRequest  # noqa: E402
 from fleetkeeper.reconciler.drivers.ec2 import Ec2Driver  # noqa: E402
 from fleetkeeper.reconciler.shell import Reconciler  # noqa: E402
 from fleetkeeper.settings import Ec2Settings  # noqa: E402
@@ -226,6 +226,10 @@ def _seed(store: ReconcilerStore, services: int, spec: ServiceSpec, now: str) ->
                 ImageId="ami-12345678",
                 MinCount=1,
                 MaxCount=1,
+                # The token fleetkeeper derives for this replica: without it the instance is not ours.
+                ClientToken=LaunchRequest(
+                    service=name, uid=uid, version=1, replica_id=replica_id, spec=spec
+                ).client_token,
                 TagSpecifications=[{"ResourceType": "instance", "Tags": tags}],  # type: ignore[list-item]
             )["Instances"][0]
             replicas.append(
