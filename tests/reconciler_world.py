@@ -255,8 +255,26 @@ class World:
         return [i for r in pages for i in r["Instances"]]
 
     def unmanaged_state(self) -> str:
-        raw = self._raw_ec2().describe_instances(InstanceIds=[self.unmanaged])
-        return str(raw["Reservations"][0]["Instances"][0]["State"]["Name"])
+        return instance_state(self.unmanaged)
+
+
+def run_tagged(tag_map: dict[str, str], client_token: str | None = None) -> str:
+    """An instance made outside fleetkeeper's clients with these tags (and this ClientToken, if any):
+    launched by fleetkeeper only when the token is one it derives."""
+    extra = {"ClientToken": client_token} if client_token else {}
+    made = World._raw_ec2().run_instances(
+        ImageId="ami-12345678",
+        MinCount=1,
+        MaxCount=1,
+        TagSpecifications=[{"ResourceType": "instance", "Tags": [{"Key": k, "Value": v} for k, v in tag_map.items()]}],
+        **extra,
+    )
+    return str(made["Instances"][0]["InstanceId"])
+
+
+def instance_state(instance_id: str) -> str:
+    raw = World._raw_ec2().describe_instances(InstanceIds=[instance_id])
+    return str(raw["Reservations"][0]["Instances"][0]["State"]["Name"])
 
 
 def tags(instance: dict[str, Any]) -> dict[str, str]:

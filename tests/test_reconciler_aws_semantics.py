@@ -36,7 +36,7 @@ from fleetkeeper.store.codec import state_from_items
 from fleetkeeper.store.errors import CorruptItem
 from fleetkeeper.store.keys import service_pk
 from tests.conftest import TABLE, hello_spec
-from tests.reconciler_world import World, assert_converged, spec_dict
+from tests.reconciler_world import World, assert_converged, instance_state, run_tagged, spec_dict
 
 if TYPE_CHECKING:
     from tests.conftest import ApiClient
@@ -150,25 +150,8 @@ def test_the_codec_names_the_item_that_does_not_decode() -> None:
 # === f. ownership by ClientToken ==============================================================
 
 
-def _copy_tags_onto_a_new_instance(tag_map: dict[str, str], client_token: str | None = None) -> str:
-    extra = {"ClientToken": client_token} if client_token else {}
-    made = World._raw_ec2().run_instances(
-        ImageId="ami-12345678",
-        MinCount=1,
-        MaxCount=1,
-        TagSpecifications=[{"ResourceType": "instance", "Tags": [{"Key": k, "Value": v} for k, v in tag_map.items()]}],
-        **extra,
-    )
-    return str(made["Instances"][0]["InstanceId"])
-
-
-def _state(instance_id: str) -> str:
-    raw = World._raw_ec2().describe_instances(InstanceIds=[instance_id])
-    return str(raw["Reservations"][0]["Instances"][0]["State"]["Name"])
-
-
 def test_describe_instances_reports_the_client_token(world: World) -> None:
-    made = _copy_tags_onto_a_new_instance({MANAGED_TAG: "true"}, client_token="fk-u-0")
+    made = run_tagged({MANAGED_TAG: "true"}, client_token="fk-u-0")
     found = [i for i in Ec2Driver().list_instances() if i.instance_id == made]
     assert [i.client_token for i in found] == ["fk-u-0"]
 
@@ -179,10 +162,10 @@ def test_an_instance_with_copied_tags_is_neither_adopted_nor_terminated(world: W
     copied = {MANAGED_TAG: "true", SERVICE_TAG: "svc", UID_TAG: uid, VERSION_TAG: "1", REPLICA_TAG: "0"}
     # Someone with ec2:CreateTags makes instances that look like replica 0, a duplicate of it, and an
     # orphan of a service that is gone, before and after fleetkeeper launches.
-    early = _copy_tags_onto_a_new_instance(copied)
-    orphan_like = _copy_tags_onto_a_new_instance({**copied, UID_TAG: "gone", SERVICE_TAG: "gone"}, "fk-gone-0-x")
+    early = run_tagged(copied)
+    orphan_like = run_tagged({**copied, UID_TAG: "gone", SERVICE_TAG: "gone"}, "fk-gone-0-x")
     world.converge()
-    late = _copy_tags_onto_a_new_instance(copied, client_token=f"fk-{uid}-0-01")
+    late = run_tagged(copied, client_token=f"fk-{uid}-0-01")
     world.clock.advance(3600)
     report = world.run()
 
@@ -190,7 +173,7 @@ def test_an_instance_with_copied_tags_is_neither_adopted_nor_terminated(world: W
     assert state.service.status is ServiceStatus.READY
     record = state.replicas[0]
     assert record.instance_id not in {early, late, orphan_like}
-    assert {_state(early), _state(late), _state(orphan_like)} == {"running"}
+    assert {instance_state(early), instance_state(late), instance_state(orphan_like)} == {"running"}
     assert sorted(report.foreign) == sorted([early, late, orphan_like])
 
 

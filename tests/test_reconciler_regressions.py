@@ -22,7 +22,7 @@ from fleetkeeper.reconciler.plan import INITIAL_DELAY_EXCEEDED, RecordStatus, Tr
 from fleetkeeper.reconciler.userdata import USER_DATA_LIMIT, environment_file, user_data
 from fleetkeeper.spec import ServiceSpec
 from tests.conftest import ApiClient, hello_spec
-from tests.reconciler_world import World, spec_dict, tags
+from tests.reconciler_world import World, instance_state, run_tagged, spec_dict, tags
 from tests.test_reconciler_plan import (
     NOW,
     OK,
@@ -285,27 +285,9 @@ def test_a_spec_whose_user_data_ec2_would_refuse_is_a_400(api: ApiClient) -> Non
 # --- the orphan sweep and the IAM policy ---------------------------------------------------------
 
 
-def _run_tagged(tag_map: dict[str, str], client_token: str | None = None) -> str:
-    """An instance with these tags; launched by fleetkeeper when `client_token` is one it derives."""
-    extra = {"ClientToken": client_token} if client_token else {}
-    made = World._raw_ec2().run_instances(
-        ImageId="ami-12345678",
-        MinCount=1,
-        MaxCount=1,
-        **extra,
-        TagSpecifications=[{"ResourceType": "instance", "Tags": [{"Key": k, "Value": v} for k, v in tag_map.items()]}],
-    )
-    return str(made["Instances"][0]["InstanceId"])
-
-
-def _instance_state(instance_id: str) -> str:
-    raw = World._raw_ec2().describe_instances(InstanceIds=[instance_id])
-    return str(raw["Reservations"][0]["Instances"][0]["State"]["Name"])
-
-
 def test_the_orphan_sweep_only_sees_what_the_iam_policy_lets_it_terminate(world: World) -> None:
-    opted_out = _run_tagged({"fleetkeeper:managed": "false", "Name": "not-ours"})
-    orphan = _run_tagged(
+    opted_out = run_tagged({"fleetkeeper:managed": "false", "Name": "not-ours"})
+    orphan = run_tagged(
         {"fleetkeeper:managed": "true", "fleetkeeper:uid": "deadbeef", "fleetkeeper:replica-id": "0"},
         client_token="fk-deadbeef-0",
     )
@@ -325,8 +307,8 @@ def test_the_orphan_sweep_only_sees_what_the_iam_policy_lets_it_terminate(world:
         world.run()
     finally:
         aws_clients.ec2().meta.events.unregister("before-parameter-build.ec2.TerminateInstances", iam)
-    assert _instance_state(orphan) != "running"
-    assert _instance_state(opted_out) == "running"
+    assert instance_state(orphan) != "running"
+    assert instance_state(opted_out) == "running"
 
 
 # --- user data --------------------------------------------------------------------------------------
