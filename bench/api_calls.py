@@ -30,7 +30,7 @@ os.environ.update(
         "POWERTOOLS_LOG_LEVEL": "ERROR",
     }
 )
-for var in ("FLEETKEEPER_AWS_ENDPOINT_URL", "RECONCILER_FUNCTION_NAME", "FLEETKEEPER_KICK_URL"):
+for var in ("FLEETKEEPER_AWS_ENDPOINT_URL", "FLEETKEEPER_KICK_QUEUE_URL", "FLEETKEEPER_KICK_URL"):
     os.environ.pop(var, None)
 
 READS = {"Query", "GetItem", "Scan", "BatchGetItem"}

@@ -33,7 +33,7 @@ os.environ.update(
         "AWS_EC2_METADATA_DISABLED": "true",
     }
 )
-for _var in ("FLEETKEEPER_AWS_ENDPOINT_URL", "RECONCILER_FUNCTION_NAME", "FLEETKEEPER_KICK_URL"):
+for _var in ("FLEETKEEPER_AWS_ENDPOINT_URL", "FLEETKEEPER_KICK_QUEUE_URL", "FLEETKEEPER_KICK_URL"):
     os.environ.pop(_var, None)
 
 TABLE = "fleetkeeper-test"

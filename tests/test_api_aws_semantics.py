@@ -197,8 +197,8 @@ def test_the_reconciler_store_reports_the_same_contention(strict_aws: StrictAws,
 def test_the_kick_makes_one_short_attempt(api: ApiClient, monkeypatch: pytest.MonkeyPatch) -> None:
     from botocore.awsrequest import AWSResponse
 
-    monkeypatch.setenv("RECONCILER_FUNCTION_NAME", "fleetkeeper-reconciler")
-    client = aws.lambda_for_kick()
+    monkeypatch.setenv("FLEETKEEPER_KICK_QUEUE_URL", "https://sqs.us-east-1.amazonaws.com/123456789012/kicks")
+    client = aws.sqs_for_kick()
     assert (client.meta.config.connect_timeout, client.meta.config.read_timeout) == (1, 2)
     assert client.meta.config.retries["total_max_attempts"] == 1
     sent: list[object] = []
@@ -207,7 +207,7 @@ def test_the_kick_makes_one_short_attempt(api: ApiClient, monkeypatch: pytest.Mo
         sent.append(request)  # a 503 botocore would retry 5 times on the shared client
         return AWSResponse(request.url, 503, {}, None)  # type: ignore[arg-type]
 
-    client.meta.events.register_first("before-send.lambda.Invoke", unavailable)
+    client.meta.events.register_first("before-send.sqs.SendMessage", unavailable)
     assert api.post("/v1/services", {"name": "web", "spec": hello_spec()}).status == 201
     assert len(sent) == 1
 

@@ -17,7 +17,7 @@ from fleetkeeper import aws
 from fleetkeeper.model import FailureCause, ReplicaStatus, ServiceStatus, VersionState
 from fleetkeeper.reconciler.driver import MANAGED_TAG, REPLICA_TAG, SERVICE_TAG, UID_TAG, VERSION_TAG
 from fleetkeeper.reconciler.plan import Policy
-from tests.conftest import ApiClient, FakeContext
+from tests.conftest import ApiClient
 
 if TYPE_CHECKING:
     pass
@@ -28,22 +28,23 @@ from tests.reconciler_world import ProbeServer, World, assert_converged, assert_
 def test_whole_lifecycle_through_the_api_and_the_handler(
     api: ApiClient, server: ProbeServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """create -> READY -> update -> rolled -> delete -> service item gone, as Lambda would run it."""
-    from fleetkeeper.reconciler.handler import lambda_handler
+    """create -> READY -> update -> rolled -> delete -> service item gone, as Lambda would run it: the
+    api's kicks through the kick queue, the schedule through the dispatcher and the reconcile queue."""
+    from tests.lambda_queues import LambdaQueues
 
     monkeypatch.setenv("FLEETKEEPER_REPLICA_HOST", "127.0.0.1")
     server.status = 200
+    queues = LambdaQueues(monkeypatch)
 
-    def tick(event: dict[str, Any] | None = None) -> dict[str, Any]:
-        result: dict[str, Any] = lambda_handler(event or {"source": "aws.events"}, FakeContext())
-        return result
+    def tick() -> None:
+        queues.tick()
 
     def view() -> dict[str, Any]:
         body: dict[str, Any] = api.get("/v1/services/web").body
         return body
 
     assert api.post("/v1/services", {"name": "web", "spec": spec_dict(server.port)}).status == 201
-    tick({"service": "web"})  # the kick: launches at once
+    assert queues.drain(queues.kicks) == 1  # the kick: launches at once
     assert {r["status"] for r in view()["replicas"]} == {"PROVISIONING"}
     for _ in range(2):
         tick()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from fleetkeeper.settings import DEFAULT_IMAGE_PARAMETER, DEFAULT_INSTANCE_TYPE, Ec2Settings, Settings, SettingsError
@@ -18,7 +20,9 @@ def test_defaults_are_the_templates() -> None:
     settings = Settings.from_env({"TABLE_NAME": "t"})
     assert settings == Settings(table_name="t")
     assert (settings.driver, settings.probe_budget_seconds) == ("ec2", 20.0)
-    assert (settings.reconciler_function_name, settings.kick_url) == (None, None)
+    assert (settings.kick_queue_url, settings.kick_url, settings.reconcile_queue_url) == (None, None, None)
+    assert (settings.period_seconds, settings.shard_size, settings.read_concurrency) == (60, 100, 8)
+    assert (settings.service_margin_seconds, settings.action_margin_seconds) == (10.0, 5.0)
     assert settings.ec2 == Ec2Settings(
         default_image_parameter=DEFAULT_IMAGE_PARAMETER, default_instance_type=DEFAULT_INSTANCE_TYPE
     )
@@ -30,7 +34,13 @@ def test_every_variable_is_read() -> None:
             "TABLE_NAME": "fleet",
             "FLEETKEEPER_DRIVER": "process",
             "FLEETKEEPER_PROBE_BUDGET_SECONDS": "27.5",
-            "RECONCILER_FUNCTION_NAME": "fk-reconciler",
+            "FLEETKEEPER_KICK_QUEUE_URL": "https://sqs.us-east-1.amazonaws.com/123456789012/kicks",
+            "FLEETKEEPER_RECONCILE_QUEUE_URL": "https://sqs.us-east-1.amazonaws.com/123456789012/shards",
+            "FLEETKEEPER_RECONCILE_SCHEDULE": "rate(5 minutes)",
+            "FLEETKEEPER_SHARD_SIZE": "50",
+            "FLEETKEEPER_READ_CONCURRENCY": "4",
+            "FLEETKEEPER_SERVICE_MARGIN_SECONDS": "12.5",
+            "FLEETKEEPER_ACTION_MARGIN_SECONDS": "3",
             "FLEETKEEPER_KICK_URL": "http://127.0.0.1:8080/_local/kick",
             "FLEETKEEPER_SUBNET_IDS": "subnet-a, subnet-b,",  # an empty stack parameter joins to ""
             "FLEETKEEPER_SECURITY_GROUP_IDS": "",
@@ -44,7 +54,13 @@ def test_every_variable_is_read() -> None:
         table_name="fleet",
         driver="process",
         probe_budget_seconds=27.5,
-        reconciler_function_name="fk-reconciler",
+        kick_queue_url="https://sqs.us-east-1.amazonaws.com/123456789012/kicks",
+        reconcile_queue_url="https://sqs.us-east-1.amazonaws.com/123456789012/shards",
+        period_seconds=300,
+        shard_size=50,
+        read_concurrency=4,
+        service_margin_seconds=12.5,
+        action_margin_seconds=3.0,
         kick_url="http://127.0.0.1:8080/_local/kick",
         ec2=Ec2Settings(
             subnet_ids=("subnet-a", "subnet-b"),
@@ -62,10 +78,16 @@ def test_every_variable_is_read() -> None:
     [
         ("FLEETKEEPER_DRIVER", "docker", "expected 'ec2' or 'process'"),
         ("FLEETKEEPER_PROBE_BUDGET_SECONDS", "soon", "expected a number of seconds"),
+        ("FLEETKEEPER_RECONCILE_SCHEDULE", "cron(0 * * * ? *)", "expected a rate such as"),
+        ("FLEETKEEPER_RECONCILE_SCHEDULE", "rate(0 minutes)", "expected a rate such as"),
+        ("FLEETKEEPER_SHARD_SIZE", "200", "expected a whole number from 1 to 199"),
+        ("FLEETKEEPER_SHARD_SIZE", "ten", "expected a whole number from 1 to 199"),
+        ("FLEETKEEPER_READ_CONCURRENCY", "0", "expected a whole number from 1 to 64"),
+        ("FLEETKEEPER_SERVICE_MARGIN_SECONDS", "a while", "expected a number of seconds"),
     ],
 )
 def test_a_value_that_does_not_parse_names_the_variable(variable: str, value: str, problem: str) -> None:
-    with pytest.raises(SettingsError, match=f"{variable}={value!r}: {problem}"):
+    with pytest.raises(SettingsError, match=re.escape(f"{variable}=") + ".*" + re.escape(f": {problem}")):
         Settings.from_env({"TABLE_NAME": "t", variable: value})
 
 
@@ -73,6 +95,7 @@ def test_each_handler_refuses_to_run_without_its_table(monkeypatch: pytest.Monke
     from fleetkeeper.api.handler import lambda_handler as api
     from fleetkeeper.apigw import rest_event
     from fleetkeeper.cleanup.handler import lambda_handler as cleanup
+    from fleetkeeper.reconciler.handler import dispatch_handler as dispatcher
     from fleetkeeper.reconciler.handler import lambda_handler as reconciler
     from tests.conftest import FakeContext
 
@@ -80,6 +103,7 @@ def test_each_handler_refuses_to_run_without_its_table(monkeypatch: pytest.Monke
     for handler, event in (
         (api, rest_event("GET", "/v1/services")),
         (reconciler, {"source": "aws.events"}),
+        (dispatcher, {"source": "aws.events"}),
         (cleanup, {"Records": []}),
     ):
         with pytest.raises(SettingsError, match="TABLE_NAME is not set"):

@@ -466,7 +466,7 @@ def test_a_launched_instance_is_invisible_to_describe_for_the_lag(strict_aws: St
     launched = driver.launch(_request())
 
     assert driver.list_instances() == []  # tag-filtered
-    assert driver.list_instances(uid="abc") == []
+    assert driver.list_instances(uids=["abc"]) == []
     assert driver.find_instance("abc", 1) is None
     assert (
         aws.ec2().describe_instances(Filters=[{"Name": "instance-id", "Values": [launched.instance_id]}])[

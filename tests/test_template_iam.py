@@ -205,7 +205,7 @@ def test_api_function_only_reads_and_writes_the_table_and_kicks_the_reconciler(
         "dynamodb:ConditionCheckItem",
         "logs:CreateLogStream",
         "logs:PutLogEvents",
-        "lambda:InvokeFunction",
+        "sqs:SendMessage",
     }
     for statement in role_statements(translated, role):
         assert statement["Effect"] == "Allow"
@@ -214,5 +214,5 @@ def test_api_function_only_reads_and_writes_the_table_and_kicks_the_reconciler(
         resources = as_list(statement["Resource"])
         if any(a.startswith("dynamodb:") for a in actions):
             assert all(refers_to(r, "Table") for r in resources), resources
-        if "lambda:InvokeFunction" in actions:
-            assert resources and all(refers_to(r, "ReconcilerFunction") for r in resources), resources
+        if "sqs:SendMessage" in actions:
+            assert resources and all(refers_to(r, "KickQueue") for r in resources), resources

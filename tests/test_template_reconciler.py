@@ -117,11 +117,11 @@ def schedule_of(translated: dict[str, Any]) -> tuple[str, Any]:
         for lid, body in {**rules, **schedules}.items()
         if "ScheduleExpression" in body["Properties"]
         and any(
-            refers_to(target.get("Arn"), "ReconcilerFunction")
+            refers_to(target.get("Arn"), "DispatcherFunction")
             for target in as_list(body["Properties"].get("Targets", body["Properties"].get("Target", [])))
         )
     ]
-    assert len(found) == 1, f"expected one schedule targeting the reconciler, got {found}"
+    assert len(found) == 1, f"expected one schedule targeting the dispatcher, got {found}"
     return found[0]
 
 
@@ -142,15 +142,15 @@ def test_default_rate_is_one_minute(translated: dict[str, Any]) -> None:
     assert Resolver(translated).resolve(expression) == "rate(1 minute)"
 
 
-def test_the_api_kicks_the_reconciler(translated: dict[str, Any]) -> None:
-    """After each write the api invokes the reconciler by name (the api role may invoke nothing else:
-    test_template_iam.py)."""
+def test_the_api_kicks_the_reconciler_through_the_kick_queue(translated: dict[str, Any]) -> None:
+    """After each write the api sends a kick to the kick queue (the api role may send to nothing
+    else: test_template_iam.py), and the queue's event source runs the reconciler worker."""
     api = translated["Resources"]["ApiFunction"]["Properties"]
-    assert refers_to(api["Environment"]["Variables"]["RECONCILER_FUNCTION_NAME"], "ReconcilerFunction")
-    invokes = statements_granting(
-        role_statements(translated, function_role(translated, "ApiFunction")), "lambda:InvokeFunction"
+    assert refers_to(api["Environment"]["Variables"]["FLEETKEEPER_KICK_QUEUE_URL"], "KickQueue")
+    sends = statements_granting(
+        role_statements(translated, function_role(translated, "ApiFunction")), "sqs:SendMessage"
     )
-    assert any(refers_to(r, "ReconcilerFunction") for s in invokes for r in as_list(s["Resource"])), invokes
+    assert [r for s in sends for r in as_list(s["Resource"])] == [{"Fn::GetAtt": ["KickQueue", "Arn"]}], sends
 
 
 def test_reconciler_runs_in_the_deployments_vpc(translated: dict[str, Any]) -> None:

@@ -12,14 +12,22 @@ import threading
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from botocore.config import _RetryDict
     from mypy_boto3_dynamodb import DynamoDBClient
     from mypy_boto3_ec2 import EC2Client
     from mypy_boto3_lambda import LambdaClient
+    from mypy_boto3_sqs import SQSClient
     from mypy_boto3_ssm import SSMClient
 
 # botocore's "standard" retry mode: a throttled or transient call is retried up to RETRIES times
 # after the first attempt (botocore's `max_attempts` client option counts retries, not attempts).
+# EC2's client uses "adaptive" mode: the same retries, plus client-side rate limiting (a token bucket
+# whose rate botocore lowers on each throttle and raises again as calls succeed). EC2 throttles per
+# account (DescribeInstances 20/s, RunInstances 2/s, mutating calls 5/s, with bursts), and the
+# reconciler's shard workers share those buckets: each backs off on its own rather than retrying
+# into the limit. DynamoDB (on-demand) keeps "standard".
 RETRIES = 5
+ADAPTIVE_SERVICES = frozenset({"ec2"})
 # Its backoff (botocore/retries/standard.py, ExponentialBackoff): before retry i (i = 0, 1, ...) it
 # sleeps up to min(1 s * 2**i, 20 s) after a throttling error (less after other errors), and up to
 # 5 s more when the response carries `x-amz-retry-after`.
@@ -32,9 +40,9 @@ WORST_CASE_RETRY_WAIT_SECONDS = sum(
     min(2.0**retry, _BACKOFF_CAP_SECONDS) + _RETRY_AFTER_EXTRA_SECONDS for retry in range(RETRIES)
 )
 
-# The api's reconciler kick (an async Invoke: Lambda answers 202 once the event is queued) has its own
-# client: a kick is best-effort and the schedule is its backstop, so it may cost an api request at
-# most KICK_CONNECT_TIMEOUT + KICK_READ_TIMEOUT seconds, one attempt, never the shared client's 5
+# The api's reconciler kick (a SendMessage to the kick queue) has its own client: a kick is
+# best-effort and the schedule is its backstop, so it may cost an api request at most
+# KICK_CONNECT_TIMEOUT + KICK_READ_TIMEOUT seconds, one attempt, never the shared client's 5
 # retries with 10 s reads, which could outlast API Gateway's 29 s integration timeout.
 KICK_CONNECT_TIMEOUT = 1
 KICK_READ_TIMEOUT = 2
@@ -65,9 +73,9 @@ def _client(service: str, *, kick: bool = False) -> Any:
                     read_timeout=KICK_READ_TIMEOUT,
                 )
             else:
-                config = Config(
-                    retries={"mode": "standard", "max_attempts": RETRIES}, connect_timeout=3, read_timeout=10
-                )
+                retries: _RetryDict = {"mode": "adaptive" if service in ADAPTIVE_SERVICES else "standard"}
+                retries["max_attempts"] = RETRIES
+                config = Config(retries=retries, connect_timeout=3, read_timeout=10)
             client = botocore.session.get_session().create_client(
                 service, region_name=region, endpoint_url=endpoint, config=config
             )
@@ -90,9 +98,14 @@ def lambda_() -> LambdaClient:
     return client
 
 
-def lambda_for_kick() -> LambdaClient:
-    """Lambda for the api's best-effort reconciler kick: one attempt, short timeouts."""
-    client: LambdaClient = _client("lambda", kick=True)
+def sqs_for_kick() -> SQSClient:
+    """SQS for the api's best-effort reconciler kick: one attempt, short timeouts."""
+    client: SQSClient = _client("sqs", kick=True)
+    return client
+
+
+def sqs() -> SQSClient:
+    client: SQSClient = _client("sqs")
     return client
 
 

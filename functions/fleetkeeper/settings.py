@@ -12,6 +12,7 @@ created lazily from anywhere (handlers, the CLI, the embedded server, tests) and
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
@@ -21,7 +22,7 @@ if TYPE_CHECKING:
 TABLE_NAME_ENV = "TABLE_NAME"
 DRIVER_ENV = "FLEETKEEPER_DRIVER"
 PROBE_BUDGET_ENV = "FLEETKEEPER_PROBE_BUDGET_SECONDS"
-RECONCILER_FUNCTION_ENV = "RECONCILER_FUNCTION_NAME"
+KICK_QUEUE_URL_ENV = "FLEETKEEPER_KICK_QUEUE_URL"
 KICK_URL_ENV = "FLEETKEEPER_KICK_URL"
 SUBNET_IDS_ENV = "FLEETKEEPER_SUBNET_IDS"
 SECURITY_GROUP_IDS_ENV = "FLEETKEEPER_SECURITY_GROUP_IDS"
@@ -29,6 +30,14 @@ INSTANCE_PROFILE_ENV = "FLEETKEEPER_INSTANCE_PROFILE_ARN"
 DEFAULT_IMAGE_PARAMETER_ENV = "FLEETKEEPER_DEFAULT_IMAGE_PARAMETER"
 DEFAULT_INSTANCE_TYPE_ENV = "FLEETKEEPER_DEFAULT_INSTANCE_TYPE"
 REPLICA_HOST_ENV = "FLEETKEEPER_REPLICA_HOST"
+# The scheduled run's fan-out (fleetkeeper.reconciler.dispatch): the dispatcher's queue, its
+# schedule (the period every shard must fit in), the shard size; a worker's reads and margins.
+RECONCILE_QUEUE_URL_ENV = "FLEETKEEPER_RECONCILE_QUEUE_URL"
+RECONCILE_SCHEDULE_ENV = "FLEETKEEPER_RECONCILE_SCHEDULE"
+SHARD_SIZE_ENV = "FLEETKEEPER_SHARD_SIZE"
+READ_CONCURRENCY_ENV = "FLEETKEEPER_READ_CONCURRENCY"
+SERVICE_MARGIN_ENV = "FLEETKEEPER_SERVICE_MARGIN_SECONDS"
+ACTION_MARGIN_ENV = "FLEETKEEPER_ACTION_MARGIN_SECONDS"
 
 DEFAULT_IMAGE_PARAMETER = "/aws/service/ami-amazon-linux-latest/al2023-ami-kernel-default-x86_64"
 DEFAULT_INSTANCE_TYPE = "t3.small"
@@ -40,6 +49,17 @@ DEFAULT_PROBE_BUDGET_SECONDS = 20.0
 MAX_PROBE_TIMEOUT_SECONDS = 15
 PROBE_HEADROOM_SECONDS = 5.0
 MIN_PROBE_BUDGET_SECONDS = MAX_PROBE_TIMEOUT_SECONDS + PROBE_HEADROOM_SECONDS
+DEFAULT_SCHEDULE = "rate(1 minute)"
+DEFAULT_SHARD_SIZE = 100  # fleetkeeper.reconciler.dispatch says why
+MAX_SHARD_SIZE = 199  # EC2's 200 filter values a Describe call, less the managed tag's value
+# Queries in flight per worker: 8 keep a 100-service shard's reads near a second without a burst
+# that an on-demand table's new partition would throttle.
+DEFAULT_READ_CONCURRENCY = 8
+MAX_READ_CONCURRENCY = 64
+# fleetkeeper.reconciler.budget says what they are for and why these values.
+DEFAULT_SERVICE_MARGIN_SECONDS = 10.0
+DEFAULT_ACTION_MARGIN_SECONDS = 5.0
+_RATE = re.compile(r"^rate\((?P<count>[1-9][0-9]*) (?P<unit>minute|minutes|hour|hours)\)$")
 
 DriverKind = Literal["ec2", "process"]
 
@@ -82,11 +102,19 @@ class Settings:
     driver: DriverKind = "ec2"
     # The reconciler's whole probe phase; each probe is also bounded by its own timeout.
     probe_budget_seconds: float = DEFAULT_PROBE_BUDGET_SECONDS
-    # How the api kicks the reconciler after a write: invoke this function (AWS), else POST this
-    # URL (embedded mode), else nothing (the schedule picks the change up).
-    reconciler_function_name: str | None = None
+    # How the api kicks the reconciler after a write: send to this queue (AWS), else POST this URL
+    # (embedded mode), else nothing (the schedule picks the change up).
+    kick_queue_url: str | None = None
     kick_url: str | None = None
     ec2: Ec2Settings = field(default_factory=Ec2Settings)
+    # The dispatcher's: where shards go, how often (seconds between scheduled runs), how big.
+    reconcile_queue_url: str | None = None
+    period_seconds: int = 60
+    shard_size: int = DEFAULT_SHARD_SIZE
+    # A worker's: Queries in flight, and its margins (fleetkeeper.reconciler.budget).
+    read_concurrency: int = DEFAULT_READ_CONCURRENCY
+    service_margin_seconds: float = DEFAULT_SERVICE_MARGIN_SECONDS
+    action_margin_seconds: float = DEFAULT_ACTION_MARGIN_SECONDS
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> Settings:
@@ -97,10 +125,40 @@ class Settings:
             table_name=table,
             driver=_driver(environ.get(DRIVER_ENV) or "ec2"),
             probe_budget_seconds=_probe_budget(environ),
-            reconciler_function_name=environ.get(RECONCILER_FUNCTION_ENV) or None,
+            kick_queue_url=environ.get(KICK_QUEUE_URL_ENV) or None,
             kick_url=environ.get(KICK_URL_ENV) or None,
             ec2=Ec2Settings.from_env(environ),
+            reconcile_queue_url=environ.get(RECONCILE_QUEUE_URL_ENV) or None,
+            period_seconds=period_of(environ.get(RECONCILE_SCHEDULE_ENV) or DEFAULT_SCHEDULE),
+            shard_size=_integer(environ, SHARD_SIZE_ENV, DEFAULT_SHARD_SIZE, 1, MAX_SHARD_SIZE),
+            read_concurrency=_integer(environ, READ_CONCURRENCY_ENV, DEFAULT_READ_CONCURRENCY, 1, MAX_READ_CONCURRENCY),
+            service_margin_seconds=_seconds(environ, SERVICE_MARGIN_ENV, DEFAULT_SERVICE_MARGIN_SECONDS),
+            action_margin_seconds=_seconds(environ, ACTION_MARGIN_ENV, DEFAULT_ACTION_MARGIN_SECONDS),
         )
+
+
+def period_of(schedule: str) -> int:
+    """Seconds between the runs of an EventBridge `rate(...)` schedule (template.yaml admits no other)."""
+    match = _RATE.match(schedule.strip())
+    if match is None:
+        raise SettingsError(
+            f"{RECONCILE_SCHEDULE_ENV}={schedule!r}: expected a rate such as 'rate(1 minute)' or 'rate(5 minutes)'"
+        )
+    count = int(match["count"])
+    return count * (3600 if match["unit"].startswith("hour") else 60)
+
+
+def _integer(environ: Mapping[str, str], name: str, default: int, low: int, high: int) -> int:
+    raw = environ.get(name)
+    if not raw:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise SettingsError(f"{name}={raw!r}: expected a whole number from {low} to {high}") from None
+    if not low <= value <= high:
+        raise SettingsError(f"{name}={value}: expected a whole number from {low} to {high}")
+    return value
 
 
 def _list(environ: Mapping[str, str], name: str) -> tuple[str, ...]:

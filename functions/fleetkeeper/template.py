@@ -13,6 +13,7 @@ import yaml
 
 if TYPE_CHECKING:
     from mypy_boto3_dynamodb import DynamoDBClient
+    from mypy_boto3_sqs import SQSClient
 
 TEMPLATE_PATH = Path(__file__).resolve().parents[2] / "template.yaml"
 
@@ -75,3 +76,19 @@ def create_table(client: DynamoDBClient, table_name: str, template: dict[str, An
     ttl = resource(template, "Table")["Properties"].get("TimeToLiveSpecification")
     if ttl:
         client.update_time_to_live(TableName=table_name, TimeToLiveSpecification=ttl)
+
+
+# The queue attributes of an AWS::SQS::Queue that SQS's CreateQueue takes as they are (as strings).
+_QUEUE_ATTRIBUTES = ("MessageRetentionPeriod", "VisibilityTimeout", "MaximumMessageSize", "SqsManagedSseEnabled")
+
+
+def create_queue(client: SQSClient, queue_name: str, logical_id: str, template: dict[str, Any] | None = None) -> str:
+    """Create the queue `logical_id` of template.yaml (its attributes as declared); returns its URL."""
+    template = template or load_template()
+    props = resource(template, logical_id)["Properties"]
+    attributes = {
+        name: str(props[name]).lower() if isinstance(props[name], bool) else str(props[name])
+        for name in _QUEUE_ATTRIBUTES
+        if name in props
+    }
+    return client.create_queue(QueueName=queue_name, Attributes=attributes)["QueueUrl"]  # type: ignore[arg-type]

@@ -32,6 +32,8 @@ from typing import TYPE_CHECKING, Any
 
 from fleetkeeper import aws
 from fleetkeeper.model import ReplicaStatus, ServiceStatus, VersionState
+from fleetkeeper.reconciler.budget import Budget
+from fleetkeeper.reconciler.dispatch import rotated
 from fleetkeeper.reconciler.driver import MANAGED_TAG, REPLICA_TAG, UID_TAG, VERSION_TAG
 from fleetkeeper.reconciler.plan import Policy, ProbeResult
 from fleetkeeper.store.codec import from_raw, state_from_items
@@ -477,20 +479,30 @@ class Simulation:
             prober=self.prober,
         )
 
-    def _one_run(self, name: str | None) -> tuple[str, RunReport | None]:
-        """One reconciler invocation on this thread: its outcome and report."""
+    def _one_run(self, name: str | None, budget: Budget | None = None) -> tuple[str, RunReport | None]:
+        """One reconciler invocation on this thread: its outcome and report. With a budget, the
+        scheduled run is a shard worker's: every listed service, in the period's rotated order,
+        started only while the budget allows (and no sweep: that is the dispatcher's)."""
         self.hooks.start()
         self._snapshot_live()  # the surge bound compares with what this very run started from
         with self.strict.acting_as("reconciler"):
             try:
-                report = self._reconciler().run_one(name) if name else self._reconciler().run_all()
+                if name:
+                    report = self._reconciler().run_one(name)
+                elif budget is not None:
+                    reconciler = self._reconciler()
+                    names = [entry.name for entry in reconciler.store.list_services()]
+                    run = int(self.strict.clock.time()) // 60
+                    report = reconciler.run_shard(rotated(sorted(names), run), budget)
+                else:
+                    report = self._reconciler().run_all()
             except SimCrash as crash:
                 return f"crashed ({crash})", None
             except LambdaTimeout:
                 return "timed out", None
             except Exception as exc:  # the whole run failed (AWS contention); the schedule retries
                 return f"failed ({type(exc).__name__})", None
-        if name is None and not report.errors:
+        if name is None and budget is None and not report.errors:
             self.full_runs_at.append(self.strict.clock.time())
         return "done", report
 
@@ -524,8 +536,11 @@ class Simulation:
         timeout = self.rng.choice([0.5, 1.5, 3.0, 6.0])
         self.strict.call_latency = 0.25
         context = self.strict.lambda_context(timeout_seconds=timeout, function_name="fleetkeeper-reconciler")
+        # A scheduled run with a Lambda timeout is a shard worker, which watches its time (what it
+        # does not finish is the next run's); margins of about two calls, so a kill can still come.
+        budget = Budget(lambda: context.get_remaining_time_in_millis() / 1000, service_margin=0.5, action_margin=0.3)
         try:
-            outcome, report = self._one_run(name)
+            outcome, report = self._one_run(name, budget if name is None else None)
         finally:
             context.end()
             self.strict.call_latency = 0.0

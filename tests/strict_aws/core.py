@@ -37,6 +37,7 @@ throttles costs virtual seconds (visible to a Lambda context's remaining time), 
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import random
 import threading
 import time
@@ -123,6 +124,7 @@ class StrictAws:
         attempts   Counter of (service, operation) -> attempts that reached the layer (retries count)
         faults_injected   every fault answered, in order
         backoff    botocore's retry pauses, in seconds (taken on `clock`)
+        rate_limited   adaptive mode's client-side waits for a token, in seconds (taken on `clock`)
         clock      the layer's VirtualClock; `call_latency` seconds are added per attempt
         dynamodb / ec2   the per-service layers
     """
@@ -148,7 +150,10 @@ class StrictAws:
         self._lock = threading.RLock()
         self._bursts: list[_Burst] = []
         self._invocation: LambdaContext | None = None
-        self._actors = threading.local()
+        # A context variable, not a thread-local: work a caller hands to a pool in a copy of its
+        # context (the reconciler's parallel reads) acts as that caller.
+        self._actor: contextvars.ContextVar[str | None] = contextvars.ContextVar("strict_aws_actor", default=None)
+        self.rate_limited: list[float] = []
 
     # -- activation (one controller at a time, process-wide) --
 
@@ -160,6 +165,7 @@ class StrictAws:
                 raise RuntimeError("another StrictAws is active")
             _active = self
             _VirtualBackoff.enable()
+            _VirtualTokenWait.enable()
 
     def deactivate(self) -> None:
         global _active
@@ -167,6 +173,7 @@ class StrictAws:
             if _active is self:
                 _active = None
                 _VirtualBackoff.disable()
+                _VirtualTokenWait.disable()
 
     @contextlib.contextmanager
     def active(self) -> Iterator[StrictAws]:
@@ -213,16 +220,14 @@ class StrictAws:
         the transaction had its answer before its next read started. Calls outside any block have
         no actor and may overlap anything.
         """
-        previous = getattr(self._actors, "name", None)
-        self._actors.name = actor
+        token = self._actor.set(actor)
         try:
             yield
         finally:
-            self._actors.name = previous
+            self._actor.reset(token)
 
     def actor(self) -> str | None:
-        name: str | None = getattr(self._actors, "name", None)
-        return name
+        return self._actor.get()
 
     # -- Lambda --
 
@@ -336,6 +341,50 @@ class _VirtualBackoff:
         endpoint = _endpoint_module()
         if isinstance(endpoint.time, _VirtualBackoff):
             endpoint.time = cls._saved
+
+
+class _VirtualTokenWait:
+    """botocore's adaptive retry mode, with its client-side rate limiter waiting on the layer's clock.
+
+    In adaptive mode (fleetkeeper's EC2 client) every attempt first takes a token from a bucket whose
+    fill rate botocore lowers on each throttle; short of a token, `TokenBucket._acquire` waits on a
+    condition variable for (tokens missing / fill rate) seconds of real time. While a controller is
+    active that wait is taken on its clock instead (recorded in `rate_limited`), and the bucket is
+    credited the tokens the wait would have filled: the same decision, in virtual seconds.
+    """
+
+    _saved: Any = None
+
+    @staticmethod
+    def acquire(bucket: Any, amount: int, block: bool) -> bool:
+        controller = _active
+        if controller is None or not block:
+            return bool(_VirtualTokenWait._saved(bucket, amount, block))
+        bucket._refill()
+        if amount > bucket._current_capacity:
+            wait = bucket._sleep_amount(amount)
+            with controller._lock:
+                controller.rate_limited.append(wait)
+            controller.clock.sleep(wait)
+            bucket._current_capacity = amount
+        bucket._current_capacity -= amount
+        return True
+
+    @classmethod
+    def enable(cls) -> None:
+        from botocore.retries.bucket import TokenBucket
+
+        if cls._saved is None:
+            cls._saved = TokenBucket._acquire
+            TokenBucket._acquire = lambda bucket, amount, block: cls.acquire(bucket, amount, block)
+
+    @classmethod
+    def disable(cls) -> None:
+        from botocore.retries.bucket import TokenBucket
+
+        if cls._saved is not None:
+            TokenBucket._acquire = cls._saved
+            cls._saved = None
 
 
 def _endpoint_module() -> Any:

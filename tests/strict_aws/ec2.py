@@ -19,6 +19,9 @@ Configured by the test:
   `Unsupported` (HTTP 400) per subnet and/or instance type;
 - `RequestLimitExceeded` bursts (through `StrictAws.throttle`; HTTP 503, retried by botocore);
 - terminations by AWS with real `StateReason` codes (`terminate_by_aws`).
+
+Also always on: a Describe call's filters may carry at most 200 values in all
+(`FilterLimitExceeded`, HTTP 400); moto takes any number.
 """
 
 from __future__ import annotations
@@ -49,6 +52,7 @@ STATE_REASONS = {
     "Client.VolumeLimitExceeded": "Volume limit exceeded",
 }
 MISMATCH = "Arguments on this idempotent request are inconsistent with arguments used in previous request(s)."
+FILTER_VALUES_LIMIT = 200
 
 
 @dataclass
@@ -158,6 +162,12 @@ class Ec2Layer:
 
     def send(self, call: Call) -> Response:
         with self.lock:
+            values = sum(1 for key, _ in call.form() if key.startswith("Filter.") and ".Value." in key)
+            if call.operation.startswith("Describe") and values > FILTER_VALUES_LIMIT:
+                return ec2_error(
+                    "FilterLimitExceeded",
+                    f"The maximum number of filter values specified on a single call is {FILTER_VALUES_LIMIT}",
+                )
             if call.operation == "RunInstances":
                 return self._run_instances(call)
             if call.operation in self.lag_operations and self.describe_lag > 0:

@@ -1,7 +1,10 @@
 """The immediate reconciler kick after an api write. Best-effort: the schedule is the backstop.
 
-In AWS the reconciler function is invoked asynchronously for the one service; in embedded mode a
-loopback URL wakes the local reconciler loop. Neither may fail or slow an api request noticeably.
+In AWS the kick is a message on the kick queue, whose event source invokes the reconciler worker
+for that one service with a maximum concurrency: a storm of writes queues up instead of taking
+the account's Lambda concurrency (a direct asynchronous invoke could not be capped without reserved
+concurrency, which a new account cannot grant). In embedded mode a loopback URL wakes the local
+reconciler loop. Neither may fail or slow an api request noticeably.
 """
 
 from __future__ import annotations
@@ -22,25 +25,25 @@ KICK_URL_TIMEOUT_SECONDS = 1
 
 @dataclass(frozen=True)
 class ReconcilerKick:
-    """Kicks the reconciler for one service: invoke `function_name`, else POST to `url`, else nothing."""
+    """Kicks the reconciler for one service: send to `queue_url`, else POST to `url`, else nothing."""
 
-    function_name: str | None = None
+    queue_url: str | None = None
     url: str | None = None
 
     @classmethod
     def from_settings(cls, settings: Settings) -> ReconcilerKick:
-        return cls(function_name=settings.reconciler_function_name, url=settings.kick_url)
+        return cls(queue_url=settings.kick_queue_url, url=settings.kick_url)
 
     def __call__(self, name: str) -> None:
-        payload = json.dumps({"service": name}).encode()
+        body = json.dumps({"service": name})
         try:
-            if self.function_name:
+            if self.queue_url:
                 from fleetkeeper import aws
 
-                aws.lambda_for_kick().invoke(FunctionName=self.function_name, InvocationType="Event", Payload=payload)
+                aws.sqs_for_kick().send_message(QueueUrl=self.queue_url, MessageBody=body)
             elif self.url:
                 request = urllib.request.Request(
-                    self.url, data=payload, method="POST", headers={"Content-Type": "application/json"}
+                    self.url, data=body.encode(), method="POST", headers={"Content-Type": "application/json"}
                 )
                 with urllib.request.urlopen(request, timeout=KICK_URL_TIMEOUT_SECONDS):
                     pass

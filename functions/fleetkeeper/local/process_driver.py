@@ -159,11 +159,12 @@ class ProcessDriver:
 
     # -- the ReplicaDriver protocol ------------------------------------------------------------------
 
-    def list_instances(self, uid: str | None = None) -> list[Instance]:
+    def list_instances(self, uids: Sequence[str] | None = None) -> list[Instance]:
+        wanted = None if uids is None else set(uids)
         with self._lock:
             self._forget_old()
             instances = [replica.refresh() for replica in self._replicas.values()]
-        return [i for i in instances if uid is None or i.uid == uid]
+        return [i for i in instances if wanted is None or i.uid in wanted]
 
     def find_instance(self, uid: str, replica_id: int) -> Instance | None:
         with self._lock:

@@ -2,7 +2,8 @@
 
     in-memory AWS     moto's threaded server on a free port; the table built from template.yaml
     api               ApiBridge: real HTTP on --port -> API Gateway events -> the api handler
-    reconciler        ReconcileLoop: the reconciler handler every --tick seconds and on each kick
+    reconciler        ReconcileLoop: the dispatcher every --tick seconds, its shards through the
+                      in-memory reconcile queue to the worker handler, and the worker on each kick
     cleanup           StreamPump: the table's stream -> template's filter -> the cleanup handler
     replicas          ProcessDriver: local process groups (FLEETKEEPER_DRIVER=process)
 
@@ -27,8 +28,8 @@ from fleetkeeper.local.process_driver import LOCAL_DIR_ENV, LOOPBACK, ProcessDri
 from fleetkeeper.local.reconcile_loop import ReconcileLoop
 from fleetkeeper.local.stream_pump import StreamPump, StreamSource
 from fleetkeeper.reconciler.drivers import EMBEDDED_DRIVER, register_driver
-from fleetkeeper.settings import DRIVER_ENV
-from fleetkeeper.template import create_table, load_template
+from fleetkeeper.settings import DRIVER_ENV, RECONCILE_QUEUE_URL_ENV
+from fleetkeeper.template import create_queue, create_table, load_template
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
@@ -63,7 +64,7 @@ def configure_environment(options: Options) -> None:
     )
     # The reconciler's drivers know `ec2` only: the deployed code never imports this package.
     register_driver(EMBEDDED_DRIVER, ProcessDriver.shared)
-    for variable in ("AWS_PROFILE", "RECONCILER_FUNCTION_NAME", "FLEETKEEPER_KICK_URL"):
+    for variable in ("AWS_PROFILE", "FLEETKEEPER_KICK_QUEUE_URL", "FLEETKEEPER_KICK_URL"):
         os.environ.pop(variable, None)
 
 
@@ -112,17 +113,22 @@ class EmbeddedControlPlane:
         os.environ["FLEETKEEPER_AWS_ENDPOINT_URL"] = self.aws_endpoint
         aws.reset_clients()
         create_table(aws.dynamodb(), self.options.table, template)
+        queue_url = create_queue(aws.sqs(), f"{self.options.table}-reconcile", "ReconcileQueue", template)
+        os.environ[RECONCILE_QUEUE_URL_ENV] = queue_url
 
         # Imported only now: the handlers read their settings (pointed at moto above) on first use.
         from fleetkeeper.api.handler import lambda_handler as api_handler
         from fleetkeeper.cleanup.handler import lambda_handler as cleanup_handler
+        from fleetkeeper.reconciler.handler import dispatch_handler
         from fleetkeeper.reconciler.handler import lambda_handler as reconciler_handler
 
         if self.log_level is not None:  # after the imports: the handlers' loggers exist from then on
             from fleetkeeper.local.readable_logs import make_logs_readable
 
             make_logs_readable(self.log_level)
-        self._loop = ReconcileLoop(reconciler_handler, tick=self.options.tick)
+        self._loop = ReconcileLoop(
+            reconciler_handler, tick=self.options.tick, dispatcher=dispatch_handler, queue_url=queue_url
+        )
         source = StreamSource.from_template(template)
         if source is None:
             raise RuntimeError("template.yaml declares no DynamoDB event for CleanupFunction")
@@ -160,6 +166,7 @@ class EmbeddedControlPlane:
             self._moto.stop()
             self._moto = None
         os.environ.pop("FLEETKEEPER_KICK_URL", None)
+        os.environ.pop(RECONCILE_QUEUE_URL_ENV, None)
         os.environ.pop("FLEETKEEPER_AWS_ENDPOINT_URL", None)
         aws.reset_clients()
 

@@ -92,8 +92,8 @@ class LaunchRefused(Exception):
 
 
 class ReplicaDriver(Protocol):
-    def list_instances(self, uid: str | None = None) -> list[Instance]:
-        """Every managed instance (of incarnation `uid` when given), in as few calls as possible."""
+    def list_instances(self, uids: Sequence[str] | None = None) -> list[Instance]:
+        """Every managed instance (of these incarnations when `uids` is given), in as few calls as possible."""
         ...
 
     def find_instance(self, uid: str, replica_id: int) -> Instance | None:

@@ -1,24 +1,37 @@
-"""The reconciler function: a scheduled run over every service, or a kick for one.
+"""The reconciler's two functions: the dispatcher (the schedule) and the worker (shards and kicks).
 
-EventBridge invokes it on `ReconcileSchedule` (all services + the orphan sweep); the api invokes
-it asynchronously with {"service": name} after each write so a change starts within seconds.
+`dispatch_handler`: EventBridge invokes it on `ReconcileSchedule`. It lists the services, queues
+them in shards and runs the orphan sweep (fleetkeeper.reconciler.dispatcher).
+
+`lambda_handler`, the worker, is invoked by two queues' event sources, one message an invocation,
+each with a maximum concurrency (template.yaml), so neither a storm of writes nor a big stack can
+take the account's Lambda concurrency:
+- the reconcile queue: a shard; it reconciles the shard's services within its budget (what its
+  invocation and the period leave; fleetkeeper.reconciler.budget);
+- the kick queue: {"service": name}, sent by the api after each write: that one service at once,
+  with no budget beyond the function's timeout. A kick older than a period is dropped: the
+  scheduled run has been over that service since.
+A direct invoke with {"service": name} is a kick too (an operator's `aws lambda invoke`).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
+import time
 from typing import TYPE_CHECKING, Any
 
 from aws_lambda_powertools import Logger, Metrics
 from aws_lambda_powertools.logging.utils import copy_config_to_registered_loggers
 from aws_lambda_powertools.metrics import MetricUnit
 
-from fleetkeeper.settings import Settings
+from fleetkeeper.settings import Settings, SettingsError
 
 if TYPE_CHECKING:
     from aws_lambda_powertools.utilities.typing import LambdaContext
 
+    from fleetkeeper.reconciler.dispatcher import Dispatcher
     from fleetkeeper.reconciler.shell import Reconciler
 
 logger = Logger()
@@ -29,6 +42,10 @@ metrics = Metrics()
 # ancestor Powertools' JSON handler (it must exist first: Powertools configures registered loggers).
 logging.getLogger("fleetkeeper")
 copy_config_to_registered_loggers(source_logger=logger, include={"fleetkeeper"})
+
+# What a worker keeps for itself after its last service: the report, the log line, the metrics.
+_RETURN_RESERVE_SECONDS = 1.0
+_CHANGED = ("actions", "errors", "superseded", "orphans_terminated", "unloadable", "foreign_instances")
 
 
 def build_reconciler(settings: Settings) -> Reconciler:
@@ -42,31 +59,142 @@ def build_reconciler(settings: Settings) -> Reconciler:
         store=ReconcilerStore(Table(settings.table_name)),
         driver=make_driver(settings),
         probe_budget_seconds=settings.probe_budget_seconds,
+        read_concurrency=settings.read_concurrency,
+    )
+
+
+def build_dispatcher(settings: Settings) -> Dispatcher:
+    from fleetkeeper.reconciler.dispatcher import Dispatcher
+    from fleetkeeper.reconciler.queue import ShardQueue
+
+    if settings.reconcile_queue_url is None:
+        raise SettingsError("FLEETKEEPER_RECONCILE_QUEUE_URL is not set: the dispatcher has nowhere to send shards")
+    return Dispatcher(
+        reconciler=build_reconciler(settings),
+        queue=ShardQueue(settings.reconcile_queue_url),
+        shard_size=settings.shard_size,
+        period_seconds=settings.period_seconds,
     )
 
 
 def service_of(event: Any) -> str | None:
-    """The service a kick names; None for the schedule's event (or anything else): run them all."""
+    """The service a kick names; None for anything else."""
     if isinstance(event, dict) and isinstance(event.get("service"), str):
         return str(event["service"])
     return None
+
+
+def sqs_records(event: Any) -> list[dict[str, Any]] | None:
+    """The records of an SQS event (the reconcile or kick queue's), None for another event."""
+    if not isinstance(event, dict) or not isinstance(event.get("Records"), list):
+        return None
+    records: list[dict[str, Any]] = event["Records"]
+    if not all(isinstance(r, dict) and r.get("eventSource") == "aws:sqs" for r in records):
+        return None
+    return records
+
+
+def kick_in(body: str) -> str | None:
+    """The service a kick message names; None for a shard (or anything else)."""
+    try:
+        parsed = json.loads(body)
+    except ValueError:
+        return None
+    return service_of(parsed) if isinstance(parsed, dict) and "format" not in parsed else None
+
+
+def sent_at(record: dict[str, Any]) -> float | None:
+    """When SQS accepted the message, in epoch seconds (the event source's SentTimestamp, in ms)."""
+    raw = record.get("attributes", {}).get("SentTimestamp") if isinstance(record.get("attributes"), dict) else None
+    try:
+        return int(raw) / 1000 if raw is not None else None
+    except ValueError:
+        return None
+
+
+@metrics.log_metrics
+@logger.inject_lambda_context(clear_state=True)
+def dispatch_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
+    dispatcher = build_dispatcher(Settings.from_env(os.environ))
+    summary = dispatcher.run().as_dict()
+    logger.info("dispatched", extra=summary)
+    # The "no completed run in 5 minutes" alarm watches this (template.yaml, ReconcilerStalledAlarm).
+    metrics.add_metric(name="ReconcileCompleted", unit=MetricUnit.Count, value=1)
+    return summary
 
 
 @metrics.log_metrics
 @logger.inject_lambda_context(clear_state=True)
 def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     # Configuration is read once per invocation, never at import.
-    reconciler = build_reconciler(Settings.from_env(os.environ))
+    settings = Settings.from_env(os.environ)
+    reconciler = build_reconciler(settings)
     name = service_of(event)
-    report = reconciler.run_one(name) if name is not None else reconciler.run_all()
-    summary = report.as_dict()
-    # A run that changed nothing is the steady state: keep it out of the INFO log (one line a minute
-    # per stack would be most of the log volume).
-    changed = any(
-        summary.get(key)
-        for key in ("actions", "errors", "superseded", "orphans_terminated", "unloadable", "foreign_instances")
-    )
-    log = logger.info if changed else logger.debug
-    log("reconcile run done", extra={"kick": name, **summary})
-    metrics.add_metric(name="ReconcileCompleted", unit=MetricUnit.Count, value=1)
+    if name is not None:
+        summary = reconciler.run_one(name).as_dict()
+        _log_run(summary, kick=name)
+        return summary
+    records = sqs_records(event)
+    if records is None:
+        # The schedule invokes the dispatcher, not this function: nothing to do here.
+        logger.warning("not a kick nor a shard: ignored", extra={"event_keys": sorted(event)[:10]})
+        return {"ignored": "expected {'service': name} or an SQS event of the reconcile or kick queue"}
+    summaries = [_run_record(reconciler, settings, record, context) for record in records]
+    return {"runs": summaries}
+
+
+def _run_record(
+    reconciler: Reconciler, settings: Settings, record: dict[str, Any], context: LambdaContext
+) -> dict[str, Any]:
+    body = str(record.get("body", ""))
+    name = kick_in(body)
+    if name is None:
+        return _run_shard(reconciler, settings, body, context)
+    sent = sent_at(record)
+    if sent is not None and time.time() - sent > settings.period_seconds:
+        logger.info("kick for %s is older than a period: dropped (the scheduled run has covered it)", name)
+        return {"kick": name, "stale": True}
+    summary = {"kick": name, **reconciler.run_one(name).as_dict()}
+    _log_run(summary, kick=name)
     return summary
+
+
+def _run_shard(reconciler: Reconciler, settings: Settings, body: str, context: LambdaContext) -> dict[str, Any]:
+    from fleetkeeper.reconciler.budget import Budget
+    from fleetkeeper.reconciler.dispatch import Shard, ShardError
+
+    try:
+        shard = Shard.from_body(body)
+    except ShardError as exc:
+        # Retrying it would not help; the next dispatch sends well-formed shards.
+        logger.error("dropped a message that is not a shard: %s", exc)
+        return {"dropped": str(exc)}
+
+    def remaining() -> float:
+        # The invocation's time and the period's, whichever ends first, less the return reserve.
+        invocation = context.get_remaining_time_in_millis() / 1000
+        return min(invocation, shard.not_after - time.time()) - _RETURN_RESERVE_SECONDS
+
+    if shard.not_after <= time.time():
+        # It waited in the queue past its period: the next dispatch has handed its services out again.
+        logger.warning("shard %d of run %d is stale: skipped", shard.index, shard.run)
+        return {"shard": shard.index, "run": shard.run, "stale": True, "skipped": list(shard.services)}
+    budget = Budget(remaining, settings.service_margin_seconds, settings.action_margin_seconds)
+    report = reconciler.run_shard(shard.ordered(), budget)
+    summary = {"shard": shard.index, "run": shard.run, **report.as_dict()}
+    _log_run(summary, kick=None)
+    return summary
+
+
+def _log_run(summary: dict[str, Any], *, kick: str | None) -> None:
+    # A run that changed nothing is the steady state: keep it out of the INFO log (one line a minute
+    # per shard would be most of the log volume).
+    changed = any(summary.get(key) for key in (*_CHANGED, "skipped", "cut_short"))
+    log = logger.info if changed else logger.debug
+    log("reconcile run done", extra={"kick": kick, **summary})
+    if kick is None:
+        # Zero too: the "falling behind" alarm needs a data point to say all is well.
+        skipped = len(summary.get("skipped", [])) + len(summary.get("cut_short", []))
+        metrics.add_metric(name="ServicesSkipped", unit=MetricUnit.Count, value=skipped)
+    else:
+        metrics.add_metric(name="KicksCompleted", unit=MetricUnit.Count, value=1)

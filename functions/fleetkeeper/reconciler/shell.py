@@ -1,9 +1,14 @@
 """The reconciler's imperative shell: observe, plan, apply, record.
 
-One run: read the services and their items (one Query each), list every managed instance (ONE
-paginated DescribeInstances), probe every replica that has an address (in parallel, bounded), then
-for each service call the pure `plan` and apply its actions through the store and the driver.
-Nothing outlives the run (invariant 4): the next run rebuilds everything from the table and EC2.
+One run over a set of services: read each service's items (one Query each, `read_concurrency` at a
+time), list their managed instances (ONE paginated DescribeInstances filtered on their uids),
+probe every replica that has an address (in parallel, bounded), then for each service call the pure
+`plan` and apply its actions through the store and the driver. Nothing outlives the run
+(invariant 4): the next run rebuilds everything from the table and EC2.
+
+Three entry points: `run_shard` (a worker's share of the scheduled run, within a time Budget),
+`sweep` (the orphan sweep, once a period, from the dispatcher), `run_one` (a kick after an api
+write); `run_all` is both of the first two in one invocation, for a single process.
 
 Crash safety comes from the order and the keys, not from locks: a replica is claimed (its item
 exists) before it is launched, a launch is looked up by tag before it is retried, and every write
@@ -14,8 +19,10 @@ writes nothing more for it, and the next run re-observes.
 
 from __future__ import annotations
 
+import contextvars
 import logging
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
@@ -52,8 +59,9 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Hashable, Iterable, Sequence
     from datetime import datetime
 
+    from fleetkeeper.reconciler.budget import Budget
     from fleetkeeper.reconciler.driver import ReplicaDriver
-    from fleetkeeper.store.reconciler import ReconcilerStore
+    from fleetkeeper.store.reconciler import Listed, ReconcilerStore
 
 logger = logging.getLogger(__name__)
 
@@ -74,6 +82,10 @@ class RunReport:
     unloadable: dict[str, str] = field(default_factory=dict)
     # Instances carrying fleetkeeper's tags without a ClientToken fleetkeeper derives: left alone.
     foreign: list[str] = field(default_factory=list)
+    # A bounded run's shortfall, done by the next: services not started for lack of time, and
+    # services stopped before a launch (as a crash there would; their claims stay PENDING).
+    skipped: list[str] = field(default_factory=list)
+    cut_short: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -85,6 +97,8 @@ class RunReport:
             "unobserved": self.unobserved,
             "unloadable": dict(sorted(self.unloadable.items())),
             "foreign_instances": self.foreign,
+            "skipped": self.skipped,
+            "cut_short": self.cut_short,
         }
 
 
@@ -98,10 +112,14 @@ class Reconciler:
     probe_budget_seconds: float = 20.0
     prober: Callable[[Sequence[ProbeTarget], float], dict[Hashable, ProbeResult]] = probe_all
 
+    # Services read at once (each a Query); 1 reads them one after another on the calling thread.
+    read_concurrency: int = 1
+
     # -- entry points --
 
     def run_all(self) -> RunReport:
-        """The scheduled run: every service, then the orphan sweep.
+        """Every service, then the orphan sweep, in this one invocation: one listing of the index and
+        ONE DescribeInstances shared by both (a single process: the tests, the benchmarks).
 
         A service that cannot be loaded is logged, reported and skipped; the others and the sweep
         go on (its instances are spared: the sweep cannot tell they are not orphans).
@@ -109,28 +127,40 @@ class Reconciler:
         now = self.now()
         report = RunReport()
         listed = list(self.store.list_services())
-        states: list[ServiceState] = []
-        for entry in listed:
-            state = self._load(entry.name, report)
-            if state is not None:
-                states.append(state)
+        states = self._load_all([entry.name for entry in listed], report)
         instances = self._owned(self.driver.list_instances(), report)
         self._reconcile_all(states, instances, now, report)
-        # A uid listed by the index or loaded is live, even if its item went away since.
-        live_uids = {entry.uid for entry in listed if entry.uid} | {s.service.uid for s in states}
-        orphans = plan_orphans(live_uids, instances, now, self.policy, spared_services=set(report.unloadable))
-        if orphans is not None:
-            for instance_id, reason in orphans.reasons:
-                logger.info("terminating %s: %s", instance_id, reason)
-            try:
-                self.driver.terminate(orphans.instance_ids)
-            except Exception:
-                # Every service has been reconciled already; an orphan that cannot go now (say IAM
-                # refuses it) is retried by the next sweep and must not fail this run.
-                logger.exception("could not terminate orphans %s", orphans.instance_ids)
-                report.errors.append("orphan sweep")
-            else:
-                report.orphans.extend(orphans.instance_ids)
+        self._sweep(listed, states, instances, now, report)
+        return report
+
+    def run_shard(self, names: Sequence[str], budget: Budget | None = None) -> RunReport:
+        """A worker's shard: these services, in this order, their instances only, within `budget`.
+
+        The services' items are read first (they are what the instance listing filters on: the
+        uids as loaded, not as the dispatcher listed them, since a service may have been recreated
+        in between); each service is then started only while the budget allows one more.
+        """
+        now = self.now()
+        report = RunReport()
+        if budget is not None and not budget.may_start_service():
+            report.skipped.extend(names)
+            logger.warning("out of time before the first of %d service(s): all left for the next run", len(names))
+            return report
+        states = self._load_all(names, report)
+        uids = sorted({state.service.uid for state in states})
+        instances = self._owned(self.driver.list_instances(uids=uids), report) if uids else []
+        return self._reconcile_all(states, instances, now, report, budget)
+
+    def sweep(self, listed: Sequence[Listed]) -> RunReport:
+        """The orphan sweep, once a period (the dispatcher's): managed instances of no listed service."""
+        now = self.now()
+        report = RunReport()
+        instances = self._owned(self.driver.list_instances(), report)
+        # A service the index lists without a readable uid cannot vouch for its instances: spare them.
+        for entry in listed:
+            if entry.uid is None:
+                report.unloadable[entry.name] = "no readable uid in the index"
+        self._sweep(listed, [], instances, now, report)
         return report
 
     def run_one(self, name: str) -> RunReport:
@@ -140,8 +170,45 @@ class Reconciler:
         state = self._load(name, report)
         if state is None:
             return report
-        instances = self._owned(self.driver.list_instances(uid=state.service.uid), report)
+        instances = self._owned(self.driver.list_instances(uids=[state.service.uid]), report)
         return self._reconcile_all([state], instances, now, report)
+
+    def _sweep(
+        self,
+        listed: Sequence[Listed],
+        states: Sequence[ServiceState],
+        instances: Sequence[Instance],
+        now: datetime,
+        report: RunReport,
+    ) -> None:
+        # A uid listed by the index or loaded is live, even if its item went away since.
+        live_uids = {entry.uid for entry in listed if entry.uid} | {s.service.uid for s in states}
+        orphans = plan_orphans(live_uids, instances, now, self.policy, spared_services=set(report.unloadable))
+        if orphans is None:
+            return
+        for instance_id, reason in orphans.reasons:
+            logger.info("terminating %s: %s", instance_id, reason)
+        try:
+            self.driver.terminate(orphans.instance_ids)
+        except Exception:
+            # Every service has been reconciled already; an orphan that cannot go now (say IAM
+            # refuses it) is retried by the next sweep and must not fail this run.
+            logger.exception("could not terminate orphans %s", orphans.instance_ids)
+            report.errors.append("orphan sweep")
+        else:
+            report.orphans.extend(orphans.instance_ids)
+
+    def _load_all(self, names: Sequence[str], report: RunReport) -> list[ServiceState]:
+        """Each service's items, `read_concurrency` Queries at a time; in the order of `names`."""
+        if self.read_concurrency <= 1 or len(names) <= 1:
+            loaded = [self._load(name, report) for name in names]
+        else:
+            with ThreadPoolExecutor(max_workers=min(self.read_concurrency, len(names))) as pool:
+                # Each read runs in a copy of the caller's context: whatever the caller's context
+                # carries (a logger's keys, a test's actor) holds for its reads too.
+                futures = [pool.submit(contextvars.copy_context().run, self._load, name, report) for name in names]
+                loaded = [future.result() for future in futures]
+        return [state for state in loaded if state is not None]
 
     def _load(self, name: str, report: RunReport) -> ServiceState | None:
         try:
@@ -177,7 +244,12 @@ class Reconciler:
     # -- observe --
 
     def _reconcile_all(
-        self, states: Sequence[ServiceState], instances: Sequence[Instance], now: datetime, report: RunReport
+        self,
+        states: Sequence[ServiceState],
+        instances: Sequence[Instance],
+        now: datetime,
+        report: RunReport,
+        budget: Budget | None = None,
     ) -> RunReport:
         report.services += len(states)
         for state in states:
@@ -192,15 +264,27 @@ class Reconciler:
         for instance in instances:
             by_uid.setdefault(instance.uid, []).append(instance)
         probes: dict[str, dict[int, ProbeResult]] = {}
-        for (uid, replica_id), result in self._probe(states, by_uid, now).items():
+        probe_seconds = self.probe_budget_seconds if budget is None else budget.probe_seconds(self.probe_budget_seconds)
+        for (uid, replica_id), result in self._probe(states, by_uid, now, probe_seconds).items():
             probes.setdefault(uid, {})[replica_id] = result
-        for state in states:
+        for position, state in enumerate(states):
+            if budget is not None and not budget.may_start_service():
+                report.skipped.extend(later.service.name for later in states[position:])
+                logger.warning(
+                    "out of time: %d service(s) left for the next run: %s",
+                    len(states) - position,
+                    ", ".join(report.skipped),
+                )
+                break
             uid = state.service.uid
-            self._reconcile(state, by_uid.get(uid, []), probes.get(uid, {}), now, report)
+            started_with = budget.remaining() if budget is not None else 0.0
+            self._reconcile(state, by_uid.get(uid, []), probes.get(uid, {}), now, report, budget)
+            if budget is not None:
+                budget.observe_service(started_with)
         return report
 
     def _probe(
-        self, states: Iterable[ServiceState], by_uid: dict[str, list[Instance]], now: datetime
+        self, states: Iterable[ServiceState], by_uid: dict[str, list[Instance]], now: datetime, budget_seconds: float
     ) -> dict[tuple[str, int], ProbeResult]:
         targets: list[ProbeTarget] = []
         for state in states:
@@ -212,9 +296,11 @@ class Reconciler:
                 if base_url is not None:
                     key = (state.service.uid, replica_id)
                     targets.append(ProbeTarget(key, base_url, version.spec.service.readiness_probe))
+        if not targets or budget_seconds <= 0:
+            return {}  # no time to probe: this run plans without verdicts (no replica changes state)
         # Probes start in this order: rotated by the run's time so that, when there are more probes
         # than the budget lets finish, it is not the same replicas that go without a verdict.
-        results = self.prober(rotated(targets, now), self.probe_budget_seconds)
+        results = self.prober(rotated(targets, now), budget_seconds)
         return {key: result for key, result in results.items() if isinstance(key, tuple)}
 
     # -- plan and apply --
@@ -226,11 +312,15 @@ class Reconciler:
         probes: dict[int, ProbeResult],
         now: datetime,
         report: RunReport,
+        budget: Budget | None = None,
     ) -> None:
         name = state.service.name
         try:
             actions = plan(state, instances, probes, now, self.policy)
-            _Apply(self, state, instances, now, report).all(actions)
+            _Apply(self, state, instances, now, report, budget).all(actions)
+        except _OutOfTime:
+            logger.warning("service %s: out of time before a launch; the next run goes on from here", name)
+            report.cut_short.append(name)
         except Superseded as exc:
             # Another run or an api write got there first: stop here; the next run re-observes.
             logger.info("service %s: %s; leaving it to the next run", name, exc)
@@ -239,6 +329,10 @@ class Reconciler:
             # One service's trouble must not starve the others; the schedule retries it.
             logger.exception("service %s: reconcile failed", name)
             report.errors.append(name)
+
+
+class _OutOfTime(Exception):
+    """Raised before a launch the budget has no room for: the service stops there, as a crash would."""
 
 
 @dataclass
@@ -251,6 +345,7 @@ class _Apply:
     instances: Sequence[Instance]
     now: datetime
     report: RunReport
+    budget: Budget | None = None
     records: dict[int, ReplicaRecord] = field(default_factory=dict)
     versions: dict[int, VersionState] = field(default_factory=dict)
     fresh: set[int] = field(default_factory=set)
@@ -270,6 +365,8 @@ class _Apply:
 
     def all(self, actions: Sequence[Action]) -> None:
         for action in actions:
+            if isinstance(action, Launch) and self.budget is not None and not self.budget.may_start_action():
+                raise _OutOfTime
             self.report.actions[type(action).__name__] += 1
             self.one(action)
 

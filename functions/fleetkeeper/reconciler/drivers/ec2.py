@@ -50,6 +50,8 @@ if TYPE_CHECKING:
 UNKNOWN_ROOT_DEVICE = "Fleetkeeper.UnknownRootDevice"
 _MANAGED_FILTER: FilterTypeDef = {"Name": f"tag:{MANAGED_TAG}", "Values": [MANAGED_VALUE]}
 _PAGE_SIZE = 1000
+# EC2's limit on filter values per Describe call, less the managed tag's one value.
+_UIDS_PER_CALL = 200 - 1
 _TERMINATE_CHUNK = 500
 _LIVE_STATES = ["pending", "running", "stopping", "stopped"]
 # Errors that are about this request at this moment, not about the launch: botocore already retried
@@ -93,13 +95,21 @@ class Ec2Driver:
 
     # -- observe --
 
-    def list_instances(self, uid: str | None = None) -> list[Instance]:
-        """ONE paginated DescribeInstances on the managed tag (and the uid tag for one service)."""
+    def list_instances(self, uids: Sequence[str] | None = None) -> list[Instance]:
+        """ONE paginated DescribeInstances on the managed tag (and on the uid tag, for some services).
+
+        EC2 takes at most 200 filter values a call (FilterLimitExceeded): more uids than fit beside
+        the managed tag's value are described in as many calls as they need (a shard never needs two).
+        """
         # The same test the IAM policy applies before it lets an instance be terminated: managed=true.
-        filters: list[FilterTypeDef] = [_MANAGED_FILTER]
-        if uid is not None:
-            filters.append({"Name": f"tag:{UID_TAG}", "Values": [uid]})
-        return self._describe(filters)
+        if uids is None:
+            return self._describe([_MANAGED_FILTER])
+        wanted = sorted(set(uids))
+        instances: list[Instance] = []
+        for start in range(0, len(wanted), _UIDS_PER_CALL):
+            chunk = wanted[start : start + _UIDS_PER_CALL]
+            instances.extend(self._describe([_MANAGED_FILTER, {"Name": f"tag:{UID_TAG}", "Values": chunk}]))
+        return instances
 
     def find_instance(self, uid: str, replica_id: int) -> Instance | None:
         found = self._describe(

@@ -1,0 +1,82 @@
+"""The dispatcher: the scheduled run's first step, once a period, in one small invocation.
+
+It lists the services from the index (one paginated Query), sends them to the reconcile queue in
+shards (fleetkeeper.reconciler.dispatch), then runs the orphan sweep: the one step that needs every
+managed instance (a full DescribeInstances) and every live uid, so it runs here, once a period,
+and never in the workers, which describe only their shard's instances.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from fleetkeeper.reconciler.dispatch import make_shards, run_index
+
+if TYPE_CHECKING:
+    from fleetkeeper.reconciler.queue import ShardQueue
+    from fleetkeeper.reconciler.shell import Reconciler, RunReport
+
+logger = logging.getLogger(__name__)
+
+# A worker starts no service in the last seconds before the next dispatch hands its services out
+# again: two workers on one service are harmless (one loses a condition) but pay twice.
+NEXT_DISPATCH_SLACK_SECONDS = 5.0
+
+
+@dataclass
+class DispatchReport:
+    services: int = 0
+    shards: int = 0
+    send_calls: int = 0
+    unsent: list[int] = field(default_factory=list)  # shard indices SQS would not take
+    unsent_services: int = 0
+    sweep: dict[str, Any] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "services": self.services,
+            "shards": self.shards,
+            "send_calls": self.send_calls,
+            "unsent_shards": self.unsent,
+            "unsent_services": self.unsent_services,
+            "sweep": self.sweep,
+        }
+
+
+@dataclass
+class Dispatcher:
+    reconciler: Reconciler  # its store lists the services; its driver serves the sweep
+    queue: ShardQueue
+    shard_size: int
+    period_seconds: int
+
+    def run(self) -> DispatchReport:
+        now = self.reconciler.now()
+        listed = list(self.reconciler.store.list_services())
+        shards = make_shards(
+            (entry.name for entry in listed),
+            size=self.shard_size,
+            run=run_index(now, self.period_seconds),
+            not_after=now.timestamp() + self.period_seconds - NEXT_DISPATCH_SLACK_SECONDS,
+        )
+        report = DispatchReport(services=len({entry.name for entry in listed}), shards=len(shards))
+        unsent = self.queue.send(shards)
+        report.send_calls = self.queue.calls
+        if unsent:
+            report.unsent = [shard.index for shard in unsent]
+            report.unsent_services = sum(len(shard.services) for shard in unsent)
+            logger.error(
+                "%d of %d shards (%d services) could not be queued; the next dispatch hands them out again",
+                len(unsent),
+                len(shards),
+                report.unsent_services,
+            )
+        sweep: RunReport = self.reconciler.sweep(listed)
+        report.sweep = {
+            key: value
+            for key, value in sweep.as_dict().items()
+            if key in ("orphans_terminated", "errors", "foreign_instances", "unloadable")
+        }
+        return report
