@@ -28,7 +28,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from reconcile_cost import (  # noqa: E402  (sets the environment up and puts functions/ on the path)
+from moto import mock_aws
+from reconcile_cost import (
     PRICE_GB_S,
     PRICE_REQUEST,
     PRICE_RRU,
@@ -42,19 +43,17 @@ from reconcile_cost import (  # noqa: E402  (sets the environment up and puts fu
     _spec,
 )
 
-from moto import mock_aws  # noqa: E402
-
-from fleetkeeper import aws  # noqa: E402
-from fleetkeeper.model import to_iso  # noqa: E402
-from fleetkeeper.reconciler.budget import Budget  # noqa: E402
-from fleetkeeper.reconciler.dispatch import Shard  # noqa: E402
-from fleetkeeper.reconciler.dispatcher import Dispatcher  # noqa: E402
-from fleetkeeper.reconciler.queue import ShardQueue  # noqa: E402
-from fleetkeeper.reconciler.shell import Reconciler  # noqa: E402
-from fleetkeeper.settings import DEFAULT_READ_CONCURRENCY, DEFAULT_SHARD_SIZE  # noqa: E402
-from fleetkeeper.store.reconciler import ReconcilerStore  # noqa: E402
-from fleetkeeper.store.table import Table  # noqa: E402
-from fleetkeeper.template import create_queue, create_table  # noqa: E402
+from fleetkeeper import aws
+from fleetkeeper.model import to_iso
+from fleetkeeper.reconciler.budget import Budget
+from fleetkeeper.reconciler.dispatch import Shard
+from fleetkeeper.reconciler.dispatcher import Dispatcher
+from fleetkeeper.reconciler.queue import ShardQueue
+from fleetkeeper.reconciler.shell import Reconciler
+from fleetkeeper.settings import DEFAULT_READ_CONCURRENCY, DEFAULT_SHARD_SIZE
+from fleetkeeper.store.reconciler import ReconcilerStore
+from fleetkeeper.store.table import Table
+from fleetkeeper.template import create_queue, create_table
 
 PERIOD_SECONDS = 60
 PERIODS_PER_MONTH = 730 * 60
@@ -138,13 +137,15 @@ def measure(services: int, port: int, meter: Meter) -> dict[str, Any]:
             probe_budget_seconds=20,
             read_concurrency=DEFAULT_READ_CONCURRENCY,
         )
-        for periods in range(1, 11):  # reconcile the seed until a period changes nothing
+        periods = 0
+        while True:  # reconcile the seed until a period changes nothing
+            periods += 1
+            if periods > 10:
+                raise RuntimeError(f"S={services}: no steady state in 10 periods")
             period = _period(reconciler, queue, meter, clock[0], measured=False)
             clock[0] += timedelta(seconds=PERIOD_SECONDS)
             if period["mutations"] == 0:
                 break
-        else:
-            raise RuntimeError(f"S={services}: no steady state in 10 periods")
         period = _period(reconciler, queue, meter, clock[0], measured=True)
         rru = _read_units(TABLE)
     aws.reset_clients()
