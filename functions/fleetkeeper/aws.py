@@ -15,7 +15,6 @@ if TYPE_CHECKING:
     from botocore.config import _RetryDict
     from mypy_boto3_dynamodb import DynamoDBClient
     from mypy_boto3_ec2 import EC2Client
-    from mypy_boto3_lambda import LambdaClient
     from mypy_boto3_sqs import SQSClient
     from mypy_boto3_ssm import SSMClient
 
@@ -90,11 +89,6 @@ def dynamodb() -> DynamoDBClient:
 
 def ec2() -> EC2Client:
     client: EC2Client = _client("ec2")
-    return client
-
-
-def lambda_() -> LambdaClient:
-    client: LambdaClient = _client("lambda")
     return client
 
 
