@@ -256,17 +256,15 @@ def main(sizes: list[int]) -> None:
     _index_moto_tags()
     server = ProbeServer()
     meter = Meter()
-    rows = []
+    print("One steady-state period of the scheduled run: dispatcher + shard workers, 2 replicas per service\n")
     try:
-        for services in sizes:
+        for services in sizes:  # each printed as soon as it is measured (10,000 takes long on moto)
             started = time.perf_counter()
-            rows.append(measure(services, server.port, meter))
-            print(f"  S={services}: measured in {time.perf_counter() - started:.0f} s", file=sys.stderr)
+            report(measure(services, server.port, meter))
+            print(f"  S={services}: measured in {time.perf_counter() - started:.0f} s", file=sys.stderr, flush=True)
+            sys.stdout.flush()
     finally:
         server.close()
-    print("One steady-state period of the scheduled run: dispatcher + shard workers, 2 replicas per service\n")
-    for row in rows:
-        report(row)
     print(
         f"Assumptions: rate(1 minute) = {PERIODS_PER_MONTH:,} periods a month; shards of {DEFAULT_SHARD_SIZE}, "
         f"{SHARD_CONCURRENCY} workers at once (template defaults), {DEFAULT_READ_CONCURRENCY} Queries in flight "
