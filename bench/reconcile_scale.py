@@ -3,7 +3,7 @@
 For S = 1,000 and 10,000 services of 2 replicas each, in a steady state seeded straight into the
 table and EC2 (bench/reconcile_cost.py's seed: moto's transactions are too slow to create 10,000
 services through the api). AWS is moto in-process, the reconcile queue included; every readiness
-probe goes to one `python -m http.server` on 127.0.0.1 (its own process). One period is measured
+probe goes to one `python -m http.server` on 127.0.0.1 (its own process). One period is measured,
 the first that changes nothing (the seed is the steady state, so usually the first):
 
 - the dispatcher: its AWS calls (the index Query pages, SendMessageBatch, the sweep's
