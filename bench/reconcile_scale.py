@@ -74,6 +74,35 @@ def _index_moto_tags() -> None:
     TaggedEC2Resource.get_tags = get_tags  # type: ignore[method-assign]
 
 
+def _index_moto_instances() -> None:
+    """moto finds an instance by id by copying and scanning every reservation, and each launch
+    looks its new instance up (to attach its root volume): seeding 20,000 instances is O(N^2),
+    hours. Keep an index by id; a new instance is found in the newest reservation."""
+    from moto.ec2.exceptions import InvalidInstanceIdError
+    from moto.ec2.models.instances import InstanceBackend
+
+    def lookup(backend: Any, instance_id: str) -> Any:
+        index: dict[str, Any] = backend.__dict__.setdefault("_bench_instances", {})
+        found = index.get(instance_id)
+        if found is None and backend.reservations:
+            for instance in next(reversed(backend.reservations.values())).instances:
+                index[instance.id] = instance
+            found = index.get(instance_id)
+        if found is None:  # not launched through the newest reservation: index everything once more
+            index.update({i.id: i for r in backend.reservations.values() for i in r.instances})
+            found = index.get(instance_id)
+        return found
+
+    def get_instance(backend: Any, instance_id: str) -> Any:
+        found = lookup(backend, instance_id)
+        if found is None:
+            raise InvalidInstanceIdError(instance_id)
+        return found
+
+    InstanceBackend.get_instance = get_instance  # type: ignore[method-assign]
+    InstanceBackend.get_instance_by_id = lookup  # type: ignore[method-assign]
+
+
 PERIOD_SECONDS = 60
 PERIODS_PER_MONTH = 730 * 60
 SHARD_CONCURRENCY = 10  # template.yaml: ReconcilerShardConcurrency's default
@@ -253,6 +282,7 @@ def report(row: dict[str, Any]) -> None:
 
 def main(sizes: list[int]) -> None:
     _index_moto_tags()
+    _index_moto_instances()
     server = ProbeServer()
     meter = Meter()
     print("One steady-state period of the scheduled run: dispatcher + shard workers, 2 replicas per service\n")
