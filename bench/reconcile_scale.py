@@ -76,8 +76,9 @@ def _index_moto_tags() -> None:
 
 def _index_moto_instances() -> None:
     """moto finds an instance by id by copying and scanning every reservation, and each launch
-    looks its new instance up (to attach its root volume): seeding 20,000 instances is O(N^2),
-    hours. Keep an index by id; a new instance is found in the newest reservation."""
+    looks its new instance and its root volume up that way: seeding 20,000 instances is O(N^2),
+    hours. Keep an index by id (a new instance is found in the newest reservation), and find
+    volumes by id in moto's own dict."""
     from moto.ec2.exceptions import InvalidInstanceIdError
     from moto.ec2.models.instances import InstanceBackend
 
@@ -101,6 +102,18 @@ def _index_moto_instances() -> None:
 
     InstanceBackend.get_instance = get_instance  # type: ignore[method-assign]
     InstanceBackend.get_instance_by_id = lookup  # type: ignore[method-assign]
+
+    # Each launch also tags its root volume, found by a scan of every volume.
+    from moto.ec2.models.elastic_block_store import EBSBackend
+
+    scan = EBSBackend.describe_volumes
+
+    def describe_volumes(backend: Any, volume_ids: list[str] | None = None, filters: Any = None) -> list[Any]:
+        if volume_ids and not filters and all(v in backend.volumes for v in volume_ids):
+            return [backend.volumes[v] for v in volume_ids]
+        return scan(backend, volume_ids=volume_ids, filters=filters)
+
+    EBSBackend.describe_volumes = describe_volumes  # type: ignore[method-assign]
 
 
 PERIOD_SECONDS = 60
