@@ -12,8 +12,10 @@ import threading
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from mypy_boto3_cloudwatch import CloudWatchClient
     from mypy_boto3_dynamodb import DynamoDBClient
     from mypy_boto3_ec2 import EC2Client
+    from mypy_boto3_elbv2 import ElasticLoadBalancingv2Client
     from mypy_boto3_lambda import LambdaClient
     from mypy_boto3_ssm import SSMClient
 
@@ -82,6 +84,16 @@ def dynamodb() -> DynamoDBClient:
 
 def ec2() -> EC2Client:
     client: EC2Client = _client("ec2")
+    return client
+
+
+def elbv2() -> ElasticLoadBalancingv2Client:
+    client: ElasticLoadBalancingv2Client = _client("elbv2")
+    return client
+
+
+def cloudwatch() -> CloudWatchClient:
+    client: CloudWatchClient = _client("cloudwatch")
     return client
 
 

@@ -33,6 +33,7 @@ copy_config_to_registered_loggers(source_logger=logger, include={"fleetkeeper"})
 
 def build_reconciler(settings: Settings) -> Reconciler:
     """A reconciler for one invocation, from the settings the invocation read."""
+    from fleetkeeper.reconciler.balancers import make_balancer
     from fleetkeeper.reconciler.drivers import make_driver
     from fleetkeeper.reconciler.shell import Reconciler
     from fleetkeeper.store.reconciler import ReconcilerStore
@@ -42,6 +43,7 @@ def build_reconciler(settings: Settings) -> Reconciler:
         store=ReconcilerStore(Table(settings.table_name)),
         driver=make_driver(settings),
         probe_budget_seconds=settings.probe_budget_seconds,
+        balancer=make_balancer(settings),
     )
 
 
