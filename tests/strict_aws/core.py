@@ -48,6 +48,7 @@ from tests.strict_aws.clock import VirtualClock
 from tests.strict_aws.context import LambdaContext
 from tests.strict_aws.dynamodb import DynamoDBLayer
 from tests.strict_aws.ec2 import Ec2Layer
+from tests.strict_aws.elbv2 import Elbv2Layer
 from tests.strict_aws.wire import Call, Response, aws_response, error_for, normalise
 
 if TYPE_CHECKING:
@@ -124,7 +125,7 @@ class StrictAws:
         faults_injected   every fault answered, in order
         backoff    botocore's retry pauses, in seconds (taken on `clock`)
         clock      the layer's VirtualClock; `call_latency` seconds are added per attempt
-        dynamodb / ec2   the per-service layers
+        dynamodb / ec2 / elbv2   the per-service layers
     """
 
     def __init__(
@@ -145,6 +146,7 @@ class StrictAws:
         self.backoff: list[float] = []
         self.dynamodb = DynamoDBLayer(self)
         self.ec2 = Ec2Layer(self)
+        self.elbv2 = Elbv2Layer(self)
         self._lock = threading.RLock()
         self._bursts: list[_Burst] = []
         self._invocation: LambdaContext | None = None
@@ -267,6 +269,8 @@ class StrictAws:
                     return call.send()
             if call.service == "ec2":
                 return self.ec2.send(call)
+            if call.service == "elastic-load-balancing-v2":
+                return self.elbv2.send(call)
             return call.send()
         finally:
             if self.call_latency:

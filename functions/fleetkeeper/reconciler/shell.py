@@ -344,14 +344,21 @@ class _Apply:
             case DeleteService():
                 self.store.delete_service(service)
             case EnsureEndpoint(config=config):
-                endpoint = self.balancer.ensure(service.name, service.uid, config, self.endpoint)
+                try:
+                    endpoint = self.balancer.ensure(service.name, service.uid, config, self.endpoint)
+                except Exception:
+                    # The endpoint must not hold the replicas hostage (a quota, a permission): they
+                    # are still launched, probed and replaced; registration waits for the next run.
+                    logger.exception("service %s: could not make its endpoint; retrying next run", service.name)
+                    self.report.errors.append(service.name)
+                    return
                 self.store.record_endpoint(service, endpoint)
                 if self.endpoint is None or endpoint.url != self.endpoint.url:
                     logger.info("service %s: endpoint %s", service.name, endpoint.url)
                 self.endpoint = endpoint
             case Register(replica_ids=ids):
                 if self.endpoint is None:
-                    raise RuntimeError(f"service {service.name}: nothing to register with, no endpoint recorded")
+                    return  # making the endpoint failed above: the records stay REGISTERING
                 self.balancer.register(self.endpoint, self._targets(ids))
                 for replica_id in ids:
                     record = self.records[replica_id]
