@@ -264,7 +264,9 @@ class World:
         return instance_state(self.unmanaged)
 
 
-def make_alb(*, domain: str | None = None, certificate: bool = False, ports: tuple[int, int] = (10000, 10049)) -> AlbBalancer:
+def make_alb(
+    *, domain: str | None = None, certificate: bool = False, ports: tuple[int, int] = (10000, 10049)
+) -> AlbBalancer:
     """The stack's ALB as template.yaml makes it, in this test's moto (made with clients of our own,
     so not counted): a VPC, two subnets, the load balancer and, with a domain, the shared listener
     that carries the host rules (HTTPS when `certificate`, with a certificate from moto's ACM)."""

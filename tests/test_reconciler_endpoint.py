@@ -114,9 +114,7 @@ def test_a_rolling_update_drains_each_old_replica_before_terminating_it(
         state = world.store.load("svc")
         assert state is not None
         draining = [
-            r
-            for r in state.replicas.values()
-            if r.balancer is BalancerState.DRAINING and r.instance_id not in finished
+            r for r in state.replicas.values() if r.balancer is BalancerState.DRAINING and r.instance_id not in finished
         ]
         health = target_health(group)
         for record in draining:

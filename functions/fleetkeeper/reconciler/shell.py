@@ -254,7 +254,6 @@ class Reconciler:
             logger.exception("service %s: reconcile failed", name)
             report.errors.append(name)
 
-
     def _drain_states(self, state: ServiceState, instances: Sequence[Instance]) -> dict[int, DrainState]:
         """What the balancer says of this service's DRAINING replicas: one call, and only while
         something drains (a steady service costs no balancer call)."""
