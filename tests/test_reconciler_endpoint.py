@@ -54,7 +54,7 @@ def live_ids(world: World, uid: str) -> set[str]:
 
 
 def elbv2_calls(world: World, mark: int) -> list[str]:
-    return [operation for service, operation in world.log.since(mark) if service == "elasticloadbalancing"]
+    return [operation for service, operation in world.log.since(mark) if service == "elbv2"]
 
 
 def test_create_makes_the_endpoint_and_registers_every_ready_replica(
