@@ -130,7 +130,7 @@ def test_round_robin_spreads_requests_and_passes_them_on_unchanged(
     answers = [request(endpoint.url, path=f"/v1/x?n={n}&q=a%20b")[2] for n in range(10)]
     replicas = Counter(json.loads(a)["replica"] for a in answers)
     assert replicas == {"a": 5, "b": 5}
-    status, headers, body = request(
+    status, headers, _body = request(
         endpoint.url, "POST", "/chat/completions?stream=0", body=b'{"x": 1}', headers={"X-Custom": "kept", "Host": "h"}
     )
     assert status == 201 and headers["X-Replica"] in ("a", "b")
