@@ -1,8 +1,8 @@
 """Crash injection: the reconciler 'dies' at the k-th AWS call, for every k; the next runs finish.
 
-The `-alb` phases run the same with the stack's load balancer (moto's elbv2 behind the strict
-layer's draining): the calls that make the endpoint, register, deregister, ask how a drain goes and
-remove the endpoint are crashed at too. Afterwards the target group holds exactly the live replicas
+The `-alb` phases run the same with the stack's load balancer (moto's elbv2): a crash before and
+after each call that makes the endpoint, registers, deregisters, asks how a drain goes or removes
+the endpoint. Afterwards the target group holds exactly the live replicas
 (and every replica item says REGISTERED), and a deleted service leaves no target group, listener or
 rule behind.
 
@@ -108,18 +108,13 @@ def _calls_of_undisturbed(phase: str, server: ProbeServer) -> list[tuple[str, st
 
 
 def _crash_points(phase: str, calls: list[tuple[str, str]]) -> list[int]:
-    """Every call of a phase (1-based). With a load balancer, the calls of the endpoint only: each
-    load balancer call, and the call that follows a run of them (the write that records what they
-    did). The other calls are those of the phase without a load balancer, swept there; sweeping
-    them again would double the suite's longest test."""
+    """Every call of a phase (1-based). With a load balancer, its calls only: a crash before one
+    (never made) and after one (made, its answer and everything after it lost, which is also a
+    crash before the write that would record it). The other calls are those of the phase without
+    a load balancer, swept there; sweeping them again would double the suite's longest test."""
     if not phase.endswith("-alb"):
         return list(range(1, len(calls) + 1))
-    points = []
-    for k, (service, _) in enumerate(calls, start=1):
-        after_balancer = k > 1 and calls[k - 2][0] == "elbv2"
-        if service == "elbv2" or after_balancer:
-            points.append(k)
-    return points
+    return [k for k, (service, _) in enumerate(calls, start=1) if service == "elbv2"]
 
 
 CASES = [(phase, when) for phase in PHASES for when in ("before", "after")]
