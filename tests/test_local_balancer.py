@@ -265,3 +265,24 @@ def published(balancer: LocalBalancer, backends: list[Backend]) -> None:
         Statistics=["Sum"],
     )["Datapoints"]
     assert sum(point["Sum"] for point in stats) == 7
+
+
+def test_a_client_that_leaves_mid_stream_frees_its_replica(balancer: LocalBalancer, backends: list[Backend]) -> None:
+    endpoint = served(balancer, backends[:1])
+    stream = backends[0]
+    host, port = endpoint.url.removeprefix("http://").split(":")
+    connection = http.client.HTTPConnection(host, int(port), timeout=10)
+    connection.request("GET", "/stream")
+    stream.gates[0].set()
+    answer = connection.getresponse()
+    assert answer.readline() == b"token 0\n"
+    connection.close()  # the client goes away with two tokens to come
+    stream.gates[1].set()
+    stream.gates[2].set()
+    balancer.deregister(endpoint, [stream.target(0)])
+    deadline = time.monotonic() + 5
+    while balancer.drain_states(endpoint, [stream.target(0)])["local-a"] is not DrainState.DRAINED:
+        assert time.monotonic() < deadline, "the abandoned request still counts as in flight"
+        time.sleep(0.05)
+    balancer.register(endpoint, [stream.target(0)])
+    assert request(endpoint.url)[0] == 200

@@ -182,9 +182,9 @@ def _port_range(text: str) -> tuple[int, int]:
     """`FROM-TO` (inclusive), or the default range when empty."""
     if not text:
         return DEFAULT_LISTENER_PORTS
-    low, _, high = text.partition("-")
+    low, dash, high = text.partition("-")
     try:
-        first, last = int(low), int(high or low)
+        first, last = int(low), int(high if dash else low)
     except ValueError:
         raise SettingsError(f"{ALB_LISTENER_PORTS_ENV}={text!r}: expected FROM-TO, e.g. 10000-10049") from None
     if not 1 <= first <= last <= 65535:

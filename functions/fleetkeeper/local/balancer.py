@@ -380,14 +380,20 @@ class LocalBalancer:
                     await response.prepare(request)
                     try:
                         async for chunk in upstream.content.iter_any():
-                            await response.write(chunk)
+                            try:
+                                await response.write(chunk)
+                            except ConnectionResetError:
+                                # The client left mid-answer: stop reading the replica (its
+                                # connection is closed with `upstream`: the replica sees it go too).
+                                upstream.close()
+                                return response
+                        with contextlib.suppress(ConnectionResetError):
+                            await response.write_eof()
                     except (aiohttp.ClientError, TimeoutError):
                         # The replica went away mid-answer: the client sees the connection end, as
                         # behind the ALB, never a truncated answer passed off as whole.
                         if request.transport is not None:
                             request.transport.close()
-                        return response
-                    await response.write_eof()
                     return response
             finally:
                 target.in_flight -= 1
