@@ -179,6 +179,16 @@ class _Hooks:
 _raw_clients: dict[str, Any] = {}
 
 
+def raw_client(service: str) -> Any:
+    """A client of the test's own (not counted, not fleetkeeper's), made once per process: making
+    one loads its service model (~0.3 s), and moto intercepts it in every later mock too."""
+    if service not in _raw_clients:
+        import boto3
+
+        _raw_clients[service] = boto3.client(service, region_name="us-east-1")
+    return _raw_clients[service]
+
+
 def ec2_driver() -> Ec2Driver:
     """A driver as the reconciler function builds it, from this process's environment."""
     return Ec2Driver.from_settings(Ec2Settings.from_env(os.environ))
@@ -215,11 +225,7 @@ class World:
 
     @staticmethod
     def _raw_ec2() -> Any:
-        if "ec2" not in _raw_clients:
-            import boto3
-
-            _raw_clients["ec2"] = boto3.client("ec2", region_name="us-east-1")
-        return _raw_clients["ec2"]
+        return raw_client("ec2")
 
     # -- acting --
 
@@ -270,10 +276,8 @@ def make_alb(
     """The stack's ALB as template.yaml makes it, in this test's moto (made with clients of our own,
     so not counted): a VPC, two subnets, the load balancer and, with a domain, the shared listener
     that carries the host rules (HTTPS when `certificate`, with a certificate from moto's ACM)."""
-    import boto3
-
     ec2 = World._raw_ec2()
-    elbv2 = boto3.client("elbv2", region_name="us-east-1")
+    elbv2 = raw_client("elbv2")
     vpc = ec2.create_vpc(CidrBlock="10.42.0.0/16")["Vpc"]["VpcId"]
     subnets = [
         ec2.create_subnet(VpcId=vpc, CidrBlock=f"10.42.{n}.0/24", AvailabilityZone=f"us-east-1{zone}")["Subnet"][
@@ -285,8 +289,7 @@ def make_alb(
     arn, dns = alb["LoadBalancers"][0]["LoadBalancerArn"], alb["LoadBalancers"][0]["DNSName"]
     cert = None
     if certificate:
-        acm = boto3.client("acm", region_name="us-east-1")
-        cert = acm.request_certificate(DomainName=f"*.{domain or 'example.com'}")["CertificateArn"]
+        cert = raw_client("acm").request_certificate(DomainName=f"*.{domain or 'example.com'}")["CertificateArn"]
     listener = None
     if domain:
         args: dict[str, Any] = {
@@ -316,9 +319,7 @@ def make_alb(
 
 def alb_resources(balancer: AlbBalancer) -> dict[str, list[str]]:
     """What the ALB carries now: target groups, listeners (but a domain's shared one), rules (but defaults)."""
-    import boto3
-
-    elbv2 = boto3.client("elbv2", region_name="us-east-1")
+    elbv2 = raw_client("elbv2")
     groups = [g["TargetGroupArn"] for g in elbv2.describe_target_groups()["TargetGroups"]]
     listeners = [
         listener["ListenerArn"]
@@ -335,9 +336,7 @@ def alb_resources(balancer: AlbBalancer) -> dict[str, list[str]]:
 
 def target_health(group_arn: str) -> dict[str, str]:
     """Each registered (or draining) target's state: instance id -> healthy / draining / ..."""
-    import boto3
-
-    elbv2 = boto3.client("elbv2", region_name="us-east-1")
+    elbv2 = raw_client("elbv2")
     health = elbv2.describe_target_health(TargetGroupArn=group_arn)["TargetHealthDescriptions"]
     return {h["Target"]["Id"]: h["TargetHealth"]["State"] for h in health}
 

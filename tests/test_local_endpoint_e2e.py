@@ -192,6 +192,7 @@ def test_the_endpoint_balances_drains_and_closes(plane: LocalPlane) -> None:
     assert out.splitlines()[-1].startswith(f"{NAME} is READY at {endpoint} at v1")
     assert f"endpoint: {endpoint}" in ok(plane.cli("status", NAME))
     assert plane.info()["endpoints"] == {NAME: endpoint}
+    assert f"service {NAME}: endpoint {endpoint} (round_robin)" in plane.output()  # printed as it opens
 
     # Spread over every READY replica (round robin), path and query unchanged.
     ready = {port_of(r["url"]) for r in shown["replicas"] if r["status"] == "READY"}

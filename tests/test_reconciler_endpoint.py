@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-import boto3
 import pytest
 
 from fleetkeeper.model import BalancerState, ReplicaStatus
@@ -22,6 +21,7 @@ from tests.reconciler_world import (
     assert_converged,
     assert_deleted,
     make_alb,
+    raw_client,
     tags,
     target_health,
 )
@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 
 
 def elbv2() -> Any:
-    return boto3.client("elbv2", region_name="us-east-1")
+    return raw_client("elbv2")
 
 
 def alb_world(server: ProbeServer, monkeypatch: pytest.MonkeyPatch, **alb: Any) -> tuple[World, AlbBalancer]:
@@ -57,7 +57,7 @@ def elbv2_calls(world: World, mark: int) -> list[str]:
     return [operation for service, operation in world.log.since(mark) if service == "elbv2"]
 
 
-def test_create_makes_the_endpoint_and_registers_every_ready_replica(
+def test_create_makes_the_endpoint_registers_every_ready_replica_and_then_costs_nothing(
     aws: None, server: ProbeServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     world, balancer = alb_world(server, monkeypatch)
@@ -90,6 +90,26 @@ def test_create_makes_the_endpoint_and_registers_every_ready_replica(
     world.run()
     world.run("svc")
     assert elbv2_calls(world, mark) == [] and world.log.mutations(mark) == []
+
+    # A policy change reconfigures the target group, once, and keeps the listener.
+    world.update(
+        service={
+            "readiness_probe": "/health",
+            "replicas": 2,
+            "ports": server.port,
+            "load_balancing_policy": "round_robin",
+        }
+    )
+    world.converge()
+    state = world.store.load("svc")
+    assert state is not None and state.service.endpoint is not None
+    assert state.service.endpoint.config.policy == "round_robin"
+    assert attributes(state.service.endpoint.target_group)["load_balancing.algorithm.type"] == "round_robin"
+    assert state.service.endpoint.url == endpoint.url
+    assert len(elbv2().describe_listeners(LoadBalancerArn=balancer.arn)["Listeners"]) == 1
+    mark = world.log.mark()
+    world.run()
+    assert elbv2_calls(world, mark) == []
 
 
 def test_a_rolling_update_drains_each_old_replica_before_terminating_it(
@@ -215,30 +235,6 @@ def test_without_a_domain_a_certificate_makes_each_listener_https(
     assert state.service.endpoint.url == f"https://{balancer.dns_name}:10000"
     listener = elbv2().describe_listeners(LoadBalancerArn=balancer.arn)["Listeners"][0]
     assert listener["Protocol"] == "HTTPS" and listener["Certificates"][0]["CertificateArn"] == balancer.certificate_arn
-
-
-def test_a_policy_change_reconfigures_the_target_group_once(
-    aws: None, server: ProbeServer, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    world, _ = alb_world(server, monkeypatch)
-    world.create()
-    world.converge()
-    world.update(
-        service={
-            "readiness_probe": "/health",
-            "replicas": 2,
-            "ports": server.port,
-            "load_balancing_policy": "round_robin",
-        }
-    )
-    world.converge()
-    state = world.store.load("svc")
-    assert state is not None and state.service.endpoint is not None
-    assert attributes(state.service.endpoint.target_group)["load_balancing.algorithm.type"] == "round_robin"
-    assert state.service.endpoint.url.endswith(":10000")  # the same listener, reused
-    mark = world.log.mark()
-    world.run()
-    assert elbv2_calls(world, mark) == []
 
 
 def test_every_listener_port_taken_fails_that_service_only(
