@@ -254,3 +254,42 @@ def test_every_listener_port_taken_fails_that_service_only(
     two = world.store.load("two")
     assert two is not None
     assert any(r.status is ReplicaStatus.READY for r in two.replicas.values())
+
+
+def test_the_exact_load_balancer_calls_of_a_create_and_a_delete(
+    aws: None, server: ProbeServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Run by run: the endpoint first (before any launch), one RegisterTargets for both replicas
+    once READY, then nothing; on delete one DeregisterTargets, one DescribeTargetHealth while they
+    drain, and the listener and target group removed once the instances are gone."""
+    world, _ = alb_world(server, monkeypatch)
+    world.create()
+    runs = []
+    for _ in range(3):
+        mark = world.log.mark()
+        world.run()
+        runs.append(elbv2_calls(world, mark))
+    assert runs == [
+        [
+            "DescribeTargetGroups",
+            "CreateTargetGroup",
+            "ModifyTargetGroupAttributes",
+            "DescribeListeners",
+            "CreateListener",
+        ],
+        ["RegisterTargets"],
+        [],
+    ]
+    world.delete()
+    runs = []
+    for _ in range(4):
+        mark = world.log.mark()
+        world.run()
+        runs.append(elbv2_calls(world, mark))
+    assert runs == [
+        ["DeregisterTargets"],
+        ["DescribeTargetHealth"],
+        ["DescribeTargetGroups", "DescribeListeners", "DeleteListener", "DeleteTargetGroup"],
+        [],
+    ]
+    assert world.store.load("svc") is None
