@@ -50,6 +50,8 @@ def sentinel(name: str, definition: dict[str, Any]) -> Any:
         return "sg-0aaaaaaaaaaaaaaa1"
     if kind == "AWS::EC2::Subnet::Id":
         return "subnet-0aaaaaaaaaaaaaaa1"
+    if kind == "AWS::EC2::VPC::Id":
+        return "vpc-0aaaaaaaaaaaaaaa1"
     if kind.startswith("List<") or kind == "CommaDelimitedList":
         return f"test-{name}-a,test-{name}-b"
     if kind == "Number":
@@ -152,6 +154,12 @@ class Resolver:
         kind = self.resources[name]["Type"]
         if kind == "AWS::SQS::Queue":
             return f"https://sqs.{REGION}.amazonaws.com/{ACCOUNT}/{self.physical_id(name)}"
+        if kind == "AWS::ElasticLoadBalancingV2::LoadBalancer":
+            full_name = self.get_att(name, "LoadBalancerFullName")
+            return f"arn:aws:elasticloadbalancing:{REGION}:{ACCOUNT}:loadbalancer/{full_name}"
+        if kind == "AWS::ElasticLoadBalancingV2::Listener":
+            alb = self.get_att("LoadBalancerResource", "LoadBalancerFullName")
+            return f"arn:aws:elasticloadbalancing:{REGION}:{ACCOUNT}:listener/{alb}/{name.lower()}"
         return self.physical_id(name)
 
     def get_att(self, name: str, attribute: str) -> str:
@@ -171,6 +179,10 @@ class Resolver:
             ("AWS::IAM::Role", "Arn"): f"arn:aws:iam::{ACCOUNT}:role/{pid}",
             ("AWS::IAM::InstanceProfile", "Arn"): f"arn:aws:iam::{ACCOUNT}:instance-profile/{pid}",
             ("AWS::SNS::Topic", "TopicArn"): f"arn:aws:sns:{REGION}:{ACCOUNT}:{pid}",
+            ("AWS::ElasticLoadBalancingV2::LoadBalancer", "LoadBalancerFullName"): f"app/{STACK}-alb/0123456789abcdef",
+            ("AWS::ElasticLoadBalancingV2::LoadBalancer", "DNSName"): (
+                f"internal-{STACK}-alb-123456789.{REGION}.elb.amazonaws.com"
+            ),
         }
         if (kind, attribute) in arns:
             return arns[(kind, attribute)]

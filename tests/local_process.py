@@ -107,7 +107,7 @@ class LocalPlane:
             raise
 
 
-def start_local(workdir: Path, *, tick: float = 1.0, timeout: float = 60) -> LocalPlane:
+def start_local(workdir: Path, *, tick: float = 1.0, timeout: float = 60, extra: list[str] | None = None) -> LocalPlane:
     """Start `fleetkeeper local` on a free port and wait until its API answers."""
     port = free_port()
     log = workdir / "fleetkeeper-local.log"
@@ -124,6 +124,7 @@ def start_local(workdir: Path, *, tick: float = 1.0, timeout: float = 60) -> Loc
                 str(tick),
                 "--dir",
                 str(workdir / "state"),
+                *(extra or []),
             ],
             stdout=sink,
             stderr=subprocess.STDOUT,

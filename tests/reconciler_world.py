@@ -22,6 +22,7 @@ import pytest
 
 from fleetkeeper import aws
 from fleetkeeper.model import Lifecycle, ReplicaStatus, ServiceState, to_iso
+from fleetkeeper.reconciler.balancers.alb import AlbBalancer
 from fleetkeeper.reconciler.driver import MANAGED_TAG, REPLICA_TAG, UID_TAG
 from fleetkeeper.reconciler.drivers.ec2 import Ec2Driver
 from fleetkeeper.reconciler.plan import Policy
@@ -37,6 +38,8 @@ from tests.conftest import TABLE, hello_spec
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
+
+    from fleetkeeper.reconciler.balancer import LoadBalancer
 
 DYNAMODB_WRITES = {"PutItem", "UpdateItem", "DeleteItem", "TransactWriteItems", "BatchWriteItem"}
 
@@ -155,7 +158,7 @@ class _Hooks:
     @classmethod
     def attach(cls, log: CallLog) -> None:
         cls.log = log
-        for client in (aws.dynamodb(), aws.ec2(), aws.ssm()):
+        for client in (aws.dynamodb(), aws.ec2(), aws.ssm(), aws.elbv2()):
             # Marked on the client itself: an id() could be reused by a later client.
             if not getattr(client, "_fleetkeeper_test_hooks", False):
                 client._fleetkeeper_test_hooks = True
@@ -176,6 +179,16 @@ class _Hooks:
 _raw_clients: dict[str, Any] = {}
 
 
+def raw_client(service: str) -> Any:
+    """A client of the test's own (not counted, not fleetkeeper's), made once per process: making
+    one loads its service model (~0.3 s), and moto intercepts it in every later mock too."""
+    if service not in _raw_clients:
+        import boto3
+
+        _raw_clients[service] = boto3.client(service, region_name="us-east-1")
+    return _raw_clients[service]
+
+
 def ec2_driver() -> Ec2Driver:
     """A driver as the reconciler function builds it, from this process's environment."""
     return Ec2Driver.from_settings(Ec2Settings.from_env(os.environ))
@@ -188,7 +201,9 @@ class World:
     has a store of its own.
     """
 
-    def __init__(self, server: ProbeServer, *, policy: Policy | None = None) -> None:
+    def __init__(
+        self, server: ProbeServer, *, policy: Policy | None = None, balancer: LoadBalancer | None = None
+    ) -> None:
         self.server = server
         self.log = CallLog()
         create_table(aws.dynamodb(), TABLE)
@@ -205,15 +220,12 @@ class World:
             now=self.clock,
             policy=policy or Policy(),
             probe_budget_seconds=5,
+            balancer=balancer,
         )
 
     @staticmethod
     def _raw_ec2() -> Any:
-        if "ec2" not in _raw_clients:
-            import boto3
-
-            _raw_clients["ec2"] = boto3.client("ec2", region_name="us-east-1")
-        return _raw_clients["ec2"]
+        return raw_client("ec2")
 
     # -- acting --
 
@@ -256,6 +268,77 @@ class World:
 
     def unmanaged_state(self) -> str:
         return instance_state(self.unmanaged)
+
+
+def make_alb(
+    *, domain: str | None = None, certificate: bool = False, ports: tuple[int, int] = (10000, 10049)
+) -> AlbBalancer:
+    """The stack's ALB as template.yaml makes it, in this test's moto (made with clients of our own,
+    so not counted): a VPC, two subnets, the load balancer and, with a domain, the shared listener
+    that carries the host rules (HTTPS when `certificate`, with a certificate from moto's ACM)."""
+    ec2 = World._raw_ec2()
+    elbv2 = raw_client("elbv2")
+    vpc = ec2.create_vpc(CidrBlock="10.42.0.0/16")["Vpc"]["VpcId"]
+    subnets = [
+        ec2.create_subnet(VpcId=vpc, CidrBlock=f"10.42.{n}.0/24", AvailabilityZone=f"us-east-1{zone}")["Subnet"][
+            "SubnetId"
+        ]
+        for n, zone in ((1, "a"), (2, "b"))
+    ]
+    alb = elbv2.create_load_balancer(Name="fk-test-alb", Subnets=subnets, Scheme="internal", Type="application")
+    arn, dns = alb["LoadBalancers"][0]["LoadBalancerArn"], alb["LoadBalancers"][0]["DNSName"]
+    cert = None
+    if certificate:
+        cert = raw_client("acm").request_certificate(DomainName=f"*.{domain or 'example.com'}")["CertificateArn"]
+    listener = None
+    if domain:
+        args: dict[str, Any] = {
+            "LoadBalancerArn": arn,
+            "Protocol": "HTTPS" if cert else "HTTP",
+            "Port": 443 if cert else 80,
+            "DefaultActions": [
+                {
+                    "Type": "fixed-response",
+                    "FixedResponseConfig": {"StatusCode": "404", "ContentType": "application/json"},
+                }
+            ],
+        }
+        if cert:
+            args["Certificates"] = [{"CertificateArn": cert}]
+        listener = elbv2.create_listener(**args)["Listeners"][0]["ListenerArn"]
+    return AlbBalancer(
+        arn=arn,
+        dns_name=dns,
+        vpc_id=vpc,
+        listener_arn=listener,
+        domain_name=domain,
+        certificate_arn=cert,
+        listener_ports=ports,
+    )
+
+
+def alb_resources(balancer: AlbBalancer) -> dict[str, list[str]]:
+    """What the ALB carries now: target groups, listeners (but a domain's shared one), rules (but defaults)."""
+    elbv2 = raw_client("elbv2")
+    groups = [g["TargetGroupArn"] for g in elbv2.describe_target_groups()["TargetGroups"]]
+    listeners = [
+        listener["ListenerArn"]
+        for listener in elbv2.describe_listeners(LoadBalancerArn=balancer.arn)["Listeners"]
+        if listener["ListenerArn"] != balancer.listener_arn
+    ]
+    rules = []
+    if balancer.listener_arn:
+        rules = [
+            r["RuleArn"] for r in elbv2.describe_rules(ListenerArn=balancer.listener_arn)["Rules"] if not r["IsDefault"]
+        ]
+    return {"target_groups": groups, "listeners": listeners, "rules": rules}
+
+
+def target_health(group_arn: str) -> dict[str, str]:
+    """Each registered (or draining) target's state: instance id -> healthy / draining / ..."""
+    elbv2 = raw_client("elbv2")
+    health = elbv2.describe_target_health(TargetGroupArn=group_arn)["TargetHealthDescriptions"]
+    return {h["Target"]["Id"]: h["TargetHealth"]["State"] for h in health}
 
 
 def run_tagged(tag_map: dict[str, str], client_token: str | None = None) -> str:

@@ -52,6 +52,10 @@ VIOLATIONS = [
     ("lambda-bundle", "fleetkeeper.api.kick", "import yaml", LAZY),
     ("lambda-bundle", "fleetkeeper.store.table", "from fleetkeeper.template import load_template", LAZY),
     ("lambda-bundle", "fleetkeeper.errors", "import moto", LAZY),
+    # The local load balancer (and aiohttp, which it runs on) is the embedded mode's alone.
+    ("lambda-bundle", "fleetkeeper.reconciler.balancers", "from fleetkeeper.local.balancer import LocalBalancer", LAZY),
+    ("lambda-bundle", "fleetkeeper.reconciler.balancers.alb", "import aiohttp", LAZY),
+    ("pure-planner", "fleetkeeper.reconciler.plan", "from fleetkeeper.reconciler.balancers import alb", LAZY),
 ]  # fmt: skip
 
 

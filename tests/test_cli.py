@@ -10,6 +10,7 @@ import boto3
 import pytest
 from botocore.stub import Stubber
 
+from fleetkeeper.cli import render
 from fleetkeeper.cli.http import (
     ApiClient,
     ApiError,
@@ -485,3 +486,22 @@ def test_a_credential_chain_failure_is_a_usage_error(monkeypatch: pytest.MonkeyP
     monkeypatch.setattr(boto3.session.Session, "get_credentials", broken)
     with pytest.raises(UsageError, match="token expired"):
         SigV4Signer.for_url(API_GW)
+
+
+def test_up_wait_ends_with_the_services_endpoint(spec_file: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("time.sleep", lambda _s: None)
+    ready = {**view("READY", observed=1), "endpoint": "http://127.0.0.1:40123"}
+    client = ScriptedClient(
+        {("POST", "/v1/services"): [view("NO_REPLICA", observed=0)], ("GET", "/v1/services/web"): [ready]}
+    )
+    code, out, err = cli(["up", str(spec_file), "--name", "web", "--wait"], client)
+    assert code == 0, err
+    assert out.splitlines()[-1] == "web is READY at http://127.0.0.1:40123 at v1 (2/2 replicas ready)"
+
+
+def test_status_shows_the_endpoint() -> None:
+    shown = {**view("READY"), "endpoint": "https://web.svc.example.com", "mode": "rolling", "spec": {}}
+    assert "  endpoint: https://web.svc.example.com" in render.service_detail(shown).splitlines()
+    table = render.services_table([{**view("READY"), "endpoint": None}])
+    assert table.splitlines()[0].split() == ["NAME", "STATUS", "VERSION", "LIFECYCLE", "ENDPOINT", "MESSAGE"]
+    assert table.splitlines()[1].split()[4] == "-"

@@ -74,7 +74,14 @@ def test_up_then_status_versions_update_rollback_down(api_url: str, tmp_path: Pa
     assert code == 0 and json.loads(out)["target_version"] == 1
 
     code, out, _ = cli(api_url, "status")
-    assert code == 0 and out.splitlines()[0].split() == ["NAME", "STATUS", "VERSION", "LIFECYCLE", "MESSAGE"]
+    assert code == 0 and out.splitlines()[0].split() == [
+        "NAME",
+        "STATUS",
+        "VERSION",
+        "LIFECYCLE",
+        "ENDPOINT",
+        "MESSAGE",
+    ]
 
     code, out, _ = cli(api_url, "down", "web")
     assert code == 0 and "SHUTTING_DOWN" in out

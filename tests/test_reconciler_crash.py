@@ -1,5 +1,11 @@
 """Crash injection: the reconciler 'dies' at the k-th AWS call, for every k; the next runs finish.
 
+The `-alb` phases run the same with the stack's load balancer (moto's elbv2): a crash before and
+after each call that makes the endpoint, registers, deregisters, asks how a drain goes or removes
+the endpoint. Afterwards the target group holds exactly the live replicas
+(and every replica item says REGISTERED), and a deleted service leaves no target group, listener or
+rule behind.
+
 For each phase (create, rolling update, delete) the calls of an undisturbed phase are counted; then,
 for every k, a fresh world replays the phase with a crash before (the call never happens) or after
 (it happened, the answer is lost) its k-th AWS call, and runs again until a run changes nothing.
@@ -17,22 +23,37 @@ from typing import TYPE_CHECKING
 import pytest
 from moto import mock_aws
 
+from fleetkeeper.model import BalancerState
 from fleetkeeper.reconciler.driver import UID_TAG
-from tests.reconciler_world import Crash, ProbeServer, World, assert_converged, assert_deleted, tags
+from tests.reconciler_world import (
+    Crash,
+    ProbeServer,
+    World,
+    alb_resources,
+    assert_converged,
+    assert_deleted,
+    make_alb,
+    tags,
+    target_health,
+)
 
 if TYPE_CHECKING:
     pass
 
-PHASES = ["create", "update", "delete", "replica-died-during-update"]
+PHASES = ["create", "update", "delete", "replica-died-during-update", "create-alb", "update-alb", "delete-alb"]
+
+
+def _world(server: ProbeServer, phase: str) -> World:
+    return World(server, balancer=make_alb() if phase.endswith("-alb") else None)
 
 
 def _start(world: World, phase: str) -> str:
     """Bring a fresh world to the start of `phase`; returns the service's uid."""
     uid = world.create().service.uid
-    if phase == "create":
+    if phase.startswith("create"):
         return uid
     world.converge()
-    if phase == "delete":
+    if phase.startswith("delete"):
         world.delete()
     else:
         world.update(envs={"RELEASE": "2"})
@@ -53,10 +74,22 @@ def _settle(world: World, max_runs: int = 25) -> None:
 
 
 def _check(world: World, phase: str, uid: str) -> None:
-    if phase == "delete":
+    if phase.startswith("delete"):
         assert_deleted(world, uid)
     else:
-        assert_converged(world, version=1 if phase == "create" else 2)
+        assert_converged(world, version=1 if phase.startswith("create") else 2)
+    balancer = world.reconciler.balancer
+    if balancer is None:
+        return
+    if phase.startswith("delete"):
+        assert alb_resources(balancer) == {"target_groups": [], "listeners": [], "rules": []}  # type: ignore[arg-type]
+        return
+    state = world.store.load("svc")
+    assert state is not None and state.service.endpoint is not None
+    live = {i["InstanceId"] for i in world.instances() if tags(i).get(UID_TAG) == uid}
+    assert target_health(state.service.endpoint.target_group) == dict.fromkeys(live, "healthy")
+    assert {r.balancer for r in state.replicas.values()} == {BalancerState.REGISTERED}
+    assert len(alb_resources(balancer)["listeners"]) == 1  # type: ignore[arg-type]
 
 
 def _kill_one_replica(world: World, uid: str) -> None:
@@ -65,13 +98,30 @@ def _kill_one_replica(world: World, uid: str) -> None:
         World._raw_ec2().terminate_instances(InstanceIds=[live[0]["InstanceId"]])
 
 
-def _calls_of_undisturbed(phase: str, server: ProbeServer) -> int:
+def _calls_of_undisturbed(phase: str, server: ProbeServer) -> list[tuple[str, str]]:
     with mock_aws():
-        world = World(server)
+        world = _world(server, phase)
         _start(world, phase)
         mark = world.log.mark()
         world.converge()
-        return len(world.log.since(mark))
+        return world.log.since(mark)
+
+
+def _crash_points(phase: str, when: str, calls: list[tuple[str, str]]) -> list[int]:
+    """Every call of a phase (1-based). With a load balancer, its calls only: a crash before one
+    (never made) and after one (made, its answer and everything after it lost, which is also a
+    crash before the write that would record it). A crash before call k leaves what a crash after
+    call k-1 leaves, so "before" skips a load balancer call that follows another (swept "after").
+    The other calls are those of the phase without a load balancer, swept there; sweeping them
+    again would double the suite's longest test."""
+    if not phase.endswith("-alb"):
+        return list(range(1, len(calls) + 1))
+    points = []
+    for k, (service, _) in enumerate(calls, start=1):
+        follows_one = k > 1 and calls[k - 2][0] == "elbv2"
+        if service == "elbv2" and not (when == "before" and follows_one):
+            points.append(k)
+    return points
 
 
 CASES = [(phase, when) for phase in PHASES for when in ("before", "after")]
@@ -85,11 +135,14 @@ def test_a_crash_at_every_aws_call_is_completed_by_the_next_runs(
 ) -> None:
     monkeypatch.setenv("FLEETKEEPER_REPLICA_HOST", "127.0.0.1")
     server.status = 200
-    total = _calls_of_undisturbed(phase, server)
+    calls = _calls_of_undisturbed(phase, server)
+    total = len(calls)
     assert total > 5
-    for k in range(1, total + 1):
+    points = _crash_points(phase, when, calls)
+    assert points
+    for k in points:
         with mock_aws():
-            world = World(server)
+            world = _world(server, phase)
             uid = _start(world, phase)
             world.log.crash_at, world.log.crash_when = world.log.mark() + k, when
             while not world.log.crashed:

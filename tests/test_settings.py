@@ -6,7 +6,14 @@ import re
 
 import pytest
 
-from fleetkeeper.settings import DEFAULT_IMAGE_PARAMETER, DEFAULT_INSTANCE_TYPE, Ec2Settings, Settings, SettingsError
+from fleetkeeper.settings import (
+    DEFAULT_IMAGE_PARAMETER,
+    DEFAULT_INSTANCE_TYPE,
+    AlbSettings,
+    Ec2Settings,
+    Settings,
+    SettingsError,
+)
 
 
 def test_a_missing_table_is_a_clear_error() -> None:
@@ -48,6 +55,14 @@ def test_every_variable_is_read() -> None:
             "FLEETKEEPER_DEFAULT_IMAGE_PARAMETER": "/my/ami",
             "FLEETKEEPER_DEFAULT_INSTANCE_TYPE": "m7g.large",
             "FLEETKEEPER_REPLICA_HOST": "127.0.0.1",
+            "FLEETKEEPER_LOAD_BALANCER": "alb",
+            "FLEETKEEPER_ALB_ARN": "arn:aws:elasticloadbalancing:us-east-1:123456789012:loadbalancer/app/fk/1",
+            "FLEETKEEPER_ALB_DNS_NAME": "internal-fk-1.us-east-1.elb.amazonaws.com",
+            "FLEETKEEPER_ALB_VPC_ID": "vpc-1",
+            "FLEETKEEPER_ALB_LISTENER_ARN": "arn:listener",
+            "FLEETKEEPER_ALB_LISTENER_PORTS": "20000-20009",
+            "FLEETKEEPER_DOMAIN_NAME": "svc.example.com.",
+            "FLEETKEEPER_CERTIFICATE_ARN": "arn:cert",
         }
     )
     assert settings == Settings(
@@ -70,7 +85,18 @@ def test_every_variable_is_read() -> None:
             default_instance_type="m7g.large",
             replica_host="127.0.0.1",
         ),
+        balancer="alb",
+        alb=AlbSettings(
+            arn="arn:aws:elasticloadbalancing:us-east-1:123456789012:loadbalancer/app/fk/1",
+            dns_name="internal-fk-1.us-east-1.elb.amazonaws.com",
+            vpc_id="vpc-1",
+            listener_arn="arn:listener",
+            domain_name="svc.example.com",
+            certificate_arn="arn:cert",
+            listener_ports=(20000, 20009),
+        ),
     )
+    settings.alb.check()
 
 
 @pytest.mark.parametrize(
@@ -84,11 +110,23 @@ def test_every_variable_is_read() -> None:
         ("FLEETKEEPER_SHARD_SIZE", "ten", "expected a whole number from 1 to 199"),
         ("FLEETKEEPER_READ_CONCURRENCY", "0", "expected a whole number from 1 to 64"),
         ("FLEETKEEPER_SERVICE_MARGIN_SECONDS", "a while", "expected a number of seconds"),
+        ("FLEETKEEPER_LOAD_BALANCER", "nginx", "expected 'none', 'alb' or 'local'"),
+        ("FLEETKEEPER_ALB_LISTENER_PORTS", "10000-", "expected FROM-TO"),
+        ("FLEETKEEPER_ALB_LISTENER_PORTS", "10049-10000", "expected 1 <= FROM <= TO <= 65535"),
     ],
 )
 def test_a_value_that_does_not_parse_names_the_variable(variable: str, value: str, problem: str) -> None:
     with pytest.raises(SettingsError, match=re.escape(f"{variable}=") + ".*" + re.escape(f": {problem}")):
         Settings.from_env({"TABLE_NAME": "t", variable: value})
+
+
+def test_the_alb_says_what_it_lacks() -> None:
+    assert Settings.from_env({"TABLE_NAME": "t"}).balancer == "none"
+    alb = Settings.from_env({"TABLE_NAME": "t", "FLEETKEEPER_LOAD_BALANCER": "alb", "FLEETKEEPER_DOMAIN_NAME": "x.io"})
+    with pytest.raises(
+        SettingsError, match="needs FLEETKEEPER_ALB_ARN, FLEETKEEPER_ALB_VPC_ID, FLEETKEEPER_ALB_LISTENER_ARN"
+    ):
+        alb.alb.check()
 
 
 def test_each_handler_refuses_to_run_without_its_table(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -9,6 +9,7 @@ import yaml
 
 from fleetkeeper.errors import InvalidRequest
 from fleetkeeper.spec import ServiceSpec, parse_spec
+from tests.conftest import hello_spec
 
 SKYPILOT_YAML = """
 name: llm
@@ -131,3 +132,30 @@ def test_accelerators_are_accepted_next_to_an_instance_type() -> None:
         }
     )
     assert spec.resources.accelerators == {"A10G": 1}
+
+
+def test_load_balancing_policy_takes_skypilots_names_and_defaults_to_least_load() -> None:
+    assert parse_spec(hello_spec()).load_balancing_policy == "least_load"
+    assert parse_spec(hello_spec()).drain_seconds == 30
+    section = {**hello_spec()["service"], "load_balancing_policy": "round_robin", "drain_seconds": 0}
+    spec = parse_spec(hello_spec(service=section))
+    assert (spec.load_balancing_policy, spec.drain_seconds) == ("round_robin", 0)
+    # A spec that does not set them stores and reads back without them.
+    assert "load_balancing_policy" not in parse_spec(hello_spec()).to_json_dict()["service"]
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "problem"),
+    [
+        ("load_balancing_policy", "instance_aware_least_load", "is not supported: use least_load"),
+        ("load_balancing_policy", "random", "is not supported: use least_load"),
+        ("drain_seconds", 3601, "less than or equal to 3600"),
+        ("drain_seconds", -1, "greater than or equal to 0"),
+    ],
+)
+def test_other_endpoint_values_are_a_400_naming_the_field(field: str, value: object, problem: str) -> None:
+    section = {**hello_spec()["service"], field: value}
+    with pytest.raises(InvalidRequest) as caught:
+        parse_spec(hello_spec(service=section))
+    assert [d["field"] for d in caught.value.details] == [f"spec.service.{field}"]
+    assert problem in caught.value.details[0]["problem"]

@@ -13,8 +13,10 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from botocore.config import _RetryDict
+    from mypy_boto3_cloudwatch import CloudWatchClient
     from mypy_boto3_dynamodb import DynamoDBClient
     from mypy_boto3_ec2 import EC2Client
+    from mypy_boto3_elbv2 import ElasticLoadBalancingv2Client
     from mypy_boto3_sqs import SQSClient
     from mypy_boto3_ssm import SSMClient
 
@@ -95,6 +97,16 @@ def ec2() -> EC2Client:
 def sqs_for_kick() -> SQSClient:
     """SQS for the api's best-effort reconciler kick: one attempt, short timeouts."""
     client: SQSClient = _client("sqs", kick=True)
+    return client
+
+
+def elbv2() -> ElasticLoadBalancingv2Client:
+    client: ElasticLoadBalancingv2Client = _client("elbv2")
+    return client
+
+
+def cloudwatch() -> CloudWatchClient:
+    client: CloudWatchClient = _client("cloudwatch")
     return client
 
 

@@ -89,6 +89,23 @@ class VersionState(StrEnum):
     FAILED = "FAILED"
 
 
+class BalancerState(StrEnum):
+    """A replica's place in its service's endpoint, as the reconciler last wrote it (absent: not in it).
+
+    Each state is written *before* the load balancer call that makes it true, so a run that dies
+    between the two leaves a state the next run completes: REGISTERING is registered again (the call
+    is idempotent), DRAINING deregistered again if the balancer still routes to it.
+    """
+
+    # Being put into the endpoint: the registration may or may not have happened yet.
+    REGISTERING = "REGISTERING"
+    # In the endpoint: receives requests (only READY replicas are).
+    REGISTERED = "REGISTERED"
+    # Taken out of the endpoint at `drain_started_at`: finishing its requests in flight. It is
+    # terminated only once the balancer reports it drained or its drain deadline has passed.
+    DRAINING = "DRAINING"
+
+
 UpdateMode = str  # "rolling" | "blue_green", validated by the spec and the api
 
 
@@ -102,6 +119,29 @@ def to_iso(moment: datetime) -> str:
 
 def from_iso(text: str) -> datetime:
     return datetime.fromisoformat(text)
+
+
+@dataclass(frozen=True)
+class EndpointConfig:
+    """What the load balancer is told about a service, from its target version's spec."""
+
+    port: int  # the target group's port (each target is registered with its own version's port)
+    policy: str  # least_load | round_robin (spec.LOAD_BALANCING_POLICIES)
+    drain_seconds: int
+    health_path: str  # the ALB's own health check: the readiness probe's path
+
+
+@dataclass(frozen=True)
+class EndpointRecord:
+    """A service's endpoint as the reconciler created it (the service item's `endpoint`)."""
+
+    url: str  # what clients call: GET /v1/services/NAME, `fleetkeeper status`
+    config: EndpointConfig  # what the balancer was last configured with
+    target_group: str  # the adapter's id of the service's set of targets (the ALB's target group ARN)
+    route: str  # what sends the endpoint's requests there (an ALB listener or rule ARN, a local port)
+    # The CloudWatch dimensions of the endpoint's AWS/ApplicationELB RequestCount metric (LoadBalancer,
+    # TargetGroup), which both adapters publish: what the autoscaler reads.
+    dimensions: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -120,6 +160,8 @@ class ServiceRecord:
     # Next replica number: replica ids are never reused within an incarnation, so an EC2
     # ClientToken derived from one never names two different launches.
     replica_seq: int = 0
+    # Written by the reconciler once the endpoint exists (None: no load balancer, or not created yet).
+    endpoint: EndpointRecord | None = None
 
 
 @dataclass(frozen=True)
@@ -160,6 +202,9 @@ class ReplicaRecord:
     next_attempt_at: str | None = None
     # When the reconciler recorded the replica's instance (initial_delay_seconds counts from here).
     launched_at: str | None = None
+    # The replica's place in the service's endpoint (None: not in it) and when its drain began.
+    balancer: BalancerState | None = None
+    drain_started_at: str | None = None
     # Optimistic-concurrency revision: every reconciler write is conditioned on the revision it read,
     # so of two runs acting on one replica only the first write lands (store.put_replica).
     rev: int = 0

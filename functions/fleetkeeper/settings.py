@@ -38,6 +38,14 @@ SHARD_SIZE_ENV = "FLEETKEEPER_SHARD_SIZE"
 READ_CONCURRENCY_ENV = "FLEETKEEPER_READ_CONCURRENCY"
 SERVICE_MARGIN_ENV = "FLEETKEEPER_SERVICE_MARGIN_SECONDS"
 ACTION_MARGIN_ENV = "FLEETKEEPER_ACTION_MARGIN_SECONDS"
+BALANCER_ENV = "FLEETKEEPER_LOAD_BALANCER"
+ALB_ARN_ENV = "FLEETKEEPER_ALB_ARN"
+ALB_DNS_NAME_ENV = "FLEETKEEPER_ALB_DNS_NAME"
+ALB_VPC_ID_ENV = "FLEETKEEPER_ALB_VPC_ID"
+ALB_LISTENER_ARN_ENV = "FLEETKEEPER_ALB_LISTENER_ARN"
+ALB_LISTENER_PORTS_ENV = "FLEETKEEPER_ALB_LISTENER_PORTS"
+DOMAIN_NAME_ENV = "FLEETKEEPER_DOMAIN_NAME"
+CERTIFICATE_ARN_ENV = "FLEETKEEPER_CERTIFICATE_ARN"
 
 DEFAULT_IMAGE_PARAMETER = "/aws/service/ami-amazon-linux-latest/al2023-ami-kernel-default-x86_64"
 DEFAULT_INSTANCE_TYPE = "t3.small"
@@ -62,6 +70,11 @@ DEFAULT_ACTION_MARGIN_SECONDS = 5.0
 _RATE = re.compile(r"^rate\((?P<count>[1-9][0-9]*) (?P<unit>minute|minutes|hour|hours)\)$")
 
 DriverKind = Literal["ec2", "process"]
+# The endpoint's load balancer: none, the stack's ALB, or embedded mode's local one.
+BalancerKind = Literal["none", "alb", "local"]
+# Without a domain name each service gets a listener port of its own on the ALB, from this range
+# (template.yaml's ServiceListenerPortFrom; 50 ports: the ALB's listener quota).
+DEFAULT_LISTENER_PORTS = (10000, 10049)
 
 
 class SettingsError(ValueError):
@@ -94,6 +107,41 @@ class Ec2Settings:
 
 
 @dataclass(frozen=True)
+class AlbSettings:
+    """The alb load balancer's configuration: the stack's ALB, from template.yaml."""
+
+    arn: str = ""
+    dns_name: str = ""
+    vpc_id: str = ""
+    # With a domain name: the listener that carries a host rule per service (NAME.<domain>).
+    listener_arn: str | None = None
+    domain_name: str | None = None
+    # HTTPS listeners (the per-service ones, without a domain name) use it.
+    certificate_arn: str | None = None
+    listener_ports: tuple[int, int] = DEFAULT_LISTENER_PORTS
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str]) -> AlbSettings:
+        return cls(
+            arn=environ.get(ALB_ARN_ENV, ""),
+            dns_name=environ.get(ALB_DNS_NAME_ENV, ""),
+            vpc_id=environ.get(ALB_VPC_ID_ENV, ""),
+            listener_arn=environ.get(ALB_LISTENER_ARN_ENV) or None,
+            domain_name=(environ.get(DOMAIN_NAME_ENV) or "").strip(".") or None,
+            certificate_arn=environ.get(CERTIFICATE_ARN_ENV) or None,
+            listener_ports=_port_range(environ.get(ALB_LISTENER_PORTS_ENV) or ""),
+        )
+
+    def check(self) -> None:
+        """What the alb balancer cannot work without (called when it is chosen)."""
+        missing = [name for name, value in ((ALB_ARN_ENV, self.arn), (ALB_VPC_ID_ENV, self.vpc_id)) if not value]
+        if self.domain_name and not self.listener_arn:
+            missing.append(ALB_LISTENER_ARN_ENV)
+        if missing:
+            raise SettingsError(f"{BALANCER_ENV}=alb needs {', '.join(missing)}")
+
+
+@dataclass(frozen=True)
 class Settings:
     """Everything the api, reconciler and cleanup functions read from their environment."""
 
@@ -115,6 +163,8 @@ class Settings:
     read_concurrency: int = DEFAULT_READ_CONCURRENCY
     service_margin_seconds: float = DEFAULT_SERVICE_MARGIN_SECONDS
     action_margin_seconds: float = DEFAULT_ACTION_MARGIN_SECONDS
+    balancer: BalancerKind = "none"
+    alb: AlbSettings = field(default_factory=AlbSettings)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> Settings:
@@ -134,6 +184,8 @@ class Settings:
             read_concurrency=_integer(environ, READ_CONCURRENCY_ENV, DEFAULT_READ_CONCURRENCY, 1, MAX_READ_CONCURRENCY),
             service_margin_seconds=_seconds(environ, SERVICE_MARGIN_ENV, DEFAULT_SERVICE_MARGIN_SECONDS),
             action_margin_seconds=_seconds(environ, ACTION_MARGIN_ENV, DEFAULT_ACTION_MARGIN_SECONDS),
+            balancer=_balancer(environ.get(BALANCER_ENV) or "none"),
+            alb=AlbSettings.from_env(environ),
         )
 
 
@@ -172,6 +224,30 @@ def _driver(kind: str) -> DriverKind:
     if kind == "process":
         return "process"
     raise SettingsError(f"{DRIVER_ENV}={kind!r}: expected 'ec2' or 'process'")
+
+
+def _balancer(kind: str) -> BalancerKind:
+    if kind == "none":
+        return "none"
+    if kind == "alb":
+        return "alb"
+    if kind == "local":
+        return "local"
+    raise SettingsError(f"{BALANCER_ENV}={kind!r}: expected 'none', 'alb' or 'local'")
+
+
+def _port_range(text: str) -> tuple[int, int]:
+    """`FROM-TO` (inclusive), or the default range when empty."""
+    if not text:
+        return DEFAULT_LISTENER_PORTS
+    low, dash, high = text.partition("-")
+    try:
+        first, last = int(low), int(high if dash else low)
+    except ValueError:
+        raise SettingsError(f"{ALB_LISTENER_PORTS_ENV}={text!r}: expected FROM-TO, e.g. 10000-10049") from None
+    if not 1 <= first <= last <= 65535:
+        raise SettingsError(f"{ALB_LISTENER_PORTS_ENV}={text!r}: expected 1 <= FROM <= TO <= 65535")
+    return first, last
 
 
 def _probe_budget(environ: Mapping[str, str]) -> float:

@@ -50,6 +50,16 @@ def root_device_of_parameter(parameter: str) -> str | None:
     return next((device for prefix, device in _ROOT_DEVICES if name.startswith(prefix)), None)
 
 
+# The endpoint's load balancing policies, by SkyPilot Serve's names: `least_load` (SkyPilot's default)
+# sends a request to the replica with the fewest in flight (the ALB's least_outstanding_requests),
+# `round_robin` to each in turn (the ALB's round_robin).
+LOAD_BALANCING_POLICIES = ("least_load", "round_robin")
+DEFAULT_LOAD_BALANCING_POLICY = "least_load"
+# How long a replica leaving the endpoint may finish its requests in flight before it is terminated
+# (the ALB's deregistration delay; its range is 0-3600 s).
+DEFAULT_DRAIN_SECONDS = 30
+MAX_DRAIN_SECONDS = 3600
+
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 # Fields that SkyPilot accepts but fleetkeeper cannot honour: each gets a specific reason.
@@ -64,8 +74,10 @@ _UNSUPPORTED: dict[str, str] = {
     "resources.memory": "give an explicit `instance_type` instead of `memory`",
     "resources.any_of": "alternative resources are not supported",
     "resources.ordered": "alternative resources are not supported",
-    "service.load_balancing_policy": "fleetkeeper does not run a load balancer",
-    "service.tls": "fleetkeeper does not terminate TLS",
+    "service.tls": (
+        "fleetkeeper terminates TLS at the stack's load balancer (its CertificateArn parameter); "
+        "replicas serve plain HTTP behind it"
+    ),
 }
 
 
@@ -138,11 +150,25 @@ class ServiceSection(_Strict):
     replicas: Annotated[int, Field(ge=0, le=1000)] | None = None
     replica_policy: ReplicaPolicy | None = None
     ports: Annotated[int, Field(ge=1, le=65535)] | None = None
+    # None: the defaults (DEFAULT_LOAD_BALANCING_POLICY, DEFAULT_DRAIN_SECONDS); kept out of stored
+    # specs that do not set them, so a spec reads back as it was written.
+    load_balancing_policy: str | None = None
+    drain_seconds: Annotated[int, Field(ge=0, le=MAX_DRAIN_SECONDS)] | None = None
 
     @field_validator("ports")
     @classmethod
     def _port_range(cls, value: int | None, info: ValidationInfo) -> int | None:
         return _unprivileged(value, info)
+
+    @field_validator("load_balancing_policy")
+    @classmethod
+    def _known_policy(cls, value: str | None) -> str | None:
+        if value is not None and value not in LOAD_BALANCING_POLICIES:
+            raise ValueError(
+                f"{value!r} is not supported: use least_load (the default: the replica with the fewest "
+                "requests in flight) or round_robin"
+            )
+        return value
 
     @field_validator("readiness_probe", mode="before")
     @classmethod
@@ -250,6 +276,17 @@ class ServiceSpec(_Strict):
     def port(self) -> int:
         """The port a replica serves on: `service.ports`, else `resources.ports`, else 8080."""
         return self.service.ports or self.resources.ports or DEFAULT_PORT
+
+    @property
+    def load_balancing_policy(self) -> str:
+        """The endpoint's policy: `service.load_balancing_policy`, else least_load."""
+        return self.service.load_balancing_policy or DEFAULT_LOAD_BALANCING_POLICY
+
+    @property
+    def drain_seconds(self) -> int:
+        """How long a leaving replica may drain: `service.drain_seconds`, else 30."""
+        drain = self.service.drain_seconds
+        return DEFAULT_DRAIN_SECONDS if drain is None else drain
 
     @property
     def target_replicas(self) -> int:

@@ -23,7 +23,8 @@ class _CfnLoader(yaml.SafeLoader):
 
 
 def _cfn_tag(loader: yaml.SafeLoader, suffix: str, node: yaml.Node) -> dict[str, Any]:
-    name = "Ref" if suffix == "Ref" else f"Fn::{suffix}"
+    # !Ref and !Condition are the two short forms without the Fn:: prefix in their long form.
+    name = suffix if suffix in ("Ref", "Condition") else f"Fn::{suffix}"
     value: Any
     if isinstance(node, yaml.ScalarNode):
         value = loader.construct_scalar(node)

@@ -49,6 +49,7 @@ from tests.strict_aws.clock import VirtualClock
 from tests.strict_aws.context import LambdaContext
 from tests.strict_aws.dynamodb import DynamoDBLayer
 from tests.strict_aws.ec2 import Ec2Layer
+from tests.strict_aws.elbv2 import Elbv2Layer
 from tests.strict_aws.wire import Call, Response, aws_response, error_for, normalise
 
 if TYPE_CHECKING:
@@ -126,7 +127,7 @@ class StrictAws:
         backoff    botocore's retry pauses, in seconds (taken on `clock`)
         rate_limited   adaptive mode's client-side waits for a token, in seconds (taken on `clock`)
         clock      the layer's VirtualClock; `call_latency` seconds are added per attempt
-        dynamodb / ec2   the per-service layers
+        dynamodb / ec2 / elbv2   the per-service layers
     """
 
     def __init__(
@@ -147,6 +148,7 @@ class StrictAws:
         self.backoff: list[float] = []
         self.dynamodb = DynamoDBLayer(self)
         self.ec2 = Ec2Layer(self)
+        self.elbv2 = Elbv2Layer(self)
         self._lock = threading.RLock()
         self._bursts: list[_Burst] = []
         self._invocation: LambdaContext | None = None
@@ -272,6 +274,8 @@ class StrictAws:
                     return call.send()
             if call.service == "ec2":
                 return self.ec2.send(call)
+            if call.service == "elastic-load-balancing-v2":
+                return self.elbv2.send(call)
             return call.send()
         finally:
             if self.call_latency:

@@ -43,6 +43,9 @@ class ReplicaView(BaseModel):
     status_message: str
     instance_id: str | None
     url: str | None
+    endpoint_state: str | None = Field(
+        description="its place in the service's endpoint: REGISTERING, REGISTERED, DRAINING, or null (not in it)"
+    )
     created_at: str
     updated_at: str
 
@@ -57,6 +60,10 @@ class ServiceSummary(BaseModel):
     latest_version: int
     generation: int
     observed_generation: int
+    endpoint: str | None = Field(
+        description="the service's URL (its load balancer endpoint); null until the reconciler has made it, "
+        "or when the stack has no load balancer"
+    )
     created_at: str
     updated_at: str
 
@@ -116,6 +123,7 @@ def summary(service: ServiceRecord) -> dict[str, Any]:
         "latest_version": service.latest_version,
         "generation": service.generation,
         "observed_generation": service.observed_generation,
+        "endpoint": service.endpoint.url if service.endpoint is not None else None,
         "created_at": service.created_at,
         "updated_at": service.updated_at,
     }
@@ -129,6 +137,7 @@ def replica_view(replica: ReplicaRecord) -> dict[str, Any]:
         "status_message": replica.status_message,
         "instance_id": replica.instance_id,
         "url": replica.url,
+        "endpoint_state": replica.balancer.value if replica.balancer is not None else None,
         "created_at": replica.created_at,
         "updated_at": replica.updated_at,
     }

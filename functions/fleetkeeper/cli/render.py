@@ -23,11 +23,12 @@ def services_table(services: list[dict[str, Any]]) -> str:
             s["status"],
             f"v{s['target_version']}",
             s.get("lifecycle", ""),
+            s.get("endpoint") or "-",
             s.get("status_message", ""),
         ]
         for s in services
     ]
-    return table(["NAME", "STATUS", "VERSION", "LIFECYCLE", "MESSAGE"], rows)
+    return table(["NAME", "STATUS", "VERSION", "LIFECYCLE", "ENDPOINT", "MESSAGE"], rows)
 
 
 def service_detail(view: dict[str, Any]) -> str:
@@ -35,6 +36,7 @@ def service_detail(view: dict[str, Any]) -> str:
     head = [
         f"{view['name']}  {view['status']}  v{target} of {view['latest_version']}  "
         f"({ready_at(view, target)}/{desired_replicas(view)} ready, {view.get('mode') or 'rolling'})",
+        f"  endpoint: {view.get('endpoint') or '-'}",
         f"  {view.get('status_message', '')}",
     ]
     replicas = view.get("replicas", [])
@@ -47,11 +49,12 @@ def service_detail(view: dict[str, Any]) -> str:
             r["status"],
             r.get("url") or "-",
             r.get("instance_id") or "-",
+            r.get("endpoint_state") or "-",
             r.get("status_message", ""),
         ]
         for r in replicas
     ]
-    body = table(["REPLICA", "VERSION", "STATUS", "URL", "INSTANCE", "MESSAGE"], rows)
+    body = table(["REPLICA", "VERSION", "STATUS", "URL", "INSTANCE", "ENDPOINT", "MESSAGE"], rows)
     return "\n".join([*head, "", body])
 
 

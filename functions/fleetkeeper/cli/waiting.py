@@ -74,7 +74,8 @@ def judge(goal: Goal, view: dict[str, Any] | None) -> Outcome | None:
     wanted = desired_replicas(view)
     ready = ready_at(view, target)
     if view.get("status") == "READY" and ready >= wanted:
-        return Outcome(EXIT_OK, f"{goal.name} is READY at v{target} ({ready}/{wanted} replicas ready)", view)
+        endpoint = f" at {view['endpoint']}" if view.get("endpoint") else ""
+        return Outcome(EXIT_OK, f"{goal.name} is READY{endpoint} at v{target} ({ready}/{wanted} replicas ready)", view)
     if wanted == 0 and view.get("status") in {"READY", "NO_REPLICA"}:
         return Outcome(EXIT_OK, f"{goal.name} is at v{target} with no replicas, as its spec asks", view)
     return None

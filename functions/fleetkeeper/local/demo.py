@@ -34,14 +34,17 @@ def say(text: str) -> None:
 
 
 def first_answer(api_url: str) -> str:
-    """GET / from the first READY replica, as the API lists it."""
+    """Two GET / through the service's endpoint (its load balancer spreads them over the replicas)."""
     with urllib.request.urlopen(f"{api_url}/v1/services/{SERVICE}", timeout=5) as answer:
         view = json.load(answer)
-    for replica in view["replicas"]:
-        if replica["status"] == "READY" and replica.get("url"):
-            with urllib.request.urlopen(replica["url"] + "/", timeout=5) as reply:
-                return f"GET {replica['url']}/ -> {reply.status}: {reply.read().decode().strip()}"
-    return "no READY replica to ask"
+    endpoint = view.get("endpoint")
+    if not endpoint:
+        return "the service has no endpoint yet"
+    lines = []
+    for _ in range(2):
+        with urllib.request.urlopen(endpoint + "/", timeout=5) as reply:
+            lines.append(f"GET {endpoint}/ -> {reply.status}: {reply.read().decode().strip()}")
+    return "\n".join(lines)
 
 
 def tour(plane: EmbeddedControlPlane) -> None:
@@ -55,7 +58,7 @@ def tour(plane: EmbeddedControlPlane) -> None:
         return
     say(f"\n$ fleetkeeper status {SERVICE}")
     cli(["status", SERVICE, *api])
-    say("\n$ curl <a replica>/")
+    say("\n$ curl <its endpoint>/   (twice)")
     say(first_answer(url))
     say(
         "\nThe control plane keeps running. In another terminal (source .venv/bin/activate first):\n"

@@ -192,7 +192,8 @@ class _RequestHandler(BaseHTTPRequestHandler):
         if path == KICK_PATH and method == "POST":
             return self._kick(body)
         if path == "/_local/info" and method == "GET":
-            return _json(200, {**self.server.info, "api_url": self.server.url, "logs_dir": str(self.server.logs_dir)})
+            extra = {key: value() if callable(value) else value for key, value in self.server.info.items()}
+            return _json(200, {**extra, "api_url": self.server.url, "logs_dir": str(self.server.logs_dir)})
         match = _LOG_PATH.match(path)
         if match and method == "GET":
             return self._logs(match["service"], match["replica"])

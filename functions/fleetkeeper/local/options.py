@@ -15,6 +15,10 @@ DEFAULT_PORT = 8080
 DEFAULT_TICK = 2.0
 MAX_TICK = 3600.0
 TABLE = "fleetkeeper-local"
+# The local load balancer: how long a proxied request may sit without a byte either way (streams of
+# tokens need minutes), and how often it publishes its RequestCount datapoints.
+DEFAULT_IDLE_TIMEOUT = 300.0
+DEFAULT_METRICS_INTERVAL = 60.0
 
 
 def port_number(text: str) -> int:
@@ -55,6 +59,8 @@ class Options:
     tick: float = DEFAULT_TICK
     local_dir: Path = field(default_factory=lambda: Path(".fleetkeeper"))
     table: str = TABLE
+    idle_timeout: float = DEFAULT_IDLE_TIMEOUT
+    metrics_interval: float = DEFAULT_METRICS_INTERVAL
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -74,8 +80,26 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=Path(".fleetkeeper"),
         help="where replica logs go (default ./.fleetkeeper)",
     )
+    p.add_argument(
+        "--idle-timeout",
+        type=seconds(MAX_TICK),
+        default=DEFAULT_IDLE_TIMEOUT,
+        help=f"seconds a request through a service's endpoint may be idle (default {DEFAULT_IDLE_TIMEOUT:g})",
+    )
+    p.add_argument(
+        "--metrics-interval",
+        type=seconds(MAX_TICK),
+        default=DEFAULT_METRICS_INTERVAL,
+        help=f"seconds between the endpoints' RequestCount datapoints (default {DEFAULT_METRICS_INTERVAL:g})",
+    )
     p.add_argument("--quiet", action="store_true", help="log warnings and errors only")
 
 
 def options_from(args: argparse.Namespace) -> Options:
-    return Options(port=args.port, tick=args.tick, local_dir=args.local_dir)
+    return Options(
+        port=args.port,
+        tick=args.tick,
+        local_dir=args.local_dir,
+        idle_timeout=args.idle_timeout,
+        metrics_interval=args.metrics_interval,
+    )

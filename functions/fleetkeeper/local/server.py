@@ -6,6 +6,7 @@
                       in-memory reconcile queue to the worker handler, and the worker on each kick
     cleanup           StreamPump: the table's stream -> template's filter -> the cleanup handler
     replicas          ProcessDriver: local process groups (FLEETKEEPER_DRIVER=process)
+    endpoints         LocalBalancer: one port per service on 127.0.0.1 (FLEETKEEPER_LOAD_BALANCER=local)
 
 The handlers are the ones Lambda runs, imported as they are.
 """
@@ -22,13 +23,15 @@ import threading
 from typing import TYPE_CHECKING, Any
 
 from fleetkeeper import aws
+from fleetkeeper.local.balancer import LocalBalancer
 from fleetkeeper.local.http_bridge import KICK_PATH, ApiBridge
 from fleetkeeper.local.options import MAX_TICK, Options, add_arguments, options_from
 from fleetkeeper.local.process_driver import LOCAL_DIR_ENV, LOOPBACK, ProcessDriver
 from fleetkeeper.local.reconcile_loop import ReconcileLoop
 from fleetkeeper.local.stream_pump import StreamPump, StreamSource
+from fleetkeeper.reconciler.balancers import EMBEDDED_BALANCER, register_balancer
 from fleetkeeper.reconciler.drivers import EMBEDDED_DRIVER, register_driver
-from fleetkeeper.settings import DRIVER_ENV, RECONCILE_QUEUE_URL_ENV
+from fleetkeeper.settings import BALANCER_ENV, DRIVER_ENV, RECONCILE_QUEUE_URL_ENV
 from fleetkeeper.template import create_queue, create_table, load_template
 
 if TYPE_CHECKING:
@@ -55,6 +58,7 @@ def configure_environment(options: Options) -> None:
             "AWS_EC2_METADATA_DISABLED": "true",
             "TABLE_NAME": options.table,
             DRIVER_ENV: EMBEDDED_DRIVER,
+            BALANCER_ENV: EMBEDDED_BALANCER,
             LOCAL_DIR_ENV: str(options.local_dir),
             "POWERTOOLS_SERVICE_NAME": "fleetkeeper",
             "POWERTOOLS_METRICS_NAMESPACE": "fleetkeeper",
@@ -64,6 +68,10 @@ def configure_environment(options: Options) -> None:
     )
     # The reconciler's drivers know `ec2` only: the deployed code never imports this package.
     register_driver(EMBEDDED_DRIVER, ProcessDriver.shared)
+    # And its load balancers `alb` only: the embedded mode's own is a real one on 127.0.0.1.
+    LocalBalancer.idle_timeout_default = options.idle_timeout
+    LocalBalancer.metrics_interval_default = options.metrics_interval
+    register_balancer(EMBEDDED_BALANCER, LocalBalancer.shared)
     for variable in ("AWS_PROFILE", "FLEETKEEPER_KICK_QUEUE_URL", "FLEETKEEPER_KICK_URL"):
         os.environ.pop(variable, None)
 
@@ -79,6 +87,8 @@ class EmbeddedControlPlane:
             tick=options.tick,
             local_dir=options.local_dir.resolve(),
             table=options.table,
+            idle_timeout=options.idle_timeout,
+            metrics_interval=options.metrics_interval,
         )
         self.aws_endpoint = ""
         self._moto: Any = None
@@ -140,7 +150,13 @@ class EmbeddedControlPlane:
             api_handler,
             on_kick=self._kick,
             logs_dir=self.logs_dir,
-            info={"aws_endpoint": self.aws_endpoint, "table": self.options.table, "tick": self.options.tick},
+            info={
+                "aws_endpoint": self.aws_endpoint,
+                "table": self.options.table,
+                "tick": self.options.tick,
+                # Service name -> endpoint URL, as the local load balancer has them now.
+                "endpoints": lambda: LocalBalancer.shared().endpoints(),
+            },
         )
         os.environ["FLEETKEEPER_KICK_URL"] = self._bridge.url + KICK_PATH
         self._spawn("api-server", self._bridge.serve_forever)
@@ -161,6 +177,7 @@ class EmbeddedControlPlane:
         self._stop_pump.set()
         for thread in self._threads:
             thread.join(timeout=10)
+        LocalBalancer.reset_shared()  # closes every endpoint's port, publishes its last counts
         ProcessDriver.reset_shared()
         if self._moto is not None:
             self._moto.stop()
@@ -193,6 +210,7 @@ def banner(plane: EmbeddedControlPlane) -> str:
         f"  replica logs   {plane.logs_dir}/<service>/replica-<id>.log   (fleetkeeper logs NAME)",
         f"  in-memory AWS  {plane.aws_endpoint}   table {plane.options.table}",
         f"  reconciler     every {plane.options.tick:g}s and after every write",
+        "  endpoints      one port per service on 127.0.0.1, logged as each opens (fleetkeeper status NAME)",
         "Ctrl-C (or SIGTERM, or closing the terminal) stops every replica and exits.",
     ]
     return "\n".join(lines)

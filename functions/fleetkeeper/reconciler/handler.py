@@ -50,6 +50,7 @@ _CHANGED = ("actions", "errors", "superseded", "orphans_terminated", "unloadable
 
 def build_reconciler(settings: Settings) -> Reconciler:
     """A reconciler for one invocation, from the settings the invocation read."""
+    from fleetkeeper.reconciler.balancers import make_balancer
     from fleetkeeper.reconciler.drivers import make_driver
     from fleetkeeper.reconciler.shell import Reconciler
     from fleetkeeper.store.reconciler import ReconcilerStore
@@ -60,6 +61,7 @@ def build_reconciler(settings: Settings) -> Reconciler:
         driver=make_driver(settings),
         probe_budget_seconds=settings.probe_budget_seconds,
         read_concurrency=settings.read_concurrency,
+        balancer=make_balancer(settings),
     )
 
 

@@ -36,6 +36,8 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
 from fleetkeeper.model import (
+    BalancerState,
+    EndpointConfig,
     FailureCause,
     Lifecycle,
     ReplicaRecord,
@@ -46,10 +48,13 @@ from fleetkeeper.model import (
     from_iso,
     to_iso,
 )
+from fleetkeeper.reconciler.balancer import DrainState
 from fleetkeeper.reconciler.driver import Instance, InstanceState, client_token
 
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence, Set
+
+    from fleetkeeper.spec import ServiceSpec
 
 # --- inputs -----------------------------------------------------------------------------------------
 
@@ -164,6 +169,36 @@ class DeleteService:
     """Every instance is gone: delete the DELETING service item (cleanup takes its children)."""
 
 
+@dataclass(frozen=True)
+class EnsureEndpoint:
+    """Create the service's endpoint, or bring it to `config`, then record it on the service item.
+    Planned before any replica is registered, and whenever the target version's spec changes it."""
+
+    config: EndpointConfig
+
+
+@dataclass(frozen=True)
+class Register:
+    """Put these replicas into the endpoint (their records say REGISTERING), then record each
+    REGISTERED (`registered`)."""
+
+    replica_ids: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Deregister:
+    """Take these replicas out of the endpoint. Their records say DRAINING already (written first),
+    or their items are about to be deleted; their instances are terminated in a later run, once
+    drained or past the drain deadline."""
+
+    replica_ids: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class RemoveEndpoint:
+    """A deleted service's last instance is gone: delete its endpoint before the service item."""
+
+
 Action = (
     RecordReplica
     | DeleteReplica
@@ -174,6 +209,10 @@ Action = (
     | TripBreaker
     | RecordStatus
     | DeleteService
+    | EnsureEndpoint
+    | Register
+    | Deregister
+    | RemoveEndpoint
 )
 
 # --- vocabulary -------------------------------------------------------------------------------------
@@ -315,6 +354,30 @@ def probe_targets(state: ServiceState, instances: Sequence[Instance]) -> dict[in
         for replica_id, instance in match_instances(state, instances).items()
         if instance.state is InstanceState.RUNNING and state.replicas[replica_id].status not in LEAVING
     }
+
+
+def drain_targets(state: ServiceState, instances: Sequence[Instance]) -> dict[int, Instance]:
+    """Replicas whose drain the balancer must report on: DRAINING, with a live instance."""
+    return {
+        replica_id: instance
+        for replica_id, instance in match_instances(state, instances).items()
+        if state.replicas[replica_id].balancer is BalancerState.DRAINING
+    }
+
+
+def endpoint_config(spec: ServiceSpec) -> EndpointConfig:
+    """What the endpoint is configured with, from the target version's spec."""
+    return EndpointConfig(
+        port=spec.port,
+        policy=spec.load_balancing_policy,
+        drain_seconds=spec.drain_seconds,
+        health_path=spec.service.readiness_probe.path,
+    )
+
+
+def registered(record: ReplicaRecord, now: datetime) -> ReplicaRecord:
+    """The record of a replica the shell just registered with the endpoint (after `Register`)."""
+    return replace(record, balancer=BalancerState.REGISTERED, drain_started_at=None, updated_at=to_iso(now))
 
 
 # --- observation: one replica -----------------------------------------------------------------------
@@ -492,14 +555,21 @@ def plan(
     probes: Mapping[int, ProbeResult],
     now: datetime,
     policy: Policy | None = None,
+    *,
+    balanced: bool = False,
+    drains: Mapping[int, DrainState] | None = None,
 ) -> list[Action]:
     """The actions that move one service toward its target, in apply order.
 
     `instances`: what EC2 reports for this service's uid (any state). `probes`: by replica id, for
-    the replicas that were probed. Order: replica records (a draining replica leaves READY before
-    its instance goes), version marks / breaker, terminations, item deletions, claims and launches,
-    and the service status last, so a run that dies midway never records a status it did not reach.
-    A service that is not `observed` (its target version not visible yet) gets no action at all.
+    the replicas that were probed. `balanced`: the stack gives services an endpoint (a load
+    balancer); `drains`: by replica id, what the balancer reported for the DRAINING replicas
+    (`drain_targets`). Order: the endpoint (created before anything is registered), replica records
+    (a draining replica leaves READY, and leaves the endpoint, before its instance goes),
+    registrations and deregistrations, version marks / breaker, terminations, item deletions, claims
+    and launches, and the service status last, so a run that dies midway never records a status it
+    did not reach. A service that is not `observed` (its target version not visible yet) gets no
+    action at all.
     """
     policy = policy or Policy()
     if not observed(state):
@@ -524,8 +594,9 @@ def plan(
         if record.status in LEAVING and replica_id in live:
             work.terminate[live[replica_id].instance_id] = f"replica {replica_id}: {record.status.value}"
 
+    balance = _Balance(balanced=balanced, drains=drains or {})
     if service.lifecycle is Lifecycle.DELETING:
-        return _plan_delete(state, mine, live, work, now)
+        return _plan_delete(state, mine, live, work, now, balance)
 
     versions = {number: record.state for number, record in state.versions.items()}
     marks: list[Action] = []
@@ -537,11 +608,20 @@ def plan(
     tripped = _circuit_breaker(state, work, versions, policy)
     if tripped is not None:
         # The target moves (or the service fails): the next run plans against the new target.
-        return [*work.replica_actions(now), *marks, tripped, *work.cleanup_actions()]
+        ensure, moves = balance.plan(state, live, work, now)
+        return [*ensure, *work.replica_actions(now), *moves, *marks, tripped, *work.cleanup_actions()]
 
     launches = _plan_replicas(state, live, work, versions, now, policy)
+    ensure, moves = balance.plan(state, live, work, now)
     status = service_status(state, work.current(), versions, set(live))
-    actions: list[Action] = [*work.replica_actions(now), *marks, *work.cleanup_actions(), *launches]
+    actions: list[Action] = [
+        *ensure,
+        *work.replica_actions(now),
+        *moves,
+        *marks,
+        *work.cleanup_actions(),
+        *launches,
+    ]
     if status_changed(state, status):
         actions.append(status)
     return actions
@@ -596,7 +676,12 @@ def _terminate_strays(state: ServiceState, mine: Sequence[Instance], live: Mappi
 
 
 def _plan_delete(
-    state: ServiceState, mine: Sequence[Instance], live: Mapping[int, Instance], work: _Work, now: datetime
+    state: ServiceState,
+    mine: Sequence[Instance],
+    live: Mapping[int, Instance],
+    work: _Work,
+    now: datetime,
+    balance: _Balance,
 ) -> list[Action]:
     for replica_id, record in work.replicas.items():
         if record.status is not ReplicaStatus.SHUTTING_DOWN:
@@ -604,15 +689,102 @@ def _plan_delete(
     remaining = [i for i in mine if is_live(i)]
     for instance in remaining:
         work.terminate.setdefault(instance.instance_id, "service is being deleted")
-    actions: list[Action] = [*work.replica_actions(now), *work.cleanup_actions()]
+    ensure, moves = balance.plan(state, live, work, now)
+    actions: list[Action] = [*ensure, *work.replica_actions(now), *moves, *work.cleanup_actions()]
     service = state.service
     if not remaining:
+        # The endpoint goes before the service item: once the item is gone nothing would remove it.
+        if balance.balanced:
+            actions.append(RemoveEndpoint())
         actions.append(DeleteService())
     else:
+        draining = len(remaining) - len(work.terminate.keys() & {i.instance_id for i in remaining})
         message = f"deleting: terminating {len(remaining)} instance(s)"
+        if draining:
+            message = f"deleting: draining {draining} replica(s), terminating {len(remaining) - draining} instance(s)"
         if (service.status, service.status_message) != (ServiceStatus.SHUTTING_DOWN, message):
             actions.append(RecordStatus(ServiceStatus.SHUTTING_DOWN, message, service.generation))
     return actions
+
+
+@dataclass(frozen=True)
+class _Balance:
+    """The endpoint's part of a plan: create it, keep exactly the serving replicas registered, and
+    hold a leaving replica's termination until its drain is over."""
+
+    balanced: bool
+    drains: Mapping[int, DrainState]
+
+    def plan(
+        self, state: ServiceState, live: Mapping[int, Instance], work: _Work, now: datetime
+    ) -> tuple[list[Action], list[Action]]:
+        """(EnsureEndpoint, planned before the records), (Register, Deregister, planned after them).
+
+        A replica serves (is registered) while the service is ACTIVE, the replica READY and its
+        instance running. One that stops serving is recorded DRAINING and deregistered in the same
+        run; its instance is terminated only once the balancer reports it drained, or
+        `drain_seconds` after its drain began. Updates `work`: the records' balancer states, and the
+        terminations held back.
+        """
+        if not self.balanced:
+            return [], []
+        service = state.service
+        active = service.lifecycle is Lifecycle.ACTIVE
+        endpoint = service.endpoint
+        ensure: list[Action] = []
+        if active and state.target is not None:
+            config = endpoint_config(state.target.spec)
+            if endpoint is None or endpoint.config != config:
+                ensure.append(EnsureEndpoint(config))
+        drain_seconds = endpoint.config.drain_seconds if endpoint is not None else 0
+        deleted = {record.replica_id for record in work.delete}
+        register: list[int] = []
+        deregister: list[int] = []
+        stamp = to_iso(now)
+        in_endpoint = (BalancerState.REGISTERING, BalancerState.REGISTERED)
+        for replica_id, record in sorted(work.replicas.items()):
+            current = record.balancer
+            instance = live.get(replica_id)
+            if replica_id in deleted:
+                if current in in_endpoint:
+                    deregister.append(replica_id)  # its instance is gone: nothing to drain
+                continue
+            running = instance is not None and instance.state is InstanceState.RUNNING
+            if active and record.status is ReplicaStatus.READY and running:
+                if current is not BalancerState.REGISTERED:
+                    if current is not BalancerState.REGISTERING:
+                        work.replicas[replica_id] = replace(
+                            record, balancer=BalancerState.REGISTERING, drain_started_at=None
+                        )
+                    register.append(replica_id)
+                continue
+            hold = False
+            if current in in_endpoint:
+                work.replicas[replica_id] = replace(record, balancer=BalancerState.DRAINING, drain_started_at=stamp)
+                deregister.append(replica_id)
+                hold = True
+            elif current is BalancerState.DRAINING and instance is not None:
+                seen = self.drains.get(replica_id)
+                if seen is DrainState.IN_SERVICE:
+                    # The deregistration was lost (a run died before making it): again, and the
+                    # drain starts over from now.
+                    work.replicas[replica_id] = replace(record, drain_started_at=stamp)
+                    deregister.append(replica_id)
+                    hold = True
+                else:
+                    since = _seconds_since(record.drain_started_at, now)
+                    hold = seen is not DrainState.DRAINED and since is not None and since < drain_seconds
+                    if not hold and record.status not in LEAVING:
+                        # Drained and staying (NOT_READY, say): nothing more to ask the balancer.
+                        work.replicas[replica_id] = replace(record, balancer=None, drain_started_at=None)
+            if hold and instance is not None:
+                work.terminate.pop(instance.instance_id, None)
+        moves: list[Action] = []
+        if register:
+            moves.append(Register(tuple(register)))
+        if deregister:
+            moves.append(Deregister(tuple(deregister)))
+        return ensure, moves
 
 
 def _failures(records: Sequence[ReplicaRecord]) -> int:

@@ -27,20 +27,26 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from fleetkeeper.model import ReplicaRecord, ServiceState, VersionState, to_iso, utcnow
+from fleetkeeper.reconciler.balancer import Target
 from fleetkeeper.reconciler.driver import Instance, LaunchRefused, LaunchRequest
 from fleetkeeper.reconciler.plan import (
     Action,
     Claim,
     DeleteReplica,
     DeleteService,
+    Deregister,
+    EnsureEndpoint,
     Launch,
     MarkVersion,
     Policy,
     ProbeResult,
     RecordReplica,
     RecordStatus,
+    Register,
+    RemoveEndpoint,
     Terminate,
     TripBreaker,
+    drain_targets,
     launched,
     launched_by_fleetkeeper,
     match_instances,
@@ -49,6 +55,7 @@ from fleetkeeper.reconciler.plan import (
     plan_orphans,
     probe_targets,
     refused,
+    registered,
     service_status,
     status_changed,
 )
@@ -59,6 +66,8 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Hashable, Iterable, Sequence
     from datetime import datetime
 
+    from fleetkeeper.model import EndpointRecord
+    from fleetkeeper.reconciler.balancer import DrainState, LoadBalancer
     from fleetkeeper.reconciler.budget import Budget
     from fleetkeeper.reconciler.driver import ReplicaDriver
     from fleetkeeper.store.reconciler import Listed, ReconcilerStore
@@ -111,6 +120,8 @@ class Reconciler:
     # The whole probe phase's budget; each probe is also bounded by its own timeout.
     probe_budget_seconds: float = 20.0
     prober: Callable[[Sequence[ProbeTarget], float], dict[Hashable, ProbeResult]] = probe_all
+    # Gives each service one endpoint (None: the stack has no load balancer).
+    balancer: LoadBalancer | None = None
 
     # Services read at once (each a Query); 1 reads them one after another on the calling thread.
     read_concurrency: int = 1
@@ -316,7 +327,10 @@ class Reconciler:
     ) -> None:
         name = state.service.name
         try:
-            actions = plan(state, instances, probes, now, self.policy)
+            drains = self._drain_states(state, instances)
+            actions = plan(
+                state, instances, probes, now, self.policy, balanced=self.balancer is not None, drains=drains
+            )
             _Apply(self, state, instances, now, report, budget).all(actions)
         except _OutOfTime:
             logger.warning("service %s: out of time before a launch; the next run goes on from here", name)
@@ -329,6 +343,28 @@ class Reconciler:
             # One service's trouble must not starve the others; the schedule retries it.
             logger.exception("service %s: reconcile failed", name)
             report.errors.append(name)
+
+    def _drain_states(self, state: ServiceState, instances: Sequence[Instance]) -> dict[int, DrainState]:
+        """What the balancer says of this service's DRAINING replicas: one call, and only while
+        something drains (a steady service costs no balancer call)."""
+        endpoint = state.service.endpoint
+        if self.balancer is None or endpoint is None:
+            return {}
+        draining = drain_targets(state, instances)
+        if not draining:
+            return {}
+        targets = [target_of(state, state.replicas[rid], instance, self.driver) for rid, instance in draining.items()]
+        reported = self.balancer.drain_states(endpoint, targets)
+        return {t.replica_id: reported[t.instance_id] for t in targets if t.instance_id in reported}
+
+
+def target_of(state: ServiceState, record: ReplicaRecord, instance: Instance | None, driver: ReplicaDriver) -> Target:
+    """A replica as the balancer addresses it: its instance on its version's port, and its URL."""
+    version = state.versions.get(record.version) or state.target
+    port = version.spec.port if version is not None else 0
+    instance_id = instance.instance_id if instance is not None else record.instance_id or ""
+    url = driver.base_url(instance, port) if instance is not None else None
+    return Target(replica_id=record.replica_id, instance_id=instance_id, port=port, url=url or record.url)
 
 
 class _OutOfTime(Exception):
@@ -351,8 +387,11 @@ class _Apply:
     fresh: set[int] = field(default_factory=set)
     refused: bool = False
 
+    endpoint: EndpointRecord | None = None
+
     def __post_init__(self) -> None:
         self.records = dict(self.state.replicas)
+        self.endpoint = self.state.service.endpoint
         self.versions = {number: version.state for number, version in self.state.versions.items()}
 
     @property
@@ -400,6 +439,46 @@ class _Apply:
                     self.store.record_status(service, status.status, status.message, status.observed_generation)
             case DeleteService():
                 self.store.delete_service(service)
+            case EnsureEndpoint(config=config):
+                try:
+                    endpoint = self.balancer.ensure(service.name, service.uid, config, self.endpoint)
+                except Exception:
+                    # The endpoint must not hold the replicas hostage (a quota, a permission): they
+                    # are still launched, probed and replaced; registration waits for the next run.
+                    logger.exception("service %s: could not make its endpoint; retrying next run", service.name)
+                    self.report.errors.append(service.name)
+                    return
+                self.store.record_endpoint(service, endpoint)
+                if self.endpoint is None or endpoint.url != self.endpoint.url:
+                    logger.info("service %s: endpoint %s", service.name, endpoint.url)
+                self.endpoint = endpoint
+            case Register(replica_ids=ids):
+                if self.endpoint is None:
+                    return  # making the endpoint failed above: the records stay REGISTERING
+                self.balancer.register(self.endpoint, self._targets(ids))
+                for replica_id in ids:
+                    record = self.records[replica_id]
+                    self.records[replica_id] = self.store.put_replica(record, registered(record, self.now))
+            case Deregister(replica_ids=ids):
+                if self.endpoint is not None:  # none recorded: nothing was ever registered
+                    self.balancer.deregister(self.endpoint, self._targets(ids))
+            case RemoveEndpoint():
+                self.balancer.remove(service.name, service.uid, self.endpoint)
+
+    @property
+    def balancer(self) -> LoadBalancer:
+        balancer = self.reconciler.balancer
+        if balancer is None:
+            raise RuntimeError("the plan has endpoint actions but the reconciler has no load balancer")
+        return balancer
+
+    def _targets(self, replica_ids: Sequence[int]) -> list[Target]:
+        live = match_instances(self.state, self.instances)
+        return [
+            target_of(self.state, self.records[rid], live.get(rid), self.driver)
+            for rid in replica_ids
+            if rid in self.records
+        ]
 
     def _status_after_refusals(self) -> RecordStatus | None:
         """The plan's status assumed its launches would go through; AWS refused some. The status of

@@ -13,6 +13,9 @@ from decimal import Decimal
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from fleetkeeper.model import (
+    BalancerState,
+    EndpointConfig,
+    EndpointRecord,
     FailureCause,
     Lifecycle,
     ReplicaRecord,
@@ -115,9 +118,42 @@ def service_item(record: ServiceRecord) -> Item:
         "status_message": record.status_message,
         "observed_generation": record.observed_generation,
         "replica_seq": record.replica_seq,
+        "endpoint": endpoint_item(record.endpoint) if record.endpoint is not None else None,
         "created_at": record.created_at,
         "updated_at": record.updated_at,
     }
+
+
+def endpoint_item(endpoint: EndpointRecord) -> Item:
+    """The service item's `endpoint` map."""
+    config = endpoint.config
+    return {
+        "url": endpoint.url,
+        "port": config.port,
+        "policy": config.policy,
+        "drain_seconds": config.drain_seconds,
+        "health_path": config.health_path,
+        "target_group": endpoint.target_group,
+        "route": endpoint.route,
+        "dimensions": dict(endpoint.dimensions),
+    }
+
+
+def endpoint_from_item(item: Mapping[str, Any]) -> EndpointRecord:
+    config = EndpointConfig(
+        port=int(item["port"]),
+        policy=str(item["policy"]),
+        drain_seconds=int(item["drain_seconds"]),
+        health_path=str(item["health_path"]),
+    )
+    dimensions = item.get("dimensions") or {}
+    return EndpointRecord(
+        url=str(item["url"]),
+        config=config,
+        target_group=str(item["target_group"]),
+        route=str(item["route"]),
+        dimensions=tuple(sorted((str(k), str(v)) for k, v in dimensions.items())),
+    )
 
 
 def service_from_item(item: Mapping[str, Any]) -> ServiceRecord:
@@ -134,6 +170,7 @@ def service_from_item(item: Mapping[str, Any]) -> ServiceRecord:
         created_at=str(item["created_at"]),
         updated_at=str(item["updated_at"]),
         replica_seq=int(item.get("replica_seq", 0)),
+        endpoint=endpoint_from_item(item["endpoint"]) if item.get("endpoint") else None,
     )
 
 
@@ -192,6 +229,8 @@ def replica_item(record: ReplicaRecord) -> Item:
         "launch_attempts": record.launch_attempts,
         "next_attempt_at": record.next_attempt_at,
         "launched_at": record.launched_at,
+        "balancer": record.balancer.value if record.balancer is not None else None,
+        "drain_started_at": record.drain_started_at,
         "rev": record.rev,
         "created_at": record.created_at,
         "updated_at": record.updated_at,
@@ -205,6 +244,7 @@ def replica_from_item(item: Mapping[str, Any]) -> ReplicaRecord:
 
     status = ReplicaStatus(item["status"])
     cause = item.get("cause")
+    balancer = item.get("balancer")
     return ReplicaRecord(
         name=str(item["name"]),
         uid=str(item["uid"]),
@@ -223,6 +263,8 @@ def replica_from_item(item: Mapping[str, Any]) -> ReplicaRecord:
         launch_attempts=int(item.get("launch_attempts", 0)),
         next_attempt_at=opt("next_attempt_at"),
         launched_at=opt("launched_at"),
+        balancer=BalancerState(balancer) if balancer is not None else None,
+        drain_started_at=opt("drain_started_at"),
         rev=int(item.get("rev", 0)),
         created_at=str(item["created_at"]),
         updated_at=str(item["updated_at"]),

@@ -16,7 +16,7 @@ from botocore.exceptions import ClientError
 
 from fleetkeeper.model import Lifecycle, ReplicaRecord, VersionState
 from fleetkeeper.store import keys
-from fleetkeeper.store.codec import expression_values, from_raw, replica_item, to_raw
+from fleetkeeper.store.codec import endpoint_item, expression_values, from_raw, replica_item, to_raw
 from fleetkeeper.store.errors import Superseded
 from fleetkeeper.store.reads import ServiceReads
 from fleetkeeper.store.table import TRANSACT_ITEM_LIMIT, cancellation_reasons, error_code
@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 
     from mypy_boto3_dynamodb.type_defs import TransactWriteItemTypeDef
 
-    from fleetkeeper.model import ServiceRecord, ServiceState, ServiceStatus
+    from fleetkeeper.model import EndpointRecord, ServiceRecord, ServiceState, ServiceStatus
     from fleetkeeper.store.table import Table
 
 
@@ -200,6 +200,22 @@ class ReconcilerStore:
                     observed=observed_generation,
                     uid=service.uid,
                     generation=service.generation,
+                ),
+            )
+
+    def record_endpoint(self, service: ServiceRecord, endpoint: EndpointRecord) -> None:
+        """The service's endpoint, as the balancer just made it. Conditioned on the incarnation being
+        ACTIVE: a deleted (or re-created) service's item must not get an endpoint back. The api's
+        writes never touch the attribute, so it outlives updates."""
+        with _superseded_unless_condition_holds(f"service {service.name} changed"):
+            self.table.client.update_item(
+                TableName=self.table.name,
+                Key=to_raw(keys.service_key(service.name)),
+                UpdateExpression="SET #endpoint = :endpoint",
+                ConditionExpression="uid = :uid AND lifecycle = :active",
+                ExpressionAttributeNames={"#endpoint": "endpoint"},
+                ExpressionAttributeValues=expression_values(
+                    endpoint=endpoint_item(endpoint), uid=service.uid, active=Lifecycle.ACTIVE.value
                 ),
             )
 

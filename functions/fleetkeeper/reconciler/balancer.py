@@ -1,0 +1,89 @@
+"""The load balancer interface: how the reconciler's shell gives each service one endpoint.
+
+Two adapters implement it, as two drivers implement `ReplicaDriver`: `alb` (production: one
+Application Load Balancer per stack, a target group and a listener or host rule per service) and
+`local` (embedded mode: a real HTTP load balancer on 127.0.0.1, one port per service). The
+reconciler never talks to either directly.
+
+Every call is idempotent, and what the reconciler has done with the balancer is recorded in the
+table (the service item's `endpoint`, each replica item's `balancer` state), so a steady service
+costs no balancer call at all: the balancer is called only to change something, or to ask how far
+a replica's drain has got.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from fleetkeeper.model import EndpointConfig, EndpointRecord
+
+# The tags of every load balancer resource fleetkeeper creates (the reconciler's IAM policy lets it
+# change or delete only resources carrying the managed one); the same keys as the instances'.
+MANAGED_TAG = "fleetkeeper:managed"
+MANAGED_VALUE = "true"
+SERVICE_TAG = "fleetkeeper:service"
+UID_TAG = "fleetkeeper:uid"
+
+# The CloudWatch metric both adapters publish for an endpoint (the ALB itself, the local balancer
+# into the in-memory AWS): requests received per target group per minute. The autoscaler reads it
+# with the endpoint's recorded dimensions (EndpointRecord.dimensions).
+METRIC_NAMESPACE = "AWS/ApplicationELB"
+METRIC_NAME = "RequestCount"
+
+
+class DrainState(StrEnum):
+    """How far a deregistered target has got, as the balancer reports it."""
+
+    # The balancer still routes new requests to it: the deregistration was lost (a run died
+    # between writing DRAINING and deregistering). Deregister it again.
+    IN_SERVICE = "IN_SERVICE"
+    # Out of the endpoint, finishing requests in flight.
+    DRAINING = "DRAINING"
+    # Out of the endpoint with nothing in flight (or unknown to it): safe to terminate.
+    DRAINED = "DRAINED"
+
+
+@dataclass(frozen=True)
+class Target:
+    """One replica as the balancer sees it: the ALB registers `instance_id` on `port`; the local
+    balancer proxies to `url` (its host is always 127.0.0.1 there)."""
+
+    replica_id: int
+    instance_id: str
+    port: int
+    url: str | None
+
+
+def target_group_name(uid: str) -> str:
+    """The deterministic name of an incarnation's target group: a retried create finds its own
+    earlier one (names are unique per account and region, at most 32 characters)."""
+    return f"fk-{uid}"[:32]
+
+
+class LoadBalancer(Protocol):
+    def ensure(self, service: str, uid: str, config: EndpointConfig, known: EndpointRecord | None) -> EndpointRecord:
+        """Create the service's endpoint, or bring it to `config`; returns it. Idempotent: what an
+        earlier (maybe crashed) call created is found and reused, never duplicated."""
+        ...
+
+    def register(self, endpoint: EndpointRecord, targets: Sequence[Target]) -> None:
+        """Send the endpoint's requests to these targets too (already registered: no error)."""
+        ...
+
+    def deregister(self, endpoint: EndpointRecord, targets: Sequence[Target]) -> None:
+        """Stop sending new requests to these targets; those in flight finish (not registered: no error)."""
+        ...
+
+    def drain_states(self, endpoint: EndpointRecord, targets: Sequence[Target]) -> dict[str, DrainState]:
+        """How far each target's drain has got, by instance id."""
+        ...
+
+    def remove(self, service: str, uid: str, known: EndpointRecord | None) -> None:
+        """Delete everything the incarnation's endpoint used (route, target group, local port),
+        including what a crashed `ensure` created but never recorded. Nothing left: no error."""
+        ...
