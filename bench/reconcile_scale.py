@@ -48,6 +48,7 @@ from fleetkeeper.model import to_iso
 from fleetkeeper.reconciler.budget import Budget
 from fleetkeeper.reconciler.dispatch import Shard
 from fleetkeeper.reconciler.dispatcher import Dispatcher
+from fleetkeeper.reconciler.driver import UID_TAG
 from fleetkeeper.reconciler.queue import ShardQueue
 from fleetkeeper.reconciler.shell import Reconciler
 from fleetkeeper.settings import DEFAULT_READ_CONCURRENCY, DEFAULT_SHARD_SIZE
@@ -114,6 +115,24 @@ def _index_moto_instances() -> None:
         return scan(backend, volume_ids=volume_ids, filters=filters)
 
     EBSBackend.describe_volumes = describe_volumes  # type: ignore[method-assign]
+
+    # A shard worker's DescribeInstances filters on 100 uids: look at those uids' instances only,
+    # not at a copy of every reservation (moto's filter then decides, as it would have).
+    import copy
+
+    from moto.ec2.utils import filter_reservations
+
+    every = InstanceBackend.all_reservations
+
+    def all_reservations(backend: Any, filters: Any = None) -> list[Any]:
+        uids = set((filters or {}).get(f"tag:{UID_TAG}", []))
+        if not uids:
+            return every(backend, filters)
+        wanted = {rid for rid, tags in backend.tags.items() if tags.get(UID_TAG) in uids}
+        candidates = [copy.copy(r) for r in backend.reservations.values() if any(i.id in wanted for i in r.instances)]
+        return filter_reservations(candidates, filters)
+
+    InstanceBackend.all_reservations = all_reservations  # type: ignore[method-assign]
 
 
 PERIOD_SECONDS = 60
