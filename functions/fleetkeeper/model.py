@@ -145,6 +145,32 @@ class EndpointRecord:
 
 
 @dataclass(frozen=True)
+class Recommendation:
+    """What the autoscaler recommended from `at` on (until the next one): `replicas` for `rate`
+    requests a second (the rate measured when the recommendation last changed)."""
+
+    at: str
+    replicas: int
+    rate: float
+
+
+@dataclass(frozen=True)
+class AutoscalerState:
+    """A service's autoscaler, all of it (the service item's `autoscaler`, written by the reconciler).
+
+    `target`: the replicas the service runs now. `history`: the recommendations, oldest first, one
+    entry per *change* of recommendation (so a steady rate appends nothing and writes nothing), kept
+    while any stabilization window still reaches them. Everything a decision needs is here, so a
+    reconciler that crashes or is replaced decides exactly as the one before would have
+    (fleetkeeper.autoscale). `rev` conditions every write on the state it was computed from.
+    """
+
+    target: int
+    history: tuple[Recommendation, ...] = ()
+    rev: int = 0
+
+
+@dataclass(frozen=True)
 class ServiceRecord:
     name: str
     uid: str
@@ -162,6 +188,8 @@ class ServiceRecord:
     replica_seq: int = 0
     # Written by the reconciler once the endpoint exists (None: no load balancer, or not created yet).
     endpoint: EndpointRecord | None = None
+    # Written by the reconciler for a service whose target version autoscales (None: never did).
+    autoscaler: AutoscalerState | None = None
 
 
 @dataclass(frozen=True)

@@ -45,6 +45,10 @@ ALB_VPC_ID_ENV = "FLEETKEEPER_ALB_VPC_ID"
 ALB_LISTENER_ARN_ENV = "FLEETKEEPER_ALB_LISTENER_ARN"
 ALB_LISTENER_PORTS_ENV = "FLEETKEEPER_ALB_LISTENER_PORTS"
 DOMAIN_NAME_ENV = "FLEETKEEPER_DOMAIN_NAME"
+# The autoscaler's request-rate window (fleetkeeper.reconciler.metrics): its length and how far back
+# it ends (the ALB publishes a minute's RequestCount about a minute later).
+METRIC_WINDOW_ENV = "FLEETKEEPER_METRIC_WINDOW_SECONDS"
+METRIC_LAG_ENV = "FLEETKEEPER_METRIC_LAG_SECONDS"
 CERTIFICATE_ARN_ENV = "FLEETKEEPER_CERTIFICATE_ARN"
 
 DEFAULT_IMAGE_PARAMETER = "/aws/service/ami-amazon-linux-latest/al2023-ami-kernel-default-x86_64"
@@ -67,6 +71,9 @@ MAX_READ_CONCURRENCY = 64
 # fleetkeeper.reconciler.budget says what they are for and why these values.
 DEFAULT_SERVICE_MARGIN_SECONDS = 10.0
 DEFAULT_ACTION_MARGIN_SECONDS = 5.0
+DEFAULT_METRIC_WINDOW_SECONDS = 60
+DEFAULT_METRIC_LAG_SECONDS = 60
+MAX_METRIC_SECONDS = 3600
 _RATE = re.compile(r"^rate\((?P<count>[1-9][0-9]*) (?P<unit>minute|minutes|hour|hours)\)$")
 
 DriverKind = Literal["ec2", "process"]
@@ -165,6 +172,9 @@ class Settings:
     action_margin_seconds: float = DEFAULT_ACTION_MARGIN_SECONDS
     balancer: BalancerKind = "none"
     alb: AlbSettings = field(default_factory=AlbSettings)
+    # The autoscaler's request-rate window: its length and how long ago it ends.
+    metric_window_seconds: int = DEFAULT_METRIC_WINDOW_SECONDS
+    metric_lag_seconds: int = DEFAULT_METRIC_LAG_SECONDS
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> Settings:
@@ -186,6 +196,10 @@ class Settings:
             action_margin_seconds=_seconds(environ, ACTION_MARGIN_ENV, DEFAULT_ACTION_MARGIN_SECONDS),
             balancer=_balancer(environ.get(BALANCER_ENV) or "none"),
             alb=AlbSettings.from_env(environ),
+            metric_window_seconds=_integer(
+                environ, METRIC_WINDOW_ENV, DEFAULT_METRIC_WINDOW_SECONDS, 1, MAX_METRIC_SECONDS
+            ),
+            metric_lag_seconds=_integer(environ, METRIC_LAG_ENV, DEFAULT_METRIC_LAG_SECONDS, 0, MAX_METRIC_SECONDS),
         )
 
 

@@ -59,6 +59,9 @@ DEFAULT_LOAD_BALANCING_POLICY = "least_load"
 # (the ALB's deregistration delay; its range is 0-3600 s).
 DEFAULT_DRAIN_SECONDS = 30
 MAX_DRAIN_SECONDS = 3600
+# The autoscaler's bounds: its delays (a day keeps the windows' history small) and request rates.
+MAX_SCALE_DELAY_SECONDS = 86_400
+MAX_TARGET_QPS = 1_000_000.0
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
@@ -129,19 +132,47 @@ class ReadinessProbe(_Strict):
 
 
 class ReplicaPolicy(_Strict):
+    """SkyPilot Serve's `replica_policy`: autoscaling on the request rate (fleetkeeper.autoscale).
+
+    The rate is the endpoint's (the load balancer's RequestCount metric); the target is
+    clip(ceil(rate / target_qps_per_replica), min_replicas, max_replicas), changed only once a whole
+    upscale or downscale delay of recommendations agrees. `downscale_to_zero_delay_seconds` (not
+    SkyPilot's) is how long the rate must stay at zero before the last replica goes.
+    """
+
     min_replicas: Annotated[int, Field(ge=0, le=1000)]
     max_replicas: Annotated[int, Field(ge=0, le=1000)] | None = None
-    target_qps_per_replica: Annotated[float, Field(gt=0)] | None = None
+    target_qps_per_replica: Annotated[float, Field(gt=0, allow_inf_nan=False)] | None = None
     upscale_delay_seconds: Annotated[int, Field(ge=0)] = 300
     downscale_delay_seconds: Annotated[int, Field(ge=0)] = 1200
+    downscale_to_zero_delay_seconds: Annotated[int, Field(ge=0)] | None = None
 
     @model_validator(mode="after")
-    def _skypilot_rules(self) -> ReplicaPolicy:
+    def _skypilot_rules(self, info: ValidationInfo) -> ReplicaPolicy:
         if self.max_replicas is not None:
             if self.max_replicas < self.min_replicas:
                 raise ValueError(f"max_replicas ({self.max_replicas}) must be >= min_replicas ({self.min_replicas})")
             if self.max_replicas > self.min_replicas and self.target_qps_per_replica is None:
                 raise ValueError("max_replicas > min_replicas requires target_qps_per_replica for autoscaling")
+        if _stored(info):
+            return self  # what the api accepted before keeps loading; the autoscaler copes
+        top = self.max_replicas if self.max_replicas is not None else self.min_replicas
+        if self.target_qps_per_replica is not None:
+            if top == self.min_replicas:
+                raise ValueError(
+                    f"target_qps_per_replica needs room to scale: min_replicas and max_replicas are both {top}; "
+                    "set max_replicas above min_replicas, or drop target_qps_per_replica for a fixed count"
+                )
+            if self.target_qps_per_replica > MAX_TARGET_QPS:
+                raise ValueError(f"target_qps_per_replica must be at most {MAX_TARGET_QPS:g}")
+        for name in ("upscale_delay_seconds", "downscale_delay_seconds", "downscale_to_zero_delay_seconds"):
+            value = getattr(self, name)
+            if value is not None and value > MAX_SCALE_DELAY_SECONDS:
+                raise ValueError(f"{name} ({value}) must be at most {MAX_SCALE_DELAY_SECONDS} (a day)")
+        if self.downscale_to_zero_delay_seconds is not None and self.min_replicas > 0:
+            raise ValueError(
+                f"downscale_to_zero_delay_seconds applies only with min_replicas 0 (it is {self.min_replicas})"
+            )
         return self
 
 
@@ -290,7 +321,8 @@ class ServiceSpec(_Strict):
 
     @property
     def target_replicas(self) -> int:
-        """Replicas to keep. Autoscaling has no QPS signal yet, so a policy runs at its minimum."""
+        """Replicas to start with. An autoscaling policy starts at its minimum; the autoscaler
+        (fleetkeeper.autoscale) moves the target from there."""
         if self.service.replicas is not None:
             return self.service.replicas
         if self.service.replica_policy is not None:

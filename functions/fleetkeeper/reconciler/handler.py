@@ -52,16 +52,25 @@ def build_reconciler(settings: Settings) -> Reconciler:
     """A reconciler for one invocation, from the settings the invocation read."""
     from fleetkeeper.reconciler.balancers import make_balancer
     from fleetkeeper.reconciler.drivers import make_driver
+    from fleetkeeper.reconciler.metrics import RequestRates
     from fleetkeeper.reconciler.shell import Reconciler
     from fleetkeeper.store.reconciler import ReconcilerStore
     from fleetkeeper.store.table import Table
 
+    balancer = make_balancer(settings)
+    # The request rate comes from the endpoints' metric: no load balancer, no signal.
+    rates = (
+        RequestRates(window_seconds=settings.metric_window_seconds, lag_seconds=settings.metric_lag_seconds)
+        if balancer is not None
+        else None
+    )
     return Reconciler(
         store=ReconcilerStore(Table(settings.table_name)),
         driver=make_driver(settings),
         probe_budget_seconds=settings.probe_budget_seconds,
         read_concurrency=settings.read_concurrency,
-        balancer=make_balancer(settings),
+        balancer=balancer,
+        rates=rates,
     )
 
 

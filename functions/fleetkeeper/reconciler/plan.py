@@ -35,7 +35,9 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
+from fleetkeeper import autoscale
 from fleetkeeper.model import (
+    AutoscalerState,
     BalancerState,
     EndpointConfig,
     FailureCause,
@@ -195,6 +197,17 @@ class Deregister:
 
 
 @dataclass(frozen=True)
+class RecordAutoscale:
+    """Write the service's autoscaler state `after` over `before` (conditioned on `before`'s revision).
+    Planned first: the replicas the rest of the plan aims at are `after`'s target, so a run that
+    dies before the write decides again from `before`, and one that dies after it goes on from
+    `after`; either way the decision is the one the table's state and the rate give."""
+
+    before: AutoscalerState | None
+    after: AutoscalerState | None
+
+
+@dataclass(frozen=True)
 class RemoveEndpoint:
     """A deleted service's last instance is gone: delete its endpoint before the service item."""
 
@@ -213,6 +226,7 @@ Action = (
     | Register
     | Deregister
     | RemoveEndpoint
+    | RecordAutoscale
 )
 
 # --- vocabulary -------------------------------------------------------------------------------------
@@ -373,6 +387,35 @@ def endpoint_config(spec: ServiceSpec) -> EndpointConfig:
         drain_seconds=spec.drain_seconds,
         health_path=spec.service.readiness_probe.path,
     )
+
+
+def wanted_replicas(state: ServiceState) -> int:
+    """The replicas the target version should run: the autoscaled target (the service item's
+    autoscaler state, within the policy's bounds) when it autoscales, else the spec's count."""
+    target = state.target
+    if target is None:
+        return 0
+    policy = autoscale.policy_of(target.spec)
+    if policy is None:
+        return target.spec.target_replicas
+    return autoscale.current_target(policy, state.service.autoscaler)
+
+
+def plan_autoscale(state: ServiceState, request_rate: float | None, now: datetime) -> RecordAutoscale | None:
+    """The autoscaler's decision for an ACTIVE service, as the write it needs (None: nothing changes).
+
+    A target version that does not autoscale drops a state left from one that did (written once),
+    so turning autoscaling on again starts from the policy's minimum and a fresh window.
+    """
+    service = state.service
+    if service.lifecycle is not Lifecycle.ACTIVE or state.target is None:
+        return None
+    policy = autoscale.policy_of(state.target.spec)
+    before = service.autoscaler
+    if policy is None:
+        return RecordAutoscale(before, None) if before is not None else None
+    after = autoscale.decide(policy, before, request_rate, now)
+    return None if after is before else RecordAutoscale(before, after)
 
 
 def registered(record: ReplicaRecord, now: datetime) -> ReplicaRecord:
@@ -558,13 +601,16 @@ def plan(
     *,
     balanced: bool = False,
     drains: Mapping[int, DrainState] | None = None,
+    request_rate: float | None = None,
 ) -> list[Action]:
     """The actions that move one service toward its target, in apply order.
 
     `instances`: what EC2 reports for this service's uid (any state). `probes`: by replica id, for
     the replicas that were probed. `balanced`: the stack gives services an endpoint (a load
     balancer); `drains`: by replica id, what the balancer reported for the DRAINING replicas
-    (`drain_targets`). Order: the endpoint (created before anything is registered), replica records
+    (`drain_targets`); `request_rate`: the service's requests a second over the last metric window
+    (None: no reading this run). Order: the autoscaler's state (the target the rest aims at), the
+    endpoint (created before anything is registered), replica records
     (a draining replica leaves READY, and leaves the endpoint, before its instance goes),
     registrations and deregistrations, version marks / breaker, terminations, item deletions, claims
     and launches, and the service status last, so a run that dies midway never records a status it
@@ -574,6 +620,10 @@ def plan(
     policy = policy or Policy()
     if not observed(state):
         return []  # half a transaction: the target version is not visible yet
+    scaling = plan_autoscale(state, request_rate, now)
+    if scaling is not None:
+        state = replace(state, service=replace(state.service, autoscaler=scaling.after))
+    head: list[Action] = [scaling] if scaling is not None else []
     service = state.service
     mine = [i for i in instances if i.uid == service.uid and launched_by_fleetkeeper(i)]
     described = {i.instance_id: i for i in mine}
@@ -609,12 +659,13 @@ def plan(
     if tripped is not None:
         # The target moves (or the service fails): the next run plans against the new target.
         ensure, moves = balance.plan(state, live, work, now)
-        return [*ensure, *work.replica_actions(now), *moves, *marks, tripped, *work.cleanup_actions()]
+        return [*head, *ensure, *work.replica_actions(now), *moves, *marks, tripped, *work.cleanup_actions()]
 
     launches = _plan_replicas(state, live, work, versions, now, policy)
     ensure, moves = balance.plan(state, live, work, now)
     status = service_status(state, work.current(), versions, set(live))
     actions: list[Action] = [
+        *head,
         *ensure,
         *work.replica_actions(now),
         *moves,
@@ -845,7 +896,7 @@ def _plan_replicas(
     target_number = service.target_version
     target = state.target
     target_failed = target is None or versions.get(target_number) is VersionState.FAILED
-    wanted = 0 if target is None or target_failed else target.spec.target_replicas
+    wanted = 0 if target is None or target_failed else wanted_replicas(state)
 
     def retrying(record: ReplicaRecord) -> bool:
         """A refused launch of the live target is retried in place; any other refusal is dropped."""
@@ -942,7 +993,7 @@ def service_status(
     target_number = service.target_version
     target = state.target
     target_failed = target is None or versions.get(target_number) is VersionState.FAILED
-    wanted = 0 if target is None or target_failed else target.spec.target_replicas
+    wanted = 0 if target is None or target_failed else wanted_replicas(state)
 
     new = [r for r in replicas if r.version == target_number and r.status not in LEAVING]
     ready = sum(1 for r in new if r.status is ReplicaStatus.READY)

@@ -26,6 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
+from fleetkeeper import autoscale
 from fleetkeeper.model import ReplicaRecord, ServiceState, VersionState, to_iso, utcnow
 from fleetkeeper.reconciler.balancer import Target
 from fleetkeeper.reconciler.driver import Instance, LaunchRefused, LaunchRequest
@@ -40,6 +41,7 @@ from fleetkeeper.reconciler.plan import (
     MarkVersion,
     Policy,
     ProbeResult,
+    RecordAutoscale,
     RecordReplica,
     RecordStatus,
     Register,
@@ -70,6 +72,7 @@ if TYPE_CHECKING:
     from fleetkeeper.reconciler.balancer import DrainState, LoadBalancer
     from fleetkeeper.reconciler.budget import Budget
     from fleetkeeper.reconciler.driver import ReplicaDriver
+    from fleetkeeper.reconciler.metrics import RequestRates
     from fleetkeeper.store.reconciler import Listed, ReconcilerStore
 
 logger = logging.getLogger(__name__)
@@ -122,6 +125,8 @@ class Reconciler:
     prober: Callable[[Sequence[ProbeTarget], float], dict[Hashable, ProbeResult]] = probe_all
     # Gives each service one endpoint (None: the stack has no load balancer).
     balancer: LoadBalancer | None = None
+    # Reads the endpoints' request rates for the autoscaler (None: no signal; targets hold).
+    rates: RequestRates | None = None
 
     # Services read at once (each a Query); 1 reads them one after another on the calling thread.
     read_concurrency: int = 1
@@ -278,6 +283,7 @@ class Reconciler:
         probe_seconds = self.probe_budget_seconds if budget is None else budget.probe_seconds(self.probe_budget_seconds)
         for (uid, replica_id), result in self._probe(states, by_uid, now, probe_seconds).items():
             probes.setdefault(uid, {})[replica_id] = result
+        rates = self._request_rates(states, now, report)
         for position, state in enumerate(states):
             if budget is not None and not budget.may_start_service():
                 report.skipped.extend(later.service.name for later in states[position:])
@@ -289,7 +295,8 @@ class Reconciler:
                 break
             uid = state.service.uid
             started_with = budget.remaining() if budget is not None else 0.0
-            self._reconcile(state, by_uid.get(uid, []), probes.get(uid, {}), now, report, budget)
+            rate = rates.get(state.service.name)
+            self._reconcile(state, by_uid.get(uid, []), probes.get(uid, {}), now, report, budget, rate)
             if budget is not None:
                 budget.observe_service(started_with)
         return report
@@ -314,6 +321,29 @@ class Reconciler:
         results = self.prober(rotated(targets, now), budget_seconds)
         return {key: result for key, result in results.items() if isinstance(key, tuple)}
 
+    def _request_rates(self, states: Sequence[ServiceState], now: datetime, report: RunReport) -> dict[str, float]:
+        """The request rate of every autoscaled service with an endpoint, in ceil(n / 500)
+        GetMetricData calls for the whole run. A failed read is logged: no service's target moves
+        this run (a missing reading is not zero requests), and the next run reads again."""
+        if self.rates is None:
+            return {}
+        dimensions: dict[str, tuple[tuple[str, str], ...]] = {}
+        for state in states:
+            endpoint = state.service.endpoint
+            target = state.target
+            if endpoint is None or not endpoint.dimensions or target is None:
+                continue
+            if autoscale.policy_of(target.spec) is not None:
+                dimensions[state.service.name] = endpoint.dimensions
+        if not dimensions:
+            return {}
+        try:
+            return self.rates.read(dimensions, now)
+        except Exception:
+            logger.exception("could not read the request rates of %d service(s); targets hold", len(dimensions))
+            report.errors.append("request rates")
+            return {}
+
     # -- plan and apply --
 
     def _reconcile(
@@ -324,12 +354,20 @@ class Reconciler:
         now: datetime,
         report: RunReport,
         budget: Budget | None = None,
+        request_rate: float | None = None,
     ) -> None:
         name = state.service.name
         try:
             drains = self._drain_states(state, instances)
             actions = plan(
-                state, instances, probes, now, self.policy, balanced=self.balancer is not None, drains=drains
+                state,
+                instances,
+                probes,
+                now,
+                self.policy,
+                balanced=self.balancer is not None,
+                drains=drains,
+                request_rate=request_rate,
             )
             _Apply(self, state, instances, now, report, budget).all(actions)
         except _OutOfTime:
@@ -412,6 +450,14 @@ class _Apply:
     def one(self, action: Action) -> None:
         service = self.state.service
         match action:
+            case RecordAutoscale(before=before, after=after):
+                written = self.store.record_autoscaler(service, before, after)
+                old = before.target if before is not None else None
+                new = written.target if written is not None else None
+                if old != new:
+                    logger.info("service %s: autoscaled target %s -> %s", service.name, old, new)
+                # What the rest of the run aims at (the status after refusals reads it).
+                self.state = replace(self.state, service=replace(service, autoscaler=written))
             case RecordReplica(before=before, after=after):
                 self.records[before.replica_id] = self.store.put_replica(before, after)
             case DeleteReplica(replica=record):

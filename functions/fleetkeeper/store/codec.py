@@ -13,11 +13,13 @@ from decimal import Decimal
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from fleetkeeper.model import (
+    AutoscalerState,
     BalancerState,
     EndpointConfig,
     EndpointRecord,
     FailureCause,
     Lifecycle,
+    Recommendation,
     ReplicaRecord,
     ReplicaStatus,
     ServiceRecord,
@@ -119,6 +121,7 @@ def service_item(record: ServiceRecord) -> Item:
         "observed_generation": record.observed_generation,
         "replica_seq": record.replica_seq,
         "endpoint": endpoint_item(record.endpoint) if record.endpoint is not None else None,
+        "autoscaler": autoscaler_item(record.autoscaler) if record.autoscaler is not None else None,
         "created_at": record.created_at,
         "updated_at": record.updated_at,
     }
@@ -156,6 +159,30 @@ def endpoint_from_item(item: Mapping[str, Any]) -> EndpointRecord:
     )
 
 
+def autoscaler_item(state: AutoscalerState) -> Item:
+    """The service item's `autoscaler` map. Rates go in as decimals (DynamoDB has no floats), the
+    thousandths the autoscaler keeps them to, so a state reads back equal to what was written."""
+    return {
+        "target": state.target,
+        "rev": state.rev,
+        "history": [
+            {"at": entry.at, "replicas": entry.replicas, "rate": Decimal(repr(float(entry.rate)))}
+            for entry in state.history
+        ],
+    }
+
+
+def autoscaler_from_item(item: Mapping[str, Any]) -> AutoscalerState:
+    return AutoscalerState(
+        target=int(item["target"]),
+        rev=int(item.get("rev", 0)),
+        history=tuple(
+            Recommendation(at=str(entry["at"]), replicas=int(entry["replicas"]), rate=float(entry["rate"]))
+            for entry in item.get("history") or ()
+        ),
+    )
+
+
 def service_from_item(item: Mapping[str, Any]) -> ServiceRecord:
     return ServiceRecord(
         name=str(item["name"]),
@@ -171,6 +198,7 @@ def service_from_item(item: Mapping[str, Any]) -> ServiceRecord:
         updated_at=str(item["updated_at"]),
         replica_seq=int(item.get("replica_seq", 0)),
         endpoint=endpoint_from_item(item["endpoint"]) if item.get("endpoint") else None,
+        autoscaler=autoscaler_from_item(item["autoscaler"]) if item.get("autoscaler") else None,
     )
 
 

@@ -16,7 +16,14 @@ from botocore.exceptions import ClientError
 
 from fleetkeeper.model import Lifecycle, ReplicaRecord, VersionState
 from fleetkeeper.store import keys
-from fleetkeeper.store.codec import endpoint_item, expression_values, from_raw, replica_item, to_raw
+from fleetkeeper.store.codec import (
+    autoscaler_item,
+    endpoint_item,
+    expression_values,
+    from_raw,
+    replica_item,
+    to_raw,
+)
 from fleetkeeper.store.errors import Superseded
 from fleetkeeper.store.reads import ServiceReads
 from fleetkeeper.store.table import TRANSACT_ITEM_LIMIT, cancellation_reasons, error_code
@@ -26,7 +33,7 @@ if TYPE_CHECKING:
 
     from mypy_boto3_dynamodb.type_defs import TransactWriteItemTypeDef
 
-    from fleetkeeper.model import EndpointRecord, ServiceRecord, ServiceState, ServiceStatus
+    from fleetkeeper.model import AutoscalerState, EndpointRecord, ServiceRecord, ServiceState, ServiceStatus
     from fleetkeeper.store.table import Table
 
 
@@ -218,6 +225,35 @@ class ReconcilerStore:
                     endpoint=endpoint_item(endpoint), uid=service.uid, active=Lifecycle.ACTIVE.value
                 ),
             )
+
+    def record_autoscaler(
+        self, service: ServiceRecord, before: AutoscalerState | None, after: AutoscalerState | None
+    ) -> AutoscalerState | None:
+        """The service's autoscaler state, if it is still `before` (its revision; absent for None), on
+        this ACTIVE incarnation; returns what was written (`rev` one up), None when removed. Of two
+        runs deciding at once only the first write lands; the other raises Superseded. The api's
+        writes never touch the attribute, so the autoscaled target outlives updates."""
+        if before is None:
+            condition = "uid = :uid AND lifecycle = :active AND attribute_not_exists(autoscaler)"
+            values = expression_values(uid=service.uid, active=Lifecycle.ACTIVE.value)
+        else:
+            condition = "uid = :uid AND lifecycle = :active AND autoscaler.rev = :rev"
+            values = expression_values(uid=service.uid, active=Lifecycle.ACTIVE.value, rev=before.rev)
+        written = replace(after, rev=(before.rev if before is not None else 0) + 1) if after is not None else None
+        if written is None:
+            update = "REMOVE autoscaler"
+        else:
+            update = "SET autoscaler = :autoscaler"
+            values.update(expression_values(autoscaler=autoscaler_item(written)))
+        with _superseded_unless_condition_holds(f"the autoscaler of service {service.name} changed"):
+            self.table.client.update_item(
+                TableName=self.table.name,
+                Key=to_raw(keys.service_key(service.name)),
+                UpdateExpression=update,
+                ConditionExpression=condition,
+                ExpressionAttributeValues=values,
+            )
+        return written
 
     def delete_service(self, service: ServiceRecord) -> None:
         """The last step of a delete: the DELETING item of this incarnation goes (cleanup takes the rest)."""
