@@ -40,6 +40,7 @@ if TYPE_CHECKING:
     from collections.abc import Iterator
 
     from fleetkeeper.reconciler.balancer import LoadBalancer
+    from fleetkeeper.reconciler.metrics import RequestRates
 
 DYNAMODB_WRITES = {"PutItem", "UpdateItem", "DeleteItem", "TransactWriteItems", "BatchWriteItem"}
 
@@ -158,7 +159,7 @@ class _Hooks:
     @classmethod
     def attach(cls, log: CallLog) -> None:
         cls.log = log
-        for client in (aws.dynamodb(), aws.ec2(), aws.ssm(), aws.elbv2()):
+        for client in (aws.dynamodb(), aws.ec2(), aws.ssm(), aws.elbv2(), aws.cloudwatch()):
             # Marked on the client itself: an id() could be reused by a later client.
             if not getattr(client, "_fleetkeeper_test_hooks", False):
                 client._fleetkeeper_test_hooks = True
@@ -202,7 +203,12 @@ class World:
     """
 
     def __init__(
-        self, server: ProbeServer, *, policy: Policy | None = None, balancer: LoadBalancer | None = None
+        self,
+        server: ProbeServer,
+        *,
+        policy: Policy | None = None,
+        balancer: LoadBalancer | None = None,
+        rates: RequestRates | None = None,
     ) -> None:
         self.server = server
         self.log = CallLog()
@@ -221,6 +227,7 @@ class World:
             policy=policy or Policy(),
             probe_budget_seconds=5,
             balancer=balancer,
+            rates=rates,
         )
 
     @staticmethod
@@ -247,6 +254,19 @@ class World:
         finally:
             self.reconciler.driver = ec2_driver()  # a driver lives for one run
             self.clock.advance()
+
+    def restart(self) -> None:
+        """A new reconciler process: nothing of the last one's memory, the same table and AWS."""
+        old = self.reconciler
+        self.reconciler = Reconciler(
+            store=ReconcilerStore(Table(TABLE)),
+            driver=ec2_driver(),
+            now=self.clock,
+            policy=old.policy,
+            probe_budget_seconds=old.probe_budget_seconds,
+            balancer=old.balancer,
+            rates=old.rates,
+        )
 
     def converge(self, max_runs: int = 20) -> int:
         """Run until a run mutates nothing; returns the number of runs. Fails if it never settles."""

@@ -86,7 +86,7 @@ STOP = every(0, 1800, 0.0)
 ZERO_TO_ONE = every(0, 120, 0.0) + every(120, 600, 5.0)
 MAX_CLAMP = every(0, 700, 100.0)
 # A sustained rec of 4 with one noisy sample recommending 3 in the middle.
-NOISY_DIP = every(0, 300, 7.9) + [(300, 5.0)] + every(360, 1000, 7.9)
+NOISY_DIP = [*every(0, 300, 7.9), (300, 5.0), *every(360, 1000, 7.9)]
 
 CASES: list[tuple[str, ScalingPolicy, Trace, AutoscalerState | None, list[int]]] = [
     # 7.9 req/s from 300 s: ceil(7.9 / 2) = 4 once a whole upscale delay (300 s) agrees, at 600 s.
@@ -187,7 +187,7 @@ def test_scale_to_zero_waits_for_its_own_delay() -> None:
 
 def test_history_keeps_only_what_a_window_reaches() -> None:
     state: AutoscalerState | None = None
-    for seconds, rate in every(0, 20_000, 0.0) + [(20_000, 9.0), (20_060, 1.0), (20_120, 9.0)]:
+    for seconds, rate in [*every(0, 20000, 0.0), (20000, 9.0), (20060, 1.0), (20120, 9.0)]:
         state = decide(POLICY, state, rate, at(seconds))
     assert state is not None
     assert [(entry.replicas, entry.rate) for entry in state.history] == [(1, 0.0), (5, 9.0), (1, 1.0), (5, 9.0)]
@@ -199,7 +199,7 @@ def test_history_keeps_only_what_a_window_reaches() -> None:
 
 def test_pending_says_what_changes_when_and_why() -> None:
     state: AutoscalerState | None = None
-    for seconds, rate in every(0, 300, 1.0) + [(300, 7.9), (360, 7.9), (420, 7.9)]:
+    for seconds, rate in [*every(0, 300, 1.0), (300, 7.9), (360, 7.9), (420, 7.9)]:
         state = decide(replace(POLICY, max_replicas=3), state, rate, at(seconds))
     policy = replace(POLICY, max_replicas=3)
     change = pending(policy, state, at(480))

@@ -46,6 +46,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from tests.strict_aws.clock import VirtualClock
+from tests.strict_aws.cloudwatch import CloudWatchLayer
 from tests.strict_aws.context import LambdaContext
 from tests.strict_aws.dynamodb import DynamoDBLayer
 from tests.strict_aws.ec2 import Ec2Layer
@@ -127,7 +128,7 @@ class StrictAws:
         backoff    botocore's retry pauses, in seconds (taken on `clock`)
         rate_limited   adaptive mode's client-side waits for a token, in seconds (taken on `clock`)
         clock      the layer's VirtualClock; `call_latency` seconds are added per attempt
-        dynamodb / ec2 / elbv2   the per-service layers
+        dynamodb / ec2 / elbv2 / cloudwatch   the per-service layers
     """
 
     def __init__(
@@ -149,6 +150,7 @@ class StrictAws:
         self.dynamodb = DynamoDBLayer(self)
         self.ec2 = Ec2Layer(self)
         self.elbv2 = Elbv2Layer(self)
+        self.cloudwatch = CloudWatchLayer(self)
         self._lock = threading.RLock()
         self._bursts: list[_Burst] = []
         self._invocation: LambdaContext | None = None
@@ -276,6 +278,8 @@ class StrictAws:
                 return self.ec2.send(call)
             if call.service == "elastic-load-balancing-v2":
                 return self.elbv2.send(call)
+            if call.service == "cloudwatch":
+                return self.cloudwatch.send(call)
             return call.send()
         finally:
             if self.call_latency:
