@@ -6,9 +6,13 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from fleetkeeper import autoscale
+from fleetkeeper.model import to_iso, utcnow
 from fleetkeeper.spec import ServiceSpec
 
 if TYPE_CHECKING:
+    from datetime import datetime
+
     from fleetkeeper.model import ReplicaRecord, ServiceRecord, ServiceState, VersionRecord
 
 NAME_PATTERN = r"^[a-z][a-z0-9-]{0,62}$"
@@ -77,8 +81,40 @@ class ServiceTarget(ServiceSummary):
     mode: str | None = Field(description="how the target version rolls out: rolling or blue_green")
 
 
+class PendingScaling(BaseModel):
+    direction: Literal["up", "down"]
+    replicas: int = Field(description="the target it goes to")
+    at: str = Field(description="when, if the request rate stays where it is (the next run at or after it acts)")
+    reason: str = Field(
+        description="the rate against what the current target is sized for: rate > (or <) "
+        "target_qps_per_replica times the target, e.g. 7.9 req/s > 2 times 3"
+    )
+    message: str = Field(description="what `fleetkeeper status` prints: scaling up to 3 in 2m: <reason>")
+
+
+class AutoscalingView(BaseModel):
+    """The request-rate autoscaler of a service whose target version has a `replica_policy` with
+    `target_qps_per_replica`: its target, the rate behind its current recommendation, what it will
+    do next."""
+
+    target_replicas: int = Field(description="the autoscaled target: the replicas the service runs now")
+    min_replicas: int
+    max_replicas: int
+    target_qps_per_replica: float
+    request_rate: float | None = Field(
+        description="requests a second through the endpoint when the recommendation last changed (a rate "
+        "within 10% of what the target is sized for does not change it); null before the first reading"
+    )
+    request_rate_at: str | None = Field(description="when that rate was measured")
+    recommended_replicas: int | None = Field(description="what that rate recommends")
+    pending: PendingScaling | None = Field(description="the next change, if the rate stays; null: none")
+
+
 class ServiceView(ServiceTarget):
     replicas: list[ReplicaView]
+    autoscaling: AutoscalingView | None = Field(
+        default=None, description="the autoscaler's state; null when the target version does not autoscale"
+    )
 
 
 class ServiceList(BaseModel):
@@ -153,10 +189,39 @@ def target_view(state: ServiceState) -> dict[str, Any]:
     }
 
 
-def service_view(state: ServiceState) -> dict[str, Any]:
+def service_view(state: ServiceState, now: datetime | None = None) -> dict[str, Any]:
     return {
         **target_view(state),
         "replicas": [replica_view(state.replicas[r]) for r in sorted(state.replicas)],
+        "autoscaling": autoscaling_view(state, now or utcnow()),
+    }
+
+
+def autoscaling_view(state: ServiceState, now: datetime) -> dict[str, Any] | None:
+    target = state.target
+    policy = autoscale.policy_of(target.spec) if target is not None else None
+    if policy is None:
+        return None
+    scaler = state.service.autoscaler
+    last = scaler.history[-1] if scaler is not None and scaler.history else None
+    change = autoscale.pending(policy, scaler, now)
+    return {
+        "target_replicas": autoscale.current_target(policy, scaler),
+        "min_replicas": policy.min_replicas,
+        "max_replicas": policy.max_replicas,
+        "target_qps_per_replica": policy.target_qps_per_replica,
+        "request_rate": last.rate if last is not None else None,
+        "request_rate_at": last.at if last is not None else None,
+        "recommended_replicas": policy.clip(last.replicas) if last is not None else None,
+        "pending": None
+        if change is None
+        else {
+            "direction": change.direction,
+            "replicas": change.replicas,
+            "at": to_iso(change.at),
+            "reason": change.reason,
+            "message": change.describe(now),
+        },
     }
 
 

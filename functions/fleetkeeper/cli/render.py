@@ -39,6 +39,9 @@ def service_detail(view: dict[str, Any]) -> str:
         f"  endpoint: {view.get('endpoint') or '-'}",
         f"  {view.get('status_message', '')}",
     ]
+    scaling = autoscaling_line(view.get("autoscaling"))
+    if scaling:
+        head.insert(2, scaling)
     replicas = view.get("replicas", [])
     if not replicas:
         return "\n".join([*head, "  no replicas"])
@@ -56,6 +59,21 @@ def service_detail(view: dict[str, Any]) -> str:
     ]
     body = table(["REPLICA", "VERSION", "STATUS", "URL", "INSTANCE", "ENDPOINT", "MESSAGE"], rows)
     return "\n".join([*head, "", body])
+
+
+def autoscaling_line(scaling: dict[str, Any] | None) -> str | None:
+    """E.g. "  autoscaling: 1 replica(s) (1-3, 2 req/s each); 7.9 req/s; scaling up to 3 in 2m: ..."."""
+    if not scaling:
+        return None
+    parts = [
+        f"{scaling['target_replicas']} replica(s) ({scaling['min_replicas']}-{scaling['max_replicas']}, "
+        f"{scaling['target_qps_per_replica']:g} req/s each)"
+    ]
+    rate = scaling.get("request_rate")
+    parts.append("no request rate yet" if rate is None else f"{rate:g} req/s")
+    pending = scaling.get("pending")
+    parts.append(pending["message"] if pending else "steady")
+    return "  autoscaling: " + "; ".join(parts)
 
 
 def versions_table(versions: dict[str, Any]) -> str:

@@ -42,6 +42,9 @@ class Outcome:
 
 
 def desired_replicas(view: dict[str, Any]) -> int:
+    scaling = view.get("autoscaling")
+    if isinstance(scaling, dict) and isinstance(scaling.get("target_replicas"), int):
+        return int(scaling["target_replicas"])  # the autoscaled target (a GET's view)
     service = (view.get("spec") or {}).get("service") or {}
     if service.get("replicas") is not None:
         return int(service["replicas"])
