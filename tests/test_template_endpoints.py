@@ -222,3 +222,28 @@ def test_the_endpoint_permissions_pass_parliament(translated: dict[str, Any]) ->
     assert findings, "parliament saw nothing: is it wired up?"
     unexpected = [f for f in findings if not any(issue == f[0] and part in f[1] for issue, part in ACCEPTED)]
     assert unexpected == []
+
+
+# --- the autoscaler's request rates ---------------------------------------------------------------------
+
+
+def test_the_reconciler_may_read_request_rates_and_nothing_more_of_cloudwatch(
+    translated: dict[str, Any], without_balancer: dict[str, Any]
+) -> None:
+    """GetMetricData (no resource-level permissions: Resource "*"), read-only, with a load balancer
+    only; and it is the only CloudWatch call the reconciler's metrics module makes."""
+    from pathlib import Path
+
+    import fleetkeeper.reconciler.metrics as metrics
+
+    policy = props(translated, "ReconcilerMetricsPolicy")
+    assert policy["RoleName"] == Resolver(translated).ref("ReconcilerRole")
+    assert policy["PolicyDocument"]["Statement"] == [
+        {"Sid": "ReadRequestRates", "Effect": "Allow", "Action": "cloudwatch:GetMetricData", "Resource": "*"}
+    ]
+    assert parliament_findings(policy["PolicyDocument"]) == []
+    assert "ReconcilerMetricsPolicy" in deployed(translated)
+    assert "ReconcilerMetricsPolicy" not in deployed(without_balancer)
+    source = Path(metrics.__file__).read_text()
+    assert "client.get_metric_data(" in source
+    assert "put_metric_data" not in source and "list_metrics" not in source
