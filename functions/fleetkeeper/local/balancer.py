@@ -32,8 +32,10 @@ import contextlib
 import itertools
 import json
 import logging
+import math
 import socket
 import threading
+import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -401,14 +403,19 @@ class LocalBalancer:
     # -- metrics ------------------------------------------------------------------------------------
 
     async def _publish_forever(self) -> None:
+        # As the ALB: one datapoint per interval, stamped with the interval's start, published once
+        # it is over. Intervals are aligned to the epoch, so a reader whose window is a multiple of
+        # the interval (the autoscaler's, in embedded mode) reads whole intervals only.
+        interval = self.metrics_interval
         while True:
-            await asyncio.sleep(self.metrics_interval)
+            boundary = (math.floor(time.time() / interval) + 1) * interval
+            await asyncio.sleep(max(boundary - time.time(), 0.0))
             with contextlib.suppress(Exception):
-                await self._publish(list(self._endpoints.values()))
+                await self._publish(list(self._endpoints.values()), stamp=boundary - interval)
 
-    async def _publish(self, endpoints: Sequence[_Endpoint]) -> None:
+    async def _publish(self, endpoints: Sequence[_Endpoint], stamp: float | None = None) -> None:
         data: list[MetricDatumTypeDef] = []
-        now = datetime.now(UTC)
+        now = datetime.fromtimestamp(stamp, UTC) if stamp is not None else datetime.now(UTC)
         for endpoint in endpoints:
             if endpoint.requests == 0:
                 continue  # as the ALB: no datapoint for a minute without requests

@@ -31,7 +31,13 @@ from fleetkeeper.local.reconcile_loop import ReconcileLoop
 from fleetkeeper.local.stream_pump import StreamPump, StreamSource
 from fleetkeeper.reconciler.balancers import EMBEDDED_BALANCER, register_balancer
 from fleetkeeper.reconciler.drivers import EMBEDDED_DRIVER, register_driver
-from fleetkeeper.settings import BALANCER_ENV, DRIVER_ENV, RECONCILE_QUEUE_URL_ENV
+from fleetkeeper.settings import (
+    BALANCER_ENV,
+    DRIVER_ENV,
+    METRIC_LAG_ENV,
+    METRIC_WINDOW_ENV,
+    RECONCILE_QUEUE_URL_ENV,
+)
 from fleetkeeper.template import create_queue, create_table, load_template
 
 if TYPE_CHECKING:
@@ -64,6 +70,11 @@ def configure_environment(options: Options) -> None:
             "POWERTOOLS_METRICS_NAMESPACE": "fleetkeeper",
             "POWERTOOLS_METRICS_DISABLED": "true",  # EMF lines are for CloudWatch, not a terminal
             "POWERTOOLS_TRACE_DISABLED": "true",
+            # The autoscaler reads the local balancer's RequestCount as it reads the ALB's: a window
+            # of one publication interval (aligned, as the balancer's datapoints are), ending one
+            # interval back, by when that interval's datapoint has been published.
+            METRIC_WINDOW_ENV: str(max(1, math.ceil(options.metrics_interval))),
+            METRIC_LAG_ENV: str(max(1, math.ceil(options.metrics_interval))),
         }
     )
     # The reconciler's drivers know `ec2` only: the deployed code never imports this package.
