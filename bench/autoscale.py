@@ -50,9 +50,9 @@ def calls_for(services: int) -> tuple[int, list[int]]:
             requested.append(len(params.get("MetricDataQueries", [])))
 
         client.meta.events.register("provide-client-params.cloudwatch.GetMetricData", count)
+        balancer = ("LoadBalancer", "app/fk/0123456789abcdef")
         dimensions = {
-            f"svc-{n:05d}": (("LoadBalancer", "app/fk/0123456789abcdef"), ("TargetGroup", f"targetgroup/fk-{n}/{n:016x}"))
-            for n in range(services)
+            f"svc-{n:05d}": (balancer, ("TargetGroup", f"targetgroup/fk-{n}/{n:016x}")) for n in range(services)
         }
         rates = RequestRates()
         read = rates.read(dimensions, datetime.now(UTC))

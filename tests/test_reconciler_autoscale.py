@@ -9,6 +9,7 @@ steady service costs no write; the autoscaler's state lives in the table, so a n
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -221,3 +222,73 @@ def test_a_failed_metric_read_holds_every_target(
     after = world.store.load("busy")
     assert before is not None and after is not None
     assert after.service.autoscaler == before.service.autoscaler
+
+
+# --- crashes and races around the decision --------------------------------------------------------------
+
+
+def loaded_world(server: ProbeServer, monkeypatch: pytest.MonkeyPatch) -> tuple[World, Load]:
+    """A service converged at 1 under 5 req/s for two runs: the next run raises its target to 3."""
+    monkeypatch.setenv("FLEETKEEPER_REPLICA_HOST", "127.0.0.1")
+    server.status = 200
+    rates = RequestRates(window_seconds=60, lag_seconds=0)
+    world = World(server, balancer=make_alb(), rates=rates)
+    world.create("busy", service=autoscaled_service(server.port))
+    world.converge()
+    load = Load(world, rates)
+    load.per_second = {"busy": 5.0}
+    load.run()
+    load.run()
+    assert target_of(world, "busy") == 1
+    return world, load
+
+
+@pytest.mark.parametrize("when", ["before", "after"])
+def test_a_crash_at_the_decisions_write_changes_no_decision(
+    aws: None, strict_aws: StrictAws, server: ProbeServer, monkeypatch: pytest.MonkeyPatch, when: str
+) -> None:
+    """The run that raises the target dies just before its autoscaler write, or just after it (the
+    answer lost): a new reconciler's next run decides the same target, and the service converges to
+    exactly 3 replicas, none launched twice."""
+    from tests.reconciler_world import Crash
+
+    world, load = loaded_world(server, monkeypatch)
+    store = world.reconciler.store
+    original = store.record_autoscaler
+
+    def crashing(*args: Any, **kwargs: Any) -> Any:
+        if when == "after":
+            original(*args, **kwargs)
+        raise Crash(f"crash {when} the autoscaler's write")
+
+    monkeypatch.setattr(store, "record_autoscaler", crashing)
+    with pytest.raises(Crash):
+        load.run()
+    assert target_of(world, "busy") == (3 if when == "after" else 1)
+    world.restart()
+    load.run()
+    assert target_of(world, "busy") == 3
+    for _ in range(5):
+        load.run()
+    assert serving(world, "busy") == [0, 1, 2]
+    launched = [i["Tags"] for i in world.instances()]
+    assert len(launched) == 3
+
+
+def test_of_two_reconcilers_deciding_at_once_only_the_first_write_lands(
+    aws: None, strict_aws: StrictAws, server: ProbeServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from fleetkeeper.store.errors import Superseded
+
+    world, _ = loaded_world(server, monkeypatch)
+    state = world.store.load("busy")
+    assert state is not None and state.service.autoscaler is not None
+    before = state.service.autoscaler
+    store = world.reconciler.store
+    written = store.record_autoscaler(state.service, before, replace(before, target=3))
+    assert written is not None and written.rev == before.rev + 1
+    with pytest.raises(Superseded):
+        store.record_autoscaler(state.service, before, replace(before, target=2))
+    with pytest.raises(Superseded):
+        store.record_autoscaler(state.service, None, replace(before, target=2))
+    assert target_of(world, "busy") == 3
