@@ -59,9 +59,10 @@ def test_network_reaches_the_apis_the_reconciler_calls(network: dict[str, Any]) 
         body["Properties"]["ServiceName"]["Fn::Sub"].rsplit(".", 1)[-1]: body
         for body in resources_of_type(network, "AWS::EC2::VPCEndpoint").values()
     }
-    assert {"ec2", "lambda", "dynamodb", "elasticloadbalancing"} <= set(services)
+    assert {"ec2", "lambda", "dynamodb", "elasticloadbalancing", "monitoring"} <= set(services)
     assert services["dynamodb"]["Properties"]["VpcEndpointType"] == "Gateway"
-    for name in ("ec2", "lambda", "elasticloadbalancing"):
+    # monitoring: the autoscaler's GetMetricData (fleetkeeper/reconciler/metrics.py).
+    for name in ("ec2", "lambda", "elasticloadbalancing", "monitoring"):
         assert "Condition" not in services[name], f"the {name} endpoint must always exist"
         assert services[name]["Properties"]["PrivateDnsEnabled"] is True
 
