@@ -252,3 +252,13 @@ def test_rates_are_kept_to_thousandths_so_they_read_back_equal() -> None:
     state = decide(POLICY, None, 7.123456, at(0))
     assert state is not None and state.history[-1].rate == 7.123
     assert _through_the_table(state) == state
+
+
+def test_the_example_autoscales() -> None:
+    from pathlib import Path
+
+    import yaml
+
+    example = Path(__file__).resolve().parents[1] / "examples" / "autoscale" / "service.yaml"
+    policy = policy_of(ServiceSpec.model_validate(yaml.safe_load(example.read_text())))
+    assert policy == ScalingPolicy(1, 4, 2.0, 60, 300)
