@@ -1,0 +1,94 @@
+"""botocore's response parsing with two shortcuts, each giving exactly what botocore's own gives.
+
+A steady reconcile run is mostly botocore parsing responses (docs/PERFORMANCE.md): per service one
+DynamoDB Query and, per replica, an instance of DescribeInstances. Two generic steps cost most:
+
+- Timestamps: botocore parses each with dateutil's general-purpose parser, about 0.2 ms apiece, and
+  DescribeInstances carries three per instance (launch, volume and interface attach times). AWS's
+  own format, `2026-01-31T12:34:56.000Z`, goes through `datetime.fromisoformat` instead.
+- DynamoDB's attribute values: botocore walks every `{"S": "..."}` through the AttributeValue
+  shape's ten members. The usual ones (S, N, BOOL, NULL and M or L of them) are already in the
+  form botocore returns them once the JSON is decoded: they are copied as they are.
+
+Anything else (other formats, binary values, sets, malformed values) goes to botocore's own code.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from datetime import datetime, tzinfo
+from typing import Any
+
+from botocore.parsers import JSONParser, ResponseParser, ResponseParserFactory
+from botocore.utils import parse_timestamp as botocore_parse_timestamp
+
+# ISO 8601 in UTC as AWS writes it; at most 6 fractional digits, which both parsers read alike.
+_AWS_UTC = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d{1,6})?Z")
+# The tzinfo botocore gives a `...Z` timestamp depends on the machine's zone names (dateutil returns
+# its `tzlocal()` where the local zone is called UTC, as on Lambda, else its `tzutc()`): ask botocore
+# once per set of zone names, so the result is the very object type botocore would have returned.
+_utc_by_zone_names: dict[tuple[str, str], tzinfo | None] = {}
+
+
+def parse_timestamp(value: Any) -> datetime:
+    """`botocore.utils.parse_timestamp(value)`, without dateutil for AWS's usual format."""
+    if isinstance(value, str) and _AWS_UTC.fullmatch(value):
+        zone_names = time.tzname
+        utc = _utc_by_zone_names.get(zone_names)
+        if utc is None:
+            utc = _utc_by_zone_names[zone_names] = botocore_parse_timestamp("2000-01-01T00:00:00Z").tzinfo
+        return datetime.fromisoformat(value[:-1]).replace(tzinfo=utc)
+    return botocore_parse_timestamp(value)
+
+
+_ATTRIBUTE_VALUE_MEMBERS = frozenset({"S", "N", "B", "SS", "NS", "BS", "M", "L", "NULL", "BOOL"})
+_AS_DECODED = frozenset({"S", "N", "BOOL", "NULL"})
+
+
+def _is_attribute_value(shape: Any) -> bool:
+    return bool(shape.name == "AttributeValue" and shape.type_name == "structure") and (
+        shape.members.keys() == _ATTRIBUTE_VALUE_MEMBERS
+    )
+
+
+class _JSONParser(JSONParser):
+    # The handlers overridden are botocore's own (private, so not in its type stubs: `type: ignore`).
+
+    def _handle_map(self, shape: Any, value: Any) -> Any:
+        item = shape.value
+        if type(value) is dict and _is_attribute_value(item):
+            return {key: self._attribute_value(item, attribute) for key, attribute in value.items()}
+        return super()._handle_map(shape, value)  # type: ignore[misc]
+
+    def _handle_structure(self, shape: Any, value: Any) -> Any:
+        if _is_attribute_value(shape):
+            return self._attribute_value(shape, value)
+        return super()._handle_structure(shape, value)  # type: ignore[misc]
+
+    def _attribute_value(self, shape: Any, value: Any) -> Any:
+        # Exactly one member, set (botocore refuses or reports anything else, so it decides those).
+        if type(value) is dict and len(value) == 1:
+            ((kind, data),) = value.items()
+            if data is not None:
+                if kind in _AS_DECODED:
+                    return {kind: data}
+                if kind == "M" and type(data) is dict:
+                    return {"M": {key: self._attribute_value(shape, inner) for key, inner in data.items()}}
+                if kind == "L" and type(data) is list:
+                    return {"L": [self._attribute_value(shape, inner) for inner in data]}
+        return super()._handle_structure(shape, value)  # type: ignore[misc]
+
+
+class ResponseParsers(ResponseParserFactory):
+    """The session component botocore makes each response's parser with (`response_parser_factory`)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.set_parser_defaults(timestamp_parser=parse_timestamp)
+
+    def create_parser(self, protocol_name: str) -> ResponseParser:
+        if protocol_name == "json":
+            return _JSONParser(timestamp_parser=parse_timestamp)
+        parser: ResponseParser = super().create_parser(protocol_name)
+        return parser
