@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import botocore.session
 import pytest
+from botocore.exceptions import ClientError
 from botocore.parsers import create_parser
 from botocore.utils import parse_timestamp as botocore_parse_timestamp
 from hypothesis import given
@@ -160,3 +161,47 @@ def test_a_fleetkeeper_item_parses_as_botocore_parses_it() -> None:
     ours = _parsed(ResponseParsers().create_parser("json"), body)
     assert ours == _parsed(create_parser("json"), body)
     assert ours["Items"][0]["blob"] == {"B": b"\x00\x01"}
+
+
+# --- EC2's XML ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.lenient_aws  # moto's own answers: this is about parsing them
+def test_ec2_s_answers_parse_as_botocore_parses_them(aws: None) -> None:
+    """Instances in every state the reconciler meets (tagged, spot, stopped, terminated with a state
+    reason), the other calls the driver makes, and an error, through both parsers."""
+    ec2 = clients.ec2()
+    answers: list[tuple[Any, dict[str, Any]]] = []
+
+    def keep(operation_model: Any, response_dict: dict[str, Any], **_: Any) -> None:
+        answers.append((operation_model, dict(response_dict)))
+
+    ec2.meta.events.register("before-parse.ec2.*", keep)
+    tags = [{"Key": "fleetkeeper:managed", "Value": "true"}, {"Key": "fleetkeeper:replica-id", "Value": "0"}]
+    launched = ec2.run_instances(
+        ImageId="ami-12345678",
+        MinCount=3,
+        MaxCount=3,
+        ClientToken="fk-u-0",
+        TagSpecifications=[{"ResourceType": "instance", "Tags": tags}],  # type: ignore[list-item]
+    )["Instances"]
+    ec2.run_instances(
+        ImageId="ami-12345678",
+        MinCount=1,
+        MaxCount=1,
+        InstanceMarketOptions={"MarketType": "spot", "SpotOptions": {"SpotInstanceType": "one-time"}},
+    )
+    ec2.stop_instances(InstanceIds=[launched[1]["InstanceId"]])
+    ec2.terminate_instances(InstanceIds=[launched[2]["InstanceId"]])
+    ec2.describe_instances()
+    ec2.describe_instances(Filters=[{"Name": "tag:fleetkeeper:managed", "Values": ["true"]}], MaxResults=5)
+    ec2.describe_images(Owners=["amazon"])
+    ec2.describe_subnets()
+    ec2.describe_security_groups()
+    with pytest.raises(ClientError):
+        ec2.describe_instances(InstanceIds=["i-00000000000000000"])
+
+    assert {model.name for model, _ in answers} >= {"RunInstances", "DescribeInstances", "TerminateInstances"}
+    for model, response in answers:
+        ours = ResponseParsers().create_parser("ec2").parse(response, model.output_shape)
+        assert ours == create_parser("ec2").parse(response, model.output_shape), model.name

@@ -1,7 +1,7 @@
-"""botocore's response parsing with two shortcuts, each giving exactly what botocore's own gives.
+"""botocore's response parsing with three shortcuts, each giving exactly what botocore's own gives.
 
 A steady reconcile run is mostly botocore parsing responses (docs/PERFORMANCE.md): per service one
-DynamoDB Query and, per replica, an instance of DescribeInstances. Two generic steps cost most:
+DynamoDB Query and, per replica, an instance of DescribeInstances. Generic steps cost most:
 
 - Timestamps: botocore parses each with dateutil's general-purpose parser, about 0.2 ms apiece, and
   DescribeInstances carries three per instance (launch, volume and interface attach times). AWS's
@@ -9,8 +9,14 @@ DynamoDB Query and, per replica, an instance of DescribeInstances. Two generic s
 - DynamoDB's attribute values: botocore walks every `{"S": "..."}` through the AttributeValue
   shape's ten members. The usual ones (S, N, BOOL, NULL and M or L of them) are already in the
   form botocore returns them once the JSON is decoded: they are copied as they are.
+- EC2's XML: for every element of every instance botocore strips the namespace from each child's
+  tag with a regular expression and works out again, for each of the structure's members, where
+  its XML name comes from. Both are worked out once per response.
 
-Anything else (other formats, binary values, sets, malformed values) goes to botocore's own code.
+Anything else (other formats, binary values, sets, malformed values, error structures, tagged
+unions, XML attributes) goes to botocore's own code. The handlers overridden are botocore's private
+ones, not in its type stubs (hence the `type: ignore`s); tests/test_aws_parsing.py compares results
+with botocore's own parsers, so a botocore release that changes them fails there.
 """
 
 from __future__ import annotations
@@ -20,7 +26,7 @@ import time
 from datetime import datetime, tzinfo
 from typing import Any
 
-from botocore.parsers import JSONParser, ResponseParser, ResponseParserFactory
+from botocore.parsers import EC2QueryParser, JSONParser, ResponseParser, ResponseParserFactory
 from botocore.utils import parse_timestamp as botocore_parse_timestamp
 
 # ISO 8601 in UTC as AWS writes it; at most 6 fractional digits, which both parsers read alike.
@@ -53,8 +59,6 @@ def _is_attribute_value(shape: Any) -> bool:
 
 
 class _JSONParser(JSONParser):
-    # The handlers overridden are botocore's own (private, so not in its type stubs: `type: ignore`).
-
     def _handle_map(self, shape: Any, value: Any) -> Any:
         item = shape.value
         if type(value) is dict and _is_attribute_value(item):
@@ -80,6 +84,47 @@ class _JSONParser(JSONParser):
         return super()._handle_structure(shape, value)  # type: ignore[misc]
 
 
+class _EC2Parser(EC2QueryParser):
+    def __init__(self, timestamp_parser: Any = None, blob_parser: Any = None) -> None:
+        super().__init__(timestamp_parser, blob_parser)
+        self._local_names: dict[str, str] = {}
+        self._members: dict[Any, list[tuple[str, Any, str, bool]]] = {}
+
+    def _node_tag(self, node: Any) -> str:
+        tag: str = node.tag
+        local = self._local_names.get(tag)
+        if local is None:
+            local = self._local_names[tag] = super()._node_tag(node)  # type: ignore[misc]
+        return local
+
+    def _handle_structure(self, shape: Any, node: Any) -> Any:
+        if shape.metadata.get("exception", False) or shape.is_tagged_union:
+            return super()._handle_structure(shape, node)  # type: ignore[misc]
+        children = self._build_name_to_xml_node(node)  # type: ignore[attr-defined]
+        parsed = {}
+        for name, member, xml_name, xml_attribute in self._members_of(shape):
+            child = children.get(xml_name)
+            if child is not None:
+                parsed[name] = self._parse_shape(member, child)  # type: ignore[attr-defined]
+            elif xml_attribute:
+                return super()._handle_structure(shape, node)  # type: ignore[misc]
+        return parsed
+
+    def _members_of(self, shape: Any) -> list[tuple[str, Any, str, bool]]:
+        """What botocore's _handle_structure works out per member: (name, shape, XML name, whether it
+        is an XML attribute), without the members it skips (those with a location elsewhere)."""
+        members = self._members.get(shape)
+        if members is None:
+            members = self._members[shape] = []
+            for name, member in shape.members.items():
+                serialization = member.serialization
+                if serialization.get("location") in self.KNOWN_LOCATIONS or serialization.get("eventheader"):
+                    continue
+                xml_name = self._member_key_name(member, name)  # type: ignore[attr-defined]
+                members.append((name, member, xml_name, bool(serialization.get("xmlAttribute"))))
+        return members
+
+
 class ResponseParsers(ResponseParserFactory):
     """The session component botocore makes each response's parser with (`response_parser_factory`)."""
 
@@ -90,5 +135,7 @@ class ResponseParsers(ResponseParserFactory):
     def create_parser(self, protocol_name: str) -> ResponseParser:
         if protocol_name == "json":
             return _JSONParser(timestamp_parser=parse_timestamp)
+        if protocol_name == "ec2":
+            return _EC2Parser(timestamp_parser=parse_timestamp)
         parser: ResponseParser = super().create_parser(protocol_name)
         return parser
