@@ -157,13 +157,14 @@ def version_item(record: VersionRecord) -> Item:
 
 
 def version_from_item(item: Mapping[str, Any]) -> VersionRecord:
-    from fleetkeeper.spec import stored_spec
+    from fleetkeeper.store.specs import specs
 
     return VersionRecord(
         name=str(item["name"]),
         uid=str(item["uid"]),
         version=int(item["version"]),
-        spec=stored_spec(str(item["spec"])),
+        # Validated once per text, not on every read of every version (store/specs.py).
+        spec=specs.parsed(str(item["spec"])),
         mode=str(item["mode"]),
         created_at=str(item["created_at"]),
         state=VersionState(item.get("state", VersionState.NEW.value)),
