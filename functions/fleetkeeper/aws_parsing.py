@@ -58,7 +58,20 @@ def _is_attribute_value(shape: Any) -> bool:
     )
 
 
-class _JSONParser(JSONParser):
+class _Handlers:
+    """botocore finds a node's handler by name (`getattr(self, f"_handle_{type}")`) for every node of
+    a response; this looks each type's handler up once per response instead."""
+
+    def _parse_shape(self, shape: Any, node: Any) -> Any:
+        handlers: dict[str, Any] = self.__dict__.setdefault("_handlers", {})
+        type_name: str = shape.type_name
+        if type_name not in handlers:
+            default = self._default_handle  # type: ignore[attr-defined]
+            handlers[type_name] = getattr(self, f"_handle_{type_name}", default)
+        return handlers[type_name](shape, node)
+
+
+class _JSONParser(_Handlers, JSONParser):
     def _handle_map(self, shape: Any, value: Any) -> Any:
         item = shape.value
         if type(value) is dict and _is_attribute_value(item):
@@ -84,7 +97,7 @@ class _JSONParser(JSONParser):
         return super()._handle_structure(shape, value)  # type: ignore[misc]
 
 
-class _EC2Parser(EC2QueryParser):
+class _EC2Parser(_Handlers, EC2QueryParser):
     def __init__(self, timestamp_parser: Any = None, blob_parser: Any = None) -> None:
         super().__init__(timestamp_parser, blob_parser)
         self._local_names: dict[str, str] = {}
@@ -105,7 +118,7 @@ class _EC2Parser(EC2QueryParser):
         for name, member, xml_name, xml_attribute in self._members_of(shape):
             child = children.get(xml_name)
             if child is not None:
-                parsed[name] = self._parse_shape(member, child)  # type: ignore[attr-defined]
+                parsed[name] = self._parse_shape(member, child)
             elif xml_attribute:
                 return super()._handle_structure(shape, node)  # type: ignore[misc]
         return parsed
