@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import threading
 import time
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
@@ -20,7 +21,8 @@ from hypothesis import strategies as st
 
 from fleetkeeper import aws as clients
 from fleetkeeper import aws_parsing
-from fleetkeeper.aws_parsing import ResponseParsers, parse_timestamp
+from fleetkeeper.aws_parsing import ResponseParsers, only, parse_timestamp
+from fleetkeeper.reconciler.drivers.ec2 import _DESCRIBED, Ec2Driver, _instance
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -166,11 +168,9 @@ def test_a_fleetkeeper_item_parses_as_botocore_parses_it() -> None:
 # --- EC2's XML ---------------------------------------------------------------------------------------
 
 
-@pytest.mark.lenient_aws  # moto's own answers: this is about parsing them
-def test_ec2_s_answers_parse_as_botocore_parses_them(aws: None) -> None:
-    """Instances in every state the reconciler meets (tagged, spot, stopped, terminated with a state
-    reason), the other calls the driver makes, and an error, through both parsers."""
-    ec2 = clients.ec2()
+def _ec2_answers(ec2: Any) -> list[tuple[Any, dict[str, Any]]]:
+    """moto's answers to the calls the driver makes, about instances in every state the reconciler
+    meets (tagged, spot, stopped, terminated with a state reason), and to an erroneous call."""
     answers: list[tuple[Any, dict[str, Any]]] = []
 
     def keep(operation_model: Any, response_dict: dict[str, Any], **_: Any) -> None:
@@ -183,7 +183,7 @@ def test_ec2_s_answers_parse_as_botocore_parses_them(aws: None) -> None:
         MinCount=3,
         MaxCount=3,
         ClientToken="fk-u-0",
-        TagSpecifications=[{"ResourceType": "instance", "Tags": tags}],  # type: ignore[list-item]
+        TagSpecifications=[{"ResourceType": "instance", "Tags": tags}],
     )["Instances"]
     ec2.run_instances(
         ImageId="ami-12345678",
@@ -200,8 +200,68 @@ def test_ec2_s_answers_parse_as_botocore_parses_them(aws: None) -> None:
     ec2.describe_security_groups()
     with pytest.raises(ClientError):
         ec2.describe_instances(InstanceIds=["i-00000000000000000"])
-
+    ec2.meta.events.unregister("before-parse.ec2.*", keep)
     assert {model.name for model, _ in answers} >= {"RunInstances", "DescribeInstances", "TerminateInstances"}
-    for model, response in answers:
+    return answers
+
+
+@pytest.mark.lenient_aws  # moto's own answers: this is about parsing them
+def test_ec2_s_answers_parse_as_botocore_parses_them(aws: None) -> None:
+    for model, response in _ec2_answers(clients.ec2()):
         ours = ResponseParsers().create_parser("ec2").parse(response, model.output_shape)
         assert ours == create_parser("ec2").parse(response, model.output_shape), model.name
+
+
+_READ = {"Reservation": {"Instances"}, "Instance": {"InstanceId", "State", "Tags", "LaunchTime"}}
+
+
+@pytest.mark.lenient_aws
+def test_only_parses_the_members_named_each_as_botocore_parses_it(aws: None) -> None:
+    """A structure named keeps exactly the members named, as botocore parses them; the others whole."""
+    described = [(m, r) for m, r in _ec2_answers(clients.ec2()) if m.name == "DescribeInstances"]
+    for model, response in described:
+        whole = create_parser("ec2").parse(response, model.output_shape)
+        with only(_READ):
+            ours = ResponseParsers().create_parser("ec2").parse(response, model.output_shape)
+        assert ours.keys() == whole.keys()  # DescribeInstancesResult is not named: whole
+        assert len(ours.get("Reservations", [])) == len(whole.get("Reservations", []))
+        for mine, theirs in zip(ours.get("Reservations", []), whole.get("Reservations", []), strict=True):
+            assert mine.keys() == {"Instances"}
+            assert mine["Instances"] == [
+                {k: v for k, v in instance.items() if k in _READ["Instance"]} for instance in theirs["Instances"]
+            ]
+    # Outside the block, and in another thread inside it, answers are parsed whole again.
+    model, response = described[0]
+    assert ResponseParsers().create_parser("ec2").parse(response, model.output_shape) == create_parser("ec2").parse(
+        response, model.output_shape
+    )
+    elsewhere: list[Any] = []
+    with only(_READ):
+        worker = threading.Thread(
+            target=lambda: elsewhere.append(ResponseParsers().create_parser("ec2").parse(response, model.output_shape))
+        )
+        worker.start()
+        worker.join()
+    assert elsewhere == [create_parser("ec2").parse(response, model.output_shape)]
+
+
+@pytest.mark.lenient_aws
+def test_the_driver_reads_of_an_instance_what_it_read_of_the_whole_description(aws: None) -> None:
+    """What the ec2 driver reads of DescribeInstances (`_DESCRIBED`) is all `_instance` reads: every
+    field of every Instance comes out as it did from botocore's whole answer."""
+    ec2 = clients.ec2()
+    described = [(m, r) for m, r in _ec2_answers(ec2) if m.name == "DescribeInstances"]
+    for model, response in described:
+        whole = create_parser("ec2").parse(response, model.output_shape)
+        with only(_DESCRIBED):
+            ours = ResponseParsers().create_parser("ec2").parse(response, model.output_shape)
+        assert ours.get("NextToken") == whole.get("NextToken")
+        mine = [_instance(raw) for reservation in ours.get("Reservations", []) for raw in reservation["Instances"]]
+        theirs = [_instance(raw) for reservation in whole.get("Reservations", []) for raw in reservation["Instances"]]
+        assert mine == theirs
+    whole_list = [
+        _instance(raw) for reservation in ec2.describe_instances()["Reservations"] for raw in reservation["Instances"]
+    ]
+    assert sorted(Ec2Driver().list_instances(), key=str) == sorted(
+        (i for i in whole_list if i.tags.get("fleetkeeper:managed") == "true"), key=str
+    )

@@ -12,6 +12,9 @@ DynamoDB Query and, per replica, an instance of DescribeInstances. Generic steps
 - EC2's XML: for every element of every instance botocore strips the namespace from each child's
   tag with a regular expression and works out again, for each of the structure's members, where
   its XML name comes from. Both are worked out once per response.
+- What nobody reads: DescribeInstances describes 61 members of every instance (network interfaces,
+  block devices...), the reconciler reads 8. A caller may name the members it reads (`only`); the
+  others are not parsed at all, and those it names come out exactly as botocore makes them.
 
 Anything else (other formats, binary values, sets, malformed values, error structures, tagged
 unions, XML attributes) goes to botocore's own code. The handlers overridden are botocore's private
@@ -21,13 +24,18 @@ with botocore's own parsers, so a botocore release that changes them fails there
 
 from __future__ import annotations
 
+import contextlib
 import re
+import threading
 import time
 from datetime import datetime, tzinfo
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from botocore.parsers import EC2QueryParser, JSONParser, ResponseParser, ResponseParserFactory
 from botocore.utils import parse_timestamp as botocore_parse_timestamp
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator, Mapping, Set
 
 # ISO 8601 in UTC as AWS writes it; at most 6 fractional digits, which both parsers read alike.
 _AWS_UTC = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d{1,6})?Z")
@@ -97,6 +105,24 @@ class _JSONParser(_Handlers, JSONParser):
         return super()._handle_structure(shape, value)  # type: ignore[misc]
 
 
+# Per thread, the members the calls it makes in `only(...)` read, by structure shape name.
+_reads = threading.local()
+
+
+@contextlib.contextmanager
+def only(members: Mapping[str, Set[str]]) -> Iterator[None]:
+    """Within this block, this thread's EC2 responses are parsed to `members` of the structures
+    named (shape name -> member names): a structure named keeps only those members, each exactly as
+    botocore parses it; every other structure is parsed whole. For a caller that reads a few fields
+    of a large answer (the driver's DescribeInstances); its tests compare what it reads both ways."""
+    before = getattr(_reads, "members", None)
+    _reads.members = members
+    try:
+        yield
+    finally:
+        _reads.members = before
+
+
 class _EC2Parser(_Handlers, EC2QueryParser):
     def __init__(self, timestamp_parser: Any = None, blob_parser: Any = None) -> None:
         super().__init__(timestamp_parser, blob_parser)
@@ -129,10 +155,13 @@ class _EC2Parser(_Handlers, EC2QueryParser):
         members = self._members.get(shape)
         if members is None:
             members = self._members[shape] = []
+            wanted = (getattr(_reads, "members", None) or {}).get(shape.name)
             for name, member in shape.members.items():
                 serialization = member.serialization
                 if serialization.get("location") in self.KNOWN_LOCATIONS or serialization.get("eventheader"):
                     continue
+                if wanted is not None and name not in wanted:
+                    continue  # a member the caller does not read (`only`)
                 xml_name = self._member_key_name(member, name)  # type: ignore[attr-defined]
                 members.append((name, member, xml_name, bool(serialization.get("xmlAttribute"))))
         return members
