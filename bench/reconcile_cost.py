@@ -220,14 +220,28 @@ def _mutating(api: str) -> bool:
     return not operation.startswith(("Describe", "Get", "List"))
 
 
-class ProbeServer:
-    """`python -m http.server` in its own process: GET /health is a file, so it answers 200."""
+# `python -m http.server`, with a listen backlog for 32 probes connecting at once: its default of 5
+# drops connections under a burst, and a dropped SYN is retried only after a second, then three
+# more, which on a busy machine outlasts a probe's 5 s timeout (a failed probe, a write, no steady state).
+_PROBE_SERVER = """
+import functools, http.server, sys
+class Server(http.server.ThreadingHTTPServer):
+    request_queue_size = 1024
+handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=sys.argv[1])
+with Server(("127.0.0.1", int(sys.argv[2])), handler) as server:
+    print(f"Serving HTTP on 127.0.0.1 port {server.server_address[1]}", flush=True)
+    server.serve_forever()
+"""
 
-    def __init__(self) -> None:
+
+class ProbeServer:
+    """An HTTP file server in its own process: GET /health is a file, so it answers 200."""
+
+    def __init__(self, port: int = 0) -> None:
         self.dir = tempfile.TemporaryDirectory()
         Path(self.dir.name, "health").write_text("ok")
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "http.server", "0", "--bind", "127.0.0.1", "--directory", self.dir.name],
+            [sys.executable, "-c", _PROBE_SERVER, self.dir.name, str(port)],
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
             text=True,
