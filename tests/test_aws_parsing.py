@@ -4,6 +4,7 @@ tzinfo type), the same DynamoDB items, the same refusals."""
 from __future__ import annotations
 
 import base64
+import gc
 import json
 import os
 import threading
@@ -265,3 +266,53 @@ def test_the_driver_reads_of_an_instance_what_it_read_of_the_whole_description(a
     assert sorted(Ec2Driver().list_instances(), key=str) == sorted(
         (i for i in whole_list if i.tags.get("fleetkeeper:managed") == "true"), key=str
     )
+
+
+# --- the collector's pause ---------------------------------------------------------------------------
+
+
+@pytest.mark.lenient_aws
+def test_an_ec2_answer_is_parsed_with_the_collector_paused_and_it_is_on_again_after(
+    aws: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    model, response = next((m, r) for m, r in _ec2_answers(clients.ec2()) if m.name == "DescribeInstances")
+    during: list[bool] = []
+
+    def timestamp(text: str) -> datetime:
+        during.append(gc.isenabled())
+        return parse_timestamp(text)
+
+    monkeypatch.setattr(aws_parsing, "parse_timestamp", timestamp)
+    assert gc.isenabled()
+    ResponseParsers().create_parser("ec2").parse(response, model.output_shape)
+    assert during and not any(during)
+    assert gc.isenabled()
+    gc.disable()  # a process that keeps its collector off keeps it off
+    try:
+        ResponseParsers().create_parser("ec2").parse(response, model.output_shape)
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+
+
+def test_the_collector_is_on_again_only_when_the_last_thread_is_done_and_after_an_error() -> None:
+    pause = aws_parsing._CollectorPause()
+    inside, leave = threading.Event(), threading.Event()
+
+    def parse() -> None:
+        with pause.paused():
+            inside.set()
+            leave.wait(5)
+
+    other = threading.Thread(target=parse)
+    with pause.paused():
+        other.start()
+        inside.wait(5)
+        assert not gc.isenabled()
+    assert not gc.isenabled()  # the other thread is still parsing
+    leave.set()
+    other.join()
+    assert gc.isenabled()
+    with pytest.raises(RuntimeError), pause.paused():
+        raise RuntimeError("a parse that fails")
+    assert gc.isenabled()
