@@ -65,21 +65,24 @@ def _marshal(value: Any) -> Any:
 
 
 def _unmarshal(value: Mapping[str, Any]) -> Any:
-    (kind, data), *_ = value.items()
-    if kind == "S":
-        return data
-    if kind == "N":
-        number = Decimal(data)
-        return int(number) if number == number.to_integral_value() else number
-    if kind == "BOOL":
-        return bool(data)
-    if kind == "NULL":
-        return None
-    if kind == "M":
-        return {k: _unmarshal(v) for k, v in data.items()}
-    if kind == "L":
-        return [_unmarshal(v) for v in data]
-    raise TypeError(f"unexpected DynamoDB type {kind!r}")
+    for kind, data in value.items():  # the first (and only) type: a loop, the cheapest way to get it
+        if kind == "S":
+            return data
+        if kind == "N":
+            if type(data) is str and data.isdigit():  # most numbers: generations, versions, counters
+                return int(data)
+            number = Decimal(data)
+            return int(number) if number == number.to_integral_value() else number
+        if kind == "BOOL":
+            return bool(data)
+        if kind == "NULL":
+            return None
+        if kind == "M":
+            return {k: _unmarshal(v) for k, v in data.items()}
+        if kind == "L":
+            return [_unmarshal(v) for v in data]
+        raise TypeError(f"unexpected DynamoDB type {kind!r}")
+    raise ValueError("an attribute value without a type")
 
 
 def to_raw(item: Mapping[str, Any]) -> RawItem:
