@@ -15,7 +15,7 @@ reconciled until a run changes nothing, and then one more run is measured:
   on a shared machine.
 
 Then a monthly cost estimate at rate(1 minute), with the assumptions printed alongside.
-Run: .venv/bin/python bench/reconcile_cost.py [S ...]
+Run: .venv/bin/python bench/reconcile_cost.py [S | SxV ...]   (SxV: S services of V versions each)
 """
 
 from __future__ import annotations
@@ -31,7 +31,6 @@ import threading
 import time
 import urllib.request
 from collections import Counter
-from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -302,8 +301,27 @@ def _read_units(table: str) -> float:
     return service_queries + 0.5 * sum(math.ceil(min(listed, 1024 * 1024) / 4096) for _ in range(index_pages))
 
 
-def _seed(store: ReconcilerStore, services: int, spec: ServiceSpec, now: str) -> None:
-    """The state the reconciler converges to, written directly.
+def _versions(name: str, uid: str, spec: ServiceSpec, versions: int, now: str) -> list[VersionRecord]:
+    """Versions 1..`versions` of a service, all READY once; beyond one, each spec its own (a build
+    number and the service's name in its envs), as a service's history is."""
+    if versions == 1:
+        return [VersionRecord(name, uid, 1, spec, "rolling", now, VersionState.READY)]
+    return [
+        VersionRecord(
+            name,
+            uid,
+            number,
+            spec.model_copy(update={"envs": {**spec.envs, "SERVICE": name, "BUILD": str(number)}}),
+            "rolling",
+            now,
+            VersionState.READY,
+        )
+        for number in range(1, versions + 1)
+    ]
+
+
+def _seed(store: ReconcilerStore, services: int, spec: ServiceSpec, now: str, versions: int = 1) -> None:
+    """The state the reconciler converges to, written directly: the replicas run the newest version.
 
     moto copies the whole table on every TransactWriteItems, which makes creating and claiming
     1000 services through the real path take most of an hour here; the run measured afterwards is
@@ -313,14 +331,15 @@ def _seed(store: ReconcilerStore, services: int, spec: ServiceSpec, now: str) ->
     for number in range(services):
         name = f"svc-{number:04d}"
         uid = new_uid()
-        version = VersionRecord(name=name, uid=uid, version=1, spec=spec, mode="rolling", created_at=now)
+        history = _versions(name, uid, spec, versions, now)
+        version = history[-1]
         replicas = []
         for replica_id in range(REPLICAS):
             tags = [
                 {"Key": MANAGED_TAG, "Value": "true"},
                 {"Key": SERVICE_TAG, "Value": name},
                 {"Key": UID_TAG, "Value": uid},
-                {"Key": VERSION_TAG, "Value": "1"},
+                {"Key": VERSION_TAG, "Value": str(version.version)},
                 {"Key": REPLICA_TAG, "Value": str(replica_id)},
             ]
             launched = ec2.run_instances(
@@ -329,7 +348,7 @@ def _seed(store: ReconcilerStore, services: int, spec: ServiceSpec, now: str) ->
                 MaxCount=1,
                 # The token fleetkeeper derives for this replica: without it the instance is not ours.
                 ClientToken=LaunchRequest(
-                    service=name, uid=uid, version=1, replica_id=replica_id, spec=spec
+                    service=name, uid=uid, version=version.version, replica_id=replica_id, spec=version.spec
                 ).client_token,
                 TagSpecifications=[{"ResourceType": "instance", "Tags": tags}],  # type: ignore[list-item]
             )["Instances"][0]
@@ -338,7 +357,7 @@ def _seed(store: ReconcilerStore, services: int, spec: ServiceSpec, now: str) ->
                     name=name,
                     uid=uid,
                     replica_id=replica_id,
-                    version=1,
+                    version=version.version,
                     status=ReplicaStatus.READY,
                     created_at=now,
                     updated_at=now,
@@ -352,19 +371,18 @@ def _seed(store: ReconcilerStore, services: int, spec: ServiceSpec, now: str) ->
         service = ServiceRecord(
             name=name,
             uid=uid,
-            generation=1,
+            generation=version.version,
             lifecycle=Lifecycle.ACTIVE,
-            target_version=1,
-            latest_version=1,
+            target_version=version.version,
+            latest_version=version.version,
             status=ServiceStatus.READY,
             status_message=f"{REPLICAS}/{REPLICAS} ready",
-            observed_generation=1,
+            observed_generation=version.version,
             created_at=now,
             updated_at=now,
             replica_seq=REPLICAS,
         )
-        items = [service_item(service), version_item(replace(version, state=VersionState.READY))]
-        items += [replica_item(r) for r in replicas]
+        items = [service_item(service), *(version_item(v) for v in history), *(replica_item(r) for r in replicas)]
         for item in items:
             client.put_item(TableName=store.table.name, Item=to_raw(item))
 
@@ -374,7 +392,7 @@ def _driver() -> Ec2Driver:
     return Ec2Driver.from_settings(Ec2Settings.from_env(os.environ))
 
 
-def measure(services: int, port: int, meter: Meter) -> dict[str, Any]:
+def measure(services: int, port: int, meter: Meter, versions: int = 1) -> dict[str, Any]:
     from moto import mock_aws
 
     from fleetkeeper.template import create_table
@@ -385,7 +403,7 @@ def measure(services: int, port: int, meter: Meter) -> dict[str, Any]:
         meter.hook()
         store = ReconcilerStore(Table(TABLE))
         clock = [datetime.now(UTC)]
-        _seed(store, services, _spec(port), to_iso(clock[0]))
+        _seed(store, services, _spec(port), to_iso(clock[0]), versions)
         reconciler = Reconciler(store=store, driver=_driver(), now=lambda: clock[0], probe_budget_seconds=60)
         runs = 0
         while True:  # reconcile the seed until a run changes nothing
@@ -412,6 +430,7 @@ def measure(services: int, port: int, meter: Meter) -> dict[str, Any]:
     replayed = sorted(_replayed(answers, clock[0], services))
     return {
         "services": services,
+        "versions": versions,
         "instances": services * REPLICAS,
         "runs_to_converge": runs,
         "calls": calls,
@@ -450,15 +469,25 @@ def _monthly(row: dict[str, Any]) -> tuple[float, float, float]:
     return duration_s, lambda_cost, dynamodb_cost
 
 
-def main(sizes: list[int]) -> None:
+def _size(arg: str) -> tuple[int, int]:
+    """`S` (services of one version) or `SxV` (services of V versions each)."""
+    services, _, versions = arg.partition("x")
+    return int(services), int(versions or 1)
+
+
+def _label(row: dict[str, Any]) -> str:
+    return str(row["services"]) if row["versions"] == 1 else f"{row['services']} ({row['versions']} versions)"
+
+
+def main(sizes: list[tuple[int, int]]) -> None:
     server = ProbeServer()
     meter = Meter()
     rows = []
     try:
-        for services in sizes:
+        for services, versions in sizes:
             started = time.perf_counter()
-            rows.append(measure(services, server.port, meter))
-            print(f"  S={services}: measured in {time.perf_counter() - started:.0f} s", file=sys.stderr)
+            rows.append(measure(services, server.port, meter, versions))
+            print(f"  S={services}x{versions}: measured in {time.perf_counter() - started:.0f} s", file=sys.stderr)
     finally:
         server.close()
 
@@ -474,7 +503,7 @@ def main(sizes: list[int]) -> None:
         pages = calls.get("ec2:DescribeInstances", 0)
         other_ec2 = _count(calls, "ec2:") - pages + _count(calls, "ssm:")
         print(
-            f"| {row['services']} | {row['instances']} | {_count(calls, 'dynamodb:', writes=False)} | "
+            f"| {_label(row)} | {row['instances']} | {_count(calls, 'dynamodb:', writes=False)} | "
             f"{_count(calls, 'dynamodb:', writes=True)} | {pages} | {other_ec2} | {row['rru']:.1f} | "
             f"{row['cpu_ms_per_service']:.2f} | {row['cpu_ms_per_service_with_moto']:.2f} | "
             f"{row['replayed_cpu_ms_per_service']:.2f} | {row['replayed_median_cpu_ms_per_service']:.2f} |"
@@ -488,7 +517,7 @@ def main(sizes: list[int]) -> None:
     for row in rows:
         duration, lambda_cost, dynamodb_cost = _monthly(row)
         print(
-            f"| {row['services']} | {duration:.2f} s | ${lambda_cost:.2f} | ${dynamodb_cost:.2f} | "
+            f"| {_label(row)} | {duration:.2f} s | ${lambda_cost:.2f} | ${dynamodb_cost:.2f} | "
             f"${lambda_cost + dynamodb_cost:.2f} |"
         )
     print(
@@ -507,4 +536,4 @@ if __name__ == "__main__":
     if sys.argv[1:2] == ["--replay"]:
         replay_main(sys.argv[2])
     else:
-        main([int(arg) for arg in sys.argv[1:]] or [1, 10, 100, 1000])
+        main([_size(arg) for arg in sys.argv[1:] or ["1", "10", "100", "1000", "100x50"]])
