@@ -34,3 +34,14 @@ def test_a_number_decodes_as_the_decimal_rule_decodes_it(text: str) -> None:
 def test_an_attribute_value_it_cannot_decode_is_refused(raw: dict[str, str], error: type[Exception]) -> None:
     with pytest.raises(error):
         from_raw({"a": raw})
+
+
+@pytest.mark.parametrize("text", ["²", "١٢", "", "1_000", " 7"])
+def test_an_odd_number_text_decodes_or_fails_as_the_decimal_rule_does(text: str) -> None:
+    try:
+        want: object = _by_the_rule(text)
+    except Exception as exc:  # the rule's own refusal is what to expect
+        with pytest.raises(type(exc)):
+            from_raw({"n": {"N": text}})
+    else:
+        assert from_raw({"n": {"N": text}})["n"] == want

@@ -69,7 +69,7 @@ def _unmarshal(value: Mapping[str, Any]) -> Any:
         if kind == "S":
             return data
         if kind == "N":
-            if type(data) is str and data.isdigit():  # most numbers: generations, versions, counters
+            if type(data) is str and data.isdecimal():  # most numbers: generations, versions, counters
                 return int(data)
             number = Decimal(data)
             return int(number) if number == number.to_integral_value() else number
