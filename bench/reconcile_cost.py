@@ -523,7 +523,7 @@ def main(sizes: list[tuple[int, int]]) -> None:
     print(
         "\nAssumptions: us-east-1 on-demand prices: DynamoDB $0.125 per million read request units "
         "(a steady run writes nothing), Lambda arm64 $0.0000133334 per GB-s + $0.20 per million requests; "
-        f"duration = measured reconciler CPU (replayed) + {QUERY_MS:.0f} ms per DynamoDB call (sequential) + "
+        f"duration = measured reconciler CPU (replayed, least) + {QUERY_MS:.0f} ms per DynamoDB call (sequential) + "
         f"{DESCRIBE_PAGE_MS:.0f} ms per DescribeInstances page + probes at {PROBE_MS:.0f} ms each, "
         f"{PROBE_WORKERS} in parallel. EC2 Describe calls, SSM standard parameters and EventBridge "
         "scheduled rules cost nothing; CloudWatch Logs (one line per run) is cents. Read units grow with "
