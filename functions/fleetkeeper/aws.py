@@ -67,6 +67,8 @@ def _client(service: str, *, kick: bool = False) -> Any:
             import botocore.session
             from botocore.config import Config
 
+            from fleetkeeper.aws_parsing import ResponseParsers
+
             if kick:
                 config = Config(
                     retries={"mode": "standard", "total_max_attempts": 1},
@@ -77,9 +79,11 @@ def _client(service: str, *, kick: bool = False) -> Any:
                 retries: _RetryDict = {"mode": "adaptive" if service in ADAPTIVE_SERVICES else "standard"}
                 retries["max_attempts"] = RETRIES
                 config = Config(retries=retries, connect_timeout=3, read_timeout=10)
-            client = botocore.session.get_session().create_client(
-                service, region_name=region, endpoint_url=endpoint, config=config
-            )
+            session = botocore.session.get_session()
+            # The same responses as botocore's own parsers give, at a fraction of their CPU for
+            # DescribeInstances and DynamoDB items (fleetkeeper.aws_parsing says how).
+            session.register_component("response_parser_factory", ResponseParsers())
+            client = session.create_client(service, region_name=region, endpoint_url=endpoint, config=config)
             _clients[key] = client
         return client
 

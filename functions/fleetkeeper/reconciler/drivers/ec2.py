@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, cast
 from botocore.exceptions import ClientError
 
 from fleetkeeper import aws
+from fleetkeeper.aws_parsing import only
 from fleetkeeper.model import to_iso
 from fleetkeeper.reconciler.driver import (
     MANAGED_TAG,
@@ -52,6 +53,24 @@ _MANAGED_FILTER: FilterTypeDef = {"Name": f"tag:{MANAGED_TAG}", "Values": [MANAG
 _PAGE_SIZE = 1000
 # EC2's limit on filter values per Describe call, less the managed tag's one value.
 _UIDS_PER_CALL = 200 - 1
+# What `_instance` reads of a DescribeInstances answer: the only members parsed (aws_parsing.only).
+# Most of an instance's description (network interfaces, block devices...) is never parsed.
+_DESCRIBED: dict[str, frozenset[str]] = {
+    "DescribeInstancesResult": frozenset({"Reservations", "NextToken"}),
+    "Reservation": frozenset({"Instances"}),
+    "Instance": frozenset(
+        {
+            "InstanceId",
+            "State",
+            "Tags",
+            "PrivateIpAddress",
+            "InstanceLifecycle",
+            "StateReason",
+            "LaunchTime",
+            "ClientToken",
+        }
+    ),
+}
 _TERMINATE_CHUNK = 500
 _LIVE_STATES = ["pending", "running", "stopping", "stopped"]
 # Errors that are about this request at this moment, not about the launch: botocore already retried
@@ -128,7 +147,8 @@ class Ec2Driver:
         instances: list[Instance] = []
         kwargs: dict[str, Any] = {"Filters": filters, "MaxResults": _PAGE_SIZE}
         while True:
-            page = self.ec2.describe_instances(**kwargs)
+            with only(_DESCRIBED):
+                page = self.ec2.describe_instances(**kwargs)
             for reservation in page.get("Reservations", []):
                 instances.extend(_instance(raw) for raw in reservation.get("Instances", []))
             token = page.get("NextToken")
