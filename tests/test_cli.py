@@ -205,7 +205,7 @@ def test_up_sends_the_yaml_spec_and_the_name_overrides_the_specs(spec_file: Path
 
 
 def test_a_request_the_api_rejects_exits_2_with_its_message_as_is(spec_file: Path) -> None:
-    message = "service 'web' already exists; use PUT /v1/services/web to update it"
+    message = "service 'web' already exists; change it with `fleetkeeper update web SPEC.yaml` (PUT /v1/services/web)"
     client = ScriptedClient({("POST", "/v1/services"): [ApiError(409, message, {})]})
     code, out, err = cli(["up", str(spec_file)], client)
     assert (code, out, err) == (2, "", message + "\n")

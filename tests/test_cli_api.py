@@ -91,7 +91,10 @@ def test_a_duplicate_up_exits_2_with_the_apis_message(api_url: str, tmp_path: Pa
     assert cli(api_url, "up", spec_file(tmp_path))[0] == 0
     code, _, err = cli(api_url, "up", spec_file(tmp_path))
     assert code == 2
-    assert err == "service 'web' already exists; use PUT /v1/services/web to update it\n"
+    assert (
+        err
+        == "service 'web' already exists; change it with `fleetkeeper update web SPEC.yaml` (PUT /v1/services/web)\n"
+    )
 
 
 def test_an_update_of_a_missing_service_exits_2_with_the_apis_message(api_url: str, tmp_path: Path) -> None:

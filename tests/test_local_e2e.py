@@ -214,7 +214,10 @@ def test_requests_the_api_rejects_exit_2_with_its_message(plane: LocalPlane) -> 
     ok(plane.cli("up", str(EXAMPLE), "--name", "dup"))
     result = plane.cli("up", str(EXAMPLE), "--name", "dup")
     assert result.returncode == 2
-    assert result.stderr.strip() == "service 'dup' already exists; use PUT /v1/services/dup to update it"
+    assert (
+        result.stderr.strip()
+        == "service 'dup' already exists; change it with `fleetkeeper update dup SPEC.yaml` (PUT /v1/services/dup)"
+    )
     ok(plane.cli("down", "dup", "--wait", "--timeout", WAIT))
 
     # The 409 came from a cancelled transaction; the cleanup still sees later removals.

@@ -72,7 +72,7 @@ def test_probe_path_shorthand_and_defaults() -> None:
     ("patch", "field", "words"),
     [
         ({"file_mounts": {"/a": "b"}}, "spec.file_mounts", "not supported"),
-        ({"workdir": "."}, "spec.workdir", "not supported"),
+        ({"workdir": "."}, "spec.workdir", "is a local directory: `fleetkeeper up`"),
         ({"num_nodes": 2}, "spec.num_nodes", "multi-node"),
         ({"resources": {"accelerators": "A100:1"}}, "spec.resources", "instance_type"),
         ({"resources": {"cloud": "gcp"}}, "spec.resources.cloud", "AWS only"),

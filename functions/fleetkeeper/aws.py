@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     from mypy_boto3_dynamodb import DynamoDBClient
     from mypy_boto3_ec2 import EC2Client
     from mypy_boto3_lambda import LambdaClient
+    from mypy_boto3_s3 import S3Client
     from mypy_boto3_ssm import SSMClient
 
 # botocore's "standard" retry mode: a throttled or transient call is retried up to RETRIES times
@@ -66,7 +67,11 @@ def _client(service: str, *, kick: bool = False) -> Any:
                 )
             else:
                 config = Config(
-                    retries={"mode": "standard", "max_attempts": RETRIES}, connect_timeout=3, read_timeout=10
+                    retries={"mode": "standard", "max_attempts": RETRIES},
+                    connect_timeout=3,
+                    read_timeout=10,
+                    # S3's presigned URLs (workdir uploads) must be SigV4: it signs their checksum header.
+                    signature_version="s3v4" if service == "s3" else None,
                 )
             client = botocore.session.get_session().create_client(
                 service, region_name=region, endpoint_url=endpoint, config=config
@@ -98,6 +103,11 @@ def lambda_for_kick() -> LambdaClient:
 
 def ssm() -> SSMClient:
     client: SSMClient = _client("ssm")
+    return client
+
+
+def s3() -> S3Client:
+    client: S3Client = _client("s3")
     return client
 
 

@@ -29,6 +29,11 @@ INSTANCE_PROFILE_ENV = "FLEETKEEPER_INSTANCE_PROFILE_ARN"
 DEFAULT_IMAGE_PARAMETER_ENV = "FLEETKEEPER_DEFAULT_IMAGE_PARAMETER"
 DEFAULT_INSTANCE_TYPE_ENV = "FLEETKEEPER_DEFAULT_INSTANCE_TYPE"
 REPLICA_HOST_ENV = "FLEETKEEPER_REPLICA_HOST"
+# The workdir store: the stack's bucket (AWS), or a local directory and the embedded server's upload
+# URL (embedded mode). Neither: specs with a workdir are refused.
+WORKDIR_BUCKET_ENV = "WORKDIR_BUCKET"
+WORKDIR_DIR_ENV = "FLEETKEEPER_WORKDIR_DIR"
+WORKDIR_UPLOAD_URL_ENV = "FLEETKEEPER_WORKDIR_UPLOAD_URL"
 
 DEFAULT_IMAGE_PARAMETER = "/aws/service/ami-amazon-linux-latest/al2023-ami-kernel-default-x86_64"
 DEFAULT_INSTANCE_TYPE = "t3.small"
@@ -60,10 +65,17 @@ class Ec2Settings:
     # A test and benchmark setting: replaces every replica's address in probe URLs (e.g. 127.0.0.1).
     # Never set it in a deployment.
     replica_host: str | None = None
+    # Where replicas fetch their version's workdir (the stack's bucket) and secrets (the parameters'
+    # path, /fleetkeeper/<table>): both named in their user data.
+    workdir_bucket: str | None = None
+    secrets_prefix: str | None = None
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> Ec2Settings:
+        table = environ.get(TABLE_NAME_ENV)
         return cls(
+            workdir_bucket=environ.get(WORKDIR_BUCKET_ENV) or None,
+            secrets_prefix=f"/fleetkeeper/{table}" if table else None,
             subnet_ids=_list(environ, SUBNET_IDS_ENV),
             security_group_ids=_list(environ, SECURITY_GROUP_IDS_ENV),
             instance_profile_arn=environ.get(INSTANCE_PROFILE_ENV) or None,
@@ -87,6 +99,9 @@ class Settings:
     reconciler_function_name: str | None = None
     kick_url: str | None = None
     ec2: Ec2Settings = field(default_factory=Ec2Settings)
+    workdir_bucket: str | None = None
+    workdir_dir: str | None = None
+    workdir_upload_url: str | None = None
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> Settings:
@@ -100,6 +115,9 @@ class Settings:
             reconciler_function_name=environ.get(RECONCILER_FUNCTION_ENV) or None,
             kick_url=environ.get(KICK_URL_ENV) or None,
             ec2=Ec2Settings.from_env(environ),
+            workdir_bucket=environ.get(WORKDIR_BUCKET_ENV) or None,
+            workdir_dir=environ.get(WORKDIR_DIR_ENV) or None,
+            workdir_upload_url=environ.get(WORKDIR_UPLOAD_URL_ENV) or None,
         )
 
 

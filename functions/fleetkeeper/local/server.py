@@ -27,8 +27,9 @@ from fleetkeeper.local.process_driver import LOCAL_DIR_ENV, LOOPBACK, ProcessDri
 from fleetkeeper.local.reconcile_loop import ReconcileLoop
 from fleetkeeper.local.stream_pump import StreamPump, StreamSource
 from fleetkeeper.reconciler.drivers import EMBEDDED_DRIVER, register_driver
-from fleetkeeper.settings import DRIVER_ENV
+from fleetkeeper.settings import DRIVER_ENV, WORKDIR_DIR_ENV, WORKDIR_UPLOAD_URL_ENV
 from fleetkeeper.template import create_table, load_template
+from fleetkeeper.workdir_store import LocalWorkdirStore
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
@@ -55,6 +56,8 @@ def configure_environment(options: Options) -> None:
             "TABLE_NAME": options.table,
             DRIVER_ENV: EMBEDDED_DRIVER,
             LOCAL_DIR_ENV: str(options.local_dir),
+            # The workdir store: a directory (replicas unpack from it; uploads arrive through the bridge).
+            WORKDIR_DIR_ENV: str(options.local_dir / "workdirs"),
             "POWERTOOLS_SERVICE_NAME": "fleetkeeper",
             "POWERTOOLS_METRICS_NAMESPACE": "fleetkeeper",
             "POWERTOOLS_METRICS_DISABLED": "true",  # EMF lines are for CloudWatch, not a terminal
@@ -63,7 +66,7 @@ def configure_environment(options: Options) -> None:
     )
     # The reconciler's drivers know `ec2` only: the deployed code never imports this package.
     register_driver(EMBEDDED_DRIVER, ProcessDriver.shared)
-    for variable in ("AWS_PROFILE", "RECONCILER_FUNCTION_NAME", "FLEETKEEPER_KICK_URL"):
+    for variable in ("AWS_PROFILE", "RECONCILER_FUNCTION_NAME", "FLEETKEEPER_KICK_URL", "WORKDIR_BUCKET"):
         os.environ.pop(variable, None)
 
 
@@ -135,8 +138,10 @@ class EmbeddedControlPlane:
             on_kick=self._kick,
             logs_dir=self.logs_dir,
             info={"aws_endpoint": self.aws_endpoint, "table": self.options.table, "tick": self.options.tick},
+            workdirs=LocalWorkdirStore(self.options.local_dir / "workdirs", ""),
         )
         os.environ["FLEETKEEPER_KICK_URL"] = self._bridge.url + KICK_PATH
+        os.environ[WORKDIR_UPLOAD_URL_ENV] = self._bridge.url + "/_local/workdirs"
         self._spawn("api-server", self._bridge.serve_forever)
         if self._loop is not None:
             self._loop.start()
@@ -160,6 +165,7 @@ class EmbeddedControlPlane:
             self._moto.stop()
             self._moto = None
         os.environ.pop("FLEETKEEPER_KICK_URL", None)
+        os.environ.pop(WORKDIR_UPLOAD_URL_ENV, None)
         os.environ.pop("FLEETKEEPER_AWS_ENDPOINT_URL", None)
         aws.reset_clients()
 
