@@ -74,7 +74,8 @@ _HELP: dict[str, tuple[str, str]] = {
     "update": (
         "Roll out a new version of a service. A spec identical to the running one (same files in its\n"
         "workdir, same secret values) changes nothing.",
-        "  fleetkeeper update web web.yaml --wait\n  fleetkeeper update web web.yaml --mode blue_green --env-file prod.env",
+        "  fleetkeeper update web web.yaml --wait\n"
+        "  fleetkeeper update web web.yaml --mode blue_green --env-file prod.env",
     ),
     "status": (
         "Show one service (its replicas), or every service.",
@@ -359,9 +360,8 @@ class Cli:
         found = {int(e["replica_id"]): str(e["path"]) for e in self.client.request("GET", base).body["logs"]}
         if self.args.replica is not None:
             if self.args.replica not in found:
-                raise UsageError(
-                    f"no log for replica {self.args.replica} of {self.args.name}; see `fleetkeeper logs {self.args.name} --all`"
-                )
+                name = self.args.name
+                raise UsageError(f"no log for replica {self.args.replica} of {name}; see `fleetkeeper logs {name} --all`")
             return [(self.args.replica, found[self.args.replica])]
         current = {int(r["replica_id"]) for r in view.get("replicas", [])}
         return [(rid, path) for rid, path in sorted(found.items()) if self.args.all or rid in current]

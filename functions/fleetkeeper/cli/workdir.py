@@ -106,7 +106,7 @@ def _info(rel: str, path: Path, root: Path) -> tuple[tarfile.TarInfo, IO[bytes] 
     info.mtime, info.uid, info.gid, info.uname, info.gname = 0, 0, 0, "", ""
     mode = path.lstat().st_mode
     if stat.S_ISLNK(mode):
-        target = os.readlink(path)
+        target = str(path.readlink())
         resolved = (path.parent / target).resolve()
         if Path(target).is_absolute() or not resolved.is_relative_to(root.resolve()):
             raise UsageError(f"workdir: {rel} links outside the directory ({target}); a replica could not follow it")
