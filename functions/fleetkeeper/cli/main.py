@@ -361,7 +361,8 @@ class Cli:
         if self.args.replica is not None:
             if self.args.replica not in found:
                 name = self.args.name
-                raise UsageError(f"no log for replica {self.args.replica} of {name}; see `fleetkeeper logs {name} --all`")
+                replica = self.args.replica
+                raise UsageError(f"no log for replica {replica} of {name}; see `fleetkeeper logs {name} --all`")
             return [(self.args.replica, found[self.args.replica])]
         current = {int(r["replica_id"]) for r in view.get("replicas", [])}
         return [(rid, path) for rid, path in sorted(found.items()) if self.args.all or rid in current]
