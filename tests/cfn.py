@@ -171,6 +171,7 @@ class Resolver:
             ("AWS::IAM::Role", "Arn"): f"arn:aws:iam::{ACCOUNT}:role/{pid}",
             ("AWS::IAM::InstanceProfile", "Arn"): f"arn:aws:iam::{ACCOUNT}:instance-profile/{pid}",
             ("AWS::SNS::Topic", "TopicArn"): f"arn:aws:sns:{REGION}:{ACCOUNT}:{pid}",
+            ("AWS::S3::Bucket", "Arn"): f"arn:aws:s3:::{pid}",
         }
         if (kind, attribute) in arns:
             return arns[(kind, attribute)]

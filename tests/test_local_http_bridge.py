@@ -84,7 +84,9 @@ def test_request_headers_reach_the_handler(bridge: Bridge) -> None:
     stale = {"If-Match": '"7"'}
     status, _, body = bridge.call("PUT", "/v1/services/web", {"spec": hello_spec()}, headers=stale)
     assert status == 412, body
-    status, headers, _ = bridge.call("PUT", "/v1/services/web", {"spec": hello_spec()}, headers={"If-Match": "1"})
+    status, headers, _ = bridge.call(
+        "PUT", "/v1/services/web", {"spec": hello_spec(envs={"V": "2"})}, headers={"If-Match": "1"}
+    )
     assert status == 200 and headers["ETag"] == '"2"'
 
 

@@ -16,11 +16,14 @@ def test_a_missing_table_is_a_clear_error() -> None:
 
 def test_defaults_are_the_templates() -> None:
     settings = Settings.from_env({"TABLE_NAME": "t"})
-    assert settings == Settings(table_name="t")
+    assert settings == Settings(table_name="t", ec2=Ec2Settings(secrets_prefix="/fleetkeeper/t"))
     assert (settings.driver, settings.probe_budget_seconds) == ("ec2", 20.0)
     assert (settings.reconciler_function_name, settings.kick_url) == (None, None)
+    assert (settings.workdir_bucket, settings.workdir_dir, settings.workdir_upload_url) == (None, None, None)
     assert settings.ec2 == Ec2Settings(
-        default_image_parameter=DEFAULT_IMAGE_PARAMETER, default_instance_type=DEFAULT_INSTANCE_TYPE
+        default_image_parameter=DEFAULT_IMAGE_PARAMETER,
+        default_instance_type=DEFAULT_INSTANCE_TYPE,
+        secrets_prefix="/fleetkeeper/t",
     )
 
 
@@ -38,6 +41,9 @@ def test_every_variable_is_read() -> None:
             "FLEETKEEPER_DEFAULT_IMAGE_PARAMETER": "/my/ami",
             "FLEETKEEPER_DEFAULT_INSTANCE_TYPE": "m7g.large",
             "FLEETKEEPER_REPLICA_HOST": "127.0.0.1",
+            "WORKDIR_BUCKET": "fk-workdirs",
+            "FLEETKEEPER_WORKDIR_DIR": "/tmp/fk/workdirs",
+            "FLEETKEEPER_WORKDIR_UPLOAD_URL": "http://127.0.0.1:8080/_local/workdirs",
         }
     )
     assert settings == Settings(
@@ -53,7 +59,12 @@ def test_every_variable_is_read() -> None:
             default_image_parameter="/my/ami",
             default_instance_type="m7g.large",
             replica_host="127.0.0.1",
+            workdir_bucket="fk-workdirs",
+            secrets_prefix="/fleetkeeper/fleet",
         ),
+        workdir_bucket="fk-workdirs",
+        workdir_dir="/tmp/fk/workdirs",
+        workdir_upload_url="http://127.0.0.1:8080/_local/workdirs",
     )
 
 

@@ -329,9 +329,10 @@ class Cli:
         headed: int | None = None
         tail = f"?tail={self.args.tail}" if self.args.tail is not None else ""
         while True:
-            wanted = self._logs_wanted(base, view)
+            wanted, others = self._logs_wanted(base, view)
             if not wanted and not offsets:
-                self.note(f"no replica logs for {self.args.name} yet")
+                more = f"; --all shows {others} of replicas no longer in it" if others else ""
+                self.note(f"no logs of {self.args.name}'s current replicas yet{more}")
             for replica_id, path in wanted:
                 query = f"?offset={offsets[replica_id]}" if replica_id in offsets else tail
                 answer = self.client.request("GET", f"{base}/{replica_id}{query}", raw=True)
@@ -355,17 +356,19 @@ class Cli:
                     return EXIT_OK
                 raise
 
-    def _logs_wanted(self, base: str, view: dict[str, Any]) -> list[tuple[int, str]]:
-        """(replica id, path) of the logs to print: one replica, the service's current ones, or --all."""
+    def _logs_wanted(self, base: str, view: dict[str, Any]) -> tuple[list[tuple[int, str]], int]:
+        """(replica id, path) of the logs to print (one replica, the service's current ones, or --all),
+        and how many logs are left out."""
         found = {int(e["replica_id"]): str(e["path"]) for e in self.client.request("GET", base).body["logs"]}
         if self.args.replica is not None:
             if self.args.replica not in found:
                 name = self.args.name
                 replica = self.args.replica
                 raise UsageError(f"no log for replica {replica} of {name}; see `fleetkeeper logs {name} --all`")
-            return [(self.args.replica, found[self.args.replica])]
+            return [(self.args.replica, found[self.args.replica])], 0
         current = {int(r["replica_id"]) for r in view.get("replicas", [])}
-        return [(rid, path) for rid, path in sorted(found.items()) if self.args.all or rid in current]
+        wanted = [(rid, path) for rid, path in sorted(found.items()) if self.args.all or rid in current]
+        return wanted, len(found) - len(wanted)
 
     # -- helpers ---------------------------------------------------------------------------------------
 
