@@ -430,22 +430,6 @@ def _as_answered(document: dict[str, Any]) -> dict[str, Any]:
     The document itself is served by GET /v1/openapi.json.
     """
     schemas = document.setdefault("components", {}).setdefault("schemas", {})
-    for methods in document["paths"].values():
-        for operation in methods.values():
-            responses = operation.get("responses", {})
-            unprocessable = responses.get("422", {})
-            if "HTTPValidationError" in json.dumps(unprocessable):
-                del responses["422"]
-    for unused in ("HTTPValidationError", "ValidationError", "ResponseValidationError"):
-        if f"#/components/schemas/{unused}" not in json.dumps(document["paths"]):
-            schemas.pop(unused, None)
-    rollback = document["paths"]["/v1/services/{name}/rollback"]["post"]
-    rollback["requestBody"] = {
-        "required": False,
-        "description": "optional: without a body (or without `version`) the previous usable version",
-        "content": {"application/json": {"schema": {"$ref": "#/components/schemas/RollbackRequest"}}},
-    }
-    schemas["RollbackRequest"] = RollbackRequest.model_json_schema(ref_template="#/components/schemas/{model}")
     document["paths"]["/v1/openapi.json"] = {
         "get": {
             "summary": "GET /v1/openapi.json",
@@ -458,6 +442,26 @@ def _as_answered(document: dict[str, Any]) -> dict[str, Any]:
             },
         }
     }
+    error = {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorBody"}}}
+    for methods in document["paths"].values():
+        for operation in methods.values():
+            responses = operation.setdefault("responses", {})
+            unprocessable = responses.get("422", {})
+            if "HTTPValidationError" in json.dumps(unprocessable):
+                del responses["422"]
+            # Any request with a body is measured and typed before any route sees it.
+            for status, answered in _BODY_ERRORS.items():
+                responses.setdefault(str(status), {"description": answered["description"], "content": error})
+    for unused in ("HTTPValidationError", "ValidationError", "ResponseValidationError"):
+        if f"#/components/schemas/{unused}" not in json.dumps(document["paths"]):
+            schemas.pop(unused, None)
+    rollback = document["paths"]["/v1/services/{name}/rollback"]["post"]
+    rollback["requestBody"] = {
+        "required": False,
+        "description": "optional: without a body (or without `version`) the previous usable version",
+        "content": {"application/json": {"schema": {"$ref": "#/components/schemas/RollbackRequest"}}},
+    }
+    schemas["RollbackRequest"] = RollbackRequest.model_json_schema(ref_template="#/components/schemas/{model}")
     return document
 
 
