@@ -499,6 +499,8 @@ def describe_validation_errors(errors: Sequence[Any], prefix: str = "") -> list[
             problem = "required field is missing"
         elif kind == "json_invalid":
             field, problem = "body", "the body is not valid JSON"
+        elif kind == "string_pattern_mismatch" and field.rsplit(".", 1)[-1] in {"name", "service"}:
+            problem = f"{item.get('input')!r} is not a service name: use {NAME_RULE}"
         else:
             problem = str(item.get("msg", "invalid value")).removeprefix("Value error, ")
         details.append({"field": f"{where}{field}", "problem": problem})
@@ -524,7 +526,7 @@ def _model_at(parts: Sequence[int | str]) -> type[BaseModel] | None:
 def _unknown_field(loc: tuple[int | str, ...], prefix: str) -> str:
     """An unknown field's problem: a typo gets `did you mean ...?`, from the fields of its section."""
     parts = [p for p in loc if not (isinstance(p, str) and ("[" in p or p.startswith("function-")))]
-    if prefix and parts and parts[0] == prefix:
+    if parts and parts[0] in {prefix, "spec"}:  # parse_spec's prefix, or the api body's `spec`
         parts = parts[1:]
     if not parts or not isinstance(parts[-1], str):
         return "unknown field; fleetkeeper does not support it"
