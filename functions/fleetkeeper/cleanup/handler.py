@@ -45,7 +45,7 @@ def record_handler(
     lambda_context: LambdaContext,
     *,
     table: Table,
-    stores: tuple[IncarnationStore, ...] = (),
+    stores: tuple[tuple[str, IncarnationStore], ...] = (),
 ) -> None:
     if not _is_service_removal(record):
         logger.warning("ignoring a record that is not a service removal", extra={"event_id": record.event_id})
@@ -65,8 +65,8 @@ def record_handler(
         progress = cleaner.run()
         # Then what the incarnation keeps outside the table: its versions' secrets (Parameter Store)
         # and workdir copies (the workdir store). Deleting is idempotent, so a redelivery redoes it.
-        for store in stores:
-            log[f"{type(store).__name__}_deleted"] = store.delete_incarnation(incarnation.name, incarnation.uid)
+        for what, store in stores:
+            log[f"{what}_deleted"] = store.delete_incarnation(incarnation.name, incarnation.uid)
     except Exception as exc:
         # Any failure fails this record only; the stream delivers it again (then to the failure queue).
         deleted = cleaner.progress.deleted if cleaner else 0
@@ -96,7 +96,9 @@ def lambda_handler(event: dict[str, Any], context: LambdaContext) -> PartialItem
     settings = Settings.from_env(os.environ)
     table = Table(settings.table_name)
     workdirs = store_from_settings(settings)
-    stores: tuple[IncarnationStore, ...] = (SecretStore.from_settings(settings),) + ((workdirs,) if workdirs else ())
+    stores: tuple[tuple[str, IncarnationStore], ...] = (("secrets", SecretStore.from_settings(settings)),)
+    if workdirs is not None:
+        stores += (("workdirs", workdirs),)
     return process_partial_response(
         event=event,
         record_handler=functools.partial(record_handler, table=table, stores=stores),

@@ -186,9 +186,15 @@ def _streams_client(endpoint: str) -> Any:
 
 
 def banner(plane: EmbeddedControlPlane) -> str:
+    from fleetkeeper.cli.http import DEFAULT_API_URL
+
+    if plane.api_url == DEFAULT_API_URL:
+        reach = "(the CLI's default: plain `fleetkeeper status` talks to it)"
+    else:
+        reach = f"(not the CLI's default: export FLEETKEEPER_API_URL={plane.api_url}, or pass --api-url)"
     lines = [
         "fleetkeeper local: the control plane is running on this machine",
-        f"  API            {plane.api_url}   (the CLI's default; or --api-url / FLEETKEEPER_API_URL)",
+        f"  API            {plane.api_url}   {reach}",
         f"  replica logs   {plane.logs_dir}/<service>/replica-<id>.log   (fleetkeeper logs NAME)",
         f"  in-memory AWS  {plane.aws_endpoint}   table {plane.options.table}",
         f"  reconciler     every {plane.options.tick:g}s and after every write",
