@@ -156,12 +156,13 @@ def test_the_cleanup_deletes_the_incarnations_secrets_and_workdir_copies(table: 
             def get_remaining_time_in_millis() -> int:
                 return 300_000
 
-        record_handler(Record("web", "u1").inner, Context(), table=Table(table), stores=(("secrets", secrets), ("workdirs", workdirs)))  # type: ignore[arg-type]
+        stores = (("secrets", secrets), ("workdirs", workdirs))
+        record_handler(Record("web", "u1").inner, Context(), table=Table(table), stores=stores)  # type: ignore[arg-type]
         assert sorted(parameters()) == [f"/fleetkeeper/{table}/web/u2/r3"]
         assert not workdirs.path("services/web/u1").exists()
         assert workdirs.path(service_key("web", "u2", "sha256:" + "0" * 64)).exists()
         # Redelivered: nothing left to delete, and no error.
-        record_handler(Record("web", "u1").inner, Context(), table=Table(table), stores=(("secrets", secrets), ("workdirs", workdirs)))  # type: ignore[arg-type]
+        record_handler(Record("web", "u1").inner, Context(), table=Table(table), stores=stores)  # type: ignore[arg-type]
 
 
 # --- workdirs in S3 -----------------------------------------------------------------------------------
