@@ -42,10 +42,12 @@ def operation(method: str, path: str) -> dict[str, Any] | None:
     return None
 
 
-def _validator(schema: dict[str, Any]) -> Any:
+@functools.cache
+def _validator(schema_json: str) -> Any:
+    """A validator per response schema, built once (the suite checks thousands of answers)."""
     from jsonschema import Draft202012Validator
 
-    return Draft202012Validator({**schema, "components": document()["components"]})
+    return Draft202012Validator({**json.loads(schema_json), "components": document()["components"]})
 
 
 class Nonconforming(AssertionError):
@@ -69,7 +71,7 @@ def check(method: str, path: str, status: int, headers: dict[str, str], body: An
             raise Nonconforming(f"{where}: documented header {header} missing")
     schema = declared.get("content", {}).get("application/json", {}).get("schema")
     if schema is not None:
-        errors = sorted(_validator(schema).iter_errors(body), key=str)
+        errors = sorted(_validator(json.dumps(schema, sort_keys=True)).iter_errors(body), key=str)
         if errors:
             raise Nonconforming(
                 f"{where}: body does not match the document: {errors[0].message} at {list(errors[0].path)}"

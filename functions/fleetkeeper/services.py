@@ -137,10 +137,10 @@ class ServiceCommands:
         # The incarnation's uid is chosen here: its workdir copy and secrets are stored under it
         # before the transaction that makes the service exist.
         uid = keys.new_uid()
-        self._adopt_workdir(spec, name, uid)
-        ref, _ = self._store_secrets(spec, name, uid, reuse=None)
         stored = spec.without_secret_values()
         try:
+            self._adopt_workdir(spec, name, uid)
+            ref, _ = self._store_secrets(spec, name, uid, reuse=None)
             with _as_api_errors("create"):
                 state = self._contended(
                     lambda: self.store.create_service(
