@@ -98,6 +98,18 @@ def test_new_secret_values_make_a_new_version_with_their_own_parameter(api: ApiC
     assert api.post("/v1/services/llm/rollback", {"version": 1}).body["target_version"] == 1
 
 
+def test_an_idempotency_key_record_keeps_no_secret_value_not_even_hashed(api: ApiClient) -> None:
+    # The payload a replay must match is the request with secret values replaced by null: the same
+    # key with other values is a replay (the values took no part), never a 422 that would reveal them.
+    api.post("/v1/services", {"name": "llm", "spec": with_secret()})
+    key = {"Idempotency-Key": "u"}
+    first = api.put("/v1/services/llm", {"spec": with_secret("first-value-77", envs={"X": "1"})}, headers=key)
+    again = api.put("/v1/services/llm", {"spec": with_secret("second-value-88", envs={"X": "1"})}, headers=key)
+    assert first.status == again.status == 200
+    assert again.body == first.body
+    assert "first-value-77" not in table_dump() and "second-value-88" not in table_dump()
+
+
 def test_a_failed_create_leaves_no_secret_behind(api: ApiClient) -> None:
     assert api.post("/v1/services", {"name": "llm", "spec": with_secret()}).status == 201
     duplicate = api.post("/v1/services", {"name": "llm", "spec": with_secret("other")})
@@ -216,6 +228,11 @@ def test_an_upload_is_presigned_with_the_digests_checksum_then_adopted_per_incar
     # An identical update (same digest) is a no-op; another digest is a new version.
     assert api.put("/v1/services/web", {"spec": hello_spec(workdir={"digest": digest})}).body["changed"] is False
     assert S3WorkdirStore(bucket).delete_incarnation("web", uid) == 1
+
+
+def test_a_new_service_asks_for_an_upload_like_any_other(api: ApiClient, bucket: str) -> None:
+    asked = api.post("/v1/workdirs", {"digest": "sha256:" + "4" * 64, "size": 1, "service": "not-yet"})
+    assert asked.status == 200 and asked.body["upload"] is not None
 
 
 def test_a_digest_never_uploaded_is_a_400_naming_it(api: ApiClient, bucket: str) -> None:

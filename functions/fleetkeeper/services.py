@@ -159,7 +159,7 @@ class ServiceCommands:
         store = self._workdir_store()
         uid = None
         if service is not None:
-            with contextlib.suppress(ServiceMissing), _as_api_errors("get"):
+            with _as_api_errors("get"), contextlib.suppress(ServiceMissing):  # a new service: nothing stored
                 uid = self._contended(lambda: self.store.service(service)).uid
         return store.upload(digest, size, service, uid)
 

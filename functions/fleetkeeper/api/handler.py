@@ -210,6 +210,8 @@ def _idempotency_key(raw: str | None) -> str | None:
 def _without_secret_values(body: Any) -> Any:
     """A request body as an Idempotency-Key record may keep it (hashed): secret values replaced by
     null. A replay is then matched without them; the values themselves never reach a stored item."""
+    if isinstance(body, dict) and isinstance(body.get("body"), dict):  # an update's {"body", "if_match"}
+        return {**body, "body": _without_secret_values(body["body"])}
     spec = body.get("spec") if isinstance(body, dict) else None
     if not isinstance(spec, dict) or not isinstance(spec.get("secrets"), dict):
         return body
