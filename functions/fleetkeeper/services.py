@@ -221,7 +221,8 @@ class ServiceCommands:
                 # Rolling onto a version the breaker gave up on would stop every replica.
                 raise Conflict(
                     f"version {target} of {name!r} failed ({chosen.state_message}); roll back to another "
-                    "version or PUT a new one",
+                    f"version (`fleetkeeper rollback {name} --to N`) or roll out a new one "
+                    f"(`fleetkeeper update {name} SPEC.yaml`)",
                     details=[{"field": "version", "problem": "that version FAILED"}],
                 )
             if target == state.service.target_version:
