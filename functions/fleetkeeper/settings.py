@@ -46,6 +46,11 @@ ALB_LISTENER_ARN_ENV = "FLEETKEEPER_ALB_LISTENER_ARN"
 ALB_LISTENER_PORTS_ENV = "FLEETKEEPER_ALB_LISTENER_PORTS"
 DOMAIN_NAME_ENV = "FLEETKEEPER_DOMAIN_NAME"
 CERTIFICATE_ARN_ENV = "FLEETKEEPER_CERTIFICATE_ARN"
+# The workdir store: the stack's bucket (AWS), or a local directory and the embedded server's upload
+# URL (embedded mode). Neither: specs with a workdir are refused.
+WORKDIR_BUCKET_ENV = "WORKDIR_BUCKET"
+WORKDIR_DIR_ENV = "FLEETKEEPER_WORKDIR_DIR"
+WORKDIR_UPLOAD_URL_ENV = "FLEETKEEPER_WORKDIR_UPLOAD_URL"
 
 DEFAULT_IMAGE_PARAMETER = "/aws/service/ami-amazon-linux-latest/al2023-ami-kernel-default-x86_64"
 DEFAULT_INSTANCE_TYPE = "t3.small"
@@ -93,10 +98,17 @@ class Ec2Settings:
     # A test and benchmark setting: replaces every replica's address in probe URLs (e.g. 127.0.0.1).
     # Never set it in a deployment.
     replica_host: str | None = None
+    # Where replicas fetch their version's workdir (the stack's bucket) and secrets (the parameters'
+    # path, /fleetkeeper/<table>): both named in their user data.
+    workdir_bucket: str | None = None
+    secrets_prefix: str | None = None
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> Ec2Settings:
+        table = environ.get(TABLE_NAME_ENV)
         return cls(
+            workdir_bucket=environ.get(WORKDIR_BUCKET_ENV) or None,
+            secrets_prefix=f"/fleetkeeper/{table}" if table else None,
             subnet_ids=_list(environ, SUBNET_IDS_ENV),
             security_group_ids=_list(environ, SECURITY_GROUP_IDS_ENV),
             instance_profile_arn=environ.get(INSTANCE_PROFILE_ENV) or None,
@@ -165,6 +177,9 @@ class Settings:
     action_margin_seconds: float = DEFAULT_ACTION_MARGIN_SECONDS
     balancer: BalancerKind = "none"
     alb: AlbSettings = field(default_factory=AlbSettings)
+    workdir_bucket: str | None = None
+    workdir_dir: str | None = None
+    workdir_upload_url: str | None = None
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> Settings:
@@ -186,6 +201,9 @@ class Settings:
             action_margin_seconds=_seconds(environ, ACTION_MARGIN_ENV, DEFAULT_ACTION_MARGIN_SECONDS),
             balancer=_balancer(environ.get(BALANCER_ENV) or "none"),
             alb=AlbSettings.from_env(environ),
+            workdir_bucket=environ.get(WORKDIR_BUCKET_ENV) or None,
+            workdir_dir=environ.get(WORKDIR_DIR_ENV) or None,
+            workdir_upload_url=environ.get(WORKDIR_UPLOAD_URL_ENV) or None,
         )
 
 

@@ -39,6 +39,11 @@ def service_detail(view: dict[str, Any]) -> str:
         f"  endpoint: {view.get('endpoint') or '-'}",
         f"  {view.get('status_message', '')}",
     ]
+    if int(view.get("observed_generation", 0)) < int(view.get("generation", 0)):
+        head.append(
+            f"  (that status is of generation {view.get('observed_generation')}; the reconciler has not acted on "
+            f"generation {view.get('generation')} yet)"
+        )
     replicas = view.get("replicas", [])
     if not replicas:
         return "\n".join([*head, "  no replicas"])

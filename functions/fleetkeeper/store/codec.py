@@ -192,6 +192,7 @@ def version_item(record: VersionRecord) -> Item:
         "mode": record.mode,
         "state": record.state.value,
         "state_message": record.state_message,
+        "secrets_ref": record.secrets_ref,
         "created_at": record.created_at,
     }
 
@@ -209,6 +210,7 @@ def version_from_item(item: Mapping[str, Any]) -> VersionRecord:
         created_at=str(item["created_at"]),
         state=VersionState(item.get("state", VersionState.NEW.value)),
         state_message=str(item.get("state_message", "")),
+        secrets_ref=str(item["secrets_ref"]) if item.get("secrets_ref") else None,
     )
 
 

@@ -28,7 +28,7 @@ from fleetkeeper.reconciler.driver import (
     LaunchRequest,
 )
 from fleetkeeper.reconciler.plan import launched_by_fleetkeeper
-from fleetkeeper.reconciler.userdata import user_data
+from fleetkeeper.reconciler.userdata import BootSource, user_data
 from fleetkeeper.settings import DEFAULT_IMAGE_PARAMETER, DEFAULT_INSTANCE_TYPE
 from fleetkeeper.spec import root_device_of_parameter
 
@@ -94,6 +94,8 @@ class Ec2Driver:
     default_image_parameter: str = DEFAULT_IMAGE_PARAMETER
     default_instance_type: str = DEFAULT_INSTANCE_TYPE
     replica_host: str | None = None
+    workdir_bucket: str | None = None
+    secrets_prefix: str | None = None
     # Per run (a driver lives for one run): AMI id -> root device name.
     _root_devices: dict[str, str] = field(default_factory=dict, repr=False)
 
@@ -106,6 +108,8 @@ class Ec2Driver:
             default_image_parameter=settings.default_image_parameter,
             default_instance_type=settings.default_instance_type,
             replica_host=settings.replica_host,
+            workdir_bucket=settings.workdir_bucket,
+            secrets_prefix=settings.secrets_prefix,
         )
 
     @property
@@ -188,7 +192,7 @@ class Ec2Driver:
             "ClientToken": request.client_token,
             # Bytes as they are: botocore base64-encodes them; a str would be re-encoded as UTF-8,
             # which corrupts gzipped user data.
-            "UserData": cast("str", user_data(request.spec)),
+            "UserData": cast("str", user_data(request.spec, self._boot_source(request))),
             "MetadataOptions": {"HttpTokens": "required", "HttpEndpoint": "enabled"},
             "TagSpecifications": [
                 {"ResourceType": "instance", "Tags": tags},
@@ -219,6 +223,17 @@ class Ec2Driver:
                 }
             ]
         return args
+
+    def _boot_source(self, request: LaunchRequest) -> BootSource:
+        """Where this replica's workdir and secrets are (read at boot with the replica's own role)."""
+        from fleetkeeper.workdir_store import service_key
+
+        spec = request.spec
+        key = service_key(request.service, request.uid, spec.workdir.digest) if spec.workdir else None
+        parameter = None
+        if request.secrets_ref and self.secrets_prefix:
+            parameter = f"{self.secrets_prefix}/{request.service}/{request.uid}/{request.secrets_ref}"
+        return BootSource(bucket=self.workdir_bucket, workdir_key=key, parameter=parameter)
 
     def _image(self, image: str | None) -> str:
         """The ImageId to launch: the spec's AMI id or `resolve:ssm:` parameter, else the stack's
