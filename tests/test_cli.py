@@ -544,6 +544,8 @@ def test_status_shows_the_endpoint() -> None:
     table = render.services_table([{**view("READY"), "endpoint": None}])
     assert table.splitlines()[0].split() == ["NAME", "STATUS", "VERSION", "LIFECYCLE", "ENDPOINT", "MESSAGE"]
     assert table.splitlines()[1].split()[4] == "-"
+
+
 def test_the_first_progress_line_of_an_update_never_shows_the_old_status_as_the_new_versions() -> None:
     from fleetkeeper.cli.waiting import progress_line
 

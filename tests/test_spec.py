@@ -160,6 +160,8 @@ def test_other_endpoint_values_are_a_400_naming_the_field(field: str, value: obj
         parse_spec(hello_spec(service=section))
     assert [d["field"] for d in caught.value.details] == [f"spec.service.{field}"]
     assert problem in caught.value.details[0]["problem"]
+
+
 # --- SkyPilot's habits ------------------------------------------------------------------------------
 
 
