@@ -183,6 +183,7 @@ class Resolver:
             ("AWS::ElasticLoadBalancingV2::LoadBalancer", "DNSName"): (
                 f"internal-{STACK}-alb-123456789.{REGION}.elb.amazonaws.com"
             ),
+            ("AWS::S3::Bucket", "Arn"): f"arn:aws:s3:::{pid}",
         }
         if (kind, attribute) in arns:
             return arns[(kind, attribute)]

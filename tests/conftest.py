@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 from hypothesis import HealthCheck, settings
 
+from tests import openapi_conformance
 from tests import strict_aws as strict_layer
 
 if TYPE_CHECKING:
@@ -200,7 +201,10 @@ class ApiClient:
         all_headers = {"Content-Type": "application/json", **(headers or {})}
         event = rest_event(method, path, headers=all_headers, body=payload)
         status, out_headers, data = response_parts(lambda_handler(event, FakeContext()))
-        return HttpResult(status, out_headers, json.loads(data) if data else None)
+        result = HttpResult(status, out_headers, json.loads(data) if data else None)
+        # Every answer the suite receives conforms to the OpenAPI document (tests/openapi_conformance.py).
+        openapi_conformance.check(method, path, status, out_headers, result.body)
+        return result
 
     def all_versions(self, name: str) -> list[dict[str, Any]]:
         """Every version of a service, following GET .../versions' pages."""

@@ -77,18 +77,22 @@ class LocalPlane:
         info: dict[str, Any] = json.loads(body)
         return info
 
-    def cli(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-        """`fleetkeeper ARGS --api-url <this plane>`."""
-        return self.run(*args, "--api-url", self.url, timeout=timeout)
+    def cli(
+        self, *args: str, timeout: float = 120, env: dict[str, str] | None = None
+    ) -> subprocess.CompletedProcess[str]:
+        """`fleetkeeper ARGS --api-url <this plane>` (with `env` added to its environment)."""
+        return self.run(*args, "--api-url", self.url, timeout=timeout, env=env)
 
-    def run(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    def run(
+        self, *args: str, timeout: float = 120, env: dict[str, str] | None = None
+    ) -> subprocess.CompletedProcess[str]:
         """`fleetkeeper ARGS`, as is."""
         return subprocess.run(
             [sys.executable, "-c", FLEETKEEPER, *args],
             capture_output=True,
             text=True,
             timeout=timeout,
-            env=clean_env(),
+            env={**clean_env(), **(env or {})},
             cwd=self.workdir,
             check=False,
         )

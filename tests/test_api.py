@@ -58,7 +58,7 @@ def test_create_returns_the_view_with_version_1(api: ApiClient) -> None:
     assert view["status"] == "NO_REPLICA"
     assert view["spec"]["service"]["replicas"] == 2
     assert api.get("/v1/services/web").body["replicas"] == []
-    assert response.headers["ETag"] == "1"
+    assert response.headers["ETag"] == '"1"'
 
 
 def test_create_duplicate_is_409(api: ApiClient) -> None:
@@ -148,7 +148,7 @@ def test_get_returns_the_view(api: ApiClient) -> None:
     assert response.status == 200
     assert response.body["uid"] == created["uid"]
     assert response.body["replicas"] == []
-    assert response.headers["ETag"] == "1"
+    assert response.headers["ETag"] == '"1"'
 
 
 def test_get_missing_is_404(api: ApiClient) -> None:
@@ -170,7 +170,7 @@ def test_update_adds_a_version_and_moves_the_target(api: ApiClient) -> None:
     assert response.body["generation"] == 2
     assert response.body["mode"] == "blue_green"
     assert response.body["spec"]["envs"] == {"V": "2"}
-    assert response.headers["ETag"] == "2"
+    assert response.headers["ETag"] == '"2"'
 
 
 @pytest.mark.parametrize("if_match", ["1", '"1"', 'W/"1"'])
@@ -182,8 +182,8 @@ def test_update_with_the_current_generation_succeeds(api: ApiClient, if_match: s
 
 def test_update_with_a_stale_generation_is_412(api: ApiClient) -> None:
     create(api)
-    assert api.put("/v1/services/web", {"spec": hello_spec()}).status == 200
-    response = api.put("/v1/services/web", {"spec": hello_spec()}, headers={"If-Match": "1"})
+    assert api.put("/v1/services/web", {"spec": hello_spec(envs={"V": "2"})}).status == 200
+    response = api.put("/v1/services/web", {"spec": hello_spec(envs={"V": "3"})}, headers={"If-Match": "1"})
     assert_error(response, 412, "precondition_failed", "generation 2")
     assert api.get("/v1/services/web").body["latest_version"] == 2
 
@@ -286,7 +286,7 @@ def test_rollback_of_a_missing_service_is_404(api: ApiClient) -> None:
 
 def test_rollback_with_a_stale_if_match_is_412(api: ApiClient) -> None:
     create(api)
-    api.put("/v1/services/web", {"spec": hello_spec()})
+    api.put("/v1/services/web", {"spec": hello_spec(envs={"V": "2"})})
     assert_error(api.post("/v1/services/web/rollback", headers={"If-Match": "1"}), 412, "precondition_failed")
 
 

@@ -232,11 +232,12 @@ def test_specs_are_stored_as_utf8_and_escaped_items_still_read(api: ApiClient, t
     assert api.get("/v1/services/web").body["spec"]["envs"] == {"T": NON_ASCII}
 
 
-def _big_spec() -> str:
+def _big_spec(release: int = 0) -> str:
     """A create/update body of just under 64 KiB of UTF-8, nearly all 4-byte characters: the spec
-    whose JSON answer grows most (each becomes a 12-byte surrogate-pair escape)."""
+    whose JSON answer grows most (each becomes a 12-byte surrogate-pair escape). `release` tells
+    versions apart (an update identical to the target writes no version)."""
     filler = "🚀" * ((64 * 1024 - 400) // 4)
-    body = json.dumps({"spec": hello_spec(envs={"BIG": filler})}, ensure_ascii=False)
+    body = json.dumps({"spec": hello_spec(envs={"BIG": filler, "RELEASE": str(release)})}, ensure_ascii=False)
     assert 60 * 1024 < len(body.encode()) <= 64 * 1024
     return body
 
@@ -246,9 +247,8 @@ def test_versions_pages_stay_under_the_lambda_response_limit(strict_aws: StrictA
     from fleetkeeper.store.commands import VERSION_HISTORY_LIMIT
 
     assert api.post("/v1/services", {"name": "web", "spec": hello_spec()}).status == 201
-    body = _big_spec()
-    for _ in range(VERSION_HISTORY_LIMIT - 1):
-        assert _raw("PUT", "/v1/services/web", body)["statusCode"] == 200
+    for release in range(1, VERSION_HISTORY_LIMIT):
+        assert _raw("PUT", "/v1/services/web", _big_spec(release))["statusCode"] == 200
     sizes: list[int] = []
     seen: list[int] = []
     token: str | None = None

@@ -206,7 +206,7 @@ def test_up_sends_the_yaml_spec_and_the_name_overrides_the_specs(spec_file: Path
 
 
 def test_a_request_the_api_rejects_exits_2_with_its_message_as_is(spec_file: Path) -> None:
-    message = "service 'web' already exists; use PUT /v1/services/web to update it"
+    message = "service 'web' already exists; change it with `fleetkeeper update web SPEC.yaml` (PUT /v1/services/web)"
     client = ScriptedClient({("POST", "/v1/services"): [ApiError(409, message, {})]})
     code, out, err = cli(["up", str(spec_file)], client)
     assert (code, out, err) == (2, "", message + "\n")
@@ -223,6 +223,45 @@ def test_an_unreachable_embedded_api_is_reported_with_its_url() -> None:
     client = ApiClient("http://127.0.0.1:9", retries=1)  # the discard port: nothing listens
     code, _, err = cli(["status"], client)
     assert code == 1 and "cannot reach the fleetkeeper API at http://127.0.0.1:9" in err
+
+
+def test_nothing_at_the_default_address_suggests_starting_fleetkeeper_local(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("FLEETKEEPER_API_URL", raising=False)
+    out, err = io.StringIO(), io.StringIO()
+    code = run(
+        ["status"],
+        out=out,
+        err=err,
+        client_factory=lambda url: ScriptedClient(
+            {("GET", "/v1/services?limit=100"): [Unreachable(f"cannot reach the fleetkeeper API at {url}")]}
+        ),
+    )
+    assert code == 1
+    assert err.getvalue().splitlines()[-1] == (
+        "fleetkeeper: nothing answers at the embedded mode's address: start it with `fleetkeeper local` "
+        "(in another terminal), or point at a deployed stack with --stack NAME or --api-url URL"
+    )
+    # Another address: no such hint (the user chose it).
+    code = run(
+        ["status", "--api-url", "http://127.0.0.1:9"],
+        out=out,
+        err=(other := io.StringIO()),
+        client_factory=lambda url: ScriptedClient({("GET", "/v1/services?limit=100"): [Unreachable("x")]}),
+    )
+    assert code == 1 and "fleetkeeper local" not in other.getvalue()
+
+
+def test_version_and_every_commands_help_with_an_example(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as done:
+        build_parser().parse_args(["--version"])
+    assert done.value.code == 0 and capsys.readouterr().out.startswith("fleetkeeper ")
+    for command in ("up", "update", "status", "versions", "rollback", "down", "logs", "local"):
+        with pytest.raises(SystemExit):
+            build_parser().parse_args([command, "--help"])
+        text = capsys.readouterr().out
+        assert "examples:\n  fleetkeeper " + command in text, text
+    up_help = build_parser()._subparsers._group_actions[0].choices["up"].format_help()  # type: ignore[union-attr]
+    assert "--secret NAME[=VALUE]" in up_help and "--env-file FILE" in up_help
 
 
 def test_logs_is_for_the_embedded_mode_only_and_says_so_before_looking_for_credentials() -> None:
@@ -505,3 +544,23 @@ def test_status_shows_the_endpoint() -> None:
     table = render.services_table([{**view("READY"), "endpoint": None}])
     assert table.splitlines()[0].split() == ["NAME", "STATUS", "VERSION", "LIFECYCLE", "ENDPOINT", "MESSAGE"]
     assert table.splitlines()[1].split()[4] == "-"
+
+
+def test_the_first_progress_line_of_an_update_never_shows_the_old_status_as_the_new_versions() -> None:
+    from fleetkeeper.cli.waiting import progress_line
+
+    goal = Goal("web", "u1", generation=3, target_version=3)
+    # Right after the PUT: target_version is 3, but READY is generation 2's (v2's) status.
+    before = view("READY", target=3, observed=2, generation=3)
+    assert progress_line(goal, before) == "web: v3 submitted; waiting for the reconciler to act on it"
+    assert judge(goal, before) is None
+    after = view("UPDATING", target=3, observed=3, generation=3, ready=0)
+    assert progress_line(goal, after).startswith("web: UPDATING v3, 0/2 ready")
+
+
+def test_an_unchanged_update_says_so_and_exits_0(spec_file: Path) -> None:
+    answer = {**view(), "spec": {"service": {"replicas": 2}}, "mode": "rolling", "changed": False}
+    client = ScriptedClient({("PUT", "/v1/services/web"): [answer]})
+    code, out, _ = cli(["update", "web", str(spec_file)], client)
+    assert code == 0
+    assert out == "web is unchanged: v1 already runs this spec (same files, same values); nothing to roll out\n"

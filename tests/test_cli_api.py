@@ -98,7 +98,10 @@ def test_a_duplicate_up_exits_2_with_the_apis_message(api_url: str, tmp_path: Pa
     assert cli(api_url, "up", spec_file(tmp_path))[0] == 0
     code, _, err = cli(api_url, "up", spec_file(tmp_path))
     assert code == 2
-    assert err == "service 'web' already exists; use PUT /v1/services/web to update it\n"
+    assert (
+        err
+        == "service 'web' already exists; change it with `fleetkeeper update web SPEC.yaml` (PUT /v1/services/web)\n"
+    )
 
 
 def test_an_update_of_a_missing_service_exits_2_with_the_apis_message(api_url: str, tmp_path: Path) -> None:
@@ -118,7 +121,11 @@ def test_logs_prints_each_replicas_log_file(api_url: str, tmp_path: Path) -> Non
     folder.mkdir(parents=True)
     (folder / "replica-1.log").write_text("one\n")
     (folder / "replica-2.log").write_text("two")
-    code, out, _ = cli(api_url, "logs", "web")
+    # The service has no replicas yet (no reconciler here): its current replicas' logs are none.
+    code, out, err = cli(api_url, "logs", "web")
+    assert (code, out) == (0, "")
+    assert err == "no logs of web's current replicas yet; --all shows 2 of replicas no longer in it\n"
+    code, out, _ = cli(api_url, "logs", "web", "--all")
     assert code == 0
     assert out.splitlines() == [
         f"==> replica 1 ({folder / 'replica-1.log'}) <==",
@@ -126,7 +133,10 @@ def test_logs_prints_each_replicas_log_file(api_url: str, tmp_path: Path) -> Non
         f"==> replica 2 ({folder / 'replica-2.log'}) <==",
         "two",
     ]
-    assert cli(api_url, "logs", "web", "2")[1] == "two"
+    assert cli(api_url, "logs", "web", "2")[1] == "two\n"
+    assert cli(api_url, "logs", "web", "1", "--tail", "0")[1] == ""
+    (folder / "replica-1.log").write_text("a\nb\nc\n")
+    assert cli(api_url, "logs", "web", "1", "--tail", "2")[1] == "b\nc\n"
     assert cli(api_url, "logs", "web", "3")[0] == 2
 
 

@@ -209,12 +209,16 @@ def test_requests_the_api_rejects_exit_2_with_its_message(plane: LocalPlane) -> 
     bad = plane.workdir / "bad.yaml"
     bad.write_text(EXAMPLE.read_text() + "\nworkdir: ./src\n")
     result = plane.cli("up", str(bad), "--name", "bad")
-    assert result.returncode == 2 and "spec.workdir" in result.stderr and result.stdout == ""
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr == "fleetkeeper: workdir src does not exist\n"
 
     ok(plane.cli("up", str(EXAMPLE), "--name", "dup"))
     result = plane.cli("up", str(EXAMPLE), "--name", "dup")
     assert result.returncode == 2
-    assert result.stderr.strip() == "service 'dup' already exists; use PUT /v1/services/dup to update it"
+    assert (
+        result.stderr.strip()
+        == "service 'dup' already exists; change it with `fleetkeeper update dup SPEC.yaml` (PUT /v1/services/dup)"
+    )
     ok(plane.cli("down", "dup", "--wait", "--timeout", WAIT))
 
     # The 409 came from a cancelled transaction; the cleanup still sees later removals.
@@ -225,3 +229,226 @@ def test_requests_the_api_rejects_exit_2_with_its_message(plane: LocalPlane) -> 
 
     result = plane.cli("update", "missing", spec_file(plane, "v9"))
     assert result.returncode == 2 and "missing" in result.stderr and "does not exist" in result.stderr
+
+
+# --- a SkyPilot-shaped service: workdir, --env, --secret, a probe header filled from the secret --------
+
+SECRET = "tok-4f2a9c1e7d"
+APP = """\
+import hashlib, http.server, json, os
+
+PORT = int(os.environ["PORT"])
+TOKEN = os.environ.get("API_TOKEN", "")
+
+
+class Handler(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        if self.path == "/health":
+            # Ready only when the probe carries the secret: the reconciler filled $API_TOKEN.
+            self.send_response(200 if self.headers.get("Authorization") == "Bearer " + TOKEN else 401)
+            self.end_headers()
+            return
+        seen = {
+            "model": os.environ.get("MODEL"),
+            "files": sorted(os.listdir(".")),
+            "token_sha256": hashlib.sha256(TOKEN.encode()).hexdigest(),
+        }
+        body = json.dumps(seen).encode()
+        self.send_response(200)
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, fmt, *args):
+        print(self.command, self.path, flush=True)
+
+
+print("app listening on", PORT, flush=True)
+http.server.ThreadingHTTPServer((os.environ.get("HOST", "0.0.0.0"), PORT), Handler).serve_forever()
+"""
+SKY_YAML = """\
+service:
+  readiness_probe:
+    path: /health
+    initial_delay_seconds: 30
+    timeout_seconds: 2
+    headers:
+      Authorization: Bearer $API_TOKEN
+  replicas: 1
+  ports: [8081]
+
+envs:
+  MODEL:
+
+secrets:
+  API_TOKEN: null
+
+workdir: app
+
+run: python3 server.py
+"""
+
+
+def everything_stored(plane: LocalPlane) -> str:
+    """Every item of the embedded table, as text."""
+    info = plane.info()
+    dynamodb = boto3.client(
+        "dynamodb",
+        endpoint_url=info["aws_endpoint"],
+        region_name="us-east-1",
+        aws_access_key_id="local",
+        aws_secret_access_key="local",
+    )
+    return json.dumps(dynamodb.scan(TableName=info["table"])["Items"])
+
+
+def secret_parameters(plane: LocalPlane, name: str) -> list[str]:
+    info = plane.info()
+    ssm = boto3.client(
+        "ssm",
+        endpoint_url=info["aws_endpoint"],
+        region_name="us-east-1",
+        aws_access_key_id="local",
+        aws_secret_access_key="local",
+    )
+    found = ssm.get_parameters_by_path(Path=f"/fleetkeeper/{info['table']}/{name}", Recursive=True)
+    return [p["Name"] for p in found["Parameters"]]
+
+
+def test_a_skypilot_shaped_service_runs_with_its_workdir_env_and_secret(plane: LocalPlane) -> None:
+    import hashlib
+
+    app = plane.workdir / "sky" / "app"
+    app.mkdir(parents=True)
+    (app / "server.py").write_text(APP)
+    (app / ".gitignore").write_text("*.local\n")
+    (app / "notes.local").write_text("left out by .gitignore")
+    (plane.workdir / "sky" / "sky.yaml").write_text(SKY_YAML)
+    secret_env = {"API_TOKEN": SECRET}
+
+    def sky(*args: str) -> Any:
+        return plane.cli(*args, env=secret_env)
+
+    # As `sky serve up -n sky sky.yaml --env MODEL=tiny --secret API_TOKEN`, from the YAML's directory.
+    up = subprocess_in(
+        plane,
+        plane.workdir / "sky",
+        "up",
+        "-n",
+        "sky",
+        "sky.yaml",
+        "--env",
+        "MODEL=tiny",
+        "--secret",
+        "API_TOKEN",
+        "--wait",
+        "--timeout",
+        WAIT,
+        env=secret_env,
+    )
+    assert up.returncode == 0, up.stderr
+    assert "workdir app: 2 files" in up.stderr and ".gitignore applied" in up.stderr
+    shown = json.loads(ok(sky("status", "sky", "-o", "json")))
+    (replica,) = ready_replicas(shown)
+    status, body = http_get(replica["url"] + "/")
+    assert status == 200
+    seen = json.loads(body)
+    assert seen["model"] == "tiny"
+    assert seen["files"] == [".gitignore", "server.py"]
+    assert seen["token_sha256"] == hashlib.sha256(SECRET.encode()).hexdigest()
+
+    # The secret is in no answer, no stored item, no log line.
+    answers = [ok(sky("status", "sky", "-o", "json")), ok(sky("versions", "sky", "-o", "json")), ok(sky("status"))]
+    answers += [http_get(f"{plane.url}/v1/services/sky")[1].decode(), ok(sky("logs", "sky"))]
+    assert all(SECRET not in answer for answer in answers)
+    assert SECRET not in everything_stored(plane)
+    assert SECRET not in plane.output()
+    logs = plane.workdir / "state" / "logs"
+    assert all(SECRET not in p.read_text(errors="replace") for p in logs.rglob("*.log"))
+    assert len(secret_parameters(plane, "sky")) == 1
+
+    # The same spec, files and values again: nothing changes.
+    again = subprocess_in(
+        plane,
+        plane.workdir / "sky",
+        "update",
+        "sky",
+        "sky.yaml",
+        "--env",
+        "MODEL=tiny",
+        "--secret",
+        "API_TOKEN",
+        env=secret_env,
+    )
+    assert again.returncode == 0, again.stderr
+    assert again.stdout == (
+        "sky is unchanged: v1 already runs this spec (same files, same values); nothing to roll out\n"
+    )
+    versions = json.loads(ok(sky("versions", "sky", "-o", "json")))
+    assert [v["version"] for v in versions["versions"]] == [1]
+    assert view_of(plane, "sky")["replicas"][0]["replica_id"] == replica["replica_id"]
+
+    ok(sky("down", "sky", "--wait", "--timeout", WAIT))
+    eventually(lambda: secret_parameters(plane, "sky") == [], timeout=20, what="the secrets deleted with it")
+
+
+def subprocess_in(plane: LocalPlane, cwd: Any, *args: str, env: dict[str, str]) -> Any:
+    """`fleetkeeper ARGS --api-url <plane>` run from `cwd` (a workdir is relative to it, as with sky)."""
+    import subprocess
+    import sys
+
+    from tests.local_process import FLEETKEEPER, clean_env
+
+    return subprocess.run(
+        [sys.executable, "-c", FLEETKEEPER, *args, "--api-url", plane.url],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**clean_env(), **env},
+        cwd=cwd,
+        check=False,
+    )
+
+
+def view_of(plane: LocalPlane, name: str) -> dict[str, Any]:
+    status, body = http_get(f"{plane.url}/v1/services/{name}")
+    assert status == 200, body
+    shown: dict[str, Any] = json.loads(body)
+    return shown
+
+
+def test_the_messages_a_new_user_meets(plane: LocalPlane) -> None:
+    from tests.local_process import free_port
+
+    spec = plane.workdir / "typo.yaml"
+    spec.write_text("service:\n  readiness_probe: /\n  replica: 2\nrun: python3 -m http.server $PORT\n")
+    result = plane.cli("up", "-n", "typo", str(spec))
+    assert result.returncode == 2
+    assert result.stderr == "invalid request: spec.service.replica: unknown field; did you mean `replicas`?\n"
+
+    result = plane.cli("up", "-n", "Bad_Name", str(EXAMPLE))
+    assert result.returncode == 2
+    rule = "use 1 to 63 lower-case letters, digits and dashes, starting with a letter"  # not the regex
+    assert result.stderr == f"invalid request: name: 'Bad_Name' is not a service name: {rule}\n"
+
+    broken = plane.workdir / "broken.yaml"
+    broken.write_text("service: [\n")
+    result = plane.cli("up", "-n", "broken", str(broken))
+    assert result.returncode == 2
+    assert result.stderr.startswith(f"fleetkeeper: {broken}, line 2, column 1: not valid YAML")
+
+    # An app that ignores $PORT is told so, not "connection refused".
+    fixed = free_port()
+    minimal = plane.workdir / "minimal.yaml"
+    minimal.write_text(
+        "service:\n  readiness_probe: /\n  replicas: 1\nresources:\n  ports: 8080\n"
+        f"run: python3 -m http.server {fixed}\n"
+    )
+    ok(plane.cli("up", "-n", "fixed-port", str(minimal)))
+
+    def told() -> str | None:
+        message = str(view_of(plane, "fixed-port")["status_message"])
+        return message if f"listening on {fixed}, expected $PORT=" in message else None
+
+    message = eventually(told, timeout=30, what="the $PORT diagnosis")
+    assert message.endswith(": read $PORT in embedded mode")
+    ok(plane.cli("down", "fixed-port", "--wait", "--timeout", WAIT))

@@ -476,8 +476,6 @@ _ENDINGS = [
     # Shut down from inside the instance, or through the API by someone: the version's.
     ("Client.InstanceInitiatedShutdown", False, C.VERSION, "terminated outside fleetkeeper"),
     ("Client.UserInitiatedShutdown", False, C.VERSION, "terminated outside fleetkeeper"),
-    # The process driver's replica exited by itself: the app's fault, no preemption.
-    ("Fleetkeeper.ProcessExited", False, C.VERSION, "terminated outside fleetkeeper"),
 ]
 
 
@@ -494,6 +492,23 @@ def test_an_instance_that_ended_is_preempted_with_its_state_reason_code_and_caus
         mark_ready(1),
         *launches(1, 2),
         status(ServiceStatus.READY, f"1/2 ready; replica 0 PREEMPTED: {message}; replica 2 PENDING"),
+    ]
+
+
+def test_a_replica_whose_app_exited_by_itself_is_failed_not_preempted() -> None:
+    # The process driver's code: the replica's process ended on its own (the app crashed or its run
+    # returned). A FAILED replica of the version's fault (counted by the breaker), never PREEMPTED.
+    code = "Fleetkeeper.ProcessExited"
+    reason = f"{code}: the replica process exited with code 1"
+    gone = instance(0, InstanceState.TERMINATED, state_reason_code=code, state_reason=reason)
+    ready = replica(0)
+    actions = plan(state([ready, replica(1)]), [gone, instance(1)], {1: OK}, NOW)
+    message = f"the replica's app ended by itself ({reason})"
+    assert actions == [
+        moved(ready, status=S.FAILED, status_message=message, failure_code=code, cause=C.VERSION),
+        mark_ready(1),
+        *launches(1, 2),
+        status(ServiceStatus.READY, f"1/2 ready; replica 0 FAILED: {message}; replica 2 PENDING"),
     ]
 
 

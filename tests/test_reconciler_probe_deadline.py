@@ -149,3 +149,22 @@ def test_a_probe_timeout_the_run_s_budget_cannot_hold_is_a_400(api: ApiClient, t
         service={"readiness_probe": {"path": "/health", "timeout_seconds": MAX_PROBE_TIMEOUT_SECONDS}, "replicas": 1}
     )
     assert api.post("/v1/services", {"name": "fine", "spec": good}).status == 201
+
+
+def test_a_probe_starts_no_thread_of_its_own(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The deadline is the socket's (each read and write waits only for what is left of it), not a
+    timer thread per probe: starting one cost more CPU than the probe itself."""
+    replica = BadReplica(trickle=False)
+    started: list[threading.Thread] = []
+    start = threading.Thread.start
+
+    def counted(thread: threading.Thread) -> None:
+        started.append(thread)
+        start(thread)
+
+    monkeypatch.setattr(threading.Thread, "start", counted)
+    try:
+        assert probe_one(_target("r", replica.url, timeout=1)).detail == "timed out after 1s"
+    finally:
+        replica.close()
+    assert started == []

@@ -149,7 +149,7 @@ def test_rollback_skips_and_refuses_versions_the_breaker_failed(world: World) ->
     with pytest.raises(Conflict, match=r"version 2 .* failed"):
         commands.rollback("svc", 2, expected_generation=None)
     rolled = commands.rollback("svc", None, expected_generation=None)  # the default skips v2
-    assert rolled.service.target_version == 1
+    assert rolled.state.service.target_version == 1
     world.converge()
     after = world.store.require("svc")
     assert after.service.status is ServiceStatus.READY

@@ -25,13 +25,16 @@ def test_a_missing_table_is_a_clear_error() -> None:
 
 def test_defaults_are_the_templates() -> None:
     settings = Settings.from_env({"TABLE_NAME": "t"})
-    assert settings == Settings(table_name="t")
+    assert settings == Settings(table_name="t", ec2=Ec2Settings(secrets_prefix="/fleetkeeper/t"))
     assert (settings.driver, settings.probe_budget_seconds) == ("ec2", 20.0)
     assert (settings.kick_queue_url, settings.kick_url, settings.reconcile_queue_url) == (None, None, None)
     assert (settings.period_seconds, settings.shard_size, settings.read_concurrency) == (60, 100, 8)
     assert (settings.service_margin_seconds, settings.action_margin_seconds) == (10.0, 5.0)
+    assert (settings.workdir_bucket, settings.workdir_dir, settings.workdir_upload_url) == (None, None, None)
     assert settings.ec2 == Ec2Settings(
-        default_image_parameter=DEFAULT_IMAGE_PARAMETER, default_instance_type=DEFAULT_INSTANCE_TYPE
+        default_image_parameter=DEFAULT_IMAGE_PARAMETER,
+        default_instance_type=DEFAULT_INSTANCE_TYPE,
+        secrets_prefix="/fleetkeeper/t",
     )
 
 
@@ -63,6 +66,9 @@ def test_every_variable_is_read() -> None:
             "FLEETKEEPER_ALB_LISTENER_PORTS": "20000-20009",
             "FLEETKEEPER_DOMAIN_NAME": "svc.example.com.",
             "FLEETKEEPER_CERTIFICATE_ARN": "arn:cert",
+            "WORKDIR_BUCKET": "fk-workdirs",
+            "FLEETKEEPER_WORKDIR_DIR": "/tmp/fk/workdirs",
+            "FLEETKEEPER_WORKDIR_UPLOAD_URL": "http://127.0.0.1:8080/_local/workdirs",
         }
     )
     assert settings == Settings(
@@ -84,6 +90,8 @@ def test_every_variable_is_read() -> None:
             default_image_parameter="/my/ami",
             default_instance_type="m7g.large",
             replica_host="127.0.0.1",
+            workdir_bucket="fk-workdirs",
+            secrets_prefix="/fleetkeeper/fleet",
         ),
         balancer="alb",
         alb=AlbSettings(
@@ -95,6 +103,9 @@ def test_every_variable_is_read() -> None:
             certificate_arn="arn:cert",
             listener_ports=(20000, 20009),
         ),
+        workdir_bucket="fk-workdirs",
+        workdir_dir="/tmp/fk/workdirs",
+        workdir_upload_url="http://127.0.0.1:8080/_local/workdirs",
     )
     settings.alb.check()
 

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
 import yaml
 
 from fleetkeeper.errors import InvalidRequest
-from fleetkeeper.spec import ServiceSpec, parse_spec
+from fleetkeeper.spec import ServiceSpec, Workdir, parse_spec, stored_spec
 from tests.conftest import hello_spec
 
 SKYPILOT_YAML = """
@@ -73,7 +74,7 @@ def test_probe_path_shorthand_and_defaults() -> None:
     ("patch", "field", "words"),
     [
         ({"file_mounts": {"/a": "b"}}, "spec.file_mounts", "not supported"),
-        ({"workdir": "."}, "spec.workdir", "not supported"),
+        ({"workdir": "."}, "spec.workdir", "is a local directory: `fleetkeeper up`"),
         ({"num_nodes": 2}, "spec.num_nodes", "multi-node"),
         ({"resources": {"accelerators": "A100:1"}}, "spec.resources", "instance_type"),
         ({"resources": {"cloud": "gcp"}}, "spec.resources.cloud", "AWS only"),
@@ -159,3 +160,113 @@ def test_other_endpoint_values_are_a_400_naming_the_field(field: str, value: obj
         parse_spec(hello_spec(service=section))
     assert [d["field"] for d in caught.value.details] == [f"spec.service.{field}"]
     assert problem in caught.value.details[0]["problem"]
+
+
+# --- SkyPilot's habits ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("ports", [8081, "8081", [8081], ["8081"]])
+def test_ports_as_sky_writes_them(ports: Any) -> None:
+    spec = parse_spec({"service": {"ports": ports}, "resources": {"ports": ports}, "run": "serve"})
+    assert (spec.service.ports, spec.resources.ports, spec.port) == (8081, 8081, 8081)
+
+
+@pytest.mark.parametrize(
+    ("ports", "words"),
+    [([8080, 8081], "a replica serves on one port; got 2 (8080, 8081)"), ("10022-10040", "a port range")],
+)
+def test_more_than_one_port_is_refused_with_a_reason(ports: Any, words: str) -> None:
+    message, fields = errors_of({"service": {}, "resources": {"ports": ports}, "run": "serve"})
+    assert fields == ["spec.resources.ports"] and words in message
+
+
+def test_without_a_readiness_probe_sky_probes_slash() -> None:
+    probe = parse_spec({"service": {"replicas": 1}, "run": "serve"}).service.readiness_probe
+    assert (probe.path, probe.initial_delay_seconds) == ("/", 1200)
+
+
+@pytest.mark.parametrize(
+    ("data", "field", "problem"),
+    [
+        ({"service": {"replica": 2}}, "spec.service.replica", "unknown field; did you mean `replicas`?"),
+        ({"service": {"readiness_probe": {"pth": "/"}}}, "spec.service.readiness_probe.pth", "did you mean `path`?"),
+        ({"service": {}, "setpu": "x"}, "spec.setpu", "unknown field; did you mean `setup`?"),
+        ({"service": {}, "resources": {"instance_typ": "t3.micro"}}, "spec.resources.instance_typ", "`instance_type`"),
+        ({"service": {}, "zzz": 1}, "spec.zzz", "unknown field; fleetkeeper does not support it"),
+    ],
+)
+def test_a_typo_gets_did_you_mean(data: dict[str, Any], field: str, problem: str) -> None:
+    with pytest.raises(InvalidRequest) as caught:
+        parse_spec({"run": "serve", **data})
+    assert any(d["field"] == field and problem in d["problem"] for d in caught.value.details), caught.value.details
+
+
+def test_the_name_rule_is_in_words() -> None:
+    message, fields = errors_of({"name": "Llama_2", "service": {}, "run": "serve"})
+    assert fields == ["spec.name"]
+    assert (
+        "'Llama_2' is not a service name: use 1 to 63 lower-case letters, digits and dashes, starting with a letter"
+        in message
+    )
+    assert "^[a-z]" not in message
+
+
+def test_envs_and_secrets_left_empty_say_how_to_fill_them() -> None:
+    message, fields = errors_of({"service": {}, "run": "serve", "envs": {"HF_TOKEN": None, "B": None}})
+    assert fields == ["spec.envs"]
+    assert "B, HF_TOKEN have no value: pass it with `--env B`" in message
+    message, fields = errors_of({"service": {}, "run": "serve", "secrets": {"API_KEY": None}})
+    assert fields == ["spec.secrets"]
+    assert "API_KEY has no value: pass it with `--secret API_KEY` (taken from your environment)" in message
+
+
+def test_a_name_in_envs_and_secrets_is_refused() -> None:
+    message, _ = errors_of({"service": {}, "run": "s", "envs": {"T": "1"}, "secrets": {"T": "2"}})
+    assert "T is both in `envs` and in `secrets`" in message
+
+
+def test_secrets_over_one_parameter_are_refused() -> None:
+    message, fields = errors_of({"service": {}, "run": "s", "secrets": {"BIG": "x" * 5000}})
+    assert fields == ["spec.secrets"] and "at most 4096 fit" in message
+    assert "xxxx" not in message  # a value is never echoed
+
+
+def test_stored_secrets_keep_names_only_and_reload() -> None:
+    spec = parse_spec({"service": {}, "run": "s", "secrets": {"B": "2", "A": "1"}, "envs": {"E": "e"}})
+    assert spec.secret_values() == {"A": "1", "B": "2"}
+    stored = spec.without_secret_values()
+    assert stored.secrets == {"A": None, "B": None}
+    assert "1" not in json.dumps(stored.to_json_dict()["secrets"])
+    assert stored_spec(json.dumps(stored.to_json_dict())) == stored  # a stored spec loads (nulls allowed)
+
+
+def test_a_workdir_in_the_api_is_its_digest() -> None:
+    digest = "sha256:" + "ab" * 32
+    assert parse_spec({"service": {}, "run": "s", "workdir": {"digest": digest}}).workdir == Workdir(digest=digest)
+    message, fields = errors_of({"service": {}, "run": "s", "workdir": {"digest": "md5:1"}})
+    assert fields == ["spec.workdir.digest"] and "64 lower-case hex digits" in message
+
+
+def test_probe_variables_are_filled_from_envs_and_secrets_as_sky_does() -> None:
+    spec = parse_spec(
+        {
+            "service": {
+                "readiness_probe": {
+                    "path": "/v1/$ROUTE",
+                    "headers": {"Authorization": "Bearer ${TOKEN}", "X-Other": "$UNKNOWN"},
+                    "post_data": {"model": "$MODEL_NAME", "messages": [{"content": "$MODEL_NAME!"}]},
+                }
+            },
+            "run": "s",
+            "envs": {"MODEL_NAME": "qwen", "ROUTE": "chat"},
+            "secrets": {"TOKEN": "t0k"},
+        }
+    )
+    assert spec.probe_needs_secrets
+    probe = spec.probe_for({"TOKEN": "t0k"})
+    assert probe.path == "/v1/chat"
+    assert probe.headers == {"Authorization": "Bearer t0k", "X-Other": "$UNKNOWN"}
+    assert probe.post_data == {"model": "qwen", "messages": [{"content": "qwen!"}]}
+    # The stored spec keeps the template: the value is filled only where the probe is made.
+    assert spec.service.readiness_probe.headers["Authorization"] == "Bearer ${TOKEN}"
+    assert not parse_spec({"service": {}, "run": "s"}).probe_needs_secrets

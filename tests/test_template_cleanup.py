@@ -213,7 +213,15 @@ def test_the_role_grants_only_what_cleanup_needs(translated: dict[str, Any]) -> 
         "sqs:SendMessage": {"Fn::GetAtt": ["CleanupFailureQueue", "Arn"]},
         "logs:CreateLogStream": {"Fn::GetAtt": ["CleanupLogGroup", "Arn"]},
         "logs:PutLogEvents": {"Fn::GetAtt": ["CleanupLogGroup", "Arn"]},
+        # What an incarnation keeps outside the table: its secrets, its workdir copies (services/ only).
+        "ssm:GetParametersByPath": {"Fn::Sub": SECRETS_ARN},
+        "ssm:DeleteParameters": {"Fn::Sub": SECRETS_ARN},
+        "s3:ListBucket": {"Fn::GetAtt": ["WorkdirBucket", "Arn"]},
+        "s3:DeleteObject": {"Fn::Sub": "${WorkdirBucket.Arn}/services/*"},
     }
+
+
+SECRETS_ARN = "arn:${AWS::Partition}:ssm:${AWS::Region}:${AWS::AccountId}:parameter/fleetkeeper/${Table}/*"
 
 
 # --- the filter ----------------------------------------------------------------------------------

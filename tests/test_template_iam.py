@@ -192,6 +192,38 @@ def test_allowlist_has_no_stale_entries(translated: dict[str, Any]) -> None:
 # --- the api function -------------------------------------------------------------------------------
 
 
+SECRETS_ARN = "arn:${AWS::Partition}:ssm:${AWS::Region}:${AWS::AccountId}:parameter/fleetkeeper/${Table}/*"
+
+
+def test_replicas_may_read_their_workdirs_and_secrets_and_nothing_else(translated: dict[str, Any]) -> None:
+    policy = translated["Resources"]["ReplicaAccessPolicy"]["Properties"]["PolicyDocument"]
+    grants = {a: s["Resource"] for s in as_list(policy["Statement"]) for a in as_list(s["Action"])}
+    assert grants == {
+        "s3:GetObject": {"Fn::Sub": "${WorkdirBucket.Arn}/services/*"},
+        "ssm:GetParameter": {"Fn::Sub": SECRETS_ARN},
+    }
+    outputs = translated["Outputs"]
+    assert outputs["ReplicaAccessPolicyArn"]["Value"] == {"Ref": "ReplicaAccessPolicy"}
+
+
+def test_the_workdir_bucket_is_private_encrypted_tls_only_and_expires_unadopted_uploads(
+    translated: dict[str, Any],
+) -> None:
+    bucket = translated["Resources"]["WorkdirBucket"]["Properties"]
+    assert bucket["PublicAccessBlockConfiguration"] == dict.fromkeys(
+        ("BlockPublicAcls", "BlockPublicPolicy", "IgnorePublicAcls", "RestrictPublicBuckets"), True
+    )
+    sse = bucket["BucketEncryption"]["ServerSideEncryptionConfiguration"][0]["ServerSideEncryptionByDefault"]
+    assert sse["SSEAlgorithm"] == "aws:kms"
+    rules = {r["Id"]: r for r in bucket["LifecycleConfiguration"]["Rules"]}
+    assert rules["ExpireUnadoptedUploads"]["Prefix"] == "uploads/"
+    assert rules["ExpireUnadoptedUploads"]["ExpirationInDays"] == 1
+    # Adopted copies (services/) are never expired by age: a replica launched months later reads them.
+    assert all(r.get("Prefix", "") != "services/" for r in rules.values())
+    policy = translated["Resources"]["WorkdirBucketPolicy"]["Properties"]["PolicyDocument"]["Statement"]
+    assert any(s["Effect"] == "Deny" and s["Condition"] == {"Bool": {"aws:SecureTransport": "false"}} for s in policy)
+
+
 def test_api_function_only_reads_and_writes_the_table_and_kicks_the_reconciler(
     translated: dict[str, Any],
 ) -> None:
@@ -206,6 +238,17 @@ def test_api_function_only_reads_and_writes_the_table_and_kicks_the_reconciler(
         "logs:CreateLogStream",
         "logs:PutLogEvents",
         "sqs:SendMessage",
+        # Workdirs: presigned uploads (signed with this role), their copies per incarnation.
+        "s3:GetObject",
+        "s3:PutObject",
+        "s3:DeleteObject",
+        "s3:ListBucket",
+        # A version's secret values (one SecureString each, under /fleetkeeper/<table>/).
+        "ssm:PutParameter",
+        "ssm:GetParameter",
+        "ssm:DeleteParameter",
+        "ssm:DeleteParameters",
+        "ssm:GetParametersByPath",
     }
     for statement in role_statements(translated, role):
         assert statement["Effect"] == "Allow"
@@ -216,3 +259,7 @@ def test_api_function_only_reads_and_writes_the_table_and_kicks_the_reconciler(
             assert all(refers_to(r, "Table") for r in resources), resources
         if "sqs:SendMessage" in actions:
             assert resources and all(refers_to(r, "KickQueue") for r in resources), resources
+        if any(a.startswith("s3:") for a in actions):
+            assert resources and all(refers_to(r, "WorkdirBucket") for r in resources), resources
+        if any(a.startswith("ssm:") for a in actions):
+            assert resources == [{"Fn::Sub": SECRETS_ARN}], resources

@@ -14,6 +14,8 @@ from typing import Any
 import pytest
 
 from tests.cfn import (
+    ACCOUNT,
+    REGION,
     Resolver,
     as_list,
     condition_keys,
@@ -169,7 +171,12 @@ def test_images_are_resolved_by_ec2_with_exactly_the_parameters_specs_may_name(
     the parameter, for the stack's default image and AWS's public ones (what spec.py accepts)."""
     from fleetkeeper.spec import PUBLIC_PARAMETERS
 
-    assert statements_granting(statements, "ssm:GetParameter") == []
+    # GetParameter only for the secrets a readiness probe names (fleetkeeper.secret_store's path).
+    reading = statements_granting(statements, "ssm:GetParameter")
+    table = Resolver(translated).physical_id("Table")
+    assert [resources(translated, s) for s in reading] == [
+        [f"arn:aws:ssm:{REGION}:{ACCOUNT}:parameter/fleetkeeper/{table}/*"]
+    ]
     granting = statements_granting(statements, "ssm:GetParameters")
     assert len(granting) == 1
     arns = resources(translated, granting[0])

@@ -20,6 +20,7 @@ ROUTES: tuple[tuple[str, str], ...] = (
     ("/v1/services/{name}", r"^/v1/services/(?P<name>[^/]+)$"),
     ("/v1/services", r"^/v1/services$"),
     ("/v1/openapi.json", r"^/v1/openapi\.json$"),
+    ("/v1/workdirs", r"^/v1/workdirs$"),
 )
 _COMPILED = [(resource, re.compile(pattern)) for resource, pattern in ROUTES]
 

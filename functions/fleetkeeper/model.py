@@ -36,6 +36,9 @@ class ReplicaStatus(StrEnum):
     FAILED_INITIAL_DELAY = "FAILED_INITIAL_DELAY"
     FAILED_PROBING = "FAILED_PROBING"
     PREEMPTED = "PREEMPTED"
+    # The replica's app ended by itself (SkyPilot's FAILED: "the replica fails due to user's run or
+    # setup"): its process exited, which is the version's fault, never a preemption.
+    FAILED = "FAILED"
 
     @property
     def failed(self) -> bool:
@@ -47,6 +50,7 @@ _FAILED = {
     ReplicaStatus.FAILED_INITIAL_DELAY,
     ReplicaStatus.FAILED_PROBING,
     ReplicaStatus.PREEMPTED,
+    ReplicaStatus.FAILED,
 }
 
 
@@ -202,6 +206,9 @@ class VersionRecord:
     created_at: str
     state: VersionState = VersionState.NEW
     state_message: str = ""
+    # Where the version's secret values are (fleetkeeper.secret_store): the spec keeps their names
+    # only. None: the version has no secrets.
+    secrets_ref: str | None = None
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ write leaves on the service are chosen here too.
 from __future__ import annotations
 
 import contextlib
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -28,6 +29,7 @@ from fleetkeeper.errors import (
     ServiceUnavailable,
 )
 from fleetkeeper.model import Lifecycle, ServiceRecord, ServiceState, VersionState, to_iso, utcnow
+from fleetkeeper.store import keys
 from fleetkeeper.store.commands import VERSION_HISTORY_LIMIT
 from fleetkeeper.store.errors import (
     Contention,
@@ -49,9 +51,13 @@ if TYPE_CHECKING:
     from aws_lambda_powertools.utilities.idempotency import IdempotencyConfig
 
     from fleetkeeper.model import VersionRecord
+    from fleetkeeper.secret_store import SecretStore
     from fleetkeeper.spec import ServiceSpec
     from fleetkeeper.store.commands import CommandStore
     from fleetkeeper.store.table import Table
+    from fleetkeeper.workdir_store import Upload, WorkdirStore
+
+logger = logging.getLogger(__name__)
 
 # How many times a write without If-Match is tried when another writer moves the service under it.
 _RACE_ATTEMPTS = 5
@@ -77,10 +83,23 @@ def _no_kick(_name: str) -> None:
     return None
 
 
+@dataclass(frozen=True)
+class Written:
+    """A write's answer: the service as it now is, and whether this request changed it (an update
+    identical to the target changes nothing: no version, no generation, no kick)."""
+
+    state: ServiceState
+    changed: bool = True
+
+
 @dataclass
 class ServiceCommands:
     store: CommandStore
     kick: Kick = _no_kick
+    # Where secret values and packed workdirs go (fleetkeeper.secret_store, fleetkeeper.workdir_store);
+    # None: this deployment has no such store, and specs that need one are refused.
+    secrets: SecretStore | None = None
+    workdirs: WorkdirStore | None = None
     now: Callable[[], str] = field(default=lambda: to_iso(utcnow()))
     sleep: Callable[[float], None] = time.sleep
     _idempotency: tuple[Callable[..., dict[str, Any]], IdempotencyConfig] | None = field(
@@ -115,27 +134,80 @@ class ServiceCommands:
     def create(self, name: str, spec: ServiceSpec) -> ServiceState:
         _check_spec(name, spec, "creates")
         waiting = f"waiting for the reconciler to launch {spec.target_replicas} replica(s)"
-        with _as_api_errors("create"):
-            state = self._contended(
-                lambda: self.store.create_service(name, spec, spec.update.mode, self.now(), status_message=waiting)
-            )
+        # The incarnation's uid is chosen here: its workdir copy and secrets are stored under it
+        # before the transaction that makes the service exist.
+        uid = keys.new_uid()
+        stored = spec.without_secret_values()
+        try:
+            self._adopt_workdir(spec, name, uid)
+            ref, _ = self._store_secrets(spec, name, uid, reuse=None)
+            with _as_api_errors("create"):
+                state = self._contended(
+                    lambda: self.store.create_service(
+                        name, stored, spec.update.mode, self.now(), status_message=waiting, uid=uid, secrets_ref=ref
+                    )
+                )
+        except BaseException:
+            # No service item: no cleanup will ever come for this uid. Undo what was stored for it.
+            self._forget_incarnation(name, uid)
+            raise
         self.kick(name)
         return state
 
-    def update(
-        self, name: str, spec: ServiceSpec, *, mode: str | None, expected_generation: int | None
-    ) -> ServiceState:
+    def workdir_upload(self, digest: str, size: int, service: str | None) -> Upload | None:
+        """Where to upload a packed workdir (None: stored already, for this service or recently)."""
+        store = self._workdir_store()
+        uid = None
+        if service is not None:
+            with _as_api_errors("get"), contextlib.suppress(ServiceMissing):  # a new service: nothing stored
+                uid = self._contended(lambda: self.store.service(service)).uid
+        return store.upload(digest, size, service, uid)
+
+    def update(self, name: str, spec: ServiceSpec, *, mode: str | None, expected_generation: int | None) -> Written:
+        """A new version, unless the spec (workdir digest and secret values included) is the target's:
+        then nothing is written, as `kubectl apply` of an unchanged object."""
         _check_spec(name, spec, "updates")
+        stored = spec.without_secret_values()
+        # The secrets ref of the first attempt (a retry after a lost race keeps it), and whether this
+        # request created its parameter (to delete it if no version ever names it).
+        secrets: dict[str, tuple[str | None, bool]] = {}
 
-        def add_version(state: ServiceState) -> ServiceState:
-            return self.store.add_version(
-                state, spec, mode or spec.update.mode, self.now(), expected_generation=expected_generation
+        def add_version(state: ServiceState) -> ServiceState | None:
+            if expected_generation is not None and expected_generation != state.service.generation:
+                raise PreconditionFailed(_stale(name, state.service.generation, expected_generation))
+            target = state.target
+            same_values = self._same_secrets(spec, state)
+            if target is not None and same_values and _unchanged(target, stored):
+                return None
+            uid = state.service.uid
+            self._adopt_workdir(spec, name, uid)
+            if "ref" not in secrets:
+                reuse = target.secrets_ref if target is not None and same_values else None
+                secrets["ref"] = self._store_secrets(spec, name, uid, reuse=reuse)
+            updated = self.store.add_version(
+                state,
+                stored,
+                mode or spec.update.mode,
+                self.now(),
+                expected_generation=expected_generation,
+                secrets_ref=secrets["ref"][0],
             )
+            self._forget_pruned(state, updated)
+            return updated
 
-        with _as_api_errors("update"):
-            return self._contended(lambda: self._write_on_latest(name, add_version))
+        try:
+            with _as_api_errors("update"):
+                state, changed = self._contended(lambda: self._write_on_latest(name, add_version))
+        except BaseException:
+            ref, created = secrets.get("ref", (None, False))
+            if ref is not None and created and self.secrets is not None:
+                with contextlib.suppress(Exception):
+                    uid = self.store.service(name).uid
+                    self.secrets.delete(name, uid, [ref])
+            raise
+        return Written(state, changed)
 
-    def rollback(self, name: str, version: int | None, *, expected_generation: int | None) -> ServiceState:
+    def rollback(self, name: str, version: int | None, *, expected_generation: int | None) -> Written:
         def set_target(state: ServiceState) -> ServiceState | None:
             target = version if version is not None else _previous_usable(state)
             if target is None or target < 1:
@@ -149,7 +221,8 @@ class ServiceCommands:
                 # Rolling onto a version the breaker gave up on would stop every replica.
                 raise Conflict(
                     f"version {target} of {name!r} failed ({chosen.state_message}); roll back to another "
-                    "version or PUT a new one",
+                    f"version (`fleetkeeper rollback {name} --to N`) or roll out a new one "
+                    f"(`fleetkeeper update {name} SPEC.yaml`)",
                     details=[{"field": "version", "problem": "that version FAILED"}],
                 )
             if target == state.service.target_version:
@@ -157,12 +230,13 @@ class ServiceCommands:
             return self.store.set_target(state, target, self.now(), expected_generation=expected_generation)
 
         with _as_api_errors("rollback"):
-            return self._contended(lambda: self._write_on_latest(name, set_target))
+            return Written(*self._contended(lambda: self._write_on_latest(name, set_target)))
 
-    def delete(self, name: str) -> ServiceState:
-        def mark() -> ServiceState:
+    def delete(self, name: str) -> Written:
+        def mark() -> Written:
             state = self.store.require(name)
-            return self.store.mark_deleting(state, self.now(), status_message=DELETING_MESSAGE)
+            deleting = self.store.mark_deleting(state, self.now(), status_message=DELETING_MESSAGE)
+            return Written(deleting, deleting.service.generation != state.service.generation)
 
         with _as_api_errors("delete"):
             deleted = self._contended(mark)
@@ -181,8 +255,11 @@ class ServiceCommands:
                 self.sleep(CONTENTION_PAUSE_SECONDS * 2 ** (attempt - 1))
         raise AssertionError("unreachable")  # pragma: no cover
 
-    def _write_on_latest(self, name: str, write: Callable[[ServiceState], ServiceState | None]) -> ServiceState:
+    def _write_on_latest(
+        self, name: str, write: Callable[[ServiceState], ServiceState | None]
+    ) -> tuple[ServiceState, bool]:
         """Read the ACTIVE service and `write` on it (None: nothing to write), then kick.
+        Returns the service and whether it was written.
 
         A write that lost a race (Raced: another writer moved the service between our read and our
         write, and no If-Match pinned the generation) is tried again on a fresh read.
@@ -196,10 +273,108 @@ class ServiceCommands:
                     raise
                 continue
             if written is None:
-                return state
+                return state, False
             self.kick(name)
-            return written
+            return written, True
         raise AssertionError("unreachable")  # pragma: no cover
+
+    # -- secrets and workdirs --
+
+    def _workdir_store(self) -> WorkdirStore:
+        if self.workdirs is None:
+            raise InvalidRequest(
+                "this fleetkeeper deployment has no workdir store (its WORKDIR_BUCKET is not set); "
+                "deploy the current template, or drop `workdir` and fetch the code in `setup`",
+                details=[{"field": "spec.workdir", "problem": "no workdir store"}],
+            )
+        return self.workdirs
+
+    def _adopt_workdir(self, spec: ServiceSpec, name: str, uid: str) -> None:
+        if spec.workdir is None:
+            return
+        from fleetkeeper.workdir_store import MAX_WORKDIR_BYTES, WorkdirInvalid, WorkdirMissing
+
+        digest = spec.workdir.digest
+        try:
+            self._workdir_store().adopt(digest, name, uid)
+        except WorkdirMissing as exc:
+            raise InvalidRequest(
+                f"workdir {digest} was not uploaded (or its upload expired): `fleetkeeper up` and `update` "
+                "upload it; through the API, POST /v1/workdirs and PUT the archive where it says first",
+                details=[{"field": "spec.workdir.digest", "problem": "not uploaded"}],
+            ) from exc
+        except WorkdirInvalid as exc:
+            raise InvalidRequest(
+                f"the upload of workdir {digest} cannot be used: {exc} (at most {MAX_WORKDIR_BYTES} bytes); "
+                "upload it again",
+                details=[{"field": "spec.workdir.digest", "problem": str(exc)}],
+            ) from exc
+
+    def _store_secrets(self, spec: ServiceSpec, name: str, uid: str, *, reuse: str | None) -> tuple[str | None, bool]:
+        """The ref the version's secret values are under, and whether it is new: `reuse` (the
+        target's, same values), or a new parameter. (None, False) when the spec has no secrets."""
+        values = spec.secret_values()
+        if not values:
+            return None, False
+        if reuse is not None:
+            return reuse, False
+        from fleetkeeper.secret_store import new_ref
+
+        ref = new_ref()
+        self._secret_store().put(name, uid, ref, values)
+        return ref, True
+
+    def _secret_store(self) -> SecretStore:
+        if self.secrets is None:
+            raise InvalidRequest(
+                "this fleetkeeper deployment keeps no secrets (no Parameter Store access configured)",
+                details=[{"field": "spec.secrets", "problem": "no secret store"}],
+            )
+        return self.secrets
+
+    def _same_secrets(self, spec: ServiceSpec, state: ServiceState) -> bool:
+        """Whether the spec's secret values are the target version's (read back, never hashed)."""
+        target = state.target
+        values = spec.secret_values()
+        if target is None or not values or target.secrets_ref is None:
+            return not values and (target is None or target.secrets_ref is None)
+        from botocore.exceptions import ClientError
+
+        try:
+            stored = self._secret_store().get(state.service.name, state.service.uid, target.secrets_ref)
+        except ClientError:
+            logger.warning("service %s: could not read the target's secrets; writing a new version", state.service.name)
+            return False
+        return stored == values
+
+    def _forget_incarnation(self, name: str, uid: str) -> None:
+        """Best-effort: a create that wrote no service item leaves nothing under its uid."""
+        for store in (self.secrets, self.workdirs):
+            if store is not None:
+                try:
+                    store.delete_incarnation(name, uid)
+                except Exception:
+                    logger.warning("service %s: could not delete what a failed create stored under %s", name, uid)
+
+    def _forget_pruned(self, before: ServiceState, after: ServiceState) -> None:
+        """Best-effort: the secrets and workdir copies only pruned versions named (the cleanup takes
+        whatever is left with the incarnation)."""
+        pruned = [before.versions[n] for n in before.versions if n not in after.versions]
+        if not pruned:
+            return
+        kept = list(after.versions.values())
+        name, uid = after.service.name, after.service.uid
+        refs = {v.secrets_ref for v in pruned if v.secrets_ref} - {v.secrets_ref for v in kept}
+        digests = {v.spec.workdir.digest for v in pruned if v.spec.workdir} - {
+            v.spec.workdir.digest for v in kept if v.spec.workdir
+        }
+        try:
+            if refs and self.secrets is not None:
+                self.secrets.delete(name, uid, sorted(r for r in refs if r))
+            if digests and self.workdirs is not None:
+                self.workdirs.forget(name, uid, digests)
+        except Exception:
+            logger.warning("service %s: could not delete what pruned versions stored; the cleanup will", name)
 
     def _require_active(self, name: str) -> ServiceState:
         state = self.store.require(name)
@@ -279,7 +454,10 @@ def api_error(fact: StoreError, command: Command) -> FleetkeeperError | None:
         case ServiceExists(name=name, deleting=True):
             return Conflict(f"service {name!r} is still being deleted; create it again once it is gone")
         case ServiceExists(name=name):
-            return Conflict(f"service {name!r} already exists; use PUT /v1/services/{name} to update it")
+            return Conflict(
+                f"service {name!r} already exists; change it with `fleetkeeper update {name} SPEC.yaml` "
+                f"(PUT /v1/services/{name})"
+            )
         case UidCollision(name=name):
             return Conflict(f"could not create {name!r} (incarnation id collision); retry the request")
         case Recreated(name=name) if command == "delete":
@@ -289,10 +467,7 @@ def api_error(fact: StoreError, command: Command) -> FleetkeeperError | None:
         case Deleting(name=name):
             return Conflict(f"service {name!r} is being deleted; wait for it to go, then create it again")
         case GenerationMismatch(name=name, current=current, expected=expected):
-            return PreconditionFailed(
-                f"service {name!r} is at generation {current}, not {expected} "
-                "(If-Match); fetch it again and retry with the current generation"
-            )
+            return PreconditionFailed(_stale(name, current, expected))
         case Raced(name=name):
             return Conflict(f"service {name!r} was changed by another request at the same time; retry")
         case VersionMissing(name=name, version=version, latest=latest):
@@ -338,6 +513,21 @@ def _check_spec(name: str, spec: ServiceSpec, verb: str) -> None:
             f"at most {USER_DATA_LIMIT}: move the bulk into a script the image or `setup` fetches",
             details=[{"field": "spec.setup", "problem": "too large"}, {"field": "spec.run", "problem": "too large"}],
         )
+
+
+def _stale(name: str, current: int, expected: int) -> str:
+    return (
+        f"service {name!r} is at generation {current}, not {expected} "
+        "(If-Match); fetch it again and retry with the current generation"
+    )
+
+
+def _unchanged(target: VersionRecord, stored: ServiceSpec) -> bool:
+    """Whether a new version of `stored` would be the target again (its `name` aside: a spec may or
+    may not repeat it). A FAILED target is never unchanged: PUT the same spec to try it again."""
+    if target.state is VersionState.FAILED:
+        return False
+    return target.spec.model_copy(update={"name": None}) == stored.model_copy(update={"name": None})
 
 
 def _previous_usable(state: ServiceState) -> int | None:

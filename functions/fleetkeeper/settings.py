@@ -50,6 +50,11 @@ DOMAIN_NAME_ENV = "FLEETKEEPER_DOMAIN_NAME"
 METRIC_WINDOW_ENV = "FLEETKEEPER_METRIC_WINDOW_SECONDS"
 METRIC_LAG_ENV = "FLEETKEEPER_METRIC_LAG_SECONDS"
 CERTIFICATE_ARN_ENV = "FLEETKEEPER_CERTIFICATE_ARN"
+# The workdir store: the stack's bucket (AWS), or a local directory and the embedded server's upload
+# URL (embedded mode). Neither: specs with a workdir are refused.
+WORKDIR_BUCKET_ENV = "WORKDIR_BUCKET"
+WORKDIR_DIR_ENV = "FLEETKEEPER_WORKDIR_DIR"
+WORKDIR_UPLOAD_URL_ENV = "FLEETKEEPER_WORKDIR_UPLOAD_URL"
 
 DEFAULT_IMAGE_PARAMETER = "/aws/service/ami-amazon-linux-latest/al2023-ami-kernel-default-x86_64"
 DEFAULT_INSTANCE_TYPE = "t3.small"
@@ -100,10 +105,17 @@ class Ec2Settings:
     # A test and benchmark setting: replaces every replica's address in probe URLs (e.g. 127.0.0.1).
     # Never set it in a deployment.
     replica_host: str | None = None
+    # Where replicas fetch their version's workdir (the stack's bucket) and secrets (the parameters'
+    # path, /fleetkeeper/<table>): both named in their user data.
+    workdir_bucket: str | None = None
+    secrets_prefix: str | None = None
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> Ec2Settings:
+        table = environ.get(TABLE_NAME_ENV)
         return cls(
+            workdir_bucket=environ.get(WORKDIR_BUCKET_ENV) or None,
+            secrets_prefix=f"/fleetkeeper/{table}" if table else None,
             subnet_ids=_list(environ, SUBNET_IDS_ENV),
             security_group_ids=_list(environ, SECURITY_GROUP_IDS_ENV),
             instance_profile_arn=environ.get(INSTANCE_PROFILE_ENV) or None,
@@ -175,6 +187,9 @@ class Settings:
     # The autoscaler's request-rate window: its length and how long ago it ends.
     metric_window_seconds: int = DEFAULT_METRIC_WINDOW_SECONDS
     metric_lag_seconds: int = DEFAULT_METRIC_LAG_SECONDS
+    workdir_bucket: str | None = None
+    workdir_dir: str | None = None
+    workdir_upload_url: str | None = None
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> Settings:
@@ -200,6 +215,9 @@ class Settings:
                 environ, METRIC_WINDOW_ENV, DEFAULT_METRIC_WINDOW_SECONDS, 1, MAX_METRIC_SECONDS
             ),
             metric_lag_seconds=_integer(environ, METRIC_LAG_ENV, DEFAULT_METRIC_LAG_SECONDS, 0, MAX_METRIC_SECONDS),
+            workdir_bucket=environ.get(WORKDIR_BUCKET_ENV) or None,
+            workdir_dir=environ.get(WORKDIR_DIR_ENV) or None,
+            workdir_upload_url=environ.get(WORKDIR_UPLOAD_URL_ENV) or None,
         )
 
 

@@ -7,6 +7,8 @@ is a production incident waiting to happen.
 
 from __future__ import annotations
 
+import difflib
+import json
 import re
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
@@ -24,7 +26,7 @@ from fleetkeeper.errors import InvalidRequest
 from fleetkeeper.settings import DEFAULT_PROBE_BUDGET_SECONDS, MAX_PROBE_TIMEOUT_SECONDS
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Mapping, Sequence
 
 DEFAULT_PORT = 8080
 # The lowest port a replica may serve on: infra/network.yaml opens ReplicaPortFrom (1024) to
@@ -64,11 +66,21 @@ MAX_SCALE_DELAY_SECONDS = 86_400
 MAX_TARGET_QPS = 1_000_000.0
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# The name rule of services, in regex and in words (a message shows the words, never the regex).
+NAME_PATTERN = r"^[a-z][a-z0-9-]{0,62}$"
+NAME_RULE = "1 to 63 lower-case letters, digits and dashes, starting with a letter"
+# A workdir is stored content-addressed: its archive's SHA-256.
+WORKDIR_DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
+# Secrets are kept in one SSM Parameter Store SecureString per version (standard tier: 4 KB).
+MAX_SECRETS_BYTES = 4096
+# `$NAME` and `${NAME}` in a readiness probe's path, headers and post_data (SkyPilot's substitution).
+_VARIABLE = re.compile(r"\$(?:\{([A-Za-z_][A-Za-z0-9_]*)\}|([A-Za-z_][A-Za-z0-9_]*))")
 
 # Fields that SkyPilot accepts but fleetkeeper cannot honour: each gets a specific reason.
 _UNSUPPORTED: dict[str, str] = {
-    "file_mounts": "file mounts are not supported; bake files into the image or fetch them in `setup`",
-    "workdir": "workdir sync is not supported; fetch code in `setup`",
+    "file_mounts": (
+        "file mounts are not supported; put the files in `workdir`, bake them into the image or fetch them in `setup`"
+    ),
     "num_nodes": "multi-node replicas are not supported",
     "resources.cloud": "fleetkeeper runs on AWS only; remove `cloud`",
     "resources.region": "the region is the stack's region; remove `region`",
@@ -108,6 +120,54 @@ def _unprivileged(port: int | None, info: ValidationInfo) -> int | None:
     return port
 
 
+def _one_port(value: Any) -> Any:
+    """SkyPilot writes ports as `8080`, `"8080"` or `[8080]`: a replica serves on one port."""
+    if isinstance(value, list | tuple):
+        if len(value) != 1:
+            listed = ", ".join(map(str, value))
+            raise ValueError(f"a replica serves on one port; got {len(value)} ({listed}): give one, e.g. `ports: 8080`")
+        (value,) = value
+    if isinstance(value, str):
+        text = value.strip()
+        if "-" in text:
+            raise ValueError(
+                f"a port range ({text}) is not supported: a replica serves on one port, e.g. `ports: 8080`"
+            )
+        if text.isascii() and text.isdigit() and len(text) <= 5:
+            return int(text)
+    return value
+
+
+def _substitute(text: str, values: Mapping[str, str]) -> str:
+    """`$NAME` / `${NAME}` replaced by `values[NAME]`; names not in `values` are left as written."""
+
+    def one(match: re.Match[str]) -> str:
+        name = match.group(1) or match.group(2)
+        return values.get(name, match.group(0))
+
+    return _VARIABLE.sub(one, text)
+
+
+def _substituted(value: Any, values: Mapping[str, str]) -> Any:
+    if isinstance(value, str):
+        return _substitute(value, values)
+    if isinstance(value, dict):
+        return {_substitute(str(k), values): _substituted(v, values) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_substituted(v, values) for v in value]
+    return value
+
+
+def _variables(value: Any) -> set[str]:
+    if isinstance(value, str):
+        return {m.group(1) or m.group(2) for m in _VARIABLE.finditer(value)}
+    if isinstance(value, dict):
+        return set().union(*(_variables(str(k)) | _variables(v) for k, v in value.items())) if value else set()
+    if isinstance(value, list):
+        return set().union(*(_variables(v) for v in value)) if value else set()
+    return set()
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
@@ -118,6 +178,24 @@ class ReadinessProbe(_Strict):
     timeout_seconds: Annotated[int, Field(ge=1)] = 15
     headers: dict[str, str] = Field(default_factory=dict)
     post_data: dict[str, Any] | list[Any] | str | None = None
+
+    def variables(self) -> set[str]:
+        """The `$NAME`s its path, headers and post_data mention (filled from envs and secrets)."""
+        return _variables(self.path) | _variables(self.headers) | _variables(self.post_data)
+
+    def resolved(self, values: Mapping[str, str]) -> ReadinessProbe:
+        """This probe with `$NAME` and `${NAME}` in its path, headers and post_data replaced from
+        `values` (the version's envs and secrets), as SkyPilot fills its service section; a name
+        not in `values` stays as written."""
+        if not self.variables() & set(values):
+            return self
+        return self.model_copy(
+            update={
+                "path": _substitute(self.path, values),
+                "headers": _substituted(self.headers, values),
+                "post_data": _substituted(self.post_data, values),
+            }
+        )
 
     @field_validator("timeout_seconds")
     @classmethod
@@ -177,7 +255,8 @@ class ReplicaPolicy(_Strict):
 
 
 class ServiceSection(_Strict):
-    readiness_probe: ReadinessProbe
+    # SkyPilot's default: GET / (`readiness_probe: /`).
+    readiness_probe: ReadinessProbe = Field(default_factory=lambda: ReadinessProbe(path="/"))
     replicas: Annotated[int, Field(ge=0, le=1000)] | None = None
     replica_policy: ReplicaPolicy | None = None
     ports: Annotated[int, Field(ge=1, le=65535)] | None = None
@@ -185,6 +264,11 @@ class ServiceSection(_Strict):
     # specs that do not set them, so a spec reads back as it was written.
     load_balancing_policy: str | None = None
     drain_seconds: Annotated[int, Field(ge=0, le=MAX_DRAIN_SECONDS)] | None = None
+
+    @field_validator("ports", mode="before")
+    @classmethod
+    def _one_port(cls, value: Any) -> Any:
+        return _one_port(value)
 
     @field_validator("ports")
     @classmethod
@@ -221,6 +305,11 @@ class Resources(_Strict):
     disk_size: Annotated[int, Field(ge=8, le=16_384)] | None = None
     # Accepted only next to an explicit instance_type (it then documents what that type carries).
     accelerators: str | dict[str, int] | None = None
+
+    @field_validator("ports", mode="before")
+    @classmethod
+    def _one_port(cls, value: Any) -> Any:
+        return _one_port(value)
 
     @field_validator("ports")
     @classmethod
@@ -277,31 +366,141 @@ class UpdatePolicy(_Strict):
         return self
 
 
+class Workdir(_Strict):
+    """The packed working directory of a version: its archive's digest in the workdir store."""
+
+    digest: str = Field(description="sha256:<64 hex digits> of the archive `fleetkeeper up` packed and uploaded")
+
+    @field_validator("digest")
+    @classmethod
+    def _sha256(cls, value: str) -> str:
+        if not WORKDIR_DIGEST.match(value):
+            raise ValueError("expected sha256: and 64 lower-case hex digits (the archive's SHA-256)")
+        return value
+
+
+def _as_strings(value: Any, what: str) -> Any:
+    """SkyPilot's envs and secrets: names are shell names, numbers and booleans become text, and
+    a name without a value (`HF_TOKEN:` in YAML) stays None for the caller to fill."""
+    if not isinstance(value, dict):
+        return value
+    out: dict[Any, Any] = {}
+    for key, item in value.items():
+        if isinstance(key, str) and not _ENV_NAME.match(key):
+            raise ValueError(
+                f"{what} name {key!r} is not a valid shell name (letters, digits and _, not first a digit)"
+            )
+        if isinstance(item, bool):
+            out[key] = "true" if item else "false"
+        elif isinstance(item, int | float):
+            out[key] = str(item)
+        else:
+            out[key] = item
+    return out
+
+
+def _unfilled(names: list[str], flag: str) -> str:
+    listed = ", ".join(names)
+    verb = "has" if len(names) == 1 else "have"
+    example = names[0]
+    return (
+        f"{listed} {verb} no value: pass it with `{flag} {example}` (taken from your environment) or "
+        f"`{flag} {example}=VALUE`, or give it a value in the spec"
+    )
+
+
 class ServiceSpec(_Strict):
-    name: Annotated[str, Field(pattern=r"^[a-z][a-z0-9-]{0,62}$")] | None = None
+    name: str | None = None
     service: ServiceSection
     resources: Resources = Field(default_factory=Resources)
+    workdir: Workdir | None = None
     setup: Annotated[str, Field(max_length=16_384)] | None = None
     run: Annotated[str, Field(min_length=1, max_length=16_384)]
     envs: dict[str, str] = Field(default_factory=dict)
+    # Names -> values in a request; a stored spec keeps the names with null values (the values are in
+    # SSM Parameter Store, never in the table, a response or a log).
+    secrets: dict[str, str | None] = Field(default_factory=dict)
     update: UpdatePolicy = Field(default_factory=UpdatePolicy)
+
+    @field_validator("name")
+    @classmethod
+    def _name_rule(cls, value: str | None) -> str | None:
+        if value is not None and not re.match(NAME_PATTERN, value):
+            raise ValueError(f"{value!r} is not a service name: use {NAME_RULE} (or give one with --name)")
+        return value
+
+    @field_validator("workdir", mode="before")
+    @classmethod
+    def _workdir_is_uploaded(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            raise ValueError(
+                f"{value!r} is a local directory: `fleetkeeper up` and `fleetkeeper update` pack and upload it; "
+                'through the API, upload it with POST /v1/workdirs and send {"digest": "sha256:..."}'
+            )
+        return value
 
     @field_validator("envs", mode="before")
     @classmethod
     def _env_values_as_strings(cls, value: Any) -> Any:
-        if not isinstance(value, dict):
-            return value
-        out: dict[Any, Any] = {}
-        for key, item in value.items():
-            if isinstance(key, str) and not _ENV_NAME.match(key):
-                raise ValueError(f"environment variable name {key!r} is not a valid shell name")
-            if isinstance(item, bool):
-                out[key] = "true" if item else "false"
-            elif isinstance(item, int | float):
-                out[key] = str(item)
-            else:
-                out[key] = item
-        return out
+        value = _as_strings(value, "environment variable")
+        unfilled = sorted(str(k) for k, v in value.items() if v is None) if isinstance(value, dict) else []
+        if unfilled:
+            raise ValueError(_unfilled(unfilled, "--env"))
+        return value
+
+    @field_validator("secrets", mode="before")
+    @classmethod
+    def _secret_values_as_strings(cls, value: Any) -> Any:
+        if isinstance(value, list):
+            raise ValueError(
+                "give secrets as a mapping of names to values (`HF_TOKEN: null`, filled with --secret HF_TOKEN); "
+                "SkyPilot's managed-secret references (secrets:NAME) are not supported"
+            )
+        return _as_strings(value, "secret")
+
+    @field_validator("secrets")
+    @classmethod
+    def _secrets_filled(cls, value: dict[str, str | None], info: ValidationInfo) -> dict[str, str | None]:
+        if _stored(info):
+            return value  # values are never stored
+        unfilled = sorted(k for k, v in value.items() if v is None)
+        if unfilled:
+            raise ValueError(_unfilled(unfilled, "--secret"))
+        size = len(json.dumps(value, separators=(",", ":")).encode())
+        if size > MAX_SECRETS_BYTES:
+            raise ValueError(
+                f"the secrets take {size} bytes as JSON; at most {MAX_SECRETS_BYTES} fit (one SSM SecureString): "
+                "keep large files in the workdir or fetch them in `setup` with a secret token"
+            )
+        return value
+
+    @model_validator(mode="after")
+    def _envs_and_secrets_apart(self) -> ServiceSpec:
+        both = sorted(set(self.envs) & set(self.secrets))
+        if both:
+            raise ValueError(f"{', '.join(both)} is both in `envs` and in `secrets`: keep each name in one of them")
+        return self
+
+    @property
+    def secret_names(self) -> list[str]:
+        return sorted(self.secrets)
+
+    def without_secret_values(self) -> ServiceSpec:
+        """The spec as stored and shown: secret names kept, values gone."""
+        if all(v is None for v in self.secrets.values()):
+            return self
+        return self.model_copy(update={"secrets": dict.fromkeys(sorted(self.secrets))})
+
+    def secret_values(self) -> dict[str, str]:
+        return {k: v for k, v in sorted(self.secrets.items()) if v is not None}
+
+    def probe_for(self, secrets: Mapping[str, str]) -> ReadinessProbe:
+        """The readiness probe with `$NAME`s filled from envs and these secret values."""
+        return self.service.readiness_probe.resolved({**self.envs, **secrets})
+
+    @property
+    def probe_needs_secrets(self) -> bool:
+        return bool(self.service.readiness_probe.variables() & set(self.secrets))
 
     @property
     def port(self) -> int:
@@ -363,16 +562,49 @@ def describe_validation_errors(errors: Sequence[Any], prefix: str = "") -> list[
         field = _dotted(((prefix,) if prefix else ()) + loc) or "body"
         kind = item.get("type", "")
         if kind == "extra_forbidden":
-            reason = _UNSUPPORTED.get(field.removeprefix("spec."), "unknown field; fleetkeeper does not support it")
-            problem = f"unsupported field: {reason}"
+            reason = _UNSUPPORTED.get(field.removeprefix("spec."))
+            problem = f"unsupported field: {reason}" if reason else _unknown_field(loc, prefix)
         elif kind == "missing":
             problem = "required field is missing"
         elif kind == "json_invalid":
             field, problem = "body", "the body is not valid JSON"
+        elif kind == "string_pattern_mismatch" and field.rsplit(".", 1)[-1] in {"name", "service"}:
+            problem = f"{item.get('input')!r} is not a service name: use {NAME_RULE}"
         else:
             problem = str(item.get("msg", "invalid value")).removeprefix("Value error, ")
         details.append({"field": f"{where}{field}", "problem": problem})
     return details
+
+
+def _model_at(parts: Sequence[int | str]) -> type[BaseModel] | None:
+    """The spec model a field path leads to (`service.readiness_probe` -> ReadinessProbe)."""
+    model: type[BaseModel] = ServiceSpec
+    for part in parts:
+        field = model.model_fields.get(str(part))
+        if field is None:
+            return None
+        annotation = field.annotation
+        candidates = [annotation, *getattr(annotation, "__args__", ())]
+        found = next((c for c in candidates if isinstance(c, type) and issubclass(c, BaseModel)), None)
+        if found is None:
+            return None
+        model = found
+    return model
+
+
+def _unknown_field(loc: tuple[int | str, ...], prefix: str) -> str:
+    """An unknown field's problem: a typo gets `did you mean ...?`, from the fields of its section."""
+    parts = [p for p in loc if not (isinstance(p, str) and ("[" in p or p.startswith("function-")))]
+    if parts and parts[0] in {prefix, "spec"}:  # parse_spec's prefix, or the api body's `spec`
+        parts = parts[1:]
+    if not parts or not isinstance(parts[-1], str):
+        return "unknown field; fleetkeeper does not support it"
+    model = _model_at(parts[:-1])
+    known = list(model.model_fields) if model is not None else []
+    close = difflib.get_close_matches(parts[-1], known, n=1, cutoff=0.7)
+    if close:
+        return f"unknown field; did you mean `{close[0]}`?"
+    return "unknown field; fleetkeeper does not support it"
 
 
 def parse_spec(data: Any, *, prefix: str = "spec") -> ServiceSpec:

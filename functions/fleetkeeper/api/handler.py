@@ -31,26 +31,29 @@ from aws_lambda_powertools.event_handler.openapi.params import Header, Path, Que
 from fleetkeeper.api.kick import ReconcilerKick
 from fleetkeeper.api.models import (
     MAX_CLIENT_INTEGER,
-    NAME_PATTERN,
     CreateServiceRequest,
     ErrorBody,
     RollbackRequest,
     ServiceList,
-    ServiceTarget,
     ServiceView,
+    ServiceWritten,
     UpdateServiceRequest,
     VersionList,
+    WorkdirUpload,
+    WorkdirUploadRequest,
     service_view,
     summary,
     target_view,
     version_view,
 )
 from fleetkeeper.errors import FleetkeeperError, InvalidRequest, PayloadTooLarge, UnsupportedMediaType
-from fleetkeeper.services import ServiceCommands
+from fleetkeeper.secret_store import SecretStore
+from fleetkeeper.services import ServiceCommands, Written
 from fleetkeeper.settings import Settings
-from fleetkeeper.spec import describe_validation_errors
+from fleetkeeper.spec import NAME_PATTERN, NAME_RULE, describe_validation_errors
 from fleetkeeper.store.commands import CommandStore
 from fleetkeeper.store.table import Table
+from fleetkeeper.workdir_store import MAX_WORKDIR_BYTES, store_from_settings
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -66,17 +69,30 @@ MAX_BODY_BYTES = 64 * 1024
 # 192 KiB a version, so a page of 20 stays under 4 MB, well within Lambda's 6 MB response.
 MAX_VERSIONS_PAGE = 20
 DEFAULT_VERSIONS_PAGE = 10
+_ERROR_CONTENT: dict[str, Any] = {"application/json": {"model": ErrorBody}}
+_ETAG_HEADER: dict[str, Any] = {
+    "ETag": {"description": 'the service\'s generation as an HTTP entity tag, e.g. "7"', "schema": {"type": "string"}}
+}
 _UNAVAILABLE: OpenAPIResponse = {
     "description": "DynamoDB was busy (a concurrent write, throttling); nothing was written: retry after Retry-After",
-    "content": {"application/json": {"model": ErrorBody}},
+    "headers": {"Retry-After": {"description": "seconds to wait", "schema": {"type": "integer"}}},
+    "content": _ERROR_CONTENT,
 }
-_ERRORS: dict[int, OpenAPIResponse] = {
-    400: {"description": "invalid request", "content": {"application/json": {"model": ErrorBody}}},
-    404: {"description": "no such service", "content": {"application/json": {"model": ErrorBody}}},
-    409: {"description": "conflict", "content": {"application/json": {"model": ErrorBody}}},
-    503: _UNAVAILABLE,
+_BAD: OpenAPIResponse = {"description": "invalid request: the message names each field", "content": _ERROR_CONTENT}
+_MISSING: OpenAPIResponse = {"description": "no such service", "content": _ERROR_CONTENT}
+_CONFLICT: OpenAPIResponse = {"description": "conflict", "content": _ERROR_CONTENT}
+# Answered before any route: a body over 64 KiB, a body that is not JSON.
+_BODY_ERRORS: dict[int, OpenAPIResponse] = {
+    413: {"description": "the body is over 64 KiB", "content": _ERROR_CONTENT},
+    415: {"description": "the body is not application/json", "content": _ERROR_CONTENT},
 }
-_READ_ERRORS: dict[int, OpenAPIResponse] = {400: _ERRORS[400], 404: _ERRORS[404], 503: _UNAVAILABLE}
+_ERRORS: dict[int, OpenAPIResponse] = {400: _BAD, 404: _MISSING, 409: _CONFLICT, 503: _UNAVAILABLE}
+_READ_ERRORS: dict[int, OpenAPIResponse] = {400: _BAD, 404: _MISSING, 503: _UNAVAILABLE}
+_STALE: OpenAPIResponse = {"description": "If-Match names another generation", "content": _ERROR_CONTENT}
+_KEY_REUSED: OpenAPIResponse = {
+    "description": "this Idempotency-Key was used for another request",
+    "content": _ERROR_CONTENT,
+}
 
 # Path and header parameters. A name that does not match is refused by Powertools' validation and
 # answered by `_validation_error` with the api's own words for it.
@@ -101,8 +117,13 @@ app = APIGatewayRestResolver(enable_validation=True)
 
 
 def build_commands(settings: Settings) -> ServiceCommands:
-    """The commands of one invocation: cheap (the DynamoDB client is cached in fleetkeeper.aws)."""
-    return ServiceCommands(store=CommandStore(Table(settings.table_name)), kick=ReconcilerKick.from_settings(settings))
+    """The commands of one invocation: cheap (the clients are cached in fleetkeeper.aws)."""
+    return ServiceCommands(
+        store=CommandStore(Table(settings.table_name)),
+        kick=ReconcilerKick.from_settings(settings),
+        secrets=SecretStore.from_settings(settings),
+        workdirs=store_from_settings(settings),
+    )
 
 
 # This invocation's commands, set by `lambda_handler` around each resolve. A context variable
@@ -122,19 +143,28 @@ def _json(status: int, body: Any, headers: dict[str, str] | None = None) -> Resp
     return Response(status_code=status, content_type=content_types.APPLICATION_JSON, body=body, headers=headers)
 
 
+def etag(generation: int) -> str:
+    """A generation as HTTP's entity tag: a quoted string (RFC 9110, 8.8.3)."""
+    return f'"{generation}"'
+
+
 def _with_etag(status: int, state: ServiceState) -> Response[Any]:
-    return _json(status, service_view(state), {"ETag": str(state.service.generation)})
+    return _json(status, service_view(state), {"ETag": etag(state.service.generation)})
 
 
-def _written(status: int, state: ServiceState) -> Response[Any]:
-    """A write's answer: the service and its target, without replicas (ServiceTarget)."""
-    return _json(status, target_view(state), {"ETag": str(state.service.generation)})
+def _written(status: int, written: Written) -> Response[Any]:
+    """A write's answer: the service and its target, without replicas, and whether it changed."""
+    return _json(status, written_view(written), {"ETag": etag(written.state.service.generation)})
+
+
+def written_view(written: Written) -> dict[str, Any]:
+    return {**target_view(written.state), "changed": written.changed}
 
 
 def _invalid_name(name: object) -> InvalidRequest:
     return InvalidRequest(
-        f"service name {name!r} is invalid: use 1-63 lower-case letters, digits and dashes, starting with a letter",
-        details=[{"field": "name", "problem": f"must match {NAME_PATTERN}"}],
+        f"service name {name!r} is invalid: use {NAME_RULE}",
+        details=[{"field": "name", "problem": f"not {NAME_RULE}"}],
     )
 
 
@@ -177,8 +207,20 @@ def _idempotency_key(raw: str | None) -> str | None:
     return key
 
 
+def _without_secret_values(body: Any) -> Any:
+    """A request body as an Idempotency-Key record may keep it (hashed): secret values replaced by
+    null. A replay is then matched without them; the values themselves never reach a stored item."""
+    if isinstance(body, dict) and isinstance(body.get("body"), dict):  # an update's {"body", "if_match"}
+        return {**body, "body": _without_secret_values(body["body"])}
+    spec = body.get("spec") if isinstance(body, dict) else None
+    if not isinstance(spec, dict) or not isinstance(spec.get("secrets"), dict):
+        return body
+    secrets: dict[str, Any] = spec["secrets"]
+    return {**body, "spec": {**spec, "secrets": dict.fromkeys(secrets)}}
+
+
 def _replayable(
-    operation: str, name: str, body: Any, execute: Callable[[], ServiceState], *, key: str | None, status: int
+    operation: str, name: str, body: Any, execute: Callable[[], Written], *, key: str | None, status: int
 ) -> Response[Any]:
     """Run a write command (once per Idempotency-Key) and answer with the service view."""
 
@@ -189,14 +231,14 @@ def _replayable(
         # that would not be the first answer byte for byte; compressed, because Powertools stores it
         # with ASCII escapes, where a spec of 64 KiB of 4-byte characters would take 229 KB of the
         # 400 KB item (12 bytes per character, and every backslash doubled).
-        state = execute()
-        return {"view_z": _pack(target_view(state)), "generation": state.service.generation}
+        written = execute()
+        return {"view_z": _pack(written_view(written)), "generation": written.state.service.generation}
 
-    request = {"operation": operation, "name": name, "body": body}
+    request = {"operation": operation, "name": name, "body": _without_secret_values(body)}
     result = commands().idempotently(key, request, run, app.lambda_context)
     # The first answer and a replay both answer the cached text parsed back: the same dict, keys
     # in the same order, so the resolver serializes them to the same bytes.
-    return _json(status, _unpack(result["view_z"]), {"ETag": str(result["generation"])})
+    return _json(status, _unpack(result["view_z"]), {"ETag": etag(int(result["generation"]))})
 
 
 def _pack(view: dict[str, Any]) -> str:
@@ -211,27 +253,65 @@ def _unpack(packed: str) -> Any:
 # --- routes -----------------------------------------------------------------------------------------
 
 
+def _success(description: str, model: Any, *, etag_header: bool = True) -> OpenAPIResponse:
+    response: OpenAPIResponse = {"description": description, "content": {"application/json": {"model": model}}}
+    if etag_header:
+        response["headers"] = _ETAG_HEADER
+    return response
+
+
 @app.post(
     "/v1/services",
     responses={
-        201: {"description": "created", "content": {"application/json": {"model": ServiceTarget}}},
-        **_ERRORS,
+        201: _success("created", ServiceWritten),
+        400: _BAD,
+        409: _CONFLICT,
+        503: _UNAVAILABLE,
+        **_BODY_ERRORS,
+        422: _KEY_REUSED,
     },
 )
 def create_service(
     request: CreateServiceRequest, idempotency_key: IdempotencyKeyHeader = None
-) -> Response[ServiceTarget]:
+) -> Response[ServiceWritten]:
     return _replayable(
         "create",
         request.name,
         app.current_event.json_body,  # what a replay must match: the request as sent
-        lambda: commands().create(request.name, request.spec),
+        lambda: Written(commands().create(request.name, request.spec)),
         key=_idempotency_key(idempotency_key),
         status=201,
     )
 
 
-@app.get("/v1/services", responses={400: _ERRORS[400], 503: _UNAVAILABLE})
+@app.post(
+    "/v1/workdirs",
+    responses={
+        200: _success("where to upload, or that no upload is needed", WorkdirUpload, etag_header=False),
+        400: _BAD,
+        503: _UNAVAILABLE,
+        **_BODY_ERRORS,
+    },
+)
+def workdir_upload(request: WorkdirUploadRequest) -> Response[WorkdirUpload]:
+    """Where a packed workdir goes: a presigned upload, or null when the store has it already."""
+    upload = commands().workdir_upload(request.digest, request.size, request.service)
+    return _json(
+        200,
+        {
+            "digest": request.digest,
+            "upload": None
+            if upload is None
+            else {"url": upload.url, "method": upload.method, "headers": upload.headers},
+            "max_bytes": MAX_WORKDIR_BYTES,
+        },
+    )
+
+
+@app.get(
+    "/v1/services",
+    responses={200: _success("a page of services", ServiceList, etag_header=False), 400: _BAD, 503: _UNAVAILABLE},
+)
 def list_services(
     limit: Annotated[int, Query(ge=1, le=100)] = 50,
     next_token: Annotated[str | None, Query(max_length=2048)] = None,
@@ -240,7 +320,7 @@ def list_services(
     return _json(200, {"services": [summary(s) for s in services], "next_token": token})
 
 
-@app.get("/v1/services/<name>", responses=_READ_ERRORS)
+@app.get("/v1/services/<name>", responses={200: _success("the service", ServiceView), **_READ_ERRORS})
 def get_service(name: ServiceNameParam) -> Response[ServiceView]:
     return _with_etag(200, commands().get(name))
 
@@ -248,9 +328,13 @@ def get_service(name: ServiceNameParam) -> Response[ServiceView]:
 @app.put(
     "/v1/services/<name>",
     responses={
-        200: {"description": "updated", "content": {"application/json": {"model": ServiceTarget}}},
+        200: _success(
+            "updated: a new version; or, with `changed` false, the spec is the target's already", ServiceWritten
+        ),
         **_ERRORS,
-        412: {"description": "If-Match generation mismatch"},
+        **_BODY_ERRORS,
+        412: _STALE,
+        422: _KEY_REUSED,
     },
 )
 def update_service(
@@ -258,7 +342,7 @@ def update_service(
     request: UpdateServiceRequest,
     if_match: IfMatchHeader = None,
     idempotency_key: IdempotencyKeyHeader = None,
-) -> Response[ServiceTarget]:
+) -> Response[ServiceWritten]:
     expected = _expected_generation(if_match)
     return _replayable(
         "update",
@@ -270,7 +354,10 @@ def update_service(
     )
 
 
-@app.get("/v1/services/<name>/versions", responses=_READ_ERRORS)
+@app.get(
+    "/v1/services/<name>/versions",
+    responses={200: _success("a page of versions", VersionList), **_READ_ERRORS},
+)
 def list_versions(
     name: ServiceNameParam,
     limit: Annotated[int, Query(ge=1, le=MAX_VERSIONS_PAGE)] = DEFAULT_VERSIONS_PAGE,
@@ -285,19 +372,22 @@ def list_versions(
             "versions": [version_view(v) for v in versions],
             "next_token": token,
         },
-        {"ETag": str(service.generation)},
+        {"ETag": etag(service.generation)},
     )
 
 
 @app.post(
     "/v1/services/<name>/rollback",
     responses={
-        200: {"description": "rolled back", "content": {"application/json": {"model": ServiceTarget}}},
+        200: _success("rolled back (or, with `changed` false, at that version already)", ServiceWritten),
         **_ERRORS,
-        412: {"description": "If-Match generation mismatch"},
+        **_BODY_ERRORS,
+        412: _STALE,
     },
 )
-def rollback_service(name: ServiceNameParam, if_match: IfMatchHeader = None) -> Response[ServiceTarget]:
+def rollback_service(name: ServiceNameParam, if_match: IfMatchHeader = None) -> Response[ServiceWritten]:
+    # The body is optional (POST with none rolls back to the previous version): read here, so an empty
+    # body is not a validation error; openapi_json() documents it.
     request = _optional_body(RollbackRequest)
     expected = _expected_generation(if_match)
     state = commands().rollback(name, request.version, expected_generation=expected)
@@ -306,12 +396,9 @@ def rollback_service(name: ServiceNameParam, if_match: IfMatchHeader = None) -> 
 
 @app.delete(
     "/v1/services/<name>",
-    responses={
-        202: {"description": "deleting", "content": {"application/json": {"model": ServiceTarget}}},
-        **_READ_ERRORS,
-    },
+    responses={202: _success("deleting (status SHUTTING_DOWN)", ServiceWritten), **_READ_ERRORS},
 )
-def delete_service(name: ServiceNameParam) -> Response[ServiceTarget]:
+def delete_service(name: ServiceNameParam) -> Response[ServiceWritten]:
     return _written(202, commands().delete(name))
 
 
@@ -324,13 +411,60 @@ def openapi_json() -> str:
         in_=APIKeyIn.header,
         description="AWS Signature Version 4 for execute-api (API Gateway AWS_IAM auth)",
     )
-    return app.get_openapi_json_schema(
-        title="fleetkeeper",
-        version="1",
-        description="Create, update, roll back and delete services; every route needs AWS_IAM (SigV4).",
-        security_schemes={"sigv4": sigv4},
-        security=[{"sigv4": []}],
+    document = json.loads(
+        app.get_openapi_json_schema(
+            title="fleetkeeper",
+            version="1",
+            description="Create, update, roll back and delete services; every route needs AWS_IAM (SigV4).",
+            security_schemes={"sigv4": sigv4},
+            security=[{"sigv4": []}],
+        )
     )
+    return json.dumps(_as_answered(document), indent=2)
+
+
+def _as_answered(document: dict[str, Any]) -> dict[str, Any]:
+    """The generated document made true to what the api answers.
+
+    Powertools lists a 422 "Validation Error" on every operation; this api answers validation errors
+    with 400 (its error body), and 422 only for a reused Idempotency-Key (declared where it applies).
+    Rollback's body is optional, so it is read by the route rather than declared: it is added here.
+    The document itself is served by GET /v1/openapi.json.
+    """
+    schemas = document.setdefault("components", {}).setdefault("schemas", {})
+    document["paths"]["/v1/openapi.json"] = {
+        "get": {
+            "summary": "GET /v1/openapi.json",
+            "operationId": "openapi_document",
+            "responses": {
+                "200": {
+                    "description": "this document (OpenAPI 3)",
+                    "content": {"application/json": {"schema": {"type": "object"}}},
+                }
+            },
+        }
+    }
+    error = {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorBody"}}}
+    for methods in document["paths"].values():
+        for operation in methods.values():
+            responses = operation.setdefault("responses", {})
+            unprocessable = responses.get("422", {})
+            if "HTTPValidationError" in json.dumps(unprocessable):
+                del responses["422"]
+            # Any request with a body is measured and typed before any route sees it.
+            for status, answered in _BODY_ERRORS.items():
+                responses.setdefault(str(status), {"description": answered["description"], "content": error})
+    for unused in ("HTTPValidationError", "ValidationError", "ResponseValidationError"):
+        if f"#/components/schemas/{unused}" not in json.dumps(document["paths"]):
+            schemas.pop(unused, None)
+    rollback = document["paths"]["/v1/services/{name}/rollback"]["post"]
+    rollback["requestBody"] = {
+        "required": False,
+        "description": "optional: without a body (or without `version`) the previous usable version",
+        "content": {"application/json": {"schema": {"$ref": "#/components/schemas/RollbackRequest"}}},
+    }
+    schemas["RollbackRequest"] = RollbackRequest.model_json_schema(ref_template="#/components/schemas/{model}")
+    return document
 
 
 @app.get("/v1/openapi.json", include_in_schema=False)

@@ -8,14 +8,13 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from fleetkeeper import autoscale
 from fleetkeeper.model import to_iso, utcnow
-from fleetkeeper.spec import ServiceSpec
+from fleetkeeper.spec import NAME_PATTERN, WORKDIR_DIGEST, ServiceSpec
 
 if TYPE_CHECKING:
     from datetime import datetime
 
     from fleetkeeper.model import ReplicaRecord, ServiceRecord, ServiceState, VersionRecord
 
-NAME_PATTERN = r"^[a-z][a-z0-9-]{0,62}$"
 # Every integer a client sends (a version, a generation in If-Match, a page size) is at most this:
 # far below DynamoDB's 38 significant digits, and more versions or writes than a service will see.
 MAX_CLIENT_INTEGER = 10**9
@@ -37,7 +36,32 @@ class UpdateServiceRequest(_Request):
 
 
 class RollbackRequest(_Request):
-    version: Annotated[int, Field(ge=1, le=MAX_CLIENT_INTEGER)] | None = None
+    version: Annotated[int, Field(ge=1, le=MAX_CLIENT_INTEGER)] | None = Field(
+        default=None, description="the version to go back to; default: the newest earlier version that did not fail"
+    )
+
+
+class WorkdirUploadRequest(_Request):
+    digest: Annotated[str, Field(pattern=WORKDIR_DIGEST.pattern, description="sha256:<64 hex digits> of the archive")]
+    size: Annotated[int, Field(ge=1, le=MAX_CLIENT_INTEGER, description="the archive's size in bytes")]
+    service: ServiceName | None = Field(
+        default=None, description="the service it is for: a digest its current incarnation has needs no upload"
+    )
+
+
+class UploadView(BaseModel):
+    url: str = Field(description="where to send the archive (a presigned S3 URL on AWS)")
+    method: str = Field(description="the HTTP method: PUT")
+    headers: dict[str, str] = Field(description="headers the request must carry as they are (they are signed)")
+
+
+class WorkdirUpload(BaseModel):
+    digest: str
+    upload: UploadView | None = Field(
+        description="null: the archive is stored already; else send it with this one request, then name the digest "
+        "in the spec's `workdir`"
+    )
+    max_bytes: int = Field(description="the largest archive a version may name")
 
 
 class ReplicaView(BaseModel):
@@ -56,14 +80,23 @@ class ReplicaView(BaseModel):
 
 class ServiceSummary(BaseModel):
     name: str
-    uid: str
-    status: str
-    status_message: str
-    lifecycle: str
-    target_version: int
+    uid: str = Field(
+        description="the incarnation's id: a service deleted and created again under its name gets another"
+    )
+    status: str = Field(
+        description="NO_REPLICA, REPLICA_INIT, READY, UPDATING, FAILED or SHUTTING_DOWN, as the reconciler last "
+        "recorded it: the status of generation `observed_generation`, not necessarily of `generation`"
+    )
+    status_message: str = Field(description="why, in words (of generation `observed_generation` too)")
+    lifecycle: str = Field(description="ACTIVE or DELETING")
+    target_version: int = Field(description="the version the service is moving to or runs")
     latest_version: int
-    generation: int
-    observed_generation: int
+    generation: int = Field(description="bumped by every write; the ETag, and what If-Match names")
+    observed_generation: int = Field(description="the generation the reconciler last acted on")
+    reconciled: bool = Field(
+        description="whether status and status_message describe the current generation (observed_generation = "
+        "generation); false right after a write, until the reconciler has acted on it"
+    )
     endpoint: str | None = Field(
         description="the service's URL (its load balancer endpoint); null until the reconciler has made it, "
         "or when the stack has no load balancer"
@@ -108,6 +141,15 @@ class AutoscalingView(BaseModel):
     request_rate_at: str | None = Field(description="when that rate was measured")
     recommended_replicas: int | None = Field(description="what that rate recommends")
     pending: PendingScaling | None = Field(description="the next change, if the rate stays; null: none")
+
+
+class ServiceWritten(ServiceTarget):
+    """What a write answers: the service and its target, and whether the request changed it."""
+
+    changed: bool = Field(
+        description="false when the request changed nothing (an update identical to the target version, "
+        "a rollback to the current target, a delete of a service already being deleted): nothing was written"
+    )
 
 
 class ServiceView(ServiceTarget):
@@ -159,6 +201,7 @@ def summary(service: ServiceRecord) -> dict[str, Any]:
         "latest_version": service.latest_version,
         "generation": service.generation,
         "observed_generation": service.observed_generation,
+        "reconciled": service.observed_generation >= service.generation,
         "endpoint": service.endpoint.url if service.endpoint is not None else None,
         "created_at": service.created_at,
         "updated_at": service.updated_at,

@@ -15,11 +15,13 @@ from aws_lambda_powertools.metrics import MetricUnit
 from aws_lambda_powertools.utilities.batch import BatchProcessor, EventType, process_partial_response
 from aws_lambda_powertools.utilities.data_classes.dynamo_db_stream_event import DynamoDBRecordEventName
 
-from fleetkeeper.cleanup.logic import Budget, Cleaner, Incarnation
+from fleetkeeper.cleanup.logic import Budget, Cleaner, Incarnation, IncarnationStore
+from fleetkeeper.secret_store import SecretStore
 from fleetkeeper.settings import Settings
 from fleetkeeper.store.cleanup import ChildKeys
 from fleetkeeper.store.keys import is_service_key
 from fleetkeeper.store.table import Table
+from fleetkeeper.workdir_store import store_from_settings
 
 if TYPE_CHECKING:
     from aws_lambda_powertools.utilities.batch.types import PartialItemFailureResponse
@@ -38,7 +40,13 @@ def _is_service_removal(record: DynamoDBRecord) -> bool:
     return is_service_key(record.dynamodb.keys)
 
 
-def record_handler(record: DynamoDBRecord, lambda_context: LambdaContext, *, table: Table) -> None:
+def record_handler(
+    record: DynamoDBRecord,
+    lambda_context: LambdaContext,
+    *,
+    table: Table,
+    stores: tuple[tuple[str, IncarnationStore], ...] = (),
+) -> None:
     if not _is_service_removal(record):
         logger.warning("ignoring a record that is not a service removal", extra={"event_id": record.event_id})
         metrics.add_metric(name="CleanupRecordsIgnored", unit=MetricUnit.Count, value=1)
@@ -55,6 +63,10 @@ def record_handler(record: DynamoDBRecord, lambda_context: LambdaContext, *, tab
             budget=Budget(remaining_ms=lambda_context.get_remaining_time_in_millis),
         )
         progress = cleaner.run()
+        # Then what the incarnation keeps outside the table: its versions' secrets (Parameter Store)
+        # and workdir copies (the workdir store). Deleting is idempotent, so a redelivery redoes it.
+        for what, store in stores:
+            log[f"{what}_deleted"] = store.delete_incarnation(incarnation.name, incarnation.uid)
     except Exception as exc:
         # Any failure fails this record only; the stream delivers it again (then to the failure queue).
         deleted = cleaner.progress.deleted if cleaner else 0
@@ -81,10 +93,15 @@ def record_handler(record: DynamoDBRecord, lambda_context: LambdaContext, *, tab
 @logger.inject_lambda_context
 def lambda_handler(event: dict[str, Any], context: LambdaContext) -> PartialItemFailureResponse:
     # Configuration is read once per invocation; the client behind the table is cached in fleetkeeper.aws.
-    table = Table(Settings.from_env(os.environ).table_name)
+    settings = Settings.from_env(os.environ)
+    table = Table(settings.table_name)
+    workdirs = store_from_settings(settings)
+    stores: tuple[tuple[str, IncarnationStore], ...] = (("secrets", SecretStore.from_settings(settings)),)
+    if workdirs is not None:
+        stores += (("workdirs", workdirs),)
     return process_partial_response(
         event=event,
-        record_handler=functools.partial(record_handler, table=table),
+        record_handler=functools.partial(record_handler, table=table, stores=stores),
         processor=processor,
         context=context,
     )

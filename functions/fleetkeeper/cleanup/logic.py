@@ -40,6 +40,12 @@ class ChildKeysPort(Protocol):
     def delete(self, keys: list[RawItem]) -> list[RawItem]: ...
 
 
+class IncarnationStore(Protocol):
+    """What an incarnation keeps outside the table (its secrets, its workdir copies): deleted with it."""
+
+    def delete_incarnation(self, service: str, uid: str) -> int: ...
+
+
 @dataclass(frozen=True)
 class Incarnation:
     """The removed service item's identity: its name and the uid its children's keys carry."""

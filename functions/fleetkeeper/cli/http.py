@@ -20,6 +20,7 @@ from urllib.parse import urlsplit
 
 if TYPE_CHECKING:
     from collections.abc import Callable
+    from pathlib import Path
 
 API_URL_ENV = "FLEETKEEPER_API_URL"
 DEFAULT_API_URL = "http://127.0.0.1:8080"
@@ -193,6 +194,27 @@ class ApiClient:
             self.sleep(0.5 * 2 ** (attempt - 1))
         raise AssertionError("unreachable")  # pragma: no cover
 
+    def upload(self, url: str, method: str, headers: dict[str, str], path: Path) -> None:
+        """Send a file to a URL the API handed out (a presigned S3 URL, or the embedded store's):
+        not signed by us (the URL carries its own authorisation), streamed from disk."""
+        parts = urlsplit(url)
+        if parts.scheme != "https" and not is_loopback(url):
+            raise Unreachable(f"refusing to upload over plain http to {parts.hostname}")
+        size = path.stat().st_size
+        with path.open("rb") as body:
+            request = urllib.request.Request(
+                url, data=body, method=method, headers={**headers, "Content-Length": str(size)}
+            )
+            try:
+                with urllib.request.urlopen(request, timeout=max(self.timeout, 600.0)) as answer:
+                    answer.read()
+            except urllib.error.HTTPError as exc:
+                payload = exc.read()
+                raise ApiError(exc.code, f"the workdir upload was refused: {_upload_error(payload)}", None) from None
+            except (urllib.error.URLError, OSError) as exc:
+                reason = getattr(exc, "reason", exc)
+                raise Unreachable(f"cannot upload the workdir to {parts.hostname}: {reason}") from None
+
     def _send(self, method: str, url: str, data: bytes | None, *, raw: bool) -> Response:
         headers = {"Accept": "application/json", "User-Agent": "fleetkeeper-cli"}
         if data is not None:
@@ -212,6 +234,16 @@ class ApiClient:
             reason = getattr(exc, "reason", exc)
             raise Unreachable(f"cannot reach the fleetkeeper API at {self.base_url}: {reason}") from None
         return Response(status, answer_headers, payload.decode(errors="replace") if raw else _decode(payload))
+
+
+def _upload_error(payload: bytes) -> str:
+    """S3's XML error (its Code and Message), or fleetkeeper's JSON one, in one line."""
+    text = payload.decode(errors="replace")
+    body = _decode(payload)
+    if isinstance(body, dict):
+        return _error_message(0, body)
+    match = re.search(r"<Code>(.*?)</Code>.*?<Message>(.*?)</Message>", text, re.S)
+    return f"{match[1]}: {match[2]}" if match else (text.strip()[:300] or "no reason given")
 
 
 def _decode(payload: bytes) -> Any:

@@ -13,13 +13,22 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, NoReturn
 
 import yaml
 
 from fleetkeeper.cli import render
-from fleetkeeper.cli.http import ApiClient, ApiError, Unreachable, UsageError, is_loopback, resolve_api_url
+from fleetkeeper.cli.http import (
+    DEFAULT_API_URL,
+    ApiClient,
+    ApiError,
+    Unreachable,
+    UsageError,
+    is_loopback,
+    resolve_api_url,
+)
 from fleetkeeper.cli.waiting import EXIT_FAILED, EXIT_OK, Goal, Progress, wait_for
 from fleetkeeper.local.options import add_arguments, options_from, seconds
 
@@ -37,8 +46,95 @@ LOGS_ON_AWS = (
 class _Parser(argparse.ArgumentParser):
     """argparse, but usage errors raise so main() owns every exit (and tests can call it)."""
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", argparse.RawDescriptionHelpFormatter)
+        super().__init__(*args, **kwargs)
+
     def error(self, message: str) -> NoReturn:
         raise UsageError(f"{message}\n{self.format_usage().strip()}")
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("fleetkeeper")
+    except PackageNotFoundError:  # running from a source tree that was never installed
+        return "unknown"
+
+
+_HELP: dict[str, tuple[str, str]] = {
+    "up": (
+        "Create a service from a spec (a SkyPilot service YAML, plus fleetkeeper's `update:`).",
+        "  fleetkeeper up service.yaml --wait\n"
+        "  HF_TOKEN=... fleetkeeper up -n llm llm.yaml --env MODEL=mistral --secret HF_TOKEN --wait\n"
+        "The spec's `workdir` is packed (.skyignore, else .gitignore, decides what is left out) and uploaded;\n"
+        "its replicas start in it. --env and --secret without =VALUE take the value from your environment.",
+    ),
+    "update": (
+        "Roll out a new version of a service. A spec identical to the running one (same files in its\n"
+        "workdir, same secret values) changes nothing.",
+        "  fleetkeeper update web web.yaml --wait\n"
+        "  fleetkeeper update web web.yaml --mode blue_green --env-file prod.env",
+    ),
+    "status": (
+        "Show one service (its replicas), or every service.",
+        "  fleetkeeper status\n  fleetkeeper status web -o json",
+    ),
+    "versions": ("List a service's versions, oldest first (* marks the target).", "  fleetkeeper versions web"),
+    "rollback": (
+        "Go back to an earlier version (default: the newest earlier one that did not fail).",
+        "  fleetkeeper rollback web --wait\n  fleetkeeper rollback web --to 3",
+    ),
+    "down": ("Delete a service: every replica is terminated.", "  fleetkeeper down web --wait"),
+    "logs": (
+        "Print the replicas' logs (embedded mode): the service's current replicas, or --all of them.",
+        "  fleetkeeper logs web\n  fleetkeeper logs web 3 --tail 50\n  fleetkeeper logs web --follow",
+    ),
+    "local": (
+        "Run the whole control plane on this machine: the API, the reconciler, the cleanup, an in-memory\n"
+        "AWS, and replicas as local processes (each gets its own $PORT).",
+        "  fleetkeeper local\n  fleetkeeper local --port 9090 --dir /tmp/fk",
+    ),
+}
+
+
+def _command(commands: Any, name: str, parents: list[argparse.ArgumentParser]) -> argparse.ArgumentParser:
+    description, examples = _HELP[name]
+    return commands.add_parser(  # type: ignore[no-any-return]
+        name,
+        parents=parents,
+        help=description.split("\n")[0].rstrip("."),
+        description=description,
+        epilog=f"examples:\n{examples}",
+    )
+
+
+def _spec_inputs(parser: argparse.ArgumentParser) -> None:
+    inputs = parser.add_argument_group("values for the spec (as `sky serve up` takes them)")
+    inputs.add_argument(
+        "--env",
+        action="append",
+        default=[],
+        metavar="NAME[=VALUE]",
+        help="set or override an entry of `envs` (without =VALUE: from your environment); repeatable",
+    )
+    inputs.add_argument(
+        "--env-file",
+        action="append",
+        default=[],
+        type=Path,
+        metavar="FILE",
+        help="NAME=VALUE lines (a dotenv file) for `envs`, before --env; repeatable",
+    )
+    inputs.add_argument(
+        "--secret",
+        action="append",
+        default=[],
+        metavar="NAME[=VALUE]",
+        help="set a secret (without =VALUE: from your environment): the replicas get it as an environment "
+        "variable; it is never stored with the version, shown or logged; repeatable",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -54,38 +150,54 @@ def build_parser() -> argparse.ArgumentParser:
         "--timeout", type=seconds(), default=DEFAULT_TIMEOUT, help="seconds --wait waits (default 900)"
     )
 
-    parser = _Parser(prog="fleetkeeper", description="Drive a fleetkeeper control plane (AWS or embedded).")
+    parser = _Parser(
+        prog="fleetkeeper",
+        description="Drive a fleetkeeper control plane: on AWS (--stack, --api-url) or embedded (`fleetkeeper local`).",
+        epilog="examples:\n  fleetkeeper local &\n  fleetkeeper up service.yaml --wait\n  fleetkeeper status",
+    )
+    parser.add_argument("--version", action="version", version=f"fleetkeeper {_version()}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True, parser_class=_Parser)
 
-    up = commands.add_parser("up", parents=[common, output, waiting], help="create a service from a spec")
+    up = _command(commands, "up", [common, output, waiting])
     up.add_argument("spec", type=Path, metavar="SPEC.yaml")
-    up.add_argument("--name", "-n", help="service name (overrides the spec's `name`)")
+    up.add_argument("--name", "-n", help="the service's name (replaces the spec's `name`)")
+    _spec_inputs(up)
 
-    update = commands.add_parser("update", parents=[common, output, waiting], help="roll out a new version")
+    update = _command(commands, "update", [common, output, waiting])
     update.add_argument("name", metavar="NAME")
     update.add_argument("spec", type=Path, metavar="SPEC.yaml")
     update.add_argument("--mode", choices=["rolling", "blue_green"], help="default: the spec's update.mode")
+    _spec_inputs(update)
 
-    status = commands.add_parser("status", parents=[common, output], help="one service, or all")
+    status = _command(commands, "status", [common, output])
     status.add_argument("name", nargs="?", metavar="NAME")
 
-    versions = commands.add_parser("versions", parents=[common, output], help="a service's versions")
+    versions = _command(commands, "versions", [common, output])
     versions.add_argument("name", metavar="NAME")
 
-    rollback = commands.add_parser("rollback", parents=[common, output, waiting], help="go back to a version")
+    rollback = _command(commands, "rollback", [common, output, waiting])
     rollback.add_argument("name", metavar="NAME")
     rollback.add_argument("--to", type=int, dest="version", metavar="N", help="default: the previous version")
 
-    down = commands.add_parser("down", parents=[common, output, waiting], help="delete a service")
+    down = _command(commands, "down", [common, output, waiting])
     down.add_argument("name", metavar="NAME")
 
-    logs = commands.add_parser("logs", parents=[common], help="replica logs (embedded mode)")
+    logs = _command(commands, "logs", [common])
     logs.add_argument("name", metavar="NAME")
     logs.add_argument("replica", nargs="?", type=int, metavar="REPLICA")
+    logs.add_argument("--follow", "-f", action="store_true", help="keep printing new lines until Ctrl-C")
+    logs.add_argument("--tail", type=_count, metavar="N", help="only the last N lines of each log")
+    logs.add_argument("--all", action="store_true", help="also replicas no longer in the service (replaced, removed)")
 
-    local = commands.add_parser("local", help="run the whole control plane on this machine")
+    local = _command(commands, "local", [])
     add_arguments(local)
     return parser
+
+
+def _count(text: str) -> int:
+    if not (text.isascii() and text.isdigit()) or len(text) > 9:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of lines")
+    return int(text)
 
 
 class Cli:
@@ -120,18 +232,58 @@ class Cli:
             spec.pop("name", None)  # --name overrides the spec's own name (one spec, many services)
         name = self.args.name or spec.get("name")
         if not name:
-            raise UsageError(f"{self.args.spec}: give the service a name with --name or a `name:` in the spec")
+            raise UsageError(f"{self.args.spec}: give the service a name with --name (-n) or a `name:` in the spec")
+        spec = self._prepared(spec, str(name), existing=False)
         view = self.client.request("POST", "/v1/services", {"name": name, "spec": spec}).body
         self._said(f"created {name} (v{view['target_version']}, {view['status']})", view)
         return self._maybe_wait(view)
 
     def update(self) -> int:
-        body: dict[str, Any] = {"spec": load_spec(self.args.spec)}
+        body: dict[str, Any] = {"spec": self._prepared(load_spec(self.args.spec), self.args.name, existing=True)}
         if self.args.mode:
             body["mode"] = self.args.mode
         view = self.client.request("PUT", f"/v1/services/{self.name}", body).body
-        self._said(f"updating {self.args.name} to v{view['target_version']} ({view.get('mode')})", view)
+        if view.get("changed") is False:
+            self._said(
+                f"{self.args.name} is unchanged: v{view['target_version']} already runs this spec "
+                "(same files, same values); nothing to roll out",
+                view,
+            )
+        else:
+            self._said(f"updating {self.args.name} to v{view['target_version']} ({view.get('mode')})", view)
         return self._maybe_wait(view)
+
+    def _prepared(self, spec: dict[str, Any], name: str, *, existing: bool) -> dict[str, Any]:
+        """The spec as the API takes it: --env-file, --env and --secret applied, the workdir packed
+        and uploaded (its digest in its place)."""
+        spec = apply_values(spec, self.args.env_file, self.args.env, self.args.secret, source=str(self.args.spec))
+        workdir = spec.get("workdir")
+        if isinstance(workdir, str):
+            spec["workdir"] = {"digest": self._upload_workdir(Path(workdir), name if existing else None)}
+        return spec
+
+    def _upload_workdir(self, directory: Path, service: str | None) -> str:
+        from fleetkeeper.cli.workdir import pack
+
+        packed = pack(directory)
+        try:
+            body: dict[str, Any] = {"digest": packed.digest, "size": packed.size}
+            if service is not None:
+                body["service"] = service
+            answer = self.client.request("POST", "/v1/workdirs", body).body
+            upload = answer.get("upload")
+            rules = f", {packed.ignore_file} applied" if packed.ignore_file else ""
+            if upload is None:
+                self.note(f"workdir {directory}: {packed.files} files, already stored ({packed.digest[:19]})")
+            else:
+                self.client.upload(upload["url"], upload["method"], upload.get("headers") or {}, packed.path)
+                self.note(
+                    f"workdir {directory}: {packed.files} files, {_size(packed.size)} uploaded{rules} "
+                    f"({packed.digest[:19]})"
+                )
+            return packed.digest
+        finally:
+            packed.path.unlink(missing_ok=True)
 
     def rollback(self) -> int:
         body = None if self.args.version is None else {"version": self.args.version}
@@ -171,20 +323,52 @@ class Cli:
             raise UsageError(LOGS_ON_AWS)
         # Log files can outlive their service (or never have been its own): a missing service is
         # the API's 404, exit 2, as for `status`.
-        self.client.request("GET", f"/v1/services/{self.name}")
+        view = self.client.request("GET", f"/v1/services/{self.name}").body
         base = f"/_local/logs/{self.name}"
+        offsets: dict[int, int] = {}
+        headed: int | None = None
+        tail = f"?tail={self.args.tail}" if self.args.tail is not None else ""
+        while True:
+            wanted, others = self._logs_wanted(base, view)
+            if not wanted and not offsets:
+                more = f"; --all shows {others} of replicas no longer in it" if others else ""
+                self.note(f"no logs of {self.args.name}'s current replicas yet{more}")
+            for replica_id, path in wanted:
+                query = f"?offset={offsets[replica_id]}" if replica_id in offsets else tail
+                answer = self.client.request("GET", f"{base}/{replica_id}{query}", raw=True)
+                offsets[replica_id] = int(answer.headers.get("X-Log-Size", offsets.get(replica_id, 0)))
+                text = answer.body
+                if not text:
+                    continue
+                if self.args.replica is None and headed != replica_id:
+                    self.out.write(f"==> replica {replica_id} ({path}) <==\n")
+                    headed = replica_id
+                self.out.write(text if text.endswith("\n") else text + "\n")
+            self.out.flush()
+            if not self.args.follow:
+                return EXIT_OK
+            time.sleep(0.5)
+            try:
+                view = self.client.request("GET", f"/v1/services/{self.name}").body
+            except ApiError as exc:
+                if exc.status == 404:
+                    self.note(f"{self.args.name} is gone")
+                    return EXIT_OK
+                raise
+
+    def _logs_wanted(self, base: str, view: dict[str, Any]) -> tuple[list[tuple[int, str]], int]:
+        """(replica id, path) of the logs to print (one replica, the service's current ones, or --all),
+        and how many logs are left out."""
+        found = {int(e["replica_id"]): str(e["path"]) for e in self.client.request("GET", base).body["logs"]}
         if self.args.replica is not None:
-            self.out.write(self.client.request("GET", f"{base}/{self.args.replica}", raw=True).body)
-            return EXIT_OK
-        found = self.client.request("GET", base).body["logs"]
-        if not found:
-            self.note(f"no replica logs for {self.args.name} yet")
-        for entry in found:
-            text = self.client.request("GET", f"{base}/{entry['replica_id']}", raw=True).body
-            self.out.write(f"==> replica {entry['replica_id']} ({entry['path']}) <==\n{text}")
-            if text and not text.endswith("\n"):
-                self.out.write("\n")
-        return EXIT_OK
+            if self.args.replica not in found:
+                name = self.args.name
+                replica = self.args.replica
+                raise UsageError(f"no log for replica {replica} of {name}; see `fleetkeeper logs {name} --all`")
+            return [(self.args.replica, found[self.args.replica])], 0
+        current = {int(r["replica_id"]) for r in view.get("replicas", [])}
+        wanted = [(rid, path) for rid, path in sorted(found.items()) if self.args.all or rid in current]
+        return wanted, len(found) - len(wanted)
 
     # -- helpers ---------------------------------------------------------------------------------------
 
@@ -236,6 +420,10 @@ class Cli:
                 return services
 
 
+def _size(size: int) -> str:
+    return f"{size / (1024 * 1024):.1f} MiB" if size >= 1024 * 1024 else f"{max(1, size // 1024)} KiB"
+
+
 def _quote(text: str) -> str:
     from urllib.parse import quote
 
@@ -251,10 +439,80 @@ def load_spec(path: Path) -> dict[str, Any]:
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        raise UsageError(f"{path} is not valid YAML: {exc}") from exc
+        mark = getattr(exc, "problem_mark", None)
+        where = f", line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise UsageError(f"{path}{where}: not valid YAML: {problem}") from exc
     if not isinstance(data, dict):
         raise UsageError(f"{path}: a spec is a mapping with `service`, `resources`, `run`...")
     return data
+
+
+def _assignment(text: str, flag: str, environ: dict[str, str] | os._Environ[str]) -> tuple[str, str]:
+    """NAME=VALUE, or NAME with the value from the caller's environment (as `sky` does)."""
+    name, has_value, value = text.partition("=")
+    name = name.strip()
+    if not name:
+        raise UsageError(f"{flag} {text!r}: expected NAME=VALUE or NAME")
+    if has_value:
+        return name, value
+    if name not in environ:
+        raise UsageError(f"{flag} {name}: {name} is not set in your environment; set it, or pass {flag} {name}=VALUE")
+    return name, environ[name]
+
+
+def read_env_file(path: Path) -> dict[str, str]:
+    """A dotenv file: NAME=VALUE lines; blank lines, # comments and an `export ` prefix allowed;
+    a value in matching single or double quotes is taken without them."""
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except OSError as exc:
+        raise UsageError(f"cannot read {path}: {exc.strerror or exc}") from exc
+    values: dict[str, str] = {}
+    for number, raw in enumerate(lines, start=1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        name, has_value, value = line.removeprefix("export ").partition("=")
+        if not has_value or not name.strip():
+            raise UsageError(f"{path}, line {number}: expected NAME=VALUE")
+        value = value.strip()
+        if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
+            value = value[1:-1]
+        values[name.strip()] = value
+    return values
+
+
+def apply_values(
+    spec: dict[str, Any],
+    env_files: list[Path],
+    envs: list[str],
+    secrets: list[str],
+    *,
+    source: str,
+    environ: dict[str, str] | os._Environ[str] | None = None,
+) -> dict[str, Any]:
+    """`envs` and `secrets` of the spec, filled and overridden as SkyPilot does: the spec's own
+    values, then each --env-file, then each --env; the spec's secrets, then each --secret."""
+    environ = os.environ if environ is None else environ
+    spec = dict(spec)
+    for key, flag_values in (("envs", envs), ("secrets", secrets)):
+        current = spec.get(key)
+        if current is not None and not isinstance(current, dict):
+            if flag_values or (key == "envs" and env_files):
+                raise UsageError(f"{source}: `{key}` must be a mapping of names to values to take --{key[:-1]}")
+            continue
+    merged_envs = dict(spec.get("envs") or {})
+    for path in env_files:
+        merged_envs.update(read_env_file(path))
+    merged_envs.update(_assignment(text, "--env", environ) for text in envs)
+    if merged_envs or "envs" in spec:
+        spec["envs"] = merged_envs
+    if secrets:
+        merged = dict(spec.get("secrets") or {})
+        merged.update(_assignment(text, "--secret", environ) for text in secrets)
+        spec["secrets"] = merged
+    return spec
 
 
 _COMMANDS: dict[str, Callable[[Cli], int]] = {
@@ -278,6 +536,7 @@ def run(
     """Run one command and return its exit code (main() exits with it)."""
     out = out if out is not None else sys.stdout
     err = err if err is not None else sys.stderr
+    url: str | None = None
     try:
         args = build_parser().parse_args(argv)
         if args.command == "local":
@@ -298,6 +557,12 @@ def run(
         return EXIT_USAGE if 400 <= exc.status < 500 and exc.status != 429 else EXIT_FAILED
     except Unreachable as exc:
         print(f"fleetkeeper: {exc}", file=err)
+        if url == DEFAULT_API_URL:
+            print(
+                "fleetkeeper: nothing answers at the embedded mode's address: start it with `fleetkeeper local` "
+                "(in another terminal), or point at a deployed stack with --stack NAME or --api-url URL",
+                file=err,
+            )
         return EXIT_FAILED
     except KeyboardInterrupt:
         print("fleetkeeper: interrupted", file=err)

@@ -42,6 +42,11 @@ def service_detail(view: dict[str, Any]) -> str:
     scaling = autoscaling_line(view.get("autoscaling"))
     if scaling:
         head.insert(2, scaling)
+    if int(view.get("observed_generation", 0)) < int(view.get("generation", 0)):
+        head.append(
+            f"  (that status is of generation {view.get('observed_generation')}; the reconciler has not acted on "
+            f"generation {view.get('generation')} yet)"
+        )
     replicas = view.get("replicas", [])
     if not replicas:
         return "\n".join([*head, "  no replicas"])

@@ -92,6 +92,9 @@ def progress_line(goal: Goal, view: dict[str, Any] | None) -> str:
     message = view.get("status_message") or ""
     if goal.target_version is None:
         return f"{goal.name}: {status}, {len(view.get('replicas', []))} replica(s) left - {message}"
+    if view.get("uid") == goal.uid and int(view.get("observed_generation", 0)) < goal.generation:
+        # The status is still the one of before our write: never show it as the new version's.
+        return f"{goal.name}: v{goal.target_version} submitted; waiting for the reconciler to act on it"
     wanted = desired_replicas(view)
     return f"{goal.name}: {status} v{target}, {ready_at(view, target)}/{wanted} ready - {message}"
 

@@ -7,7 +7,9 @@ A few embedded-mode routes live beside the API under /_local:
   POST /_local/kick                    {"service": name}: wake the reconciler loop (the kick URL)
   GET  /_local/info                    where things are: API URL, logs, in-memory AWS endpoint, table
   GET  /_local/logs/<service>          the service's replica log files
-  GET  /_local/logs/<service>/<id>     one replica's log (text)
+  GET  /_local/logs/<service>/<id>     one replica's log (text); ?offset=N from byte N, ?tail=N its last
+                                       N lines; the X-Log-Size header says how long the file is
+  PUT  /_local/workdirs/<sha256>       a packed workdir (the upload URL POST /v1/workdirs hands out)
 
 The api handler runs one request at a time, as one Lambda execution environment does: Powertools'
 resolver keeps the current event on a module-level object, so concurrent calls would mix requests.
@@ -24,13 +26,18 @@ import time
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any
+from urllib.parse import parse_qs
 
-from fleetkeeper.api.models import NAME_PATTERN
 from fleetkeeper.apigw import response_parts, rest_event
 from fleetkeeper.local.context import LocalContext
+from fleetkeeper.spec import NAME_PATTERN
+from fleetkeeper.workdir_store import MAX_WORKDIR_BYTES, WorkdirInvalid
 
 if TYPE_CHECKING:
+    from collections.abc import Iterator
     from pathlib import Path
+
+    from fleetkeeper.workdir_store import LocalWorkdirStore
 
 # Outside the `fleetkeeper` logger tree: Powertools' logger there would stamp these with a handler's context.
 logger = logging.getLogger("local.http_bridge")
@@ -41,6 +48,7 @@ KICK_PATH = "/_local/kick"
 _LOG_PATH = re.compile(r"^/_local/logs/(?P<service>[^/]+)(?:/(?P<replica>\d+))?$")
 _SERVICE_NAME = re.compile(NAME_PATTERN)
 _REPLICA_LOG = re.compile(r"^replica-(\d+)\.log$")
+_WORKDIR_PATH = re.compile(r"^/_local/workdirs/(?P<hex>[0-9a-f]{64})$")
 
 
 # After refusing a body: how long and how much of it the bridge reads and drops before it closes.
@@ -63,6 +71,7 @@ class ApiBridge(ThreadingHTTPServer):
         info: dict[str, Any] | None = None,
         api_timeout_seconds: int = 30,
         max_body_bytes: int | None = None,
+        workdirs: LocalWorkdirStore | None = None,
     ) -> None:
         if max_body_bytes is None:
             from fleetkeeper.api.handler import MAX_BODY_BYTES  # the api's own limit, not restated
@@ -76,6 +85,7 @@ class ApiBridge(ThreadingHTTPServer):
         self.info = dict(info or {})
         self.api_timeout_seconds = api_timeout_seconds
         self.api_lock = threading.Lock()
+        self.workdirs = workdirs
 
     @property
     def url(self) -> str:
@@ -142,6 +152,8 @@ class _RequestHandler(BaseHTTPRequestHandler):
                 self.close_connection = True
                 self._unread_body = True
                 status, headers, payload = refusal
+            elif (upload := _WORKDIR_PATH.match(self.path)) and method == "PUT":
+                status, headers, payload = self._receive_workdir(upload["hex"])
             elif self.path.startswith("/_local/"):
                 body = self._read_body()
                 status, headers, payload = self._local(method, body)
@@ -166,10 +178,37 @@ class _RequestHandler(BaseHTTPRequestHandler):
             return None
         if not (declared.strip().isascii() and declared.strip().isdigit()):  # int() takes "-1", "+1", "1_0"
             return _json(400, _error("invalid_request", f"Content-Length {declared!r} is not a byte count"))
-        if int(declared) > self.server.max_body_bytes:
-            message = f"request body is {int(declared)} bytes; the limit is {self.server.max_body_bytes}"
+        limit = MAX_WORKDIR_BYTES if _WORKDIR_PATH.match(self.path) else self.server.max_body_bytes
+        if int(declared) > limit:
+            message = f"request body is {int(declared)} bytes; the limit is {limit}"
             return _json(413, _error("payload_too_large", message))
         return None
+
+    def _receive_workdir(self, hex_digest: str) -> tuple[int, dict[str, str], bytes]:
+        """Store an uploaded workdir archive, streamed, after checking its SHA-256 and size."""
+        store = self.server.workdirs
+        length = int(self.headers.get("Content-Length") or 0)
+        if store is None:
+            self._unread_body = True
+            self.close_connection = True
+            return _json(404, _error("no_route", "this embedded control plane has no workdir store"))
+
+        def chunks() -> Iterator[bytes]:
+            left = length
+            while left > 0:
+                chunk = self.rfile.read(min(left, 1024 * 1024))
+                if not chunk:
+                    return
+                left -= len(chunk)
+                yield chunk
+
+        try:
+            size = store.receive(f"sha256:{hex_digest}", chunks())
+        except WorkdirInvalid as exc:
+            self._unread_body = True  # what is left of the body is drained after the answer
+            self.close_connection = True
+            return _json(400, _error("invalid_request", f"the archive cannot be stored: {exc}"))
+        return _json(200, {"digest": f"sha256:{hex_digest}", "bytes": size})
 
     def _read_body(self) -> bytes:
         length = int(self.headers.get("Content-Length") or 0)  # checked by _refuse_body
@@ -196,7 +235,8 @@ class _RequestHandler(BaseHTTPRequestHandler):
             return _json(200, {**extra, "api_url": self.server.url, "logs_dir": str(self.server.logs_dir)})
         match = _LOG_PATH.match(path)
         if match and method == "GET":
-            return self._logs(match["service"], match["replica"])
+            query = parse_qs(self.path.split("?", 1)[1] if "?" in self.path else "")
+            return self._logs(match["service"], match["replica"], _number(query, "offset"), _number(query, "tail"))
         return _json(404, _error("no_route", f"no route for {method} {path}"))
 
     def _kick(self, body: bytes) -> tuple[int, dict[str, str], bytes]:
@@ -209,7 +249,9 @@ class _RequestHandler(BaseHTTPRequestHandler):
         self.server.on_kick(service)
         return _json(202, {"kicked": service})
 
-    def _logs(self, service: str, replica: str | None) -> tuple[int, dict[str, str], bytes]:
+    def _logs(
+        self, service: str, replica: str | None, offset: int | None = None, tail: int | None = None
+    ) -> tuple[int, dict[str, str], bytes]:
         if not _SERVICE_NAME.match(service):
             return _json(400, _error("invalid_request", f"service name {service!r} is invalid"))
         folder = self.server.logs_dir / service
@@ -220,10 +262,24 @@ class _RequestHandler(BaseHTTPRequestHandler):
         path = folder / f"replica-{int(replica)}.log"
         if not path.is_file():
             return _json(404, _error("not_found", f"no log for replica {replica} of {service!r} in {folder}"))
-        return 200, {"Content-Type": "text/plain; charset=utf-8"}, path.read_bytes()
+        data = path.read_bytes()
+        size = len(data)
+        if offset is not None:
+            data = data[min(offset, size) :]
+        elif tail is not None:
+            lines = data.splitlines(keepends=True)
+            data = b"".join(lines[-tail:]) if tail > 0 else b""
+        return 200, {"Content-Type": "text/plain; charset=utf-8", "X-Log-Size": str(size)}, data
 
     def log_message(self, format: str, *args: Any) -> None:  # `format`: the base class's name
         """Silence http.server's own access log; `_handle` logs each request once."""
+
+
+def _number(query: dict[str, list[str]], name: str) -> int | None:
+    values = query.get(name)
+    if not values or not (values[0].isascii() and values[0].isdigit()) or len(values[0]) > 12:
+        return None
+    return int(values[0])
 
 
 def _error(code: str, message: str) -> dict[str, Any]:

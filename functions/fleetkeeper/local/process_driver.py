@@ -13,6 +13,11 @@ through the API does: `Client.UserInitiatedShutdown`.
 Instance ids look like `local-3-pid4242`: the pid is there so a person (or a test) can find and
 kill a replica's process.
 
+A version's workdir is unpacked into the replica's working directory and its secrets are added to
+its environment before `setup`, as `replica_boot.py` does on EC2 (the archive from the embedded
+workdir store, the values from the in-memory AWS's Parameter Store). An app that does not listen on
+its $PORT is told so (`diagnose`): local replicas share one host, so each gets a port of its own.
+
 State lives in this process only: a replica cannot outlive the embedded control plane that started
 it (`stop_all` on shutdown), so there is nothing to rediscover after a restart.
 """
@@ -43,6 +48,8 @@ from fleetkeeper.reconciler.driver import (
     LaunchRequest,
 )
 from fleetkeeper.reconciler.plan import launched_by_fleetkeeper
+from fleetkeeper.reconciler.replica_boot import BootError, unpack
+from fleetkeeper.settings import TABLE_NAME_ENV, WORKDIR_DIR_ENV
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -63,6 +70,9 @@ _PRIVATE_PREFIXES = ("AWS_", "FLEETKEEPER_", "POWERTOOLS_", "TABLE_NAME")
 # an instance terminated through the API (here: by fleetkeeper).
 PROCESS_EXITED = "Fleetkeeper.ProcessExited"
 USER_INITIATED_SHUTDOWN = "Client.UserInitiatedShutdown"
+# Launch refusals of a version whose workdir or secrets cannot be had (they count against it).
+WORKDIR_UNAVAILABLE = "Fleetkeeper.WorkdirUnavailable"
+SECRETS_UNAVAILABLE = "Fleetkeeper.SecretsUnavailable"
 
 
 def free_port() -> int:
@@ -130,8 +140,13 @@ class ProcessDriver:
         *,
         grace_seconds: float = 5.0,
         forget_after_seconds: float = 600.0,
+        workdirs: Path | None = None,
+        secrets_prefix: str | None = None,
     ) -> None:
         self.local_dir = local_dir
+        # The embedded workdir store's directory and the parameters' path of the version secrets.
+        self.workdirs = workdirs
+        self.secrets_prefix = secrets_prefix
         self.grace_seconds = grace_seconds
         # Terminated replicas stay visible for a while (as EC2 keeps terminated instances listed),
         # long enough for the reconciler to see why they ended, then they are forgotten.
@@ -146,7 +161,13 @@ class ProcessDriver:
         """The process-wide driver (the reconciler's `make_driver()` returns this one)."""
         with cls._shared_lock:
             if cls._shared is None:
-                cls._shared = cls(Path(os.environ.get(LOCAL_DIR_ENV) or DEFAULT_LOCAL_DIR).resolve())
+                table = os.environ.get(TABLE_NAME_ENV)
+                workdirs = os.environ.get(WORKDIR_DIR_ENV)
+                cls._shared = cls(
+                    Path(os.environ.get(LOCAL_DIR_ENV) or DEFAULT_LOCAL_DIR).resolve(),
+                    workdirs=Path(workdirs) if workdirs else None,
+                    secrets_prefix=f"/fleetkeeper/{table}" if table else None,
+                )
             return cls._shared
 
     @classmethod
@@ -210,6 +231,20 @@ class ProcessDriver:
                 return None
             return f"http://{LOOPBACK}:{replica.port}"
 
+    def diagnose(self, instance: Instance) -> str | None:
+        """Why a replica that is running does not answer on its $PORT, when it listens elsewhere:
+        an app that ignores $PORT (a SkyPilot YAML's fixed port) is told so, not "connection refused"."""
+        with self._lock:
+            replica = self._replicas.get(instance.instance_id)
+            if replica is None or replica.process.poll() is not None:
+                return None
+            pgid, port = replica.process.pid, replica.port
+        listening = sorted(_listening_ports(pgid) - {port})
+        if not listening:
+            return None
+        shown = ", ".join(map(str, listening))
+        return f"listening on {shown}, expected $PORT={port}: read $PORT in embedded mode"
+
     # -- embedded mode ---------------------------------------------------------------------------------
 
     def log_path(self, service: str, replica_id: int) -> Path:
@@ -251,6 +286,8 @@ class ProcessDriver:
         log_path.parent.mkdir(parents=True, exist_ok=True)
         work_dir = self.work_dir(request.service, request.replica_id)
         work_dir.mkdir(parents=True, exist_ok=True)
+        self._unpack_workdir(request, work_dir)
+        secrets = self._secrets(request)
         log = log_path.open("ab")
         started = to_iso(utcnow())
         log.write(
@@ -260,6 +297,7 @@ class ProcessDriver:
         log.flush()
         env = {k: v for k, v in os.environ.items() if not k.startswith(_PRIVATE_PREFIXES)}
         env.update(spec.envs)
+        env.update(secrets)
         env["PORT"] = str(port)
         # A local replica listens on loopback only, whatever its spec says (on EC2 it binds all
         # interfaces, so the reconciler's probes reach it): see examples/hello.
@@ -298,6 +336,33 @@ class ProcessDriver:
         )
         return _Replica(instance=instance, process=process, port=port, log_path=log_path, log=log)
 
+    def _unpack_workdir(self, request: LaunchRequest, work_dir: Path) -> None:
+        """The version's workdir into the replica's working directory (replica_boot.py on EC2)."""
+        workdir = request.spec.workdir
+        if workdir is None:
+            return
+        from fleetkeeper.workdir_store import service_key
+
+        archive = (self.workdirs or self.local_dir / "workdirs") / service_key(
+            request.service, request.uid, workdir.digest
+        )
+        try:
+            unpack(archive.read_bytes(), workdir.digest, work_dir)
+        except (OSError, BootError) as exc:
+            raise LaunchRefused(WORKDIR_UNAVAILABLE, f"workdir {workdir.digest}: {exc}") from exc
+
+    def _secrets(self, request: LaunchRequest) -> dict[str, str]:
+        """The version's secret values, from Parameter Store (the in-memory AWS's)."""
+        if request.secrets_ref is None or self.secrets_prefix is None:
+            return {}
+        from fleetkeeper.secret_store import SecretStore
+
+        try:
+            return SecretStore(self.secrets_prefix).get(request.service, request.uid, request.secrets_ref)
+        except Exception as exc:
+            code = getattr(exc, "response", {}).get("Error", {}).get("Code") or type(exc).__name__
+            raise LaunchRefused(SECRETS_UNAVAILABLE, f"the version's secrets could not be read ({code})") from exc
+
     def _free_port(self) -> int:
         """A free port no live replica of ours was given (a replica may not be listening yet)."""
         taken = {r.port for r in self._replicas.values() if r.process.poll() is None}
@@ -321,6 +386,38 @@ class ProcessDriver:
             replica.refresh()
             if replica.ended_at is not None and now - replica.ended_at > self.forget_after_seconds:
                 del self._replicas[instance_id]
+
+
+def _listening_ports(pgid: int) -> set[int]:
+    """TCP ports the processes of group `pgid` listen on (Linux /proc; empty elsewhere)."""
+    proc = Path("/proc")
+    inodes: set[str] = set()
+    try:
+        entries = [p for p in proc.iterdir() if p.name.isdigit()]
+    except OSError:
+        return set()
+    for entry in entries:
+        try:
+            stat = (entry / "stat").read_text()
+            if int(stat.rsplit(")", 1)[1].split()[2]) != pgid:
+                continue
+            for fd in (entry / "fd").iterdir():
+                target = str(fd.readlink())
+                if target.startswith("socket:["):
+                    inodes.add(target[8:-1])
+        except (OSError, ValueError, IndexError):
+            continue
+    ports: set[int] = set()
+    for table in ("tcp", "tcp6"):
+        try:
+            lines = (proc / "net" / table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            if len(fields) > 9 and fields[3] == "0A" and fields[9] in inodes:  # 0A: LISTEN
+                ports.add(int(fields[1].rsplit(":", 1)[1], 16))
+    return ports
 
 
 def _signal_group(process: subprocess.Popen[bytes], sig: signal.Signals) -> None:

@@ -37,8 +37,11 @@ from fleetkeeper.settings import (
     METRIC_LAG_ENV,
     METRIC_WINDOW_ENV,
     RECONCILE_QUEUE_URL_ENV,
+    WORKDIR_DIR_ENV,
+    WORKDIR_UPLOAD_URL_ENV,
 )
 from fleetkeeper.template import create_queue, create_table, load_template
+from fleetkeeper.workdir_store import LocalWorkdirStore
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
@@ -66,6 +69,8 @@ def configure_environment(options: Options) -> None:
             DRIVER_ENV: EMBEDDED_DRIVER,
             BALANCER_ENV: EMBEDDED_BALANCER,
             LOCAL_DIR_ENV: str(options.local_dir),
+            # The workdir store: a directory (replicas unpack from it; uploads arrive through the bridge).
+            WORKDIR_DIR_ENV: str(options.local_dir / "workdirs"),
             "POWERTOOLS_SERVICE_NAME": "fleetkeeper",
             "POWERTOOLS_METRICS_NAMESPACE": "fleetkeeper",
             "POWERTOOLS_METRICS_DISABLED": "true",  # EMF lines are for CloudWatch, not a terminal
@@ -83,7 +88,7 @@ def configure_environment(options: Options) -> None:
     LocalBalancer.idle_timeout_default = options.idle_timeout
     LocalBalancer.metrics_interval_default = options.metrics_interval
     register_balancer(EMBEDDED_BALANCER, LocalBalancer.shared)
-    for variable in ("AWS_PROFILE", "FLEETKEEPER_KICK_QUEUE_URL", "FLEETKEEPER_KICK_URL"):
+    for variable in ("AWS_PROFILE", "FLEETKEEPER_KICK_QUEUE_URL", "FLEETKEEPER_KICK_URL", "WORKDIR_BUCKET"):
         os.environ.pop(variable, None)
 
 
@@ -168,8 +173,10 @@ class EmbeddedControlPlane:
                 # Service name -> endpoint URL, as the local load balancer has them now.
                 "endpoints": lambda: LocalBalancer.shared().endpoints(),
             },
+            workdirs=LocalWorkdirStore(self.options.local_dir / "workdirs", ""),
         )
         os.environ["FLEETKEEPER_KICK_URL"] = self._bridge.url + KICK_PATH
+        os.environ[WORKDIR_UPLOAD_URL_ENV] = self._bridge.url + "/_local/workdirs"
         self._spawn("api-server", self._bridge.serve_forever)
         if self._loop is not None:
             self._loop.start()
@@ -195,6 +202,7 @@ class EmbeddedControlPlane:
             self._moto = None
         os.environ.pop("FLEETKEEPER_KICK_URL", None)
         os.environ.pop(RECONCILE_QUEUE_URL_ENV, None)
+        os.environ.pop(WORKDIR_UPLOAD_URL_ENV, None)
         os.environ.pop("FLEETKEEPER_AWS_ENDPOINT_URL", None)
         aws.reset_clients()
 
@@ -215,9 +223,15 @@ def _streams_client(endpoint: str) -> Any:
 
 
 def banner(plane: EmbeddedControlPlane) -> str:
+    from fleetkeeper.cli.http import DEFAULT_API_URL
+
+    if plane.api_url == DEFAULT_API_URL:
+        reach = "(the CLI's default: plain `fleetkeeper status` talks to it)"
+    else:
+        reach = f"(not the CLI's default: export FLEETKEEPER_API_URL={plane.api_url}, or pass --api-url)"
     lines = [
         "fleetkeeper local: the control plane is running on this machine",
-        f"  API            {plane.api_url}   (the CLI's default; or --api-url / FLEETKEEPER_API_URL)",
+        f"  API            {plane.api_url}   {reach}",
         f"  replica logs   {plane.logs_dir}/<service>/replica-<id>.log   (fleetkeeper logs NAME)",
         f"  in-memory AWS  {plane.aws_endpoint}   table {plane.options.table}",
         f"  reconciler     every {plane.options.tick:g}s and after every write",

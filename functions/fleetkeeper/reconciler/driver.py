@@ -69,6 +69,8 @@ class LaunchRequest:
     # Launches of this replica AWS refused so far. A retry after a refusal is a different launch
     # (another subnet, maybe), so it gets its own token; a retry after a crash keeps the token.
     attempt: int = 0
+    # Where the version's secret values are (fleetkeeper.secret_store): the replica reads them at boot.
+    secrets_ref: str | None = None
 
     @property
     def client_token(self) -> str:

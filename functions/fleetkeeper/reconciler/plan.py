@@ -13,6 +13,7 @@ Replica lifecycle (SkyPilot Serve's vocabulary, DESIGN.md):
     not READY by `initial_delay_seconds` after launch -> FAILED_INITIAL_DELAY
     launch refused by AWS -> FAILED_PROVISION (`refused`; retried in place, exponential backoff)
     instance terminated by AWS (spot reclaim) or outside fleetkeeper -> PREEMPTED
+    the replica's app exited by itself (APP_EXITED, the process driver's code) -> FAILED
     chosen for removal -> SHUTTING_DOWN (recorded before the instance is terminated)
 
 Failed and shutting-down replicas are replaced by new replica ids; their items are deleted once
@@ -239,6 +240,7 @@ LEAVING = frozenset(
         ReplicaStatus.FAILED_INITIAL_DELAY,
         ReplicaStatus.FAILED_PROBING,
         ReplicaStatus.PREEMPTED,
+        ReplicaStatus.FAILED,
     }
 )
 _NOT_YET_RUNNING = frozenset({ReplicaStatus.PENDING, ReplicaStatus.PROVISIONING})
@@ -253,6 +255,9 @@ PROBE_FAILED = "Fleetkeeper.ProbeFailed"  # FAILED_PROBING: `probe_failure_thres
 INITIAL_DELAY_EXCEEDED = "Fleetkeeper.InitialDelayExceeded"  # FAILED_INITIAL_DELAY
 # PREEMPTED: the instance ended with no state reason, or DescribeInstances stopped listing it.
 INSTANCE_LOST = "Fleetkeeper.InstanceLost"
+# FAILED: the replica's app exited by itself (the process driver's state reason code). A crash of the
+# app, the version's fault; not a preemption.
+APP_EXITED = "Fleetkeeper.ProcessExited"
 
 # RunInstances refusals that say nothing about the version: the zone is out of capacity or does not
 # offer the instance type (the next attempt goes to the next subnet), the account is at a limit, or
@@ -458,6 +463,15 @@ def _observe(
             reason = f" ({described.state_reason})" if described.state_reason else ""
             why, code = f"is {described.state.value}{reason}", described.state_reason_code or INSTANCE_LOST
         cause = termination_cause(code)
+        if code == APP_EXITED:
+            # The app itself ended (it crashed, or its `run` returned): say so, in its words.
+            return replace(
+                record,
+                status=ReplicaStatus.FAILED,
+                status_message=f"the replica's app ended by itself ({described.state_reason if described else why})",
+                failure_code=code,
+                cause=FailureCause.VERSION,
+            )
         told = SPOT_RECLAIMED if cause is FailureCause.SPOT_RECLAIM else "terminated outside fleetkeeper"
         return replace(
             record,

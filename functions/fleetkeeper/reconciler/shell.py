@@ -68,11 +68,12 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Hashable, Iterable, Sequence
     from datetime import datetime
 
-    from fleetkeeper.model import EndpointRecord
+    from fleetkeeper.model import EndpointRecord, VersionRecord
     from fleetkeeper.reconciler.balancer import DrainState, LoadBalancer
     from fleetkeeper.reconciler.budget import Budget
     from fleetkeeper.reconciler.driver import ReplicaDriver
     from fleetkeeper.reconciler.metrics import RequestRates
+    from fleetkeeper.spec import ReadinessProbe
     from fleetkeeper.store.reconciler import Listed, ReconcilerStore
 
 logger = logging.getLogger(__name__)
@@ -305,6 +306,9 @@ class Reconciler:
         self, states: Iterable[ServiceState], by_uid: dict[str, list[Instance]], now: datetime, budget_seconds: float
     ) -> dict[tuple[str, int], ProbeResult]:
         targets: list[ProbeTarget] = []
+        unprobed: dict[tuple[str, int], ProbeResult] = {}
+        probed: dict[tuple[str, int], Instance] = {}
+        secrets = _ProbeSecrets(self.store.table.name)
         for state in states:
             for replica_id, instance in probe_targets(state, by_uid.get(state.service.uid, [])).items():
                 version = state.versions.get(state.replicas[replica_id].version)
@@ -313,13 +317,30 @@ class Reconciler:
                 base_url = self.driver.base_url(instance, version.spec.port)
                 if base_url is not None:
                     key = (state.service.uid, replica_id)
-                    targets.append(ProbeTarget(key, base_url, version.spec.service.readiness_probe))
+                    try:
+                        probe = secrets.probe(state.service.name, version)
+                    except _SecretsUnreadable as exc:
+                        unprobed[key] = ProbeResult(url=base_url, ok=False, detail=str(exc))
+                        continue
+                    targets.append(ProbeTarget(key, base_url, probe))
+                    probed[key] = instance
         if not targets or budget_seconds <= 0:
-            return {}  # no time to probe: this run plans without verdicts (no replica changes state)
+            # No time to probe: this run plans without verdicts (no replica changes state), except
+            # for the probes that could not be made at all.
+            return unprobed
         # Probes start in this order: rotated by the run's time so that, when there are more probes
         # than the budget lets finish, it is not the same replicas that go without a verdict.
         results = self.prober(rotated(targets, now), budget_seconds)
-        return {key: result for key, result in results.items() if isinstance(key, tuple)}
+        answered = {key: result for key, result in results.items() if isinstance(key, tuple)}
+        # A driver that can tell why a replica does not answer (the process driver: an app listening
+        # on another port than its $PORT) says so instead of "connection refused".
+        diagnose = getattr(self.driver, "diagnose", None)
+        if diagnose is not None:
+            for key, result in answered.items():
+                hint = None if result.ok or key not in probed else diagnose(probed[key])
+                if hint:
+                    answered[key] = replace(result, detail=hint)
+        return {**unprobed, **answered}
 
     def _request_rates(self, states: Sequence[ServiceState], now: datetime, report: RunReport) -> dict[str, float]:
         """The request rate of every autoscaled service with an endpoint, in ceil(n / 500)
@@ -407,6 +428,41 @@ def target_of(state: ServiceState, record: ReplicaRecord, instance: Instance | N
 
 class _OutOfTime(Exception):
     """Raised before a launch the budget has no room for: the service stops there, as a crash would."""
+
+
+class _SecretsUnreadable(Exception):
+    """A probe that names a secret (`$TOKEN` in a header) whose values could not be read."""
+
+
+@dataclass
+class _ProbeSecrets:
+    """The readiness probes of one run with `$NAME`s filled from envs and secrets. A version whose
+    probe names a secret costs one Parameter Store read per run (values are never kept longer)."""
+
+    table_name: str
+    _values: dict[tuple[str, str], dict[str, str] | str] = field(default_factory=dict)
+
+    def probe(self, service: str, version: VersionRecord) -> ReadinessProbe:
+        spec = version.spec
+        if not spec.probe_needs_secrets or version.secrets_ref is None:
+            return spec.probe_for({})
+        key = (version.uid, version.secrets_ref)
+        if key not in self._values:
+            from fleetkeeper.secret_store import SecretStore, parameter_prefix
+
+            try:
+                self._values[key] = SecretStore(parameter_prefix(self.table_name)).get(
+                    service, version.uid, version.secrets_ref
+                )
+            except Exception as exc:
+                code = getattr(exc, "response", {}).get("Error", {}).get("Code") or type(exc).__name__
+                logger.warning("service %s: the secrets its readiness probe names could not be read: %s", service, code)
+                # Deterministic (a status message shows it): the error code, never a value.
+                self._values[key] = f"the secrets the readiness probe names could not be read ({code})"
+        values = self._values[key]
+        if isinstance(values, str):
+            raise _SecretsUnreadable(values)
+        return spec.probe_for(values)
 
 
 @dataclass
@@ -552,6 +608,7 @@ class _Apply:
             replica_id=record.replica_id,
             spec=version.spec,
             attempt=record.launch_attempts,
+            secrets_ref=version.secrets_ref,
         )
         try:
             instance = self.driver.launch(request)

@@ -5,6 +5,7 @@ module costs only that module):
 
     keys        where each item lives: keys, prefixes, the services index          (pure)
     codec       records <-> items, a partition -> ServiceState, page tokens          (pure)
+    specs       stored specs, validated once per text (a bounded cache)
     errors      the typed facts the store raises instead of doing what it was asked
     table       Table (the client holder, paginated queries), DynamoDB's call limits
     reads       ServiceReads: one service, the services index

@@ -70,21 +70,24 @@ def _marshal(value: Any) -> Any:
 
 
 def _unmarshal(value: Mapping[str, Any]) -> Any:
-    (kind, data), *_ = value.items()
-    if kind == "S":
-        return data
-    if kind == "N":
-        number = Decimal(data)
-        return int(number) if number == number.to_integral_value() else number
-    if kind == "BOOL":
-        return bool(data)
-    if kind == "NULL":
-        return None
-    if kind == "M":
-        return {k: _unmarshal(v) for k, v in data.items()}
-    if kind == "L":
-        return [_unmarshal(v) for v in data]
-    raise TypeError(f"unexpected DynamoDB type {kind!r}")
+    for kind, data in value.items():  # the first (and only) type: a loop, the cheapest way to get it
+        if kind == "S":
+            return data
+        if kind == "N":
+            if type(data) is str and data.isdecimal():  # most numbers: generations, versions, counters
+                return int(data)
+            number = Decimal(data)
+            return int(number) if number == number.to_integral_value() else number
+        if kind == "BOOL":
+            return bool(data)
+        if kind == "NULL":
+            return None
+        if kind == "M":
+            return {k: _unmarshal(v) for k, v in data.items()}
+        if kind == "L":
+            return [_unmarshal(v) for v in data]
+        raise TypeError(f"unexpected DynamoDB type {kind!r}")
+    raise ValueError("an attribute value without a type")
 
 
 def to_raw(item: Mapping[str, Any]) -> RawItem:
@@ -217,22 +220,25 @@ def version_item(record: VersionRecord) -> Item:
         "mode": record.mode,
         "state": record.state.value,
         "state_message": record.state_message,
+        "secrets_ref": record.secrets_ref,
         "created_at": record.created_at,
     }
 
 
 def version_from_item(item: Mapping[str, Any]) -> VersionRecord:
-    from fleetkeeper.spec import stored_spec
+    from fleetkeeper.store.specs import specs
 
     return VersionRecord(
         name=str(item["name"]),
         uid=str(item["uid"]),
         version=int(item["version"]),
-        spec=stored_spec(str(item["spec"])),
+        # Validated once per text, not on every read of every version (store/specs.py).
+        spec=specs.parsed(str(item["spec"])),
         mode=str(item["mode"]),
         created_at=str(item["created_at"]),
         state=VersionState(item.get("state", VersionState.NEW.value)),
         state_message=str(item.get("state_message", "")),
+        secrets_ref=str(item["secrets_ref"]) if item.get("secrets_ref") else None,
     )
 
 

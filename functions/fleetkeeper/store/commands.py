@@ -111,9 +111,22 @@ class CommandStore:
 
     # -- writes --
 
-    def create_service(self, name: str, spec: ServiceSpec, mode: str, now: str, *, status_message: str) -> ServiceState:
-        """Service item + version 1 in ONE transaction: neither can exist without the other."""
-        uid = keys.new_uid()
+    def create_service(
+        self,
+        name: str,
+        spec: ServiceSpec,
+        mode: str,
+        now: str,
+        *,
+        status_message: str,
+        uid: str | None = None,
+        secrets_ref: str | None = None,
+    ) -> ServiceState:
+        """Service item + version 1 in ONE transaction: neither can exist without the other.
+
+        `uid`: the new incarnation's id when the caller chose it (it stored the version's secrets and
+        workdir under it first); a fresh one otherwise."""
+        uid = uid or keys.new_uid()
         service = ServiceRecord(
             name=name,
             uid=uid,
@@ -127,7 +140,9 @@ class CommandStore:
             created_at=now,
             updated_at=now,
         )
-        version = VersionRecord(name=name, uid=uid, version=1, spec=spec, mode=mode, created_at=now)
+        version = VersionRecord(
+            name=name, uid=uid, version=1, spec=spec, mode=mode, created_at=now, secrets_ref=secrets_ref
+        )
         try:
             self.table.client.transact_write_items(
                 TransactItems=[
@@ -169,12 +184,19 @@ class CommandStore:
         now: str,
         *,
         expected_generation: int | None,
+        secrets_ref: str | None = None,
     ) -> ServiceState:
         """Version n+1 and the service's move to it, in ONE transaction conditioned on what we read."""
         current = state.service
         new_version = current.latest_version + 1
         version = VersionRecord(
-            name=current.name, uid=current.uid, version=new_version, spec=spec, mode=mode, created_at=now
+            name=current.name,
+            uid=current.uid,
+            version=new_version,
+            spec=spec,
+            mode=mode,
+            created_at=now,
+            secrets_ref=secrets_ref,
         )
         pruned = prunable_versions(state, new_version)
         condition = "uid = :uid AND lifecycle = :active AND latest_version = :latest"

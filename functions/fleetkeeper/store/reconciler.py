@@ -71,6 +71,10 @@ class ReconcilerStore:
             IndexName=keys.SERVICES_INDEX,
             KeyConditionExpression=f"{keys.LIST_PK_ATTR} = :lpk",
             ExpressionAttributeValues=expression_values(lpk=keys.LIST_PK_VALUE),
+            # Only what is read here: the rest of each item would be parsed for nothing (the read
+            # units are the same either way: DynamoDB counts the items it reads, not what it returns).
+            ProjectionExpression="#name, #uid",
+            ExpressionAttributeNames={"#name": keys.LIST_SK_ATTR, "#uid": "uid"},
         ):
             for raw in page["Items"]:
                 item = from_raw(raw)

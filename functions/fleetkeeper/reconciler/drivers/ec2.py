@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, cast
 from botocore.exceptions import ClientError
 
 from fleetkeeper import aws
+from fleetkeeper.aws_parsing import only
 from fleetkeeper.model import to_iso
 from fleetkeeper.reconciler.driver import (
     MANAGED_TAG,
@@ -27,7 +28,7 @@ from fleetkeeper.reconciler.driver import (
     LaunchRequest,
 )
 from fleetkeeper.reconciler.plan import launched_by_fleetkeeper
-from fleetkeeper.reconciler.userdata import user_data
+from fleetkeeper.reconciler.userdata import BootSource, user_data
 from fleetkeeper.settings import DEFAULT_IMAGE_PARAMETER, DEFAULT_INSTANCE_TYPE
 from fleetkeeper.spec import root_device_of_parameter
 
@@ -52,6 +53,24 @@ _MANAGED_FILTER: FilterTypeDef = {"Name": f"tag:{MANAGED_TAG}", "Values": [MANAG
 _PAGE_SIZE = 1000
 # EC2's limit on filter values per Describe call, less the managed tag's one value.
 _UIDS_PER_CALL = 200 - 1
+# What `_instance` reads of a DescribeInstances answer: the only members parsed (aws_parsing.only).
+# Most of an instance's description (network interfaces, block devices...) is never parsed.
+_DESCRIBED: dict[str, frozenset[str]] = {
+    "DescribeInstancesResult": frozenset({"Reservations", "NextToken"}),
+    "Reservation": frozenset({"Instances"}),
+    "Instance": frozenset(
+        {
+            "InstanceId",
+            "State",
+            "Tags",
+            "PrivateIpAddress",
+            "InstanceLifecycle",
+            "StateReason",
+            "LaunchTime",
+            "ClientToken",
+        }
+    ),
+}
 _TERMINATE_CHUNK = 500
 _LIVE_STATES = ["pending", "running", "stopping", "stopped"]
 # Errors that are about this request at this moment, not about the launch: botocore already retried
@@ -75,6 +94,8 @@ class Ec2Driver:
     default_image_parameter: str = DEFAULT_IMAGE_PARAMETER
     default_instance_type: str = DEFAULT_INSTANCE_TYPE
     replica_host: str | None = None
+    workdir_bucket: str | None = None
+    secrets_prefix: str | None = None
     # Per run (a driver lives for one run): AMI id -> root device name.
     _root_devices: dict[str, str] = field(default_factory=dict, repr=False)
 
@@ -87,6 +108,8 @@ class Ec2Driver:
             default_image_parameter=settings.default_image_parameter,
             default_instance_type=settings.default_instance_type,
             replica_host=settings.replica_host,
+            workdir_bucket=settings.workdir_bucket,
+            secrets_prefix=settings.secrets_prefix,
         )
 
     @property
@@ -128,7 +151,8 @@ class Ec2Driver:
         instances: list[Instance] = []
         kwargs: dict[str, Any] = {"Filters": filters, "MaxResults": _PAGE_SIZE}
         while True:
-            page = self.ec2.describe_instances(**kwargs)
+            with only(_DESCRIBED):
+                page = self.ec2.describe_instances(**kwargs)
             for reservation in page.get("Reservations", []):
                 instances.extend(_instance(raw) for raw in reservation.get("Instances", []))
             token = page.get("NextToken")
@@ -168,7 +192,7 @@ class Ec2Driver:
             "ClientToken": request.client_token,
             # Bytes as they are: botocore base64-encodes them; a str would be re-encoded as UTF-8,
             # which corrupts gzipped user data.
-            "UserData": cast("str", user_data(request.spec)),
+            "UserData": cast("str", user_data(request.spec, self._boot_source(request))),
             "MetadataOptions": {"HttpTokens": "required", "HttpEndpoint": "enabled"},
             "TagSpecifications": [
                 {"ResourceType": "instance", "Tags": tags},
@@ -199,6 +223,17 @@ class Ec2Driver:
                 }
             ]
         return args
+
+    def _boot_source(self, request: LaunchRequest) -> BootSource:
+        """Where this replica's workdir and secrets are (read at boot with the replica's own role)."""
+        from fleetkeeper.workdir_store import service_key
+
+        spec = request.spec
+        key = service_key(request.service, request.uid, spec.workdir.digest) if spec.workdir else None
+        parameter = None
+        if request.secrets_ref and self.secrets_prefix:
+            parameter = f"{self.secrets_prefix}/{request.service}/{request.uid}/{request.secrets_ref}"
+        return BootSource(bucket=self.workdir_bucket, workdir_key=key, parameter=parameter)
 
     def _image(self, image: str | None) -> str:
         """The ImageId to launch: the spec's AMI id or `resolve:ssm:` parameter, else the stack's

@@ -1,0 +1,104 @@
+"""Where a version's secret values live: one SSM Parameter Store SecureString per set of values.
+
+A version item holds the secrets' names and a `secrets_ref`, never a value. The values are one JSON
+object in the SecureString `/fleetkeeper/<table>/<service>/<uid>/<ref>`, encrypted with the account's
+`aws/ssm` key: the api writes it before the version's transaction, a replica reads it at boot with its
+own role (the ec2 user data, or the embedded mode's process driver), the reconciler reads it to fill
+`$NAME`s of a readiness probe, and the cleanup deletes every parameter under the incarnation's uid
+with its items. A ref is random per set of values (a lost race cannot overwrite the winner's
+parameter); an update whose values equal the target's reuses the target's ref.
+
+Why Parameter Store rather than Secrets Manager: the values belong to one version and are written
+and deleted with it by fleetkeeper (no rotation, no cross-account sharing, which is what Secrets
+Manager adds); standard parameters cost nothing (a secret costs 0.40 USD a month, a version of 50
+services x 50 versions would cost 1,000 USD a month), and a version's 4 KB of values fits one.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from fleetkeeper import aws
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+    from mypy_boto3_ssm import SSMClient
+
+    from fleetkeeper.settings import Settings
+
+# DeleteParameters takes at most 10 names per call; GetParametersByPath pages at most 10.
+_DELETE_CHUNK = 10
+
+
+def new_ref() -> str:
+    """A fresh secrets ref: random, so two writers never share a parameter."""
+    return secrets.token_hex(8)
+
+
+def parameter_prefix(table_name: str) -> str:
+    """The stack's parameters' path (the replica role and the functions may read below it)."""
+    return f"/fleetkeeper/{table_name}"
+
+
+@dataclass(frozen=True)
+class SecretStore:
+    prefix: str
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> SecretStore:
+        return cls(parameter_prefix(settings.table_name))
+
+    @property
+    def ssm(self) -> SSMClient:
+        return aws.ssm()
+
+    def incarnation_path(self, service: str, uid: str) -> str:
+        return f"{self.prefix}/{service}/{uid}"
+
+    def parameter_name(self, service: str, uid: str, ref: str) -> str:
+        return f"{self.incarnation_path(service, uid)}/{ref}"
+
+    def put(self, service: str, uid: str, ref: str, values: Mapping[str, str]) -> None:
+        """Store a set of values under a fresh ref (never overwrites: a ref is written once)."""
+        self.ssm.put_parameter(
+            Name=self.parameter_name(service, uid, ref),
+            Value=json.dumps(dict(sorted(values.items())), separators=(",", ":")),
+            Type="SecureString",
+            Tier="Standard",
+            Overwrite=False,
+            Description=f"fleetkeeper: secrets of a version of service {service} (incarnation {uid})",
+        )
+
+    def get(self, service: str, uid: str, ref: str) -> dict[str, str]:
+        answer = self.ssm.get_parameter(Name=self.parameter_name(service, uid, ref), WithDecryption=True)
+        values = json.loads(answer["Parameter"].get("Value", "{}"))
+        return {str(k): str(v) for k, v in values.items()}
+
+    def delete(self, service: str, uid: str, refs: list[str]) -> None:
+        """Delete these refs' parameters; absent ones are no error."""
+        names = [self.parameter_name(service, uid, ref) for ref in refs]
+        for start in range(0, len(names), _DELETE_CHUNK):
+            self.ssm.delete_parameters(Names=names[start : start + _DELETE_CHUNK])
+
+    def delete_incarnation(self, service: str, uid: str) -> int:
+        """Delete every parameter of one incarnation (the cleanup's part); returns how many."""
+        deleted = 0
+        path = self.incarnation_path(service, uid)
+        # Deleting while paging would shift the pages: collect the names first (a few per version).
+        names: list[str] = []
+        token: str | None = None
+        while True:
+            kwargs = {"Path": path, "Recursive": True, "WithDecryption": False, "MaxResults": 10}
+            page = self.ssm.get_parameters_by_path(**kwargs, **({"NextToken": token} if token else {}))  # type: ignore[arg-type]
+            names.extend(p["Name"] for p in page.get("Parameters", []) if "Name" in p)
+            token = page.get("NextToken")
+            if not token:
+                break
+        for start in range(0, len(names), _DELETE_CHUNK):
+            answer = self.ssm.delete_parameters(Names=names[start : start + _DELETE_CHUNK])
+            deleted += len(answer.get("DeletedParameters", []))
+        return deleted
