@@ -7,8 +7,13 @@ the endpoint. Afterwards the target group holds exactly the live replicas
 rule behind.
 
 For each phase (create, rolling update, delete) the calls of an undisturbed phase are counted; then,
-for every k, a fresh world replays the phase with a crash before (the call never happens) or after
-(it happened, the answer is lost) its k-th AWS call, and runs again until a run changes nothing.
+for every k that leaves a world of its own, a fresh world replays the phase with a crash after (it
+happened, the answer is lost) or, with a load balancer, before (the call never happens) its k-th AWS
+call, and runs again until a run changes nothing. Every AWS call is counted, so a crash before call k
+leaves AWS and the table as a crash after call k-1 does, and a crash after a read leaves them as a
+crash after the last write before it does: sweeping the writes "after" covers every distinct state a
+crash can leave. (What differs is only how long the reconciler then stays down; the seeded
+simulation, tests/test_simulation.py, kills runs at any call and jumps the clock.)
 Afterwards exactly the desired instances exist, no replica id was ever launched twice, the records
 match EC2, a deleted service left nothing behind, and the unmanaged instance is untouched.
 
@@ -32,6 +37,7 @@ from tests.reconciler_world import (
     alb_resources,
     assert_converged,
     assert_deleted,
+    is_mutation,
     make_alb,
     tags,
     target_health,
@@ -108,14 +114,16 @@ def _calls_of_undisturbed(phase: str, server: ProbeServer) -> list[tuple[str, st
 
 
 def _crash_points(phase: str, when: str, calls: list[tuple[str, str]]) -> list[int]:
-    """Every call of a phase (1-based). With a load balancer, its calls only: a crash before one
-    (never made) and after one (made, its answer and everything after it lost, which is also a
-    crash before the write that would record it). A crash before call k leaves what a crash after
-    call k-1 leaves, so "before" skips a load balancer call that follows another (swept "after").
-    The other calls are those of the phase without a load balancer, swept there; sweeping them
-    again would double the suite's longest test."""
+    """The calls of a phase (1-based) to crash at. Without a load balancer, its writes. With one,
+    the load balancer's calls only: a crash before one (never made) and after one (made, its answer
+    and everything after it lost, which is also a crash before the write that would record it). A
+    crash before call k leaves what a crash after call k-1 leaves, so "before" skips a load balancer
+    call that follows another (swept "after"). The other calls are those of the phase without a
+    load balancer, swept there; sweeping them again would double the suite's longest test."""
     if not phase.endswith("-alb"):
-        return list(range(1, len(calls) + 1))
+        # Only a call that changes AWS or the table leaves a state of its own: a crash after a read
+        # leaves what a crash after the last write before it left (swept there).
+        return [k for k, call in enumerate(calls, start=1) if is_mutation(*call)]
     points = []
     for k, (service, _) in enumerate(calls, start=1):
         follows_one = k > 1 and calls[k - 2][0] == "elbv2"
@@ -127,7 +135,7 @@ def _crash_points(phase: str, when: str, calls: list[tuple[str, str]]) -> list[i
 # Every AWS call is counted (the log hooks each of fleetkeeper's clients), so between the answer of
 # call k-1 and the request of call k nothing outside the process changes: a crash before call k
 # leaves AWS and the table exactly as a crash after call k-1 does. Without a load balancer, where
-# every call is swept "after", a "before" sweep would repeat each case. With one, only the load
+# every write is swept "after", a "before" sweep would repeat cases. With one, only the load
 # balancer's calls are swept, so "before" adds the cases whose previous call is not the balancer's.
 # (The instance that dies while the reconciler is down is also an "after" case: a lost answer.)
 CASES = [(phase, "after") for phase in PHASES] + [(phase, "before") for phase in PHASES if phase.endswith("-alb")]
