@@ -77,6 +77,18 @@ class LocalPlane:
         info: dict[str, Any] = json.loads(body)
         return info
 
+    def aws_client(self, service: str) -> Any:
+        """A boto3 client of the plane's in-memory AWS (to look at what it holds)."""
+        import boto3
+
+        return boto3.client(
+            service,
+            endpoint_url=self.info()["aws_endpoint"],
+            region_name="us-east-1",
+            aws_access_key_id="local",
+            aws_secret_access_key="local",
+        )
+
     def cli(
         self, *args: str, timeout: float = 120, env: dict[str, str] | None = None
     ) -> subprocess.CompletedProcess[str]:

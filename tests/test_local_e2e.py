@@ -18,7 +18,6 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import boto3
 import pytest
 import yaml
 
@@ -89,13 +88,7 @@ def pid_of(replica: dict[str, Any]) -> int:
 def items_left(plane: LocalPlane, name: str) -> list[dict[str, Any]]:
     """The service's items still in the embedded table (the cleanup deletes them after `down`)."""
     info = plane.info()
-    dynamodb = boto3.client(
-        "dynamodb",
-        endpoint_url=info["aws_endpoint"],
-        region_name="us-east-1",
-        aws_access_key_id="local",
-        aws_secret_access_key="local",
-    )
+    dynamodb = plane.aws_client("dynamodb")
     items: list[dict[str, Any]] = dynamodb.query(
         TableName=info["table"],
         KeyConditionExpression="PK = :pk",
@@ -291,25 +284,13 @@ run: python3 server.py
 def everything_stored(plane: LocalPlane) -> str:
     """Every item of the embedded table, as text."""
     info = plane.info()
-    dynamodb = boto3.client(
-        "dynamodb",
-        endpoint_url=info["aws_endpoint"],
-        region_name="us-east-1",
-        aws_access_key_id="local",
-        aws_secret_access_key="local",
-    )
+    dynamodb = plane.aws_client("dynamodb")
     return json.dumps(dynamodb.scan(TableName=info["table"])["Items"])
 
 
 def secret_parameters(plane: LocalPlane, name: str) -> list[str]:
     info = plane.info()
-    ssm = boto3.client(
-        "ssm",
-        endpoint_url=info["aws_endpoint"],
-        region_name="us-east-1",
-        aws_access_key_id="local",
-        aws_secret_access_key="local",
-    )
+    ssm = plane.aws_client("ssm")
     found = ssm.get_parameters_by_path(Path=f"/fleetkeeper/{info['table']}/{name}", Recursive=True)
     return [p["Name"] for p in found["Parameters"]]
 

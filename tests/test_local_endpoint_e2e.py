@@ -18,7 +18,6 @@ import time
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-import boto3
 import pytest
 import yaml
 
@@ -215,14 +214,7 @@ def test_the_endpoint_balances_drains_and_closes(plane: LocalPlane) -> None:
         assert all(r["version"] == int(greeting[1]) for r in view(plane)["replicas"])
 
     # The requests were counted as the ALB counts them, in the in-memory AWS.
-    info = plane.info()
-    cloudwatch = boto3.client(
-        "cloudwatch",
-        endpoint_url=info["aws_endpoint"],
-        region_name="us-east-1",
-        aws_access_key_id="local",
-        aws_secret_access_key="local",
-    )
+    cloudwatch = plane.aws_client("cloudwatch")
 
     def counted() -> float:
         metrics = cloudwatch.list_metrics(Namespace="AWS/ApplicationELB", MetricName="RequestCount")["Metrics"]
