@@ -60,6 +60,8 @@ from fleetkeeper.reconciler.plan import (
     status_changed,
 )
 from fleetkeeper.reconciler.probe import ProbeTarget, probe_all, rotated
+from fleetkeeper.service_events import breaker_tripped, claimed, replica_changed, terminated, version_ready
+from fleetkeeper.service_events import status_changed as status_events
 from fleetkeeper.store.errors import CorruptItem, Superseded
 
 if TYPE_CHECKING:
@@ -466,25 +468,40 @@ class _Apply:
             self.one(action)
 
     def one(self, action: Action) -> None:
+        """Apply one action. Each write carries the events it reports (service_events), in the same
+        DynamoDB call: an event exists exactly when its change does, and no change writes none."""
         service = self.state.service
+        stamp = to_iso(self.now)
         match action:
             case RecordReplica(before=before, after=after):
-                self.records[before.replica_id] = self.store.put_replica(before, after)
+                self.records[before.replica_id] = self._put(before, after)
             case DeleteReplica(replica=record):
-                self.store.delete_replica(record)
+                self.store.delete_replica(record, [terminated(record)], stamp)
                 self.records.pop(record.replica_id, None)
             case Terminate():
                 for instance_id, reason in action.reasons:
                     logger.info("service %s: terminating %s: %s", service.name, instance_id, reason)
                 self.driver.terminate(action.instance_ids)
             case MarkVersion(version=version, expected=expected, state=new_state, message=message):
-                self.store.mark_version(service, version, expected, new_state, message)
+                events = [version_ready(version)] if new_state is VersionState.READY else []
+                self.store.mark_version(service, version, expected, new_state, message, events, stamp)
                 self.versions[version] = new_state
             case TripBreaker(version=version, message=message, rollback_to=good):
                 logger.warning("service %s: %s (rolling back to %s)", service.name, message, good)
-                self.store.trip_breaker(service, version, message, good, status_message=action.status_message)
+                self.store.trip_breaker(
+                    service,
+                    version,
+                    message,
+                    good,
+                    status_message=action.status_message,
+                    events=breaker_tripped(version, message, good),
+                    now=stamp,
+                )
             case Claim(version=version, replica_ids=ids):
-                for record in self.store.claim_replicas(service, version, ids, to_iso(self.now)):
+                claims = self.store.claim_replicas(
+                    service, version, ids, stamp, lambda chunk: [claimed(version, list(chunk))]
+                )
+                for record in claims:
                     self.records[record.replica_id] = record
                     self.fresh.add(record.replica_id)
             case Launch(replica_id=replica_id, fresh=fresh):
@@ -492,7 +509,10 @@ class _Apply:
             case RecordStatus():
                 status = self._status_after_refusals() if self.refused else action
                 if status is not None:
-                    self.store.record_status(service, status.status, status.message, status.observed_generation)
+                    events = status_events(service.status, status.status, status.message)
+                    self.store.record_status(
+                        service, status.status, status.message, status.observed_generation, events, stamp
+                    )
             case DeleteService():
                 self.store.delete_service(service)
             case EnsureEndpoint(config=config):
@@ -514,12 +534,16 @@ class _Apply:
                 self.balancer.register(self.endpoint, self._targets(ids))
                 for replica_id in ids:
                     record = self.records[replica_id]
-                    self.records[replica_id] = self.store.put_replica(record, registered(record, self.now))
+                    self.records[replica_id] = self._put(record, registered(record, self.now))
             case Deregister(replica_ids=ids):
                 if self.endpoint is not None:  # none recorded: nothing was ever registered
                     self.balancer.deregister(self.endpoint, self._targets(ids))
             case RemoveEndpoint():
                 self.balancer.remove(service.name, service.uid, self.endpoint)
+
+    def _put(self, before: ReplicaRecord, after: ReplicaRecord) -> ReplicaRecord:
+        """A replica's write, with the events its change reports (none: a plain PutItem)."""
+        return self.store.put_replica(before, after, replica_changed(before, after), to_iso(self.now))
 
     @property
     def balancer(self) -> LoadBalancer:
@@ -549,7 +573,7 @@ class _Apply:
         if not fresh:
             # Left PENDING by an earlier run (crashed, or refused and now past its backoff). Bump the
             # revision first: of two runs recovering it at once, only one gets past this write.
-            record = self.store.put_replica(record, replace(record, updated_at=to_iso(self.now)))
+            record = self._put(record, replace(record, updated_at=to_iso(self.now)))
             found = self.driver.find_instance(record.uid, record.replica_id)
             if found is not None and launched_by_fleetkeeper(found):  # the crashed run did launch it: adopt
                 self._record_launched(record, found)
@@ -570,10 +594,10 @@ class _Apply:
             self.refused = True
             logger.warning("service %s: replica %d refused: %s", record.name, record.replica_id, refusal)
             after = refused(record, refusal.code, refusal.message, self.now, self.reconciler.policy)
-            self.records[record.replica_id] = self.store.put_replica(record, after)
+            self.records[record.replica_id] = self._put(record, after)
             return
         self._record_launched(record, instance)
 
     def _record_launched(self, record: ReplicaRecord, instance: Instance) -> None:
         after = launched(record, instance.instance_id, self.now)
-        self.records[record.replica_id] = self.store.put_replica(record, after)
+        self.records[record.replica_id] = self._put(record, after)
