@@ -29,7 +29,7 @@ from fleetkeeper.store.errors import (
     UidCollision,
     VersionMissing,
 )
-from fleetkeeper.store.events import event_update
+from fleetkeeper.store.events import EventReads, event_update
 from fleetkeeper.store.reads import ServiceReads
 from fleetkeeper.store.table import (
     TRANSACT_ITEM_LIMIT,
@@ -43,6 +43,7 @@ if TYPE_CHECKING:
 
     from mypy_boto3_dynamodb.type_defs import AttributeValueTypeDef, TransactWriteItemTypeDef
 
+    from fleetkeeper.service_events import EventRecord
     from fleetkeeper.spec import ServiceSpec
     from fleetkeeper.store.table import Table
 
@@ -103,6 +104,11 @@ class CommandStore:
         self, service: ServiceRecord, *, limit: int, next_token: str | None
     ) -> tuple[list[VersionRecord], str | None]:
         return self._reads.versions_page(service, limit=limit, next_token=next_token)
+
+    def events_page(
+        self, service: ServiceRecord, *, limit: int, next_token: str | None, now_epoch: int
+    ) -> tuple[list[EventRecord], str | None]:
+        return EventReads(self.table).page(service, limit=limit, next_token=next_token, now_epoch=now_epoch)
 
     def list_services(self, *, limit: int, next_token: str | None = None) -> tuple[list[ServiceRecord], str | None]:
         return self._reads.list_page(limit=limit, next_token=next_token)
