@@ -59,9 +59,10 @@ def test_network_reaches_the_apis_the_reconciler_calls(network: dict[str, Any]) 
         body["Properties"]["ServiceName"]["Fn::Sub"].rsplit(".", 1)[-1]: body
         for body in resources_of_type(network, "AWS::EC2::VPCEndpoint").values()
     }
-    assert {"ec2", "lambda", "dynamodb", "elasticloadbalancing"} <= set(services)
+    assert {"ec2", "lambda", "dynamodb", "elasticloadbalancing", "logs"} <= set(services)
     assert services["dynamodb"]["Properties"]["VpcEndpointType"] == "Gateway"
-    for name in ("ec2", "lambda", "elasticloadbalancing"):
+    # logs: the replicas' shipper sends their output to CloudWatch Logs (issue 16).
+    for name in ("ec2", "lambda", "elasticloadbalancing", "logs"):
         assert "Condition" not in services[name], f"the {name} endpoint must always exist"
         assert services[name]["Properties"]["PrivateDnsEnabled"] is True
 
