@@ -48,10 +48,17 @@ def _reasons(world: World) -> list[str]:
 
 
 def test_a_service_life_reports_its_events_newest_first_and_a_steady_run_writes_none(
-    strict_aws: StrictAws, world: World
+    strict_aws: StrictAws, world: World, caplog: pytest.LogCaptureFixture
 ) -> None:
+    caplog.set_level("INFO", logger="fleetkeeper.reconciler.shell")
     world.create(replicas=1)
     world.converge()
+    # Each recorded status is one structured line: the dashboard's ready-vs-target table.
+    recorded = [r for r in caplog.records if r.getMessage() == "status recorded"]
+    assert [(r.fleetkeeper_service, r.status, r.ready_replicas, r.target_replicas) for r in recorded] == [  # type: ignore[attr-defined]
+        ("svc", "REPLICA_INIT", 0, 1),
+        ("svc", "READY", 1, 1),
+    ]
     # Newest first: the service became READY last, it was created first (the events of one run
     # share its time, in no particular order).
     assert _by_time(world) == [

@@ -26,7 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-from fleetkeeper.model import ReplicaRecord, ServiceState, VersionState, to_iso, utcnow
+from fleetkeeper.model import ReplicaRecord, ReplicaStatus, ServiceState, VersionState, to_iso, utcnow
 from fleetkeeper.reconciler.balancer import Target
 from fleetkeeper.reconciler.driver import Instance, LaunchRefused, LaunchRequest
 from fleetkeeper.reconciler.plan import (
@@ -513,6 +513,7 @@ class _Apply:
                     self.store.record_status(
                         service, status.status, status.message, status.observed_generation, events, stamp
                     )
+                    self._log_status(status)
             case DeleteService():
                 self.store.delete_service(service)
             case EnsureEndpoint(config=config):
@@ -540,6 +541,23 @@ class _Apply:
                     self.balancer.deregister(self.endpoint, self._targets(ids))
             case RemoveEndpoint():
                 self.balancer.remove(service.name, service.uid, self.endpoint)
+
+    def _log_status(self, status: RecordStatus) -> None:
+        """One structured line per recorded status (a change): the dashboard's ready-vs-target table."""
+        service = self.state.service
+        target = self.state.target
+        ready = sum(
+            1 for r in self.records.values() if r.version == service.target_version and r.status is ReplicaStatus.READY
+        )
+        logger.info(
+            "status recorded",
+            extra={
+                "fleetkeeper_service": service.name,
+                "status": status.status.value,
+                "ready_replicas": ready,
+                "target_replicas": 0 if target is None else target.spec.target_replicas,
+            },
+        )
 
     def _put(self, before: ReplicaRecord, after: ReplicaRecord) -> ReplicaRecord:
         """A replica's write, with the events its change reports (none: a plain PutItem)."""
