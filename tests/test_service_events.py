@@ -170,11 +170,30 @@ def test_events_expire_on_read_before_ttl_deletes_them_and_only_the_newest_are_k
     raw = aws.dynamodb().scan(TableName=table)["Items"]
     assert sum(1 for i in raw if from_raw(i)["SK"].startswith(f"E#{uid}#")) >= EVENTS_KEPT + 5
     assert [r for r in reads.newest(service, now_epoch=later) if r.event.reason == "Probe"] == []
-    # An event seen again moves its expiry with it.
-    _write(table, uid, Event("Probe", "event 3"), "2026-01-08T01:00:00.000Z")
+    # An event seen again the same day folds, and moves its expiry with it.
+    _write(table, uid, Event("Probe", "event 3"), "2026-01-01T05:00:00.000Z")
     [again] = [r for r in reads.newest(service, now_epoch=later) if r.event.reason == "Probe"]
     assert (again.count, again.first_seen) == (2, "2026-01-01T00:00:03.000Z")
-    assert again.expires_at == int(from_iso("2026-01-08T01:00:00.000Z").timestamp()) + EVENT_TTL_SECONDS
+    assert again.expires_at == int(from_iso("2026-01-01T05:00:00.000Z").timestamp()) + EVENT_TTL_SECONDS
+
+
+def test_repeats_fold_within_a_day_and_a_read_stops_at_the_day_that_fills_the_newest(
+    api: ApiClient, table: str
+) -> None:
+    uid = api.post("/v1/services", {"name": "web", "spec": hello_spec()}).body["uid"]
+    service = CommandStore(Table(table)).service("web")
+    reads = EventReads(Table(table))
+    t0 = int(from_iso("2026-01-01T00:00:00.000Z").timestamp())
+    _write(table, uid, Event("Probe", "flapping"), "2026-01-01T10:00:00.000Z")
+    _write(table, uid, Event("Probe", "flapping"), "2026-01-01T11:00:00.000Z")
+    _write(table, uid, Event("Probe", "flapping"), "2026-01-02T09:00:00.000Z")  # another day: a new item
+    flapping = [(r.count, r.first_seen) for r in reads.newest(service, t0) if r.event.message == "flapping"]
+    assert flapping == [(1, "2026-01-02T09:00:00.000Z"), (2, "2026-01-01T10:00:00.000Z")]
+
+    for n in range(EVENTS_KEPT):
+        _write(table, uid, Event("Busy", f"busy {n}"), f"2026-01-03T00:{n // 60:02d}:{n % 60:02d}.000Z")
+    newest = [r for r in reads.newest(service, t0) if r.event.reason != "Created"]
+    assert len(newest) == EVENTS_KEPT - 1 and {r.event.reason for r in newest} == {"Busy"}
 
 
 @pytest.mark.parametrize(

@@ -1,17 +1,21 @@
 """Service events in the table: written inside the writer's own call, read newest first.
 
-    event  PK=SVC#<name>  SK=E#<uid>#<fold key>  type, reason, message, replica_id?, version?, code?,
-                                                 first_seen, last_seen, count, expiration (TTL)
+    event  PK=SVC#<name>  SK=E#<uid>#<day>#<fold key>  type, reason, message, replica_id?, version?,
+                                                       code?, first_seen, last_seen, count, expiration (TTL)
 
 An event is never a call of its own: `event_update` is one more item of the TransactWriteItems
 that makes the state change it reports (a replica's transition, a claim, the breaker, a create...),
 so it is written exactly when the change is, and a steady state (no change) writes none. Repeats
-fold into one item: the key is the event's fold key, and the update raises `count`, moves
-`last_seen` and the expiry, and keeps `first_seen` (`if_not_exists`).
+fold into one item: the key is the UTC day and the event's fold key, and the update raises
+`count`, moves `last_seen` and the expiry, and keeps `first_seen` (`if_not_exists`). A repeat on
+another day is a new item (Kubernetes, too, folds within a window).
 
 Retention: each item expires EVENT_TTL_SECONDS after it was last seen, through the table's TTL
 attribute. TTL deletes late (typically within days), so a read filters out what has expired, and
-answers the newest EVENTS_KEPT only.
+answers the newest EVENTS_KEPT only. The day in the key bounds what a read costs: a Query of the
+incarnation's events newest-first stops at the first day boundary once it holds EVENTS_KEPT
+events, so a service that has logged thousands of events in a week still costs a read of about
+its last day's.
 """
 
 from __future__ import annotations
@@ -79,7 +83,7 @@ def event_update(table: str, name: str, uid: str, event: Event, now: str) -> Tra
     return {
         "Update": {
             "TableName": table,
-            "Key": to_raw(event_key(name, uid, event.fold_key)),
+            "Key": to_raw(event_key(name, uid, now[:10], event.fold_key)),
             "UpdateExpression": "SET " + ", ".join(sets) + " ADD #count :one",
             "ExpressionAttributeNames": names,
             "ExpressionAttributeValues": expression_values(**values),
@@ -120,6 +124,10 @@ def _order(record: EventRecord) -> tuple[str, str]:
     return (record.last_seen, record.event.fold_key)
 
 
+def _newest(records: list[EventRecord]) -> list[EventRecord]:
+    return sorted(records, key=_order, reverse=True)[:EVENTS_KEPT]
+
+
 def encode_event_token(record: EventRecord) -> str:
     text = json.dumps({"t": record.last_seen, "k": record.event.fold_key}, sort_keys=True)
     return base64.urlsafe_b64encode(text.encode()).decode()
@@ -152,21 +160,28 @@ class EventReads:
     def newest(self, service: ServiceRecord, now_epoch: int) -> list[EventRecord]:
         """The newest EVENTS_KEPT unexpired events, newest (last seen) first: one Query (paginated)."""
         records: list[EventRecord] = []
-        for page in self.table.query_pages(
+        day = None
+        pages = self.table.query_pages(
             KeyConditionExpression="PK = :pk AND begins_with(SK, :prefix)",
             ExpressionAttributeValues=expression_values(pk=service_pk(service.name), prefix=event_prefix(service.uid)),
             ConsistentRead=True,
-        ):
+            ScanIndexForward=False,  # the newest days first
+        )
+        for page in pages:
             for raw in page["Items"]:
                 item = from_raw(raw)
+                item_day = str(item["SK"]).split("#")[2]
+                if item_day != day:
+                    if len(records) >= EVENTS_KEPT:
+                        return _newest(records)  # every later item is of an older day
+                    day = item_day
                 try:
                     record = event_from_item(item)
                 except (KeyError, ValueError, TypeError) as exc:
                     raise CorruptItem(service.name, str(item.get("SK", "")), f"{type(exc).__name__}: {exc}") from exc
                 if record.expires_at > now_epoch:  # TTL deletes late: an expired item may still be read
                     records.append(record)
-        records.sort(key=_order, reverse=True)
-        return records[:EVENTS_KEPT]
+        return _newest(records)
 
     def page(
         self, service: ServiceRecord, *, limit: int, next_token: str | None, now_epoch: int

@@ -3,7 +3,7 @@
     service  PK=SVC#<name>  SK=META                          + list_pk/list_sk (sparse index)
     version  PK=SVC#<name>  SK=V#<uid>#<version:010d>
     replica  PK=SVC#<name>  SK=R#<uid>#<replica_id:010d>
-    event    PK=SVC#<name>  SK=E#<uid>#<fold key>             + expiration (TTL)
+    event    PK=SVC#<name>  SK=E#<uid>#<day>#<fold key>       + expiration (TTL)
 
 Every child key carries the incarnation uid, so work on an old incarnation (cleanup, a slow
 reconciler) can never touch a newer one of the same name. The trailing `#` of each prefix keeps
@@ -76,12 +76,14 @@ def replica_key(name: str, uid: str, replica_id: int) -> dict[str, str]:
     return {"PK": service_pk(name), "SK": replica_sk(uid, replica_id)}
 
 
-def event_sk(uid: str, fold_key: str) -> str:
-    return f"{event_prefix(uid)}{fold_key}"
+def event_sk(uid: str, day: str, fold_key: str) -> str:
+    """An event's key: its UTC day (YYYY-MM-DD) first, so a Query newest-first reads the newest days
+    and may stop there; repeats fold within a day (as Kubernetes folds within a window)."""
+    return f"{event_prefix(uid)}{day}#{fold_key}"
 
 
-def event_key(name: str, uid: str, fold_key: str) -> dict[str, str]:
-    return {"PK": service_pk(name), "SK": event_sk(uid, fold_key)}
+def event_key(name: str, uid: str, day: str, fold_key: str) -> dict[str, str]:
+    return {"PK": service_pk(name), "SK": event_sk(uid, day, fold_key)}
 
 
 def child_prefixes(uid: str) -> tuple[str, str, str]:
