@@ -312,6 +312,36 @@ def test_events_lists_them_oldest_first_and_status_shows_the_last_few() -> None:
     assert code == 0 and "Events (`fleetkeeper events web` for more):" in out and "LaunchRefused" in out
 
 
+def test_events_follow_prints_each_new_or_repeated_event_once_until_the_service_is_gone(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import fleetkeeper.cli.main as cli_main
+
+    monkeypatch.setattr(cli_main.time, "sleep", lambda _s: None)
+
+    def event(reason: str, count: int = 1, when: str = "2026-01-01T00:00:00.000Z") -> dict[str, Any]:
+        first = "2026-01-01T00:00:00.000Z"
+        return {"time": when, "first_seen": first, "count": count, "type": "Normal", "reason": reason, "message": "m"}
+
+    created, refused = event("Created"), event("LaunchRefused")
+    client = ScriptedClient(
+        {
+            ("GET", "/v1/services/web/events?limit=100"): [{"events": [created], "next_token": None}],
+            ("GET", "/v1/services/web/events?limit=20"): [
+                {"events": [refused, created], "next_token": None},
+                {"events": [refused, created], "next_token": None},  # nothing new: nothing printed
+                {"events": [event("LaunchRefused", 2, "2026-01-01T00:01:00.000Z"), created], "next_token": None},
+                not_found(),
+            ],
+        }
+    )
+    code, out, err = cli(["events", "web", "--follow"], client)
+    assert code == 0 and "gone" in err
+    lines = out.splitlines()
+    assert [line.split()[2] for line in lines] == ["Created:", "LaunchRefused:", "LaunchRefused:"]
+    assert lines[-1].endswith("(x2)")
+
+
 # --- JSON output ------------------------------------------------------------------------------------------
 
 
