@@ -54,7 +54,12 @@ def _transaction(params: Mapping[str, Any]) -> dict[str, Any]:
     for entry in params["TransactItems"]:
         [(kind, body)] = entry.items()
         key = body.get("Key") or body.get("Item") or {}
-        summary: dict[str, Any] = {"kind": kind, "SK": from_raw(key)["SK"]}
+        sk = from_raw(key)["SK"]
+        if sk.startswith("E#"):
+            # A service event written with the change it reports: its reason says which.
+            items.append({"kind": kind, "event": from_raw(body["ExpressionAttributeValues"])[":reason"]})
+            continue
+        summary: dict[str, Any] = {"kind": kind, "SK": sk}
         summary.update(_conditioned(body, "UpdateExpression", "ConditionExpression"))
         if kind == "Put":
             summary.update(_item(body["Item"], "status"))

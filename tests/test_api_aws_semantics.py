@@ -143,13 +143,12 @@ def test_a_transaction_conflict_that_persists_is_a_503_and_writes_nothing(
     assert web.get("/v1/services/api").status == 404
 
 
-def test_a_transaction_conflict_exception_on_delete_is_retried_then_a_503(
-    strict_aws: StrictAws, web: ApiClient
-) -> None:
-    strict_aws.dynamodb.conflict_next_write(operations=["UpdateItem"], times=1)
+def test_a_transaction_conflict_on_delete_is_retried_then_a_503(strict_aws: StrictAws, web: ApiClient) -> None:
+    # Delete is ONE TransactWriteItems (the service item and its Deleting event).
+    strict_aws.dynamodb.conflict_next_transaction([0], times=1)
     assert web.delete("/v1/services/web").status == 202
     assert web.post("/v1/services", {"name": "api", "spec": hello_spec()}).status == 201
-    strict_aws.dynamodb.conflict_next_write(operations=["UpdateItem"], times=3)
+    strict_aws.dynamodb.conflict_next_transaction([0], times=3)
     response = web.delete("/v1/services/api")
     assert response.status == 503, response.body
     assert web.get("/v1/services/api").body["lifecycle"] == "ACTIVE"

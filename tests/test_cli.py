@@ -255,7 +255,7 @@ def test_version_and_every_commands_help_with_an_example(capsys: pytest.CaptureF
     with pytest.raises(SystemExit) as done:
         build_parser().parse_args(["--version"])
     assert done.value.code == 0 and capsys.readouterr().out.startswith("fleetkeeper ")
-    for command in ("up", "update", "status", "versions", "rollback", "down", "logs", "local"):
+    for command in ("up", "update", "status", "versions", "rollback", "down", "events", "logs", "local"):
         with pytest.raises(SystemExit):
             build_parser().parse_args([command, "--help"])
         text = capsys.readouterr().out
@@ -264,13 +264,82 @@ def test_version_and_every_commands_help_with_an_example(capsys: pytest.CaptureF
     assert "--secret NAME[=VALUE]" in up_help and "--env-file FILE" in up_help
 
 
-def test_logs_is_for_the_embedded_mode_only_and_says_so_before_looking_for_credentials() -> None:
-    def no_client(url: str) -> ApiClient:
-        raise AssertionError(f"a client (and its SigV4 signer) was built for {url}")
+def test_logs_on_aws_needs_the_stacks_log_group_and_says_where_to_find_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("FLEETKEEPER_LOG_GROUP", raising=False)
+    client = ScriptedClient({}, embedded=False)
+    code, _, err = cli(["logs", "web", "--api-url", API_GW], client)
+    assert code == 2 and "--stack NAME" in err and "--log-group" in err
+    assert client.sent == []  # said before any request
 
-    out, err = io.StringIO(), io.StringIO()
-    code = run(["logs", "web", "--api-url", API_GW], out=out, err=err, client_factory=no_client)
-    assert code == 2 and "logs are only available in embedded mode" in err.getvalue()
+
+def test_events_lists_them_oldest_first_and_status_shows_the_last_few() -> None:
+    events = [
+        {
+            "time": "2026-01-01T00:02:00.000Z",
+            "first_seen": "2026-01-01T00:00:00.000Z",
+            "count": 3,
+            "type": "Warning",
+            "reason": "LaunchRefused",
+            "message": "replica 0 FAILED_PROVISION: InsufficientInstanceCapacity: no capacity",
+            "replica_id": 0,
+            "version": 1,
+            "code": "InsufficientInstanceCapacity",
+        },
+        {
+            "time": "2026-01-01T00:00:00.000Z",
+            "first_seen": "2026-01-01T00:00:00.000Z",
+            "count": 1,
+            "type": "Normal",
+            "reason": "Created",
+            "message": "service created at version 1",
+            "version": 1,
+        },
+    ]
+    client = ScriptedClient(
+        {
+            ("GET", "/v1/services/web/events?limit=100"): [{"events": events, "next_token": None}],
+            ("GET", "/v1/services/web/events?limit=5"): [{"events": events, "next_token": None}],
+            ("GET", "/v1/services/web"): [view()],
+        }
+    )
+    code, out, _ = cli(["events", "web"], client)
+    lines = out.splitlines()
+    assert code == 0 and lines[0].split()[:4] == ["LAST", "SEEN", "TYPE", "REASON"]
+    assert "Created" in lines[1] and "LaunchRefused" in lines[2] and " 3 " in lines[2]
+    code, out, _ = cli(["events", "web", "-o", "json"], client)
+    assert code == 0 and json.loads(out) == {"events": events}
+    code, out, _ = cli(["status", "web"], client)
+    assert code == 0 and "Events (`fleetkeeper events web` for more):" in out and "LaunchRefused" in out
+
+
+def test_events_follow_prints_each_new_or_repeated_event_once_until_the_service_is_gone(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import fleetkeeper.cli.main as cli_main
+
+    monkeypatch.setattr(cli_main.time, "sleep", lambda _s: None)
+
+    def event(reason: str, count: int = 1, when: str = "2026-01-01T00:00:00.000Z") -> dict[str, Any]:
+        first = "2026-01-01T00:00:00.000Z"
+        return {"time": when, "first_seen": first, "count": count, "type": "Normal", "reason": reason, "message": "m"}
+
+    created, refused = event("Created"), event("LaunchRefused")
+    client = ScriptedClient(
+        {
+            ("GET", "/v1/services/web/events?limit=100"): [{"events": [created], "next_token": None}],
+            ("GET", "/v1/services/web/events?limit=20"): [
+                {"events": [refused, created], "next_token": None},
+                {"events": [refused, created], "next_token": None},  # nothing new: nothing printed
+                {"events": [event("LaunchRefused", 2, "2026-01-01T00:01:00.000Z"), created], "next_token": None},
+                not_found(),
+            ],
+        }
+    )
+    code, out, err = cli(["events", "web", "--follow"], client)
+    assert code == 0 and "gone" in err
+    lines = out.splitlines()
+    assert [line.split()[2] for line in lines] == ["Created:", "LaunchRefused:", "LaunchRefused:"]
+    assert lines[-1].endswith("(x2)")
 
 
 # --- JSON output ------------------------------------------------------------------------------------------

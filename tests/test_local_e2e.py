@@ -183,6 +183,17 @@ def test_the_whole_lifecycle_through_the_cli(plane: LocalPlane) -> None:
     # logs: the replicas' own output, through the CLI.
     logs = ok(plane.cli("logs", NAME))
     assert "serving on 127.0.0.1:" in logs
+    one = ready_replicas(shown)[0]["replica_id"]
+    assert "serving on 127.0.0.1:" in ok(plane.cli("logs", NAME, "--replica", str(one)))
+
+    # events: what happened to it, newest first, folded, with the killed replica's typed failure.
+    events = json.loads(ok(plane.cli("events", NAME, "-o", "json")))["events"]
+    reasons = {e["reason"] for e in events}
+    assert {"Created", "Updated", "RolledBack", "Claimed", "Launched", "ReplicaReady", "ServiceReady"} <= reasons
+    assert any(e["type"] == "Warning" and e.get("replica_id") == victim["replica_id"] and e.get("code") for e in events)
+    assert [e["time"] for e in events] == sorted((e["time"] for e in events), reverse=True)
+    assert "LAST SEEN" in ok(plane.cli("events", NAME))
+    assert "Events (`fleetkeeper events" in ok(plane.cli("status", NAME))
 
     # down --wait: gone from the API and the table; no replica process left.
     ok(plane.cli("down", NAME, "--wait", "--timeout", WAIT))

@@ -202,6 +202,14 @@ def test_load_scales_a_service_to_its_max_and_back_with_one_metric_call_per_run(
     world.converge()
     assert len(serving(world, "busy")) == 1
     assert target_of(world, "idle") == 1
+    # Each move of the target is a Scaled event, written with the decision (newest first).
+    records, _ = world.commands.events_page("busy", limit=100, next_token=None)
+    assert [r.event.message for r in records if r.event.reason == "Scaled"] == [
+        "target replicas 3 -> 1: 0 req/s recommends 1",
+        "target replicas 1 -> 3: 5 req/s recommends 3",
+    ]
+    records, _ = world.commands.events_page("idle", limit=100, next_token=None)
+    assert not [r for r in records if r.event.reason == "Scaled"]
 
 
 def test_a_failed_metric_read_holds_every_target(

@@ -38,7 +38,11 @@ def load(name: str = "svc") -> tuple[str, str, dict[str, Any]]:
     return (
         "dynamodb",
         "Query",
-        {"KeyConditionExpression": "PK = :pk", "ConsistentRead": True, "values": {":pk": f"SVC#{name}"}},
+        {
+            "KeyConditionExpression": "PK = :pk AND SK >= :meta",
+            "ConsistentRead": True,
+            "values": {":pk": f"SVC#{name}", ":meta": "META"},
+        },
     )
 
 
@@ -46,7 +50,19 @@ def replica_sk(uid: str, replica_id: int) -> str:
     return f"R#{uid}#{replica_id:010d}"
 
 
-def put_replica(uid: str, replica_id: int, rev: int, status: str, **facts: str) -> tuple[str, str, dict[str, Any]]:
+def put_replica(
+    uid: str, replica_id: int, rev: int, status: str, *events: str, **facts: str
+) -> tuple[str, str, dict[str, Any]]:
+    """The replica's write: a PutItem, or with the events it reports ONE TransactWriteItems."""
+    if events:
+        put = {
+            "kind": "Put",
+            "SK": replica_sk(uid, replica_id),
+            "ConditionExpression": "rev = :rev",
+            "values": {":rev": rev},
+            "status": status,
+        }
+        return ("dynamodb", "TransactWriteItems", {"items": [put, *({"kind": "Update", "event": e} for e in events)]})
     return (
         "dynamodb",
         "PutItem",
@@ -60,23 +76,26 @@ def put_replica(uid: str, replica_id: int, rev: int, status: str, **facts: str) 
     )
 
 
-def record_status(uid: str, status: str, message: str, generation: int = 1) -> tuple[str, str, dict[str, Any]]:
-    return (
-        "dynamodb",
-        "UpdateItem",
-        {
-            "SK": "META",
-            "UpdateExpression": RECORD_STATUS,
-            "ConditionExpression": "uid = :uid AND generation = :generation",
-            "values": {
-                ":status": status,
-                ":message": message,
-                ":observed": generation,
-                ":uid": uid,
-                ":generation": generation,
-            },
+def record_status(
+    uid: str, status: str, message: str, generation: int = 1, *events: str
+) -> tuple[str, str, dict[str, Any]]:
+    """The status write: an UpdateItem, or with the status's event (it moved) ONE TransactWriteItems."""
+    update = {
+        "SK": "META",
+        "UpdateExpression": RECORD_STATUS,
+        "ConditionExpression": "uid = :uid AND generation = :generation",
+        "values": {
+            ":status": status,
+            ":message": message,
+            ":observed": generation,
+            ":uid": uid,
+            ":generation": generation,
         },
-    )
+    }
+    if events:
+        items = [{"kind": "Update", **update}, *({"kind": "Update", "event": e} for e in events)]
+        return ("dynamodb", "TransactWriteItems", {"items": items})
+    return ("dynamodb", "UpdateItem", update)
 
 
 def test_observe_lists_services_loads_each_partition_and_describes_managed_instances_once(world: World) -> None:
@@ -177,6 +196,7 @@ def test_apply_claims_launches_by_client_token_and_records_each_outcome(world: W
                 }
                 for i in (0, 1)
             ),
+            {"kind": "Update", "event": "Claimed"},
         ]
     }
     assert calls.brief() == [
@@ -185,13 +205,15 @@ def test_apply_claims_launches_by_client_token_and_records_each_outcome(world: W
         DESCRIBE_MANAGED,
         ("dynamodb", "TransactWriteItems", claim),
         launch(0),
-        put_replica(uid, 0, 0, "PROVISIONING"),
+        put_replica(uid, 0, 0, "PROVISIONING", "Launched"),
         launch(1),
-        put_replica(uid, 1, 0, "FAILED_PROVISION", failure_code="InsufficientInstanceCapacity", cause="ENVIRONMENT"),
+        put_replica(uid, 1, 0, "FAILED_PROVISION", "LaunchRefused"),
         record_status(
             uid,
             "REPLICA_INIT",
             "0/2 ready; replica 0 PROVISIONING; replica 1 FAILED_PROVISION: InsufficientInstanceCapacity: no capacity",
+            1,
+            "ServiceReplicaInit",
         ),
     ]
 
@@ -209,14 +231,15 @@ def test_record_writes_the_replica_the_version_mark_and_the_status_each_conditio
                 "UpdateExpression": "SET #state = :state, state_message = :message",
                 "ConditionExpression": "attribute_exists(PK) AND #state = :expected",
                 "values": {":state": "READY", ":message": "", ":expected": "NEW"},
-            }
+            },
+            {"kind": "Update", "event": "VersionReady"},
         ]
     }
     assert calls.brief() == [
         LIST_SERVICES,
         load(),
         DESCRIBE_MANAGED,
-        put_replica(uid, 0, 1, "READY"),
+        put_replica(uid, 0, 1, "READY", "ReplicaReady"),
         ("dynamodb", "TransactWriteItems", mark),
-        record_status(uid, "READY", "1/1 ready"),
+        record_status(uid, "READY", "1/1 ready", 1, "ServiceReady"),
     ]

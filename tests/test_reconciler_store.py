@@ -7,6 +7,7 @@ from dataclasses import replace
 import pytest
 
 from fleetkeeper.model import FailureCause, ReplicaRecord, ReplicaStatus, ServiceState, ServiceStatus, VersionState
+from fleetkeeper.service_events import claimed
 from fleetkeeper.spec import ServiceSpec
 from fleetkeeper.store.codec import from_raw, replica_from_item, replica_item, to_raw
 from fleetkeeper.store.commands import CommandStore
@@ -67,10 +68,11 @@ def test_claims_past_one_transaction_are_chunked(store: ReconcilerStore, api_sto
         "provide-client-params.dynamodb.TransactWriteItems",
         lambda params, **_: sizes.append(len(params["TransactItems"])),
     )
-    store.claim_replicas(_state(store).service, 1, list(range(120)), NOW)
+    store.claim_replicas(_state(store).service, 1, list(range(120)), NOW, lambda ids: [claimed(1, list(ids))])
     state = _state(store)
     assert state.service.replica_seq == 120 and len(state.replicas) == 120
-    assert sizes == [TRANSACT_ITEM_LIMIT, 1 + 120 - (TRANSACT_ITEM_LIMIT - 1)]  # the service update + puts
+    # Each transaction: the service update, the puts, and the event of its claims.
+    assert sizes == [TRANSACT_ITEM_LIMIT, 1 + 120 - (TRANSACT_ITEM_LIMIT - 2) + 1]
 
 
 def test_a_stale_replica_write_is_refused(store: ReconcilerStore, api_store: CommandStore) -> None:

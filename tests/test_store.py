@@ -36,7 +36,7 @@ def store_of(table: str) -> CommandStore:
     return CommandStore(Table(table))
 
 
-def create(db: CommandStore, name: str, spec: ServiceSpec, now: str = "t0") -> ServiceState:
+def create(db: CommandStore, name: str, spec: ServiceSpec, now: str = "2026-01-01T00:00:00.000Z") -> ServiceState:
     return db.create_service(name, spec, "rolling", now, status_message="created by a test")
 
 
@@ -51,8 +51,11 @@ def test_create_writes_service_and_version_in_one_transaction(table: str) -> Non
     calls = count_calls("*")
     state = create(store_of(table), "web", parse_spec(hello_spec()), to_iso(utcnow()))
     assert calls == Counter({"TransactWriteItems": 1})
-    keys = {(i["PK"], i["SK"]) for i in all_items(table)}
-    assert keys == {("SVC#web", "META"), ("SVC#web", f"V#{state.service.uid}#0000000001")}
+    uid = state.service.uid
+    keys = {(i["PK"], i["SK"]) for i in all_items(table) if not i["SK"].startswith("E#")}
+    assert keys == {("SVC#web", "META"), ("SVC#web", f"V#{uid}#0000000001")}
+    # ... and its `Created` event, in the same transaction.
+    assert [i["reason"] for i in all_items(table) if i["SK"].startswith(f"E#{uid}#")] == ["Created"]
 
 
 def test_create_over_an_existing_service_leaves_nothing_written(table: str) -> None:
@@ -60,7 +63,7 @@ def test_create_over_an_existing_service_leaves_nothing_written(table: str) -> N
     create(db, "web", parse_spec(hello_spec()))
     before = all_items(table)
     with pytest.raises(ServiceExists) as refused:
-        create(db, "web", parse_spec(hello_spec(envs={"X": "1"})), "t1")
+        create(db, "web", parse_spec(hello_spec(envs={"X": "1"})), "2026-01-01T00:00:01.000Z")
     assert (refused.value.name, refused.value.deleting) == ("web", False)
     assert all_items(table) == before  # no stray version 1 of a second uid
 
@@ -68,9 +71,9 @@ def test_create_over_an_existing_service_leaves_nothing_written(table: str) -> N
 def test_create_over_a_deleting_service_says_so(table: str) -> None:
     db = store_of(table)
     create(db, "web", parse_spec(hello_spec()))
-    db.mark_deleting(db.require("web"), "t1", status_message="going")
+    db.mark_deleting(db.require("web"), "2026-01-01T00:00:01.000Z", status_message="going")
     with pytest.raises(ServiceExists) as refused:
-        create(db, "web", parse_spec(hello_spec()), "t2")
+        create(db, "web", parse_spec(hello_spec()), "2026-01-01T00:00:02.000Z")
     assert refused.value.deleting is True
 
 
@@ -88,11 +91,13 @@ def test_update_is_one_transaction_and_a_failed_condition_writes_nothing(table: 
     create(db, "web", parse_spec(hello_spec()))
     state = db.require("web")
     calls = count_calls("*")
-    db.add_version(state, parse_spec(hello_spec()), "rolling", "t1", expected_generation=1)
+    db.add_version(state, parse_spec(hello_spec()), "rolling", "2026-01-01T00:00:01.000Z", expected_generation=1)
     assert calls == Counter({"TransactWriteItems": 1})
     before = all_items(table)
     with pytest.raises(GenerationMismatch) as refused:
-        db.add_version(db.require("web"), parse_spec(hello_spec()), "rolling", "t2", expected_generation=1)
+        db.add_version(
+            db.require("web"), parse_spec(hello_spec()), "rolling", "2026-01-01T00:00:02.000Z", expected_generation=1
+        )
     assert (refused.value.name, refused.value.current, refused.value.expected) == ("web", 2, 1)
     assert all_items(table) == before
 
@@ -103,8 +108,10 @@ def test_update_of_a_service_deleted_underneath_is_not_found(table: str) -> None
     state = db.require("web")
     aws.dynamodb().delete_item(TableName=table, Key=to_raw({"PK": "SVC#web", "SK": "META"}))
     with pytest.raises(ServiceMissing):
-        db.add_version(state, parse_spec(hello_spec()), "rolling", "t1", expected_generation=None)
-    assert [i["SK"] for i in all_items(table)] == [keys.version_sk(state.service.uid, 1)]
+        db.add_version(state, parse_spec(hello_spec()), "rolling", "2026-01-01T00:00:01.000Z", expected_generation=None)
+    assert [i["SK"] for i in all_items(table) if not i["SK"].startswith("E#")] == [
+        keys.version_sk(state.service.uid, 1)
+    ]
 
 
 def test_a_rollback_to_a_version_that_is_gone_names_it_and_writes_nothing(table: str) -> None:
@@ -112,7 +119,7 @@ def test_a_rollback_to_a_version_that_is_gone_names_it_and_writes_nothing(table:
     create(db, "web", parse_spec(hello_spec()))
     before = all_items(table)
     with pytest.raises(VersionMissing) as refused:
-        db.set_target(db.require("web"), 7, "t1", expected_generation=None)
+        db.set_target(db.require("web"), 7, "2026-01-01T00:00:01.000Z", expected_generation=None)
     assert (refused.value.name, refused.value.version, refused.value.latest) == ("web", 7, 1)
     assert all_items(table) == before
 

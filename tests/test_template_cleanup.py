@@ -299,6 +299,7 @@ def test_the_filter_admits_only_service_removals_of_real_stream_records(
         ("INSERT", "SVC", "ME"), ("MODIFY", "SVC", "ME"), ("REMOVE", "SVC", "ME"),
         ("INSERT", "SVC", "V#"), ("REMOVE", "SVC", "V#"),
         ("INSERT", "SVC", "R#"), ("MODIFY", "SVC", "R#"), ("REMOVE", "SVC", "R#"),
+        ("INSERT", "SVC", "E#"), ("REMOVE", "SVC", "E#"),
         ("INSERT", "IDE", idempotency), ("MODIFY", "IDE", idempotency), ("REMOVE", "IDE", idempotency),
     }  # fmt: skip
     passed = admitted(patterns, records)
@@ -322,5 +323,6 @@ def test_the_cleanups_own_deletes_do_not_trigger_it_again(
 
     assert partition_keys(table, "web") == set()
     caused = stream_records(table)[len(before) :]
-    assert len(caused) == 32 and {r["eventName"] for r in caused} == {"REMOVE"}
+    # 30 versions, 2 replicas, and the service's 2 events (Created, Deleting).
+    assert len(caused) == 34 and {r["eventName"] for r in caused} == {"REMOVE"}
     assert admitted(patterns, caused) == []

@@ -195,13 +195,26 @@ def test_allowlist_has_no_stale_entries(translated: dict[str, Any]) -> None:
 SECRETS_ARN = "arn:${AWS::Partition}:ssm:${AWS::Region}:${AWS::AccountId}:parameter/fleetkeeper/${Table}/*"
 
 
-def test_replicas_may_read_their_workdirs_and_secrets_and_nothing_else(translated: dict[str, Any]) -> None:
+REPLICA_STREAMS = (
+    "arn:${AWS::Partition}:logs:${AWS::Region}:${AWS::AccountId}:log-group:${ReplicaLogGroup}:log-stream:*"
+)
+
+
+def test_replicas_may_read_their_workdirs_and_secrets_ship_their_logs_and_nothing_else(
+    translated: dict[str, Any],
+) -> None:
     policy = translated["Resources"]["ReplicaAccessPolicy"]["Properties"]["PolicyDocument"]
     grants = {a: s["Resource"] for s in as_list(policy["Statement"]) for a in as_list(s["Action"])}
     assert grants == {
         "s3:GetObject": {"Fn::Sub": "${WorkdirBucket.Arn}/services/*"},
         "ssm:GetParameter": {"Fn::Sub": SECRETS_ARN},
+        # Their own streams in the stack's replica log group, nothing else of CloudWatch Logs.
+        "logs:CreateLogStream": {"Fn::Sub": REPLICA_STREAMS},
+        "logs:PutLogEvents": {"Fn::Sub": REPLICA_STREAMS},
     }
+    group = translated["Resources"]["ReplicaLogGroup"]["Properties"]
+    assert group["RetentionInDays"] == {"Ref": "ReplicaLogRetentionDays"}
+    assert translated["Outputs"]["ReplicaLogGroup"]["Value"] == {"Ref": "ReplicaLogGroup"}
     outputs = translated["Outputs"]
     assert outputs["ReplicaAccessPolicyArn"]["Value"] == {"Ref": "ReplicaAccessPolicy"}
 

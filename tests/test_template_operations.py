@@ -72,3 +72,41 @@ def test_a_reconciler_that_stops_completing_runs_is_alarmed_within_five_minutes(
     assert reconciler_env.get("POWERTOOLS_SERVICE_NAME", service) == service
     assert reconciler_env.get("POWERTOOLS_METRICS_NAMESPACE") == "fleetkeeper"
     assert {d["Name"]: d["Value"] for d in stalled["Dimensions"]} == {"service": service}
+
+
+# --- the dashboard ------------------------------------------------------------------------------------
+
+
+def dashboard(translated: dict[str, Any]) -> dict[str, Any]:
+    """The dashboard's body as JSON, with each ${...} of its Fn::Sub replaced by what it names."""
+    import json
+    import re
+
+    (body,) = resources_of_type(translated, "AWS::CloudWatch::Dashboard").values()
+    text = body["Properties"]["DashboardBody"]["Fn::Sub"]
+    names = set(translated["Resources"]) | {"AWS::Region", "AWS::StackName"}
+    for ref in re.findall(r"\$\{([^}]+)\}", text):
+        assert ref.split(".")[0] in names, f"the dashboard names {ref}, which the stack lacks"
+    return dict(json.loads(re.sub(r"\$\{([^}]+)\}", r"<\1>", text)))
+
+
+def test_the_dashboard_shows_what_the_issue_asks_for(with_reconciler: dict[str, Any]) -> None:
+    widgets = dashboard(with_reconciler)["widgets"]
+    metrics = {(m[0], m[1], m[3]) for w in widgets if w["type"] == "metric" for m in w["properties"]["metrics"]}
+    assert {
+        ("AWS/Lambda", "Invocations", "<ReconcilerFunction>"),  # reconcile runs
+        ("AWS/Lambda", "Duration", "<ReconcilerFunction>"),  # and their duration
+        ("AWS/Lambda", "Errors", "<ApiFunction>"),
+        ("AWS/Lambda", "Errors", "<ReconcilerFunction>"),
+        ("AWS/Lambda", "Errors", "<DispatcherFunction>"),
+        ("AWS/Lambda", "Errors", "<CleanupFunction>"),
+        ("AWS/ApiGateway", "4XXError", "<AWS::StackName>-api"),
+        ("AWS/ApiGateway", "5XXError", "<AWS::StackName>-api"),
+        ("AWS/ApiGateway", "Latency", "<AWS::StackName>-api"),
+        ("AWS/SQS", "ApproximateNumberOfMessagesVisible", "<CleanupFailureQueue.QueueName>"),  # the DLQ
+    } <= metrics
+    # Ready vs target per service: the reconciler's "status recorded" lines (reconciler/shell.py).
+    (table,) = [w for w in widgets if w["type"] == "log"]
+    query = table["properties"]["query"]
+    assert "SOURCE '<ReconcilerLogGroup>'" in query and "filter message = 'status recorded'" in query
+    assert "ready_replicas" in query and "target_replicas" in query and "by fleetkeeper_service" in query

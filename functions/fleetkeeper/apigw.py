@@ -16,6 +16,7 @@ from urllib.parse import parse_qs, unquote, urlsplit
 # Routes as API Gateway knows them (template.yaml); resource and pathParameters are derived from these.
 ROUTES: tuple[tuple[str, str], ...] = (
     ("/v1/services/{name}/versions", r"^/v1/services/(?P<name>[^/]+)/versions$"),
+    ("/v1/services/{name}/events", r"^/v1/services/(?P<name>[^/]+)/events$"),
     ("/v1/services/{name}/rollback", r"^/v1/services/(?P<name>[^/]+)/rollback$"),
     ("/v1/services/{name}", r"^/v1/services/(?P<name>[^/]+)$"),
     ("/v1/services", r"^/v1/services$"),

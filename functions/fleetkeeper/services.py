@@ -28,7 +28,7 @@ from fleetkeeper.errors import (
     RequestInProgress,
     ServiceUnavailable,
 )
-from fleetkeeper.model import Lifecycle, ServiceRecord, ServiceState, VersionState, to_iso, utcnow
+from fleetkeeper.model import Lifecycle, ServiceRecord, ServiceState, VersionState, from_iso, to_iso, utcnow
 from fleetkeeper.store import keys
 from fleetkeeper.store.commands import VERSION_HISTORY_LIMIT
 from fleetkeeper.store.errors import (
@@ -52,6 +52,7 @@ if TYPE_CHECKING:
 
     from fleetkeeper.model import VersionRecord
     from fleetkeeper.secret_store import SecretStore
+    from fleetkeeper.service_events import EventRecord
     from fleetkeeper.spec import ServiceSpec
     from fleetkeeper.store.commands import CommandStore
     from fleetkeeper.store.table import Table
@@ -75,7 +76,7 @@ IDEMPOTENCY_TTL_SECONDS = 24 * 3600
 DELETING_MESSAGE = "deleting: terminating every replica"
 
 Kick = Callable[[str], None]
-Command = Literal["get", "list", "versions", "create", "update", "rollback", "delete"]
+Command = Literal["get", "list", "versions", "events", "create", "update", "rollback", "delete"]
 T = TypeVar("T")
 
 
@@ -127,6 +128,17 @@ class ServiceCommands:
             return service, versions, token
 
         with _as_api_errors("versions"):
+            return self._contended(read)
+
+    def events_page(self, name: str, *, limit: int, next_token: str | None) -> tuple[list[EventRecord], str | None]:
+        """A page of the service's newest events, newest first (expired ones skipped)."""
+
+        def read() -> tuple[list[EventRecord], str | None]:
+            service = self.store.service(name)
+            now_epoch = int(from_iso(self.now()).timestamp())
+            return self.store.events_page(service, limit=limit, next_token=next_token, now_epoch=now_epoch)
+
+        with _as_api_errors("events"):
             return self._contended(read)
 
     # -- writes --

@@ -30,6 +30,7 @@ INSTANCE_PROFILE_ENV = "FLEETKEEPER_INSTANCE_PROFILE_ARN"
 DEFAULT_IMAGE_PARAMETER_ENV = "FLEETKEEPER_DEFAULT_IMAGE_PARAMETER"
 DEFAULT_INSTANCE_TYPE_ENV = "FLEETKEEPER_DEFAULT_INSTANCE_TYPE"
 REPLICA_HOST_ENV = "FLEETKEEPER_REPLICA_HOST"
+REPLICA_LOG_GROUP_ENV = "FLEETKEEPER_REPLICA_LOG_GROUP"
 # The scheduled run's fan-out (fleetkeeper.reconciler.dispatch): the dispatcher's queue, its
 # schedule (the period every shard must fit in), the shard size; a worker's reads and margins.
 RECONCILE_QUEUE_URL_ENV = "FLEETKEEPER_RECONCILE_QUEUE_URL"
@@ -109,6 +110,8 @@ class Ec2Settings:
     # path, /fleetkeeper/<table>): both named in their user data.
     workdir_bucket: str | None = None
     secrets_prefix: str | None = None
+    # The stack's CloudWatch Logs group replicas ship their output to (None: they do not).
+    replica_log_group: str | None = None
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> Ec2Settings:
@@ -122,6 +125,7 @@ class Ec2Settings:
             default_image_parameter=environ.get(DEFAULT_IMAGE_PARAMETER_ENV) or DEFAULT_IMAGE_PARAMETER,
             default_instance_type=environ.get(DEFAULT_INSTANCE_TYPE_ENV) or DEFAULT_INSTANCE_TYPE,
             replica_host=environ.get(REPLICA_HOST_ENV) or None,
+            replica_log_group=environ.get(REPLICA_LOG_GROUP_ENV) or None,
         )
 
 

@@ -33,6 +33,7 @@ from fleetkeeper.api.models import (
     MAX_CLIENT_INTEGER,
     CreateServiceRequest,
     ErrorBody,
+    EventList,
     RollbackRequest,
     ServiceList,
     ServiceView,
@@ -41,6 +42,7 @@ from fleetkeeper.api.models import (
     VersionList,
     WorkdirUpload,
     WorkdirUploadRequest,
+    event_view,
     service_view,
     summary,
     target_view,
@@ -48,6 +50,7 @@ from fleetkeeper.api.models import (
 )
 from fleetkeeper.errors import FleetkeeperError, InvalidRequest, PayloadTooLarge, UnsupportedMediaType
 from fleetkeeper.secret_store import SecretStore
+from fleetkeeper.service_events import EVENTS_KEPT
 from fleetkeeper.services import ServiceCommands, Written
 from fleetkeeper.settings import Settings
 from fleetkeeper.spec import NAME_PATTERN, NAME_RULE, describe_validation_errors
@@ -69,6 +72,7 @@ MAX_BODY_BYTES = 64 * 1024
 # 192 KiB a version, so a page of 20 stays under 4 MB, well within Lambda's 6 MB response.
 MAX_VERSIONS_PAGE = 20
 DEFAULT_VERSIONS_PAGE = 10
+DEFAULT_EVENTS_PAGE = 20
 _ERROR_CONTENT: dict[str, Any] = {"application/json": {"model": ErrorBody}}
 _ETAG_HEADER: dict[str, Any] = {
     "ETag": {"description": 'the service\'s generation as an HTTP entity tag, e.g. "7"', "schema": {"type": "string"}}
@@ -374,6 +378,19 @@ def list_versions(
         },
         {"ETag": etag(service.generation)},
     )
+
+
+@app.get(
+    "/v1/services/<name>/events",
+    responses={200: _success("a page of events, newest first", EventList, etag_header=False), **_READ_ERRORS},
+)
+def list_events(
+    name: ServiceNameParam,
+    limit: Annotated[int, Query(ge=1, le=EVENTS_KEPT)] = DEFAULT_EVENTS_PAGE,
+    next_token: Annotated[str | None, Query(max_length=2048)] = None,
+) -> Response[EventList]:
+    events, token = commands().events_page(name, limit=limit, next_token=next_token)
+    return _json(200, {"events": [event_view(e) for e in events], "next_token": token})
 
 
 @app.post(

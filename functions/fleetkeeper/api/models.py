@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     from datetime import datetime
 
     from fleetkeeper.model import ReplicaRecord, ServiceRecord, ServiceState, VersionRecord
+    from fleetkeeper.service_events import EventRecord
 
 # Every integer a client sends (a version, a generation in If-Match, a page size) is at most this:
 # far below DynamoDB's 38 significant digits, and more versions or writes than a service will see.
@@ -180,6 +181,23 @@ class VersionList(BaseModel):
     next_token: str | None = Field(description="pass as next_token for the next page; null on the last")
 
 
+class EventView(BaseModel):
+    time: str = Field(description="when it was last seen (ISO 8601)")
+    first_seen: str = Field(description="when it was first seen (ISO 8601)")
+    count: int = Field(description="how many times it was seen: repeats are folded into one event")
+    type: Literal["Normal", "Warning"]
+    reason: str = Field(description="one CamelCase word: Created, Launched, LaunchRefused, ReplicaReady, ...")
+    message: str
+    replica_id: int | None = Field(default=None, description="the replica it is about, if any")
+    version: int | None = Field(default=None, description="the version it is about, if any")
+    code: str | None = Field(default=None, description="the typed failure code (a refused launch, a failed replica)")
+
+
+class EventList(BaseModel):
+    events: list[EventView] = Field(description="a page of the service's newest 100 events, newest first")
+    next_token: str | None = Field(description="pass as next_token for the next page; null on the last")
+
+
 class ErrorDetail(BaseModel):
     code: str
     message: str
@@ -277,3 +295,19 @@ def version_view(version: VersionRecord) -> dict[str, Any]:
         "created_at": version.created_at,
         "spec": version.spec.to_json_dict(),
     }
+
+
+def event_view(record: EventRecord) -> dict[str, Any]:
+    event = record.event
+    view: dict[str, Any] = {
+        "time": record.last_seen,
+        "first_seen": record.first_seen,
+        "count": record.count,
+        "type": event.type.value,
+        "reason": event.reason,
+        "message": event.message,
+    }
+    for key, value in (("replica_id", event.replica_id), ("version", event.version), ("code", event.code)):
+        if value is not None:
+            view[key] = value
+    return view

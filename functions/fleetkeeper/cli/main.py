@@ -19,14 +19,14 @@ from typing import IO, TYPE_CHECKING, Any, NoReturn
 
 import yaml
 
-from fleetkeeper.cli import render
+from fleetkeeper.cli import cloudlogs, render
+from fleetkeeper.cli.cloudlogs import since_seconds
 from fleetkeeper.cli.http import (
     DEFAULT_API_URL,
     ApiClient,
     ApiError,
     Unreachable,
     UsageError,
-    is_loopback,
     resolve_api_url,
 )
 from fleetkeeper.cli.waiting import EXIT_FAILED, EXIT_OK, Goal, Progress, wait_for
@@ -37,10 +37,8 @@ if TYPE_CHECKING:
 
 EXIT_USAGE = 2
 DEFAULT_TIMEOUT = 900.0
-LOGS_ON_AWS = (
-    "logs are only available in embedded mode (`fleetkeeper logs` reads its replica log files); on AWS "
-    "a replica logs to its instance's journal (journalctl -u fleetkeeper-replica)"
-)
+# The newest events `status NAME` shows under the service.
+STATUS_EVENTS = 5
 
 
 class _Parser(argparse.ArgumentParser):
@@ -87,9 +85,17 @@ _HELP: dict[str, tuple[str, str]] = {
         "  fleetkeeper rollback web --wait\n  fleetkeeper rollback web --to 3",
     ),
     "down": ("Delete a service: every replica is terminated.", "  fleetkeeper down web --wait"),
+    "events": (
+        "Show what the control plane decided and saw about a service, oldest first (newest 100 kept;\n"
+        "repeats folded with a count): why it is not READY.",
+        "  fleetkeeper events web\n  fleetkeeper events web --follow\n  fleetkeeper events web -o json",
+    ),
     "logs": (
-        "Print the replicas' logs (embedded mode): the service's current replicas, or --all of them.",
-        "  fleetkeeper logs web\n  fleetkeeper logs web 3 --tail 50\n  fleetkeeper logs web --follow",
+        "Print the replicas' logs: the service's current replicas (embedded mode: --all of them). On AWS\n"
+        "they are read from the stack's CloudWatch Logs group with your own credentials (--stack NAME\n"
+        "finds it; else --log-group or $FLEETKEEPER_LOG_GROUP).",
+        "  fleetkeeper logs web\n  fleetkeeper logs web --replica 3 --tail 50\n  fleetkeeper logs web --follow\n"
+        "  fleetkeeper logs web --stack fleetkeeper --since 10m",
     ),
     "local": (
         "Run the whole control plane on this machine: the API, the reconciler, the cleanup, an in-memory\n"
@@ -182,12 +188,21 @@ def build_parser() -> argparse.ArgumentParser:
     down = _command(commands, "down", [common, output, waiting])
     down.add_argument("name", metavar="NAME")
 
+    events = _command(commands, "events", [common, output])
+    events.add_argument("name", metavar="NAME")
+    events.add_argument("--follow", "-f", action="store_true", help="keep printing new events until Ctrl-C")
+
     logs = _command(commands, "logs", [common])
     logs.add_argument("name", metavar="NAME")
     logs.add_argument("replica", nargs="?", type=int, metavar="REPLICA")
+    logs.add_argument("--replica", type=int, dest="replica_option", metavar="N", help="one replica's log only")
     logs.add_argument("--follow", "-f", action="store_true", help="keep printing new lines until Ctrl-C")
-    logs.add_argument("--tail", type=_count, metavar="N", help="only the last N lines of each log")
+    logs.add_argument("--tail", type=_count, metavar="N", help="only the last N lines of each log (embedded mode)")
     logs.add_argument("--all", action="store_true", help="also replicas no longer in the service (replaced, removed)")
+    logs.add_argument("--since", type=since_seconds, metavar="DURATION", help="on AWS: lines of the last 10m, 2h...")
+    logs.add_argument(
+        "--log-group", help="on AWS: the stack's replica log group (else $FLEETKEEPER_LOG_GROUP or --stack's output)"
+    )
 
     local = _command(commands, "local", [])
     add_arguments(local)
@@ -307,7 +322,12 @@ class Cli:
     def status(self) -> int:
         if self.args.name:
             view = self.client.request("GET", f"/v1/services/{self.name}").body
-            self.print(render.as_json(view) if self.json else render.service_detail(view))
+            if self.json:
+                self.print(render.as_json(view))
+                return EXIT_OK
+            events = self._events(limit=STATUS_EVENTS)
+            more = f"Events (`fleetkeeper events {self.args.name}` for more):"
+            self.print(f"{render.service_detail(view)}\n\n{more}\n{render.events_table(events)}")
             return EXIT_OK
         services = self._all_services()
         self.print(render.as_json({"services": services}) if self.json else render.services_table(services))
@@ -318,9 +338,43 @@ class Cli:
         self.print(render.as_json(versions) if self.json else render.versions_table(versions))
         return EXIT_OK
 
+    def events(self) -> int:
+        """The service's newest events; with --follow, then each new or repeated one as it comes."""
+        events = self._events(limit=100)
+        if self.json and not self.args.follow:
+            self.print(render.as_json({"events": events}))
+            return EXIT_OK
+        if not self.args.follow:
+            self.print(render.events_table(events))
+            return EXIT_OK
+        seen: dict[tuple[Any, ...], int] = {}
+        while True:
+            for event in reversed(events):  # oldest first
+                key = (event["first_seen"], event["reason"], event.get("replica_id"), event["message"])
+                if seen.get(key) != event["count"]:
+                    seen[key] = event["count"]
+                    self.print(render.as_json(event) if self.json else render.event_line(event))
+            self.out.flush()
+            time.sleep(2.0)
+            try:
+                events = self._events(limit=20)
+            except ApiError as exc:
+                if exc.status == 404:
+                    self.note(f"{self.args.name} is gone (deleted)")
+                    return EXIT_OK
+                raise
+
+    def _events(self, *, limit: int) -> list[dict[str, Any]]:
+        page = self.client.request("GET", f"/v1/services/{self.name}/events?limit={limit}").body
+        return list(page["events"])
+
     def logs(self) -> int:
+        if self.args.replica_option is not None:
+            if self.args.replica is not None and self.args.replica != self.args.replica_option:
+                raise UsageError("give the replica once: REPLICA or --replica N")
+            self.args.replica = self.args.replica_option
         if not self.client.embedded:
-            raise UsageError(LOGS_ON_AWS)
+            return self._cloud_logs()
         # Log files can outlive their service (or never have been its own): a missing service is
         # the API's 404, exit 2, as for `status`.
         view = self.client.request("GET", f"/v1/services/{self.name}").body
@@ -355,6 +409,36 @@ class Cli:
                     self.note(f"{self.args.name} is gone")
                     return EXIT_OK
                 raise
+
+    def _cloud_logs(self) -> int:
+        """On AWS: the replicas' streams in the stack's log group, read with the caller's credentials."""
+        group = cloudlogs.log_group(self.args.log_group, self.args.stack)
+        view = self.client.request("GET", f"/v1/services/{self.name}").body
+
+        def still_there() -> bool:
+            try:
+                self.client.request("GET", f"/v1/services/{self.name}")
+            except ApiError as exc:
+                if exc.status == 404:
+                    self.note(f"{self.args.name} is gone")
+                    return False
+                raise
+            return True
+
+        printed = cloudlogs.print_logs(
+            cloudlogs.logs_client(),
+            group,
+            str(view["name"]),
+            str(view["uid"]),
+            replica=self.args.replica,
+            since_seconds=self.args.since,
+            follow=self.args.follow,
+            out=self.out,
+            still_there=still_there,
+        )
+        if not printed and not self.args.follow:
+            self.note(f"no log lines of {self.args.name} in {group} yet")
+        return EXIT_OK
 
     def _logs_wanted(self, base: str, view: dict[str, Any]) -> tuple[list[tuple[int, str]], int]:
         """(replica id, path) of the logs to print (one replica, the service's current ones, or --all),
@@ -523,6 +607,7 @@ _COMMANDS: dict[str, Callable[[Cli], int]] = {
     "rollback": Cli.rollback,
     "down": Cli.down,
     "logs": Cli.logs,
+    "events": Cli.events,
 }
 
 
@@ -544,8 +629,6 @@ def run(
 
             return serve(options_from(args), quiet=args.quiet)
         url = resolve_api_url(args.api_url, args.stack)
-        if args.command == "logs" and not is_loopback(url):
-            raise UsageError(LOGS_ON_AWS)  # said before the client looks for credentials to sign with
         client = client_factory(url)
         return _COMMANDS[args.command](Cli(args, client, out, err))
     except UsageError as exc:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime
 from typing import Any
 
 from fleetkeeper.cli.waiting import desired_replicas, ready_at
@@ -98,3 +99,40 @@ def versions_table(versions: dict[str, Any]) -> str:
 
 def as_json(value: Any) -> str:
     return json.dumps(value, indent=2, sort_keys=True)
+
+
+def _ago(event_time: str, now: datetime) -> str:
+    try:
+        seconds = int((now - datetime.fromisoformat(event_time)).total_seconds())
+    except ValueError:
+        return event_time
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds // size}{unit}"
+    return f"{max(seconds, 0)}s"
+
+
+def events_table(events: list[dict[str, Any]], now: datetime | None = None) -> str:
+    """Events oldest first (the newest last, next to the prompt), as `kubectl get events` lists them."""
+    if not events:
+        return "no events"
+    moment = now or datetime.now(UTC)
+    rows = [
+        [
+            _ago(e["time"], moment),
+            e["type"],
+            e["reason"],
+            "-" if e.get("replica_id") is None else str(e["replica_id"]),
+            str(e["count"]) if e["count"] > 1 else "",
+            e["message"],
+        ]
+        for e in reversed(events)
+    ]
+    return table(["LAST SEEN", "TYPE", "REASON", "REPLICA", "COUNT", "MESSAGE"], rows)
+
+
+def event_line(event: dict[str, Any]) -> str:
+    """One event for `events --follow`: its time, and what it says."""
+    replica = "" if event.get("replica_id") is None else f" replica {event['replica_id']}"
+    count = f" (x{event['count']})" if event["count"] > 1 else ""
+    return f"{event['time']}  {event['type']:<7}  {event['reason']}{replica}: {event['message']}{count}"

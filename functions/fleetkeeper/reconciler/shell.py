@@ -27,7 +27,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from fleetkeeper import autoscale
-from fleetkeeper.model import ReplicaRecord, ServiceState, VersionState, to_iso, utcnow
+from fleetkeeper.model import ReplicaRecord, ReplicaStatus, ServiceState, VersionState, to_iso, utcnow
 from fleetkeeper.reconciler.balancer import Target
 from fleetkeeper.reconciler.driver import Instance, LaunchRefused, LaunchRequest
 from fleetkeeper.reconciler.plan import (
@@ -62,13 +62,15 @@ from fleetkeeper.reconciler.plan import (
     status_changed,
 )
 from fleetkeeper.reconciler.probe import ProbeTarget, probe_all, rotated
+from fleetkeeper.service_events import breaker_tripped, claimed, replica_changed, scaled, terminated, version_ready
+from fleetkeeper.service_events import status_changed as status_events
 from fleetkeeper.store.errors import CorruptItem, Superseded
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Hashable, Iterable, Sequence
     from datetime import datetime
 
-    from fleetkeeper.model import EndpointRecord, VersionRecord
+    from fleetkeeper.model import AutoscalerState, EndpointRecord, VersionRecord
     from fleetkeeper.reconciler.balancer import DrainState, LoadBalancer
     from fleetkeeper.reconciler.budget import Budget
     from fleetkeeper.reconciler.driver import ReplicaDriver
@@ -504,33 +506,50 @@ class _Apply:
             self.one(action)
 
     def one(self, action: Action) -> None:
+        """Apply one action. Each write carries the events it reports (service_events), in the same
+        DynamoDB call: an event exists exactly when its change does, and no change writes none."""
         service = self.state.service
+        stamp = to_iso(self.now)
         match action:
             case RecordAutoscale(before=before, after=after):
-                written = self.store.record_autoscaler(service, before, after)
                 old = before.target if before is not None else None
-                new = written.target if written is not None else None
+                new = after.target if after is not None else None
+                # A move of the target is an event (not the first state, nor one that goes away).
+                moved = [] if old is None or new is None or old == new else [scaled(old, new, _scaling_why(after))]
+                written = self.store.record_autoscaler(service, before, after, moved, stamp)
                 if old != new:
                     logger.info("service %s: autoscaled target %s -> %s", service.name, old, new)
                 # What the rest of the run aims at (the status after refusals reads it).
                 self.state = replace(self.state, service=replace(service, autoscaler=written))
             case RecordReplica(before=before, after=after):
-                self.records[before.replica_id] = self.store.put_replica(before, after)
+                self.records[before.replica_id] = self._put(before, after)
             case DeleteReplica(replica=record):
-                self.store.delete_replica(record)
+                self.store.delete_replica(record, [terminated(record)], stamp)
                 self.records.pop(record.replica_id, None)
             case Terminate():
                 for instance_id, reason in action.reasons:
                     logger.info("service %s: terminating %s: %s", service.name, instance_id, reason)
                 self.driver.terminate(action.instance_ids)
             case MarkVersion(version=version, expected=expected, state=new_state, message=message):
-                self.store.mark_version(service, version, expected, new_state, message)
+                events = [version_ready(version)] if new_state is VersionState.READY else []
+                self.store.mark_version(service, version, expected, new_state, message, events, stamp)
                 self.versions[version] = new_state
             case TripBreaker(version=version, message=message, rollback_to=good):
                 logger.warning("service %s: %s (rolling back to %s)", service.name, message, good)
-                self.store.trip_breaker(service, version, message, good, status_message=action.status_message)
+                self.store.trip_breaker(
+                    service,
+                    version,
+                    message,
+                    good,
+                    status_message=action.status_message,
+                    events=breaker_tripped(version, message, good),
+                    now=stamp,
+                )
             case Claim(version=version, replica_ids=ids):
-                for record in self.store.claim_replicas(service, version, ids, to_iso(self.now)):
+                claims = self.store.claim_replicas(
+                    service, version, ids, stamp, lambda chunk: [claimed(version, list(chunk))]
+                )
+                for record in claims:
                     self.records[record.replica_id] = record
                     self.fresh.add(record.replica_id)
             case Launch(replica_id=replica_id, fresh=fresh):
@@ -538,7 +557,11 @@ class _Apply:
             case RecordStatus():
                 status = self._status_after_refusals() if self.refused else action
                 if status is not None:
-                    self.store.record_status(service, status.status, status.message, status.observed_generation)
+                    events = status_events(service.status, status.status, status.message)
+                    self.store.record_status(
+                        service, status.status, status.message, status.observed_generation, events, stamp
+                    )
+                    self._log_status(status)
             case DeleteService():
                 self.store.delete_service(service)
             case EnsureEndpoint(config=config):
@@ -560,12 +583,33 @@ class _Apply:
                 self.balancer.register(self.endpoint, self._targets(ids))
                 for replica_id in ids:
                     record = self.records[replica_id]
-                    self.records[replica_id] = self.store.put_replica(record, registered(record, self.now))
+                    self.records[replica_id] = self._put(record, registered(record, self.now))
             case Deregister(replica_ids=ids):
                 if self.endpoint is not None:  # none recorded: nothing was ever registered
                     self.balancer.deregister(self.endpoint, self._targets(ids))
             case RemoveEndpoint():
                 self.balancer.remove(service.name, service.uid, self.endpoint)
+
+    def _log_status(self, status: RecordStatus) -> None:
+        """One structured line per recorded status (a change): the dashboard's ready-vs-target table."""
+        service = self.state.service
+        target = self.state.target
+        ready = sum(
+            1 for r in self.records.values() if r.version == service.target_version and r.status is ReplicaStatus.READY
+        )
+        logger.info(
+            "status recorded",
+            extra={
+                "fleetkeeper_service": service.name,
+                "status": status.status.value,
+                "ready_replicas": ready,
+                "target_replicas": 0 if target is None else target.spec.target_replicas,
+            },
+        )
+
+    def _put(self, before: ReplicaRecord, after: ReplicaRecord) -> ReplicaRecord:
+        """A replica's write, with the events its change reports (none: a plain PutItem)."""
+        return self.store.put_replica(before, after, replica_changed(before, after), to_iso(self.now))
 
     @property
     def balancer(self) -> LoadBalancer:
@@ -595,7 +639,7 @@ class _Apply:
         if not fresh:
             # Left PENDING by an earlier run (crashed, or refused and now past its backoff). Bump the
             # revision first: of two runs recovering it at once, only one gets past this write.
-            record = self.store.put_replica(record, replace(record, updated_at=to_iso(self.now)))
+            record = self._put(record, replace(record, updated_at=to_iso(self.now)))
             found = self.driver.find_instance(record.uid, record.replica_id)
             if found is not None and launched_by_fleetkeeper(found):  # the crashed run did launch it: adopt
                 self._record_launched(record, found)
@@ -616,10 +660,18 @@ class _Apply:
             self.refused = True
             logger.warning("service %s: replica %d refused: %s", record.name, record.replica_id, refusal)
             after = refused(record, refusal.code, refusal.message, self.now, self.reconciler.policy)
-            self.records[record.replica_id] = self.store.put_replica(record, after)
+            self.records[record.replica_id] = self._put(record, after)
             return
         self._record_launched(record, instance)
 
     def _record_launched(self, record: ReplicaRecord, instance: Instance) -> None:
         after = launched(record, instance.instance_id, self.now)
-        self.records[record.replica_id] = self.store.put_replica(record, after)
+        self.records[record.replica_id] = self._put(record, after)
+
+
+def _scaling_why(state: AutoscalerState | None) -> str:
+    """The request rate behind an autoscaled target, in the Scaled event's words."""
+    if state is None or not state.history:
+        return "the request rate changed"
+    latest = state.history[-1]
+    return f"{latest.rate:g} req/s recommends {latest.replicas}"

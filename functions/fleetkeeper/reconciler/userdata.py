@@ -8,14 +8,20 @@ A version with a workdir or secrets first runs `replica_boot.py` (written beside
 fetches the workdir archive from the stack's bucket into the working directory and the secret values
 from Parameter Store into a second, root-only EnvironmentFile, with the instance's role. Neither the
 values nor anything but their parameter's name is in the user data.
+
+With a log group (the stack's ReplicaLogGroup), `replica_logs.py` runs as a third unit, started
+before setup: it ships both units' journal to CloudWatch Logs, one stream per replica. The two
+scripts travel as plain text (without docstrings) that compresses with the rest: shipping logs costs
+about 5 KB of the 16 KB, and a spec too large for both boots without it.
 """
 
 from __future__ import annotations
 
+import ast
 import base64
 import gzip
 import shlex
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -30,9 +36,28 @@ class BootSource:
     bucket: str | None = None  # the workdir store's bucket
     workdir_key: str | None = None
     parameter: str | None = None  # the SecureString with the secret values
+    log_group: str | None = None  # where the replica's output goes (CloudWatch Logs), and its stream
+    log_stream: str | None = None
+
+
+def log_stream(service: str, uid: str, replica_id: int) -> str:
+    """The replica's CloudWatch Logs stream: `fleetkeeper logs` lists an incarnation's by prefix."""
+    return f"{service}/{uid}/{replica_id}"
+
+
+# The largest source a replica is launched with (tests measure the user data with it): a workdir,
+# secrets and logs, with names as long as the stack's can be.
+LARGEST_SOURCE = BootSource(
+    bucket="b" * 63,
+    workdir_key="services/" + "n" * 63 + "/" + "u" * 16 + "/" + "d" * 64 + ".tar.gz",
+    parameter="/fleetkeeper/" + "t" * 128 + "/" + "n" * 63 + "/" + "u" * 16 + "/" + "r" * 32,
+    log_group="/fleetkeeper/" + "s" * 128 + "/replicas",
+    log_stream=log_stream("n" * 63, "u" * 16, 10**9),
+)
 
 
 _BOOT_SCRIPT = Path(__file__).with_name("replica_boot.py")
+_LOGS_SCRIPT = Path(__file__).with_name("replica_logs.py")
 
 # EC2 takes at most 16 KB of user data; cloud-init unpacks gzip by itself.
 USER_DATA_LIMIT = 16 * 1024
@@ -69,6 +94,24 @@ RestartSec=5
 WantedBy=multi-user.target
 """
 
+# Started before setup (setup's output is shipped too), restarted if it stops; it only reads the
+# journal, so the replica's own units never wait for it.
+_LOGS_UNIT = f"""[Unit]
+Description=fleetkeeper replica logs to CloudWatch Logs
+After=network-online.target
+Wants=network-online.target
+Before=fleetkeeper-setup.service
+
+[Service]
+ExecStart=/usr/bin/env python3 {ROOT}/replica_logs.py --group ${{FK_LOG_GROUP}} --stream ${{FK_LOG_STREAM}}
+EnvironmentFile={ROOT}/logs.env
+Restart=always
+RestartSec=10
+
+[Install]
+WantedBy=multi-user.target
+"""
+
 
 def _systemd_quote(value: str) -> str:
     """A value for a systemd EnvironmentFile line: double-quoted, backslashes and quotes escaped.
@@ -90,6 +133,37 @@ def _write(path: str, content: str, mode: str) -> str:
     return f"echo '{encoded}' | base64 -d > {path}\nchmod {mode} {path}\n"
 
 
+_SCRIPT_END = "FLEETKEEPER_SCRIPT_END"
+_SCRIPTS: dict[Path, str] = {}
+
+
+def _script(path: Path) -> str:
+    """One of fleetkeeper's own instance scripts without its docstrings (comments go with ast):
+    what the instance runs, in less of the 16 KB. Computed once per process."""
+    if path not in _SCRIPTS:
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
+                first = node.body[0] if node.body else None
+                if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
+                    node.body = node.body[1:] or [ast.Pass()]
+        _SCRIPTS[path] = ast.unparse(tree) + "\n"
+    return _SCRIPTS[path]
+
+
+def _write_script(path: str, script: Path) -> str:
+    """Our own script as plain text in a quoted heredoc (nothing in it is expanded): plain text
+    compresses with the rest of the user data, where base64 would not."""
+    content = _script(script)
+    if _SCRIPT_END in content:
+        raise ValueError(f"{script.name} contains the heredoc's end marker")
+    return f"cat > {path} <<'{_SCRIPT_END}'\n{content}{_SCRIPT_END}\nchmod 700 {path}\n"
+
+
+def _ships_logs(source: BootSource | None) -> bool:
+    return source is not None and bool(source.log_group and source.log_stream)
+
+
 def _boot(source: BootSource | None, digest: str | None) -> str:
     """Fetch the workdir and secrets before anything of the version runs (replica_boot.py)."""
     if source is None or not ((source.workdir_key and digest) or source.parameter):
@@ -99,7 +173,22 @@ def _boot(source: BootSource | None, digest: str | None) -> str:
         args += ["--bucket", source.bucket, "--key", source.workdir_key, "--digest", digest]
     if source.parameter:
         args += ["--parameter", source.parameter]
-    return _write(f"{ROOT}/replica_boot.py", _BOOT_SCRIPT.read_text(), "700") + " ".join(map(shlex.quote, args)) + "\n"
+    script = "" if _ships_logs(source) else _write(f"{ROOT}/replica_boot.py", _BOOT_SCRIPT.read_text(), "700")
+    return script + " ".join(map(shlex.quote, args)) + "\n"
+
+
+def _logs(source: BootSource | None) -> str:
+    """The log shipper and its unit, started at once (before the boot fetch and setup)."""
+    if source is None or not source.log_group or not source.log_stream:
+        return ""
+    env = f"FK_LOG_GROUP={_systemd_quote(source.log_group)}\nFK_LOG_STREAM={_systemd_quote(source.log_stream)}\n"
+    return (
+        _write_script(f"{ROOT}/replica_boot.py", _BOOT_SCRIPT)
+        + _write_script(f"{ROOT}/replica_logs.py", _LOGS_SCRIPT)
+        + _write(f"{ROOT}/logs.env", env, "600")
+        + _write("/etc/systemd/system/fleetkeeper-logs.service", _LOGS_UNIT, "644")
+        + "systemctl daemon-reload\nsystemctl enable --now fleetkeeper-logs.service || true\n"
+    )
 
 
 def render(spec: ServiceSpec, source: BootSource | None = None) -> str:
@@ -112,6 +201,7 @@ def render(spec: ServiceSpec, source: BootSource | None = None) -> str:
         "# fleetkeeper replica bootstrap (generated)\n"
         "set -euo pipefail\n"
         f"mkdir -p {ROOT}/work\n"
+        + _logs(source)
         + boot
         + _write(f"{ROOT}/env", environment_file(spec), "600")
         + _write(f"{ROOT}/setup.sh", setup, "700")
@@ -124,8 +214,19 @@ def render(spec: ServiceSpec, source: BootSource | None = None) -> str:
 
 
 def user_data(spec: ServiceSpec, source: BootSource | None = None) -> bytes:
-    """`render(spec)` as EC2 takes it: gzipped when the plain script would not fit in 16 KB."""
-    script = render(spec, source).encode()
+    """`render(spec)` as EC2 takes it: gzipped when the plain script would not fit in 16 KB.
+
+    Shipping logs costs about 5 KB compressed: a spec that fits only without it boots without it
+    (its output stays in the instance's journal) rather than not at all; the api checks a spec's
+    user data without logs, as before."""
+    data = _encoded(render(spec, source))
+    if len(data) > USER_DATA_LIMIT and source is not None and _ships_logs(source):
+        return _encoded(render(spec, replace(source, log_group=None, log_stream=None)))
+    return data
+
+
+def _encoded(text: str) -> bytes:
+    script = text.encode()
     if len(script) <= USER_DATA_LIMIT:
         return script
     return gzip.compress(script, mtime=0)

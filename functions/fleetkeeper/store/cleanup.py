@@ -1,9 +1,9 @@
 """The cleanup's reads and deletes: the children of one removed incarnation, and nothing else.
 
-The cleanup function (fleetkeeper/cleanup) deletes the version and replica items of an incarnation
-whose service item was removed. Both operations address children ONLY through the uid's sort-key
-prefixes (`V#<uid>#`, `R#<uid>#`), so a newer incarnation of the same name (another uid) is out of
-reach by construction. Retries of deferred items and the time budget are the caller's
+The cleanup function (fleetkeeper/cleanup) deletes the version, replica and event items of an
+incarnation whose service item was removed. Both operations address children ONLY through the uid's
+sort-key prefixes (`V#<uid>#`, `R#<uid>#`, `E#<uid>#`), so a newer incarnation of the same name
+(another uid) is out of reach by construction. Retries of deferred items and the time budget are the caller's
 (cleanup/logic.py); throttling is botocore's (fleetkeeper.aws).
 """
 

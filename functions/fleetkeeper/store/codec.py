@@ -317,7 +317,7 @@ def state_from_items(items: list[Item]) -> ServiceState | None:
     service = _decoded(meta, service_from_item)
     versions: dict[int, VersionRecord] = {}
     replicas: dict[int, ReplicaRecord] = {}
-    vprefix, rprefix = child_prefixes(service.uid)
+    vprefix, rprefix, _ = child_prefixes(service.uid)
     for item in items:
         sk = str(item["SK"])
         if sk.startswith(vprefix):

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 from botocore.exceptions import ClientError
 
+from fleetkeeper import service_events
 from fleetkeeper.model import Lifecycle, ServiceRecord, ServiceState, ServiceStatus, VersionRecord
 from fleetkeeper.store import keys
 from fleetkeeper.store.codec import Item, expression_values, service_from_item, service_item, to_raw, version_item
@@ -28,12 +29,12 @@ from fleetkeeper.store.errors import (
     UidCollision,
     VersionMissing,
 )
+from fleetkeeper.store.events import EventReads, event_update
 from fleetkeeper.store.reads import ServiceReads
 from fleetkeeper.store.table import (
     TRANSACT_ITEM_LIMIT,
     cancellation_reasons,
     condition_failed,
-    error_code,
     item_as_it_was,
 )
 
@@ -42,6 +43,7 @@ if TYPE_CHECKING:
 
     from mypy_boto3_dynamodb.type_defs import AttributeValueTypeDef, TransactWriteItemTypeDef
 
+    from fleetkeeper.service_events import EventRecord
     from fleetkeeper.spec import ServiceSpec
     from fleetkeeper.store.table import Table
 
@@ -52,8 +54,8 @@ VERSION_HISTORY_LIMIT = 50
 # Consistent Queries a read of one service makes before a torn read (service item without its
 # target version) is reported as Contention.
 TORN_READ_ATTEMPTS = 3
-# An update's transaction: the service update, the new version, and the prunes that still fit.
-_PRUNES_PER_UPDATE = TRANSACT_ITEM_LIMIT - 2
+# An update's transaction: the service update, the new version, its event, and the prunes that fit.
+_PRUNES_PER_UPDATE = TRANSACT_ITEM_LIMIT - 3
 
 
 class CommandStore:
@@ -102,6 +104,11 @@ class CommandStore:
         self, service: ServiceRecord, *, limit: int, next_token: str | None
     ) -> tuple[list[VersionRecord], str | None]:
         return self._reads.versions_page(service, limit=limit, next_token=next_token)
+
+    def events_page(
+        self, service: ServiceRecord, *, limit: int, next_token: str | None, now_epoch: int
+    ) -> tuple[list[EventRecord], str | None]:
+        return EventReads(self.table).page(service, limit=limit, next_token=next_token, now_epoch=now_epoch)
 
     def list_services(self, *, limit: int, next_token: str | None = None) -> tuple[list[ServiceRecord], str | None]:
         return self._reads.list_page(limit=limit, next_token=next_token)
@@ -161,6 +168,7 @@ class CommandStore:
                             "ConditionExpression": "attribute_not_exists(PK)",
                         }
                     },
+                    event_update(self.table.name, name, uid, service_events.created(1), now),
                 ]
             )
         except ClientError as exc:
@@ -228,7 +236,12 @@ class CommandStore:
                         "ConditionExpression": "attribute_not_exists(PK)",
                     }
                 },
-                also=[self._delete_version(current, n) for n in pruned],
+                also=[
+                    event_update(
+                        self.table.name, current.name, current.uid, service_events.updated(new_version, mode), now
+                    ),
+                    *(self._delete_version(current, n) for n in pruned),
+                ],
             )
         except _MissingChild as exc:
             # Version n+1 already exists: another writer added it between our read and our write.
@@ -271,6 +284,15 @@ class CommandStore:
                         "ConditionExpression": "attribute_exists(PK)",
                     }
                 },
+                also=[
+                    event_update(
+                        self.table.name,
+                        current.name,
+                        current.uid,
+                        service_events.rolled_back(version, current.target_version),
+                        now,
+                    )
+                ],
             )
         except _MissingChild as exc:
             raise VersionMissing(current.name, version, current.latest_version) from exc
@@ -282,17 +304,17 @@ class CommandStore:
         current = state.service
         if current.lifecycle is Lifecycle.DELETING:
             return state
-        try:
-            self.table.client.update_item(
-                TableName=self.table.name,
-                Key=to_raw(keys.service_key(current.name)),
-                UpdateExpression=(
+        update: TransactWriteItemTypeDef = {
+            "Update": {
+                "TableName": self.table.name,
+                "Key": to_raw(keys.service_key(current.name)),
+                "UpdateExpression": (
                     "SET lifecycle = :deleting, generation = generation + :one, #status = :shutting, "
                     "status_message = :message, updated_at = :now"
                 ),
-                ConditionExpression="uid = :uid AND lifecycle = :active",
-                ExpressionAttributeNames={"#status": "status"},
-                ExpressionAttributeValues=expression_values(
+                "ConditionExpression": "uid = :uid AND lifecycle = :active",
+                "ExpressionAttributeNames": {"#status": "status"},
+                "ExpressionAttributeValues": expression_values(
                     deleting=Lifecycle.DELETING.value,
                     active=Lifecycle.ACTIVE.value,
                     one=1,
@@ -301,12 +323,22 @@ class CommandStore:
                     now=now,
                     uid=current.uid,
                 ),
-                ReturnValuesOnConditionCheckFailure="ALL_OLD",
+                "ReturnValuesOnConditionCheckFailure": "ALL_OLD",
+            }
+        }
+        try:
+            # ONE transaction: the service item and its `Deleting` event.
+            self.table.client.transact_write_items(
+                TransactItems=[
+                    update,
+                    event_update(self.table.name, current.name, current.uid, service_events.deleting(), now),
+                ]
             )
         except ClientError as exc:
-            if error_code(exc) != "ConditionalCheckFailedException":
+            reasons = cancellation_reasons(exc)
+            if not condition_failed(reasons, 0):
                 raise
-            existing = item_as_it_was(exc.response.get("Item"))  # type: ignore[arg-type]
+            existing = item_as_it_was(reasons[0].get("Item"))
             if existing is None:
                 raise ServiceMissing(current.name) from exc
             if existing.get("uid") != current.uid:

@@ -3,6 +3,7 @@
     service  PK=SVC#<name>  SK=META                          + list_pk/list_sk (sparse index)
     version  PK=SVC#<name>  SK=V#<uid>#<version:010d>
     replica  PK=SVC#<name>  SK=R#<uid>#<replica_id:010d>
+    event    PK=SVC#<name>  SK=E#<uid>#<day>#<fold key>       + expiration (TTL)
 
 Every child key carries the incarnation uid, so work on an old incarnation (cleanup, a slow
 reconciler) can never touch a newer one of the same name. The trailing `#` of each prefix keeps
@@ -50,6 +51,15 @@ def replica_prefix(uid: str) -> str:
     return f"R#{uid}#"
 
 
+def event_prefix(uid: str) -> str:
+    return f"E#{uid}#"
+
+
+# Events sort before the service item ("E#" < "META" < "R#" < "V#"): a read of the whole service that
+# starts at META (`SK >= META`) never reads them, so a reconcile run's Query does not grow with them.
+WHOLE_SERVICE_FROM = SERVICE_SK
+
+
 def version_sk(uid: str, version: int) -> str:
     return f"{version_prefix(uid)}{version:010d}"
 
@@ -66,9 +76,20 @@ def replica_key(name: str, uid: str, replica_id: int) -> dict[str, str]:
     return {"PK": service_pk(name), "SK": replica_sk(uid, replica_id)}
 
 
-def child_prefixes(uid: str) -> tuple[str, str]:
-    """The sort-key prefixes of every child item of one incarnation (what cleanup deletes)."""
-    return version_prefix(uid), replica_prefix(uid)
+def event_sk(uid: str, day: str, fold_key: str) -> str:
+    """An event's key: its UTC day (YYYY-MM-DD) first, so a Query newest-first reads the newest days
+    and may stop there; repeats fold within a day (as Kubernetes folds within a window)."""
+    return f"{event_prefix(uid)}{day}#{fold_key}"
+
+
+def event_key(name: str, uid: str, day: str, fold_key: str) -> dict[str, str]:
+    return {"PK": service_pk(name), "SK": event_sk(uid, day, fold_key)}
+
+
+def child_prefixes(uid: str) -> tuple[str, str, str]:
+    """The sort-key prefixes of every child item of one incarnation (what cleanup deletes):
+    versions, replicas, events."""
+    return version_prefix(uid), replica_prefix(uid), event_prefix(uid)
 
 
 def new_uid() -> str:

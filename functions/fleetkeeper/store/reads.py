@@ -23,6 +23,7 @@ from fleetkeeper.store.keys import (
     LIST_PK_ATTR,
     LIST_PK_VALUE,
     SERVICES_INDEX,
+    WHOLE_SERVICE_FROM,
     service_key,
     service_pk,
     version_prefix,
@@ -47,11 +48,13 @@ class ServiceReads:
         self.table = table
 
     def load(self, name: str) -> ServiceState | None:
-        """The service with its versions and replicas: one consistent Query (paginated past 1 MB)."""
+        """The service with its versions and replicas: one consistent Query (paginated past 1 MB).
+
+        From the service item on (`SK >= META`): its events sort before it and are not read."""
         items: list[Item] = []
         for page in self.table.query_pages(
-            KeyConditionExpression="PK = :pk",
-            ExpressionAttributeValues=expression_values(pk=service_pk(name)),
+            KeyConditionExpression="PK = :pk AND SK >= :meta",
+            ExpressionAttributeValues=expression_values(pk=service_pk(name), meta=WHOLE_SERVICE_FROM),
             ConsistentRead=True,
         ):
             items.extend(from_raw(raw) for raw in page["Items"])

@@ -25,15 +25,17 @@ from fleetkeeper.store.codec import (
     to_raw,
 )
 from fleetkeeper.store.errors import Superseded
+from fleetkeeper.store.events import event_updates
 from fleetkeeper.store.reads import ServiceReads
 from fleetkeeper.store.table import TRANSACT_ITEM_LIMIT, cancellation_reasons, error_code
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator, Sequence
+    from collections.abc import Callable, Iterator, Sequence
 
-    from mypy_boto3_dynamodb.type_defs import TransactWriteItemTypeDef
+    from mypy_boto3_dynamodb.type_defs import DeleteTypeDef, PutTypeDef, TransactWriteItemTypeDef, UpdateTypeDef
 
     from fleetkeeper.model import AutoscalerState, EndpointRecord, ServiceRecord, ServiceState, ServiceStatus
+    from fleetkeeper.service_events import Event
     from fleetkeeper.store.table import Table
 
 
@@ -45,8 +47,8 @@ class Listed:
     uid: str | None
 
 
-# A claim's transaction: the service's replica_seq update plus as many replica puts as fit.
-_CLAIMS_PER_TRANSACTION = TRANSACT_ITEM_LIMIT - 1
+# A claim's transaction: the service's replica_seq update, its event, and as many replica puts as fit.
+_CLAIMS_PER_TRANSACTION = TRANSACT_ITEM_LIMIT - 2
 
 
 class ReconcilerStore:
@@ -86,12 +88,18 @@ class ReconcilerStore:
     # -- writes --
 
     def claim_replicas(
-        self, service: ServiceRecord, version: int, replica_ids: Sequence[int], now: str
+        self,
+        service: ServiceRecord,
+        version: int,
+        replica_ids: Sequence[int],
+        now: str,
+        events: Callable[[Sequence[int]], Sequence[Event]] = lambda _ids: (),
     ) -> list[ReplicaRecord]:
         """Claim new replica ids: bump replica_seq n -> n+k and put k PENDING items, in ONE transaction.
 
         Conditioned on (uid, ACTIVE, replica_seq = n): of two runs claiming at once, one wins; the
-        other's transaction is cancelled (Superseded) and it launches nothing.
+        other's transaction is cancelled (Superseded) and it launches nothing. `events(ids)`: the
+        events of each transaction's claims, written in it.
         """
         claimed: list[ReplicaRecord] = []
         seen = service.replica_seq
@@ -124,39 +132,73 @@ class ReconcilerStore:
                 }
                 for record in records
             )
+            items.extend(self._events(service, events(chunk), now))
             self._transact_or_superseded(items)
             claimed.extend(records)
             seen += len(chunk)
         return claimed
 
-    def put_replica(self, before: ReplicaRecord, after: ReplicaRecord) -> ReplicaRecord:
-        """Replace a replica item if it is still at `before.rev`; returns the record as written."""
+    def put_replica(
+        self, before: ReplicaRecord, after: ReplicaRecord, events: Sequence[Event] = (), now: str = ""
+    ) -> ReplicaRecord:
+        """Replace a replica item if it is still at `before.rev`; returns the record as written.
+
+        With `events`, ONE TransactWriteItems: the put and the events it reports (at `now`);
+        without, one PutItem."""
         written = replace(after, rev=before.rev + 1)
+        put: PutTypeDef = {
+            "TableName": self.table.name,
+            "Item": to_raw(replica_item(written)),
+            "ConditionExpression": "rev = :rev",
+            "ExpressionAttributeValues": expression_values(rev=before.rev),
+        }
+        if events:
+            self._transact_or_superseded([{"Put": put}, *self._events_of(before, events, now)])
+            return written
         with _superseded_unless_condition_holds(f"replica {before.replica_id} of {before.name} changed"):
-            self.table.client.put_item(
-                TableName=self.table.name,
-                Item=to_raw(replica_item(written)),
-                ConditionExpression="rev = :rev",
-                ExpressionAttributeValues=expression_values(rev=before.rev),
-            )
+            self.table.client.put_item(**put)
         return written
 
-    def delete_replica(self, record: ReplicaRecord) -> None:
+    def delete_replica(self, record: ReplicaRecord, events: Sequence[Event] = (), now: str = "") -> None:
+        delete: DeleteTypeDef = {
+            "TableName": self.table.name,
+            "Key": to_raw(keys.replica_key(record.name, record.uid, record.replica_id)),
+            "ConditionExpression": "rev = :rev",
+            "ExpressionAttributeValues": expression_values(rev=record.rev),
+        }
+        if events:
+            self._transact_or_superseded([{"Delete": delete}, *self._events_of(record, events, now)])
+            return
         with _superseded_unless_condition_holds(f"replica {record.replica_id} of {record.name} changed"):
-            self.table.client.delete_item(
-                TableName=self.table.name,
-                Key=to_raw(keys.replica_key(record.name, record.uid, record.replica_id)),
-                ConditionExpression="rev = :rev",
-                ExpressionAttributeValues=expression_values(rev=record.rev),
-            )
+            self.table.client.delete_item(**delete)
 
     def mark_version(
-        self, service: ServiceRecord, version: int, expected: VersionState, state: VersionState, message: str
+        self,
+        service: ServiceRecord,
+        version: int,
+        expected: VersionState,
+        state: VersionState,
+        message: str,
+        events: Sequence[Event] = (),
+        now: str = "",
     ) -> None:
-        self._transact_or_superseded([self._version_state_update(service, version, expected, state, message)])
+        self._transact_or_superseded(
+            [
+                self._version_state_update(service, version, expected, state, message),
+                *self._events(service, events, now),
+            ]
+        )
 
     def trip_breaker(
-        self, service: ServiceRecord, version: int, message: str, rollback_to: int | None, *, status_message: str
+        self,
+        service: ServiceRecord,
+        version: int,
+        message: str,
+        rollback_to: int | None,
+        *,
+        status_message: str,
+        events: Sequence[Event] = (),
+        now: str = "",
     ) -> None:
         """Version FAILED and (when there is a good version) the target rolled back, in ONE transaction.
 
@@ -192,27 +234,40 @@ class ReconcilerStore:
                     }
                 }
             )
+        items.extend(self._events(service, events, now))
         self._transact_or_superseded(items)
 
     def record_status(
-        self, service: ServiceRecord, status: ServiceStatus, message: str, observed_generation: int
+        self,
+        service: ServiceRecord,
+        status: ServiceStatus,
+        message: str,
+        observed_generation: int,
+        events: Sequence[Event] = (),
+        now: str = "",
     ) -> None:
-        """Status of the generation the run acted on; skipped (Superseded) if the service moved since."""
+        """Status of the generation the run acted on; skipped (Superseded) if the service moved since.
+
+        With `events` (the status moved to another value), ONE TransactWriteItems with them."""
+        update: UpdateTypeDef = {
+            "TableName": self.table.name,
+            "Key": to_raw(keys.service_key(service.name)),
+            "UpdateExpression": "SET #status = :status, status_message = :message, observed_generation = :observed",
+            "ConditionExpression": "uid = :uid AND generation = :generation",
+            "ExpressionAttributeNames": {"#status": "status"},
+            "ExpressionAttributeValues": expression_values(
+                status=status.value,
+                message=message,
+                observed=observed_generation,
+                uid=service.uid,
+                generation=service.generation,
+            ),
+        }
+        if events:
+            self._transact_or_superseded([{"Update": update}, *self._events(service, events, now)])
+            return
         with _superseded_unless_condition_holds(f"service {service.name} changed"):
-            self.table.client.update_item(
-                TableName=self.table.name,
-                Key=to_raw(keys.service_key(service.name)),
-                UpdateExpression="SET #status = :status, status_message = :message, observed_generation = :observed",
-                ConditionExpression="uid = :uid AND generation = :generation",
-                ExpressionAttributeNames={"#status": "status"},
-                ExpressionAttributeValues=expression_values(
-                    status=status.value,
-                    message=message,
-                    observed=observed_generation,
-                    uid=service.uid,
-                    generation=service.generation,
-                ),
-            )
+            self.table.client.update_item(**update)
 
     def record_endpoint(self, service: ServiceRecord, endpoint: EndpointRecord) -> None:
         """The service's endpoint, as the balancer just made it. Conditioned on the incarnation being
@@ -231,12 +286,19 @@ class ReconcilerStore:
             )
 
     def record_autoscaler(
-        self, service: ServiceRecord, before: AutoscalerState | None, after: AutoscalerState | None
+        self,
+        service: ServiceRecord,
+        before: AutoscalerState | None,
+        after: AutoscalerState | None,
+        events: Sequence[Event] = (),
+        now: str = "",
     ) -> AutoscalerState | None:
         """The service's autoscaler state, if it is still `before` (its revision; absent for None), on
         this ACTIVE incarnation; returns what was written (`rev` one up), None when removed. Of two
         runs deciding at once only the first write lands; the other raises Superseded. The api's
-        writes never touch the attribute, so the autoscaled target outlives updates."""
+        writes never touch the attribute, so the autoscaled target outlives updates.
+
+        With `events` (the target moved), ONE TransactWriteItems with them."""
         if before is None:
             condition = "uid = :uid AND lifecycle = :active AND attribute_not_exists(autoscaler)"
             values = expression_values(uid=service.uid, active=Lifecycle.ACTIVE.value)
@@ -249,18 +311,23 @@ class ReconcilerStore:
         else:
             update = "SET autoscaler = :autoscaler"
             values.update(expression_values(autoscaler=autoscaler_item(written)))
+        request: UpdateTypeDef = {
+            "TableName": self.table.name,
+            "Key": to_raw(keys.service_key(service.name)),
+            "UpdateExpression": update,
+            "ConditionExpression": condition,
+            "ExpressionAttributeValues": values,
+        }
+        if events:
+            self._transact_or_superseded([{"Update": request}, *self._events(service, events, now)])
+            return written
         with _superseded_unless_condition_holds(f"the autoscaler of service {service.name} changed"):
-            self.table.client.update_item(
-                TableName=self.table.name,
-                Key=to_raw(keys.service_key(service.name)),
-                UpdateExpression=update,
-                ConditionExpression=condition,
-                ExpressionAttributeValues=values,
-            )
+            self.table.client.update_item(**request)
         return written
 
     def delete_service(self, service: ServiceRecord) -> None:
-        """The last step of a delete: the DELETING item of this incarnation goes (cleanup takes the rest)."""
+        """The last step of a delete: the DELETING item of this incarnation goes (cleanup takes the
+        rest, its events included: a `Deleted` event would go with them, so none is written)."""
         with _superseded_unless_condition_holds(f"service {service.name} changed"):
             self.table.client.delete_item(
                 TableName=self.table.name,
@@ -268,6 +335,12 @@ class ReconcilerStore:
                 ConditionExpression="lifecycle = :deleting AND uid = :uid",
                 ExpressionAttributeValues=expression_values(deleting=Lifecycle.DELETING.value, uid=service.uid),
             )
+
+    def _events(self, service: ServiceRecord, events: Sequence[Event], now: str) -> list[TransactWriteItemTypeDef]:
+        return event_updates(self.table.name, service.name, service.uid, events, now)
+
+    def _events_of(self, record: ReplicaRecord, events: Sequence[Event], now: str) -> list[TransactWriteItemTypeDef]:
+        return event_updates(self.table.name, record.name, record.uid, events, now or record.updated_at)
 
     def _version_state_update(
         self, service: ServiceRecord, version: int, expected: VersionState, state: VersionState, message: str

@@ -28,7 +28,7 @@ from fleetkeeper.reconciler.driver import (
     LaunchRequest,
 )
 from fleetkeeper.reconciler.plan import launched_by_fleetkeeper
-from fleetkeeper.reconciler.userdata import BootSource, user_data
+from fleetkeeper.reconciler.userdata import BootSource, log_stream, user_data
 from fleetkeeper.settings import DEFAULT_IMAGE_PARAMETER, DEFAULT_INSTANCE_TYPE
 from fleetkeeper.spec import root_device_of_parameter
 
@@ -96,6 +96,7 @@ class Ec2Driver:
     replica_host: str | None = None
     workdir_bucket: str | None = None
     secrets_prefix: str | None = None
+    replica_log_group: str | None = None
     # Per run (a driver lives for one run): AMI id -> root device name.
     _root_devices: dict[str, str] = field(default_factory=dict, repr=False)
 
@@ -110,6 +111,7 @@ class Ec2Driver:
             replica_host=settings.replica_host,
             workdir_bucket=settings.workdir_bucket,
             secrets_prefix=settings.secrets_prefix,
+            replica_log_group=settings.replica_log_group,
         )
 
     @property
@@ -233,7 +235,14 @@ class Ec2Driver:
         parameter = None
         if request.secrets_ref and self.secrets_prefix:
             parameter = f"{self.secrets_prefix}/{request.service}/{request.uid}/{request.secrets_ref}"
-        return BootSource(bucket=self.workdir_bucket, workdir_key=key, parameter=parameter)
+        stream = log_stream(request.service, request.uid, request.replica_id) if self.replica_log_group else None
+        return BootSource(
+            bucket=self.workdir_bucket,
+            workdir_key=key,
+            parameter=parameter,
+            log_group=self.replica_log_group,
+            log_stream=stream,
+        )
 
     def _image(self, image: str | None) -> str:
         """The ImageId to launch: the spec's AMI id or `resolve:ssm:` parameter, else the stack's
