@@ -28,7 +28,7 @@ from fleetkeeper.reconciler.driver import (
     LaunchRefused,
     LaunchRequest,
 )
-from fleetkeeper.reconciler.drivers.ec2 import UNKNOWN_ROOT_DEVICE, Ec2Driver
+from fleetkeeper.reconciler.drivers.ec2 import NO_INSTANCE_TYPE, UNKNOWN_ROOT_DEVICE, Ec2Driver
 from fleetkeeper.reconciler.plan import launched_by_fleetkeeper, plan
 from fleetkeeper.settings import DEFAULT_IMAGE_PARAMETER
 from fleetkeeper.spec import ServiceSpec, stored_spec
@@ -233,6 +233,70 @@ def test_a_default_parameter_of_an_unknown_family_refuses_a_disk_size_launch(wor
     with pytest.raises(LaunchRefused) as refused:
         driver.launch(_request(disk_size=40))
     assert refused.value.code == UNKNOWN_ROOT_DEVICE
+    assert world.instances() == []
+
+
+def _placed_request(**resources: Any) -> LaunchRequest:
+    spec = ServiceSpec.model_validate(hello_spec(resources=resources))
+    return LaunchRequest(service="svc", uid="u1", version=1, replica_id=0, spec=spec)
+
+
+def test_run_instances_gets_the_first_candidate_and_the_disk_tiers_root_volume(world: World) -> None:
+    mark = world.log.mark()
+    request = _placed_request(accelerators={"L4": None, "A10G": None}, disk_size=200, disk_tier="high")
+    instance = Ec2Driver().launch(request)
+    assert world.log.by_api(mark) == {"ec2:RunInstances": 1}  # the candidates were known at accept time
+    args = Ec2Driver()._run_instances_args(request)
+    assert args["InstanceType"] == "g6.xlarge"
+    assert args["BlockDeviceMappings"] == [
+        {
+            "DeviceName": "/dev/xvda",  # the default image's family (Amazon Linux), known without a call
+            "Ebs": {
+                "VolumeSize": 200,
+                "VolumeType": "gp3",
+                "Iops": 16000,
+                "Throughput": 1000,
+                "DeleteOnTermination": True,
+            },
+        }
+    ]
+    ec2 = World._raw_ec2()
+    raw = ec2.describe_instances(InstanceIds=[instance.instance_id])["Reservations"][0]["Instances"][0]
+    assert raw["InstanceType"] == "g6.xlarge"
+    volume_id = raw["BlockDeviceMappings"][0]["Ebs"]["VolumeId"]
+    volume = ec2.describe_volumes(VolumeIds=[volume_id])["Volumes"][0]
+    assert (volume["Size"], volume["VolumeType"]) == (200, "gp3")
+
+
+def test_an_ultra_disk_is_io2_on_the_ami_ids_own_root_device(world: World) -> None:
+    image = World._raw_ec2().describe_images(Owners=["amazon"])["Images"][0]
+    mark = world.log.mark()
+    request = _placed_request(image_id=image["ImageId"], cpus="4+", memory="32+", disk_tier="ultra")
+    args = Ec2Driver()._run_instances_args(request)
+    assert world.log.by_api(mark) == {"ec2:DescribeImages": 1}  # an AMI id's root device is looked up
+    assert args["InstanceType"] == "r6i.xlarge"
+    assert args["BlockDeviceMappings"] == [
+        {
+            "DeviceName": image["RootDeviceName"],
+            "Ebs": {"VolumeSize": 256, "VolumeType": "io2", "Iops": 32000, "DeleteOnTermination": True},
+        }
+    ]
+
+
+def test_an_explicit_instance_type_and_no_requirements_launch_as_before(world: World) -> None:
+    assert Ec2Driver()._run_instances_args(_request())["InstanceType"] == "t3.micro"
+    args = Ec2Driver(default_instance_type="m7i.large")._run_instances_args(_placed_request())
+    assert args["InstanceType"] == "m7i.large"
+    assert "BlockDeviceMappings" not in args
+
+
+def test_a_stored_spec_no_instance_type_satisfies_is_refused_not_launched_as_the_default(world: World) -> None:
+    spec = stored_spec('{"service": {"readiness_probe": "/h"}, "resources": {"cpus": 3}, "run": "x"}')
+    request = LaunchRequest(service="svc", uid="u1", version=1, replica_id=0, spec=spec)
+    with pytest.raises(LaunchRefused) as refused:
+        Ec2Driver().launch(request)
+    assert refused.value.code == NO_INSTANCE_TYPE
+    assert "3 vCPUs" in str(refused.value)
     assert world.instances() == []
 
 

@@ -22,6 +22,8 @@ from pydantic import (
     model_validator,
 )
 
+from fleetkeeper import placement as placing
+from fleetkeeper.catalogue import REGION, ZONE
 from fleetkeeper.errors import InvalidRequest
 from fleetkeeper.settings import DEFAULT_PROBE_BUDGET_SECONDS, MAX_PROBE_TIMEOUT_SECONDS
 
@@ -82,13 +84,7 @@ _UNSUPPORTED: dict[str, str] = {
         "file mounts are not supported; put the files in `workdir`, bake them into the image or fetch them in `setup`"
     ),
     "num_nodes": "multi-node replicas are not supported",
-    "resources.cloud": "fleetkeeper runs on AWS only; remove `cloud`",
-    "resources.region": "the region is the stack's region; remove `region`",
-    "resources.zone": "zones come from the stack's subnets; remove `zone`",
-    "resources.cpus": "give an explicit `instance_type` instead of `cpus`",
-    "resources.memory": "give an explicit `instance_type` instead of `memory`",
-    "resources.any_of": "alternative resources are not supported",
-    "resources.ordered": "alternative resources are not supported",
+    "resources.ordered": "ordered alternatives are not supported; give them as `any_of` (tried smallest first)",
     "service.tls": (
         "fleetkeeper terminates TLS at the stack's load balancer (its CertificateArn parameter); "
         "replicas serve plain HTTP behind it"
@@ -297,14 +293,93 @@ class ServiceSection(_Strict):
         return self
 
 
-class Resources(_Strict):
-    instance_type: Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9-]*\.[a-z0-9]+$")] | None = None
+_INSTANCE_TYPE = r"^[a-z0-9][a-z0-9-]*\.[a-z0-9]+$"
+Cpus = int | float | str
+
+
+class _Placed(_Strict):
+    """What chooses where a replica runs: an instance type, or SkyPilot's requirements
+    (fleetkeeper.placement), and the cloud, region and zone they are asked in."""
+
+    cloud: str | None = None
+    region: str | None = None
+    zone: str | None = None
+    instance_type: Annotated[str, Field(pattern=_INSTANCE_TYPE)] | None = None
+    cpus: Cpus | None = None
+    memory: Cpus | None = None
+    # `A10G:1`, `{L4: 1, A10G: 1}` or `{L4, A10g}` (YAML's keys with null values: one each).
+    accelerators: str | dict[str, int | None] | None = None
+
+    @field_validator("cloud")
+    @classmethod
+    def _aws_only(cls, value: str | None) -> str | None:
+        if value is not None and value.strip().lower() != "aws":
+            raise ValueError(
+                f"fleetkeeper runs on AWS only: cloud {value!r} is not AWS; remove `cloud` or set it to aws"
+            )
+        return value
+
+    @field_validator("region")
+    @classmethod
+    def _aws_region(cls, value: str | None) -> str | None:
+        if value is not None and not REGION.match(value):
+            raise ValueError(
+                f"{value!r} is not an AWS region name (e.g. us-east-1): fleetkeeper runs on AWS only, "
+                "in its stack's region"
+            )
+        return value
+
+    @field_validator("zone")
+    @classmethod
+    def _aws_zone(cls, value: str | None) -> str | None:
+        if value is None:
+            return value
+        if not ZONE.match(value):
+            raise ValueError(
+                f"{value!r} is not an AWS availability zone name (e.g. us-east-1a): fleetkeeper runs on AWS only"
+            )
+        raise ValueError("zones come from the stack's subnets (replicas are spread over them); remove `zone`")
+
+    @field_validator("cpus", "memory", mode="before")
+    @classmethod
+    def _not_a_boolean(cls, value: Any) -> Any:
+        if isinstance(value, bool):
+            raise ValueError("expected a number (e.g. 4) or at least one (e.g. 4+), not true or false")
+        return value
+
+    @field_validator("cpus")
+    @classmethod
+    def _cpus(cls, value: Cpus | None) -> Cpus | None:
+        if value is not None:
+            placing.parse_bound(value, "vCPUs")
+        return value
+
+    @field_validator("memory")
+    @classmethod
+    def _memory(cls, value: Cpus | None) -> Cpus | None:
+        if value is not None:
+            placing.parse_bound(value, "GB of memory")
+        return value
+
+    @field_validator("accelerators")
+    @classmethod
+    def _accelerators(cls, value: str | dict[str, int | None] | None) -> str | dict[str, int | None] | None:
+        if value is not None:
+            placing.parse_accelerators(value)
+        return value
+
+
+class ResourceChoice(_Placed):
+    """One entry of `any_of`: an alternative, its fields over the top-level ones."""
+
+
+class Resources(_Placed):
     image_id: str | None = None
     use_spot: bool = False
     ports: Annotated[int, Field(ge=1, le=65535)] | None = None
     disk_size: Annotated[int, Field(ge=8, le=16_384)] | None = None
-    # Accepted only next to an explicit instance_type (it then documents what that type carries).
-    accelerators: str | dict[str, int] | None = None
+    disk_tier: Literal["low", "medium", "high", "ultra", "best"] | None = None
+    any_of: Annotated[list[ResourceChoice], Field(min_length=1, max_length=16)] | None = None
 
     @field_validator("ports", mode="before")
     @classmethod
@@ -334,24 +409,61 @@ class Resources(_Strict):
     @model_validator(mode="after")
     def _disk_size_needs_a_known_root_device(self, info: ValidationInfo) -> Resources:
         image = self.image_id
-        if self.disk_size is None or image is None or not image.startswith("resolve:ssm:") or _stored(info):
+        sized = self.disk_size is not None or self.disk_tier is not None
+        if not sized or image is None or not image.startswith("resolve:ssm:") or _stored(info):
             return self
         if root_device_of_parameter(image) is None:
+            what = "`disk_size`" if self.disk_size is not None else "`disk_tier`"
             raise ValueError(
-                f"`disk_size` with image_id {image} is not supported: fleetkeeper cannot tell that "
+                f"{what} with image_id {image} is not supported: fleetkeeper cannot tell that "
                 "image's root device before EC2 resolves it; give the AMI id, or an Amazon Linux "
                 "(/aws/service/ami-amazon-linux-latest/...) or Ubuntu (/aws/service/canonical/...) parameter"
             )
         return self
 
     @model_validator(mode="after")
-    def _accelerators_need_instance_type(self) -> Resources:
-        if self.accelerators is not None and self.instance_type is None:
-            raise ValueError(
-                "`accelerators` without `instance_type` is not supported: name the instance type "
-                "that carries them (e.g. g5.xlarge)"
-            )
+    def _exists_on_aws(self, info: ValidationInfo) -> Resources:
+        """A spec none of whose choices AWS has is refused with what AWS has instead; a stored one
+        keeps loading (the reconciler refuses its launch, fleetkeeper.reconciler.drivers.ec2)."""
+        try:
+            placing.resolve(self.choices())
+        except placing.Unsatisfiable as exc:
+            if not _stored(info):
+                raise ValueError(str(exc)) from None
         return self
+
+    def choices(self) -> list[placing.Choice]:
+        """The alternatives this asks for: each `any_of` entry over the top-level fields, and each
+        accelerator of a set. `instance_type` wins over the requirements beside it."""
+        top = {f: getattr(self, f) for f in ("instance_type", "cpus", "memory", "accelerators")}
+        entries = [top] if not self.any_of else [
+            {**top, **{f: v for f in top if (v := getattr(entry, f)) is not None}} for entry in self.any_of
+        ]  # fmt: skip
+        out: list[placing.Choice] = []
+        for entry in entries:
+            if entry["instance_type"] is not None:
+                out.append(placing.Choice(instance_type=entry["instance_type"]))
+                continue
+            cpus = None if entry["cpus"] is None else placing.parse_bound(entry["cpus"], "vCPUs")
+            memory = None if entry["memory"] is None else placing.parse_bound(entry["memory"], "GB of memory")
+            accelerators: list[tuple[str, int] | None] = [None]
+            if entry["accelerators"] is not None:
+                accelerators = [*placing.parse_accelerators(entry["accelerators"])]
+            out.extend(placing.Choice(None, cpus, memory, a) for a in accelerators)
+        return out
+
+    @property
+    def placement(self) -> placing.Placement:
+        """The candidate instance types (empty: the stack's default) and notes on dropped choices.
+        A stored spec AWS no longer satisfies has no candidates and says why in its notes."""
+        try:
+            return placing.resolve(self.choices())
+        except placing.Unsatisfiable as exc:
+            return placing.Placement((), (str(exc),))
+
+    @property
+    def root_volume(self) -> placing.RootVolume | None:
+        return placing.root_volume(self.disk_size, self.disk_tier)
 
 
 class UpdatePolicy(_Strict):

@@ -106,12 +106,26 @@ class ServiceSummary(BaseModel):
     updated_at: str
 
 
+class PlacementView(BaseModel):
+    """Where the spec's replicas run: its `resources` resolved against AWS's instance types
+    (fleetkeeper.placement) when the api accepted it."""
+
+    instance_types: list[str] = Field(
+        description="candidate instance types, smallest first: the reconciler launches the first; "
+        "empty: the stack's default instance type"
+    )
+    notes: list[str] = Field(
+        description="choices of the spec AWS cannot satisfy (dropped), or how the candidates were cut short"
+    )
+
+
 class ServiceTarget(ServiceSummary):
     """What a write answers: the service and its target, without replicas (a write never changes
     them, and a service of 1,000 replicas would make every response, and every Idempotency-Key
     record, hundreds of KB)."""
 
     spec: dict[str, Any] | None = Field(description="the target version's spec")
+    placement: PlacementView | None = Field(description="the target version's candidate instance types")
     mode: str | None = Field(description="how the target version rolls out: rolling or blue_green")
 
 
@@ -172,6 +186,7 @@ class VersionView(BaseModel):
     state_message: str
     created_at: str
     spec: dict[str, Any]
+    placement: PlacementView
 
 
 class VersionList(BaseModel):
@@ -246,6 +261,7 @@ def target_view(state: ServiceState) -> dict[str, Any]:
     return {
         **summary(state.service),
         "spec": target.spec.to_json_dict() if target else None,
+        "placement": placement_view(target.spec) if target else None,
         "mode": target.mode if target else None,
     }
 
@@ -294,7 +310,13 @@ def version_view(version: VersionRecord) -> dict[str, Any]:
         "state_message": version.state_message,
         "created_at": version.created_at,
         "spec": version.spec.to_json_dict(),
+        "placement": placement_view(version.spec),
     }
+
+
+def placement_view(spec: ServiceSpec) -> dict[str, Any]:
+    placed = spec.resources.placement
+    return {"instance_types": list(placed.instance_types), "notes": list(placed.notes)}
 
 
 def event_view(record: EventRecord) -> dict[str, Any]:

@@ -36,8 +36,9 @@ if TYPE_CHECKING:
     from collections.abc import Sequence
 
     from mypy_boto3_ec2 import EC2Client
-    from mypy_boto3_ec2.literals import InstanceTypeType
+    from mypy_boto3_ec2.literals import InstanceTypeType, VolumeTypeType
     from mypy_boto3_ec2.type_defs import (
+        EbsBlockDeviceTypeDef,
         FilterTypeDef,
         InstanceTypeDef,
         RunInstancesRequestTypeDef,
@@ -49,6 +50,8 @@ if TYPE_CHECKING:
 # Refusal code of a disk_size launch whose image's root device cannot be known (counts against the
 # version: the spec must change).
 UNKNOWN_ROOT_DEVICE = "Fleetkeeper.UnknownRootDevice"
+# Refusal code of a launch whose stored spec no AWS instance type satisfies (counts against the version).
+NO_INSTANCE_TYPE = "Fleetkeeper.NoInstanceType"
 _MANAGED_FILTER: FilterTypeDef = {"Name": f"tag:{MANAGED_TAG}", "Values": [MANAGED_VALUE]}
 _PAGE_SIZE = 1000
 # EC2's limit on filter values per Describe call, less the managed tag's one value.
@@ -188,7 +191,7 @@ class Ec2Driver:
         image_id = self._image(resources.image_id)
         args: RunInstancesRequestTypeDef = {
             "ImageId": image_id,
-            "InstanceType": cast("InstanceTypeType", resources.instance_type or self.default_instance_type),
+            "InstanceType": cast("InstanceTypeType", self._instance_type(request)),
             "MinCount": 1,
             "MaxCount": 1,
             "ClientToken": request.client_token,
@@ -213,18 +216,31 @@ class Ec2Driver:
                 "MarketType": "spot",
                 "SpotOptions": {"SpotInstanceType": "one-time", "InstanceInterruptionBehavior": "terminate"},
             }
-        if resources.disk_size:
-            args["BlockDeviceMappings"] = [
-                {
-                    "DeviceName": self._root_device(image_id),
-                    "Ebs": {
-                        "VolumeSize": resources.disk_size,
-                        "VolumeType": "gp3",
-                        "DeleteOnTermination": True,
-                    },
-                }
-            ]
+        volume = resources.root_volume
+        if volume is not None:
+            ebs: EbsBlockDeviceTypeDef = {
+                "VolumeSize": volume.size_gib,
+                "VolumeType": cast("VolumeTypeType", volume.volume_type),
+                "DeleteOnTermination": True,
+            }
+            if volume.iops is not None:
+                ebs["Iops"] = volume.iops
+            if volume.throughput is not None:
+                ebs["Throughput"] = volume.throughput
+            args["BlockDeviceMappings"] = [{"DeviceName": self._root_device(image_id), "Ebs": ebs}]
         return args
+
+    def _instance_type(self, request: LaunchRequest) -> str:
+        """The first candidate of the spec's placement (its instance_type, or the smallest type meeting
+        its cpus/memory/accelerators), else the stack's default. Only the first: walking the others on
+        capacity refusals is a later slice (docs/ARCHITECTURE.md, "Placement")."""
+        placed = request.spec.resources.placement
+        if placed.instance_types:
+            return placed.instance_types[0]
+        if any(c.has_requirements for c in request.spec.resources.choices()):
+            # A stored spec the catalogue no longer satisfies (the api refuses new ones).
+            raise LaunchRefused(NO_INSTANCE_TYPE, "; ".join(placed.notes) or "no AWS instance type fits the spec")
+        return self.default_instance_type
 
     def _boot_source(self, request: LaunchRequest) -> BootSource:
         """Where this replica's workdir and secrets are (read at boot with the replica's own role)."""
@@ -251,7 +267,7 @@ class Ec2Driver:
         return image if image is not None else f"resolve:ssm:{self.default_image_parameter}"
 
     def _root_device(self, image_id: str) -> str:
-        """The root device name to size for disk_size, never a guess.
+        """The root device name to size for disk_size/disk_tier, never a guess.
 
         A parameter's image is known only to EC2 at launch: its family's device (spec.py knows AWS's
         public families; the api refuses other parameters with disk_size) or a refusal with the
