@@ -1,10 +1,10 @@
 """Real SkyPilot service YAMLs (tests/fixtures/skypilot/), brought as SkyPilot users bring them:
 `fleetkeeper up -n NAME FILE` from the directory their `workdir` is relative to, with --env/--secret.
 
-What fleetkeeper does not take yet belongs to other issues, and only that may be refused: resources
-that need placement (cpus, memory, accelerators without an instance type, disk_tier) and, until
-the endpoint lands, `load_balancing_policy`. Everything else in them is accepted unchanged: the same
-YAML with only those fields taken out is created, its workdir packed and stored.
+Each is accepted unchanged, its resources (cpus, memory, accelerators, disk_tier) resolved to EC2
+instance types, or refused only because AWS has no instance type for what it asks (one A100): then
+with a 400 that names the accelerator and what AWS has instead, and the same YAML with the suggested
+accelerator is accepted, its workdir packed and stored.
 
 In process: the CLI against the api handler over real HTTP (the embedded bridge with its local
 workdir store), moto for DynamoDB and Parameter Store; no reconciler (tests/test_local_e2e.py runs
@@ -33,27 +33,26 @@ if TYPE_CHECKING:
 
 FIXTURES = Path(__file__).parent / "fixtures" / "skypilot"
 
-# Fields of other issues: placement (resources AWS cannot be asked for as written) and the endpoint.
-PLACEMENT = {"resources.cpus", "resources.memory", "resources.disk_tier", "resources.accelerators", "resources"}
-ENDPOINT = {"service.load_balancing_policy"}
+ONE_A100 = "no AWS instance type has 1 A100; p4d.24xlarge has 8; for one GPU use A10G:1, L4:1 or L40S:1"
+# llm/qwen/serve-7b.yaml's set {L4, A10g, A10, L40, A40, A100, A100-80GB}: what AWS has not is dropped.
+QWEN_NOTES = 5
 
-# Each YAML, the flags its README tells SkyPilot users to pass, and the fields of other issues in it.
-CASES: dict[str, tuple[list[str], set[str]]] = {
-    "examples/serve/http_server/task.yaml": ([], {"resources.cpus", "service.load_balancing_policy"}),
-    "examples/serve/minimal.yaml": ([], {"resources.cpus"}),
-    "examples/serve/authentication/task.yaml": ([], {"resources.cpus"}),
-    "examples/serve/misc/cancel/service.yaml": ([], {"resources.cpus", "service.load_balancing_policy"}),
-    "examples/serve/min_replicas_zero.yaml": ([], {"resources.cpus"}),
-    "examples/serve/llama2/llama2.yaml": (
-        ["--env", "HF_TOKEN"],
-        {"resources.memory", "resources.disk_tier", "resources.accelerators", "service.load_balancing_policy"},
-    ),
-    "examples/serve/gorilla/gorilla.yaml": (
-        [],
-        {"resources.disk_tier", "resources.accelerators", "service.load_balancing_policy"},
-    ),
-    "examples/serve/tgi_coder.yaml": ([], {"resources.accelerators"}),
-    "llm/qwen/serve-7b.yaml": ([], {"resources.disk_tier", "resources.accelerators"}),
+# Each YAML, the flags its README tells SkyPilot users to pass, and the first candidate instance type
+# it gets, or (None) the refusal of an accelerator AWS has no instance type for.
+CASES: dict[str, tuple[list[str], str | None]] = {
+    "examples/serve/http_server/task.yaml": ([], "c6i.large"),  # cpus: 2+
+    "examples/serve/minimal.yaml": ([], "c6i.large"),
+    "examples/serve/authentication/task.yaml": ([], "c6i.large"),  # cpus: 2
+    "examples/serve/misc/cancel/service.yaml": ([], "c6i.large"),
+    "examples/serve/min_replicas_zero.yaml": ([], "c6i.large"),
+    "examples/serve/load_balancing_policies_example.yaml": ([], "c6i.large"),
+    # memory: 32+, T4:1, disk_size 1024, disk_tier best
+    "examples/serve/llama2/llama2.yaml": (["--env", "HF_TOKEN"], "g4dn.2xlarge"),
+    "llm/qwen/serve-7b.yaml": ([], "g6.xlarge"),
+    "examples/serve/gorilla/gorilla.yaml": ([], None),  # A100:1
+    "examples/serve/tgi_coder.yaml": ([], None),
+    "examples/serve/vllm.yaml": ([], None),
+    "examples/serve/huggingface-tgi.yaml": ([], None),
 }
 
 
@@ -80,49 +79,12 @@ def cli(api_url: str, *argv: str) -> tuple[int, str, str]:
 
 
 def refused_fields(message: str) -> set[str]:
-    """The fields an API message names (`spec.<path>: problem; ...`), as `section.field` (the
-    problems inside a field, e.g. each entry of an accelerators mapping, are that field's)."""
+    """The fields an API message names (`spec.<path>: problem; ...`), as `section.field`."""
     named = re.findall(r"(spec\.[A-Za-z_.\[\]0-9-]+):", message)
     return {".".join(m.removeprefix("spec.").split(".")[:2]) for m in named}
 
 
-def without(data: dict[str, Any], fields: set[str]) -> dict[str, Any]:
-    """The YAML with only the other issues' fields taken out (what placement and the endpoint will take)."""
-    data = json.loads(json.dumps(data))
-    for field in fields:
-        section, _, key = field.partition(".")
-        if key and isinstance(data.get(section), dict):
-            data[section].pop(key, None)
-    if data.get("resources") == {}:
-        data.pop("resources")
-    return data
-
-
-@pytest.mark.parametrize("path", sorted(CASES))
-def test_a_real_skypilot_yaml_is_refused_only_for_what_other_issues_build_and_the_rest_is_accepted(
-    path: str, api_url: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    flags, others = CASES[path]
-    monkeypatch.chdir(FIXTURES)
-    monkeypatch.setenv("HF_TOKEN", "hf_test_token")
-
-    # As published, with the flags its users pass: refused for placement and endpoint fields only.
-    code, _, err = cli(api_url, "up", "-n", "as-published", path, *flags)
-    assert code == 2, err
-    refused = refused_fields(err)
-    assert refused, err
-    assert refused <= others | PLACEMENT | ENDPOINT, f"refused beyond placement and the endpoint: {err}"
-
-    # Without those fields (what placement and the endpoint will take), the rest is accepted as is.
-    original: dict[str, Any] = yaml.safe_load((FIXTURES / path).read_text())
-    rest = FIXTURES / Path(path).with_name(f".rest-{Path(path).name}")
-    rest.write_text(yaml.safe_dump(without(original, others)))
-    try:
-        code, out, err = cli(api_url, "up", "-n", "svc", str(rest.relative_to(FIXTURES)), *flags, "-o", "json")
-    finally:
-        rest.unlink()
-    assert code == 0, err
-    spec = json.loads(out)["spec"]
+def assert_the_rest_is_kept(original: dict[str, Any], spec: dict[str, Any], err: str) -> None:
     assert spec["run"] == original["run"]
     assert spec.get("setup") == original.get("setup")
     probe = original["service"]["readiness_probe"]
@@ -132,6 +94,51 @@ def test_a_real_skypilot_yaml_is_refused_only_for_what_other_issues_build_and_th
         assert "files" in err and ("uploaded" in err or "already stored" in err)
     for env, value in (original.get("envs") or {}).items():
         assert spec["envs"][env] == ("hf_test_token" if value is None else str(value))
+    for field, value in original.get("resources", {}).items():
+        assert spec["resources"][field] == value, field  # as written: candidates are shown beside it
+
+
+@pytest.mark.parametrize("path", sorted(CASES))
+def test_a_real_skypilot_yaml_is_accepted_or_refused_only_for_an_accelerator_aws_lacks(
+    path: str, api_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    flags, first = CASES[path]
+    monkeypatch.chdir(FIXTURES)
+    monkeypatch.setenv("HF_TOKEN", "hf_test_token")
+    original: dict[str, Any] = yaml.safe_load((FIXTURES / path).read_text())
+
+    code, out, err = cli(api_url, "up", "-n", "as-published", path, *flags, "-o", "json")
+    if first is not None:
+        # As published, with the flags its users pass: accepted, its resources resolved.
+        assert code == 0, err
+        view = json.loads(out)
+        assert_the_rest_is_kept(original, view["spec"], err)
+        assert view["placement"]["instance_types"][0] == first
+        notes = view["placement"]["notes"]
+        if path == "llm/qwen/serve-7b.yaml":
+            assert len(notes) == QWEN_NOTES and all(n.startswith("dropped: no AWS instance type has") for n in notes)
+        return
+
+    # One A100: AWS has none (p4d.24xlarge has eight). Refused for that alone, saying what AWS has.
+    assert code == 2, err
+    assert refused_fields(err) == {"resources"}, err
+    assert f"spec.resources: {ONE_A100}" in err, err
+    # With an accelerator the message suggests, the rest is accepted as is.
+    suggested = FIXTURES / Path(path).with_name(f".suggested-{Path(path).name}")
+    suggested.write_text(yaml.safe_dump({**original, "resources": {**original["resources"], "accelerators": "L40S:1"}}))
+    try:
+        code, out, err = cli(api_url, "up", "-n", "svc", str(suggested.relative_to(FIXTURES)), *flags, "-o", "json")
+    finally:
+        suggested.unlink()
+    assert code == 0, err
+    view = json.loads(out)
+    assert view["placement"] == {"instance_types": [f"g6e.{s}" for s in SIZES_OF_ONE_L40S], "notes": []}
+    assert_the_rest_is_kept(
+        {**original, "resources": {**original["resources"], "accelerators": "L40S:1"}}, view["spec"], err
+    )
+
+
+SIZES_OF_ONE_L40S = ["xlarge", "2xlarge", "4xlarge", "8xlarge", "16xlarge"]
 
 
 def test_an_env_left_empty_is_a_400_that_says_how_to_fill_it(api_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
