@@ -615,6 +615,20 @@ def test_status_shows_the_endpoint() -> None:
     assert table.splitlines()[1].split()[4] == "-"
 
 
+def test_status_shows_the_candidate_instance_types_and_the_notes() -> None:
+    placement = {
+        "instance_types": ["g6.xlarge", "g5.xlarge"],
+        "notes": ["dropped: no AWS instance type has 1 A100; p4d.24xlarge has 8"],
+    }
+    lines = render.service_detail({**view("READY"), "placement": placement, "spec": {}}).splitlines()
+    assert "  instance types: g6.xlarge (launched), g5.xlarge" in lines
+    assert "  note: dropped: no AWS instance type has 1 A100; p4d.24xlarge has 8" in lines
+    one = {**view("READY"), "placement": {"instance_types": ["t3.micro"], "notes": []}, "spec": {}}
+    assert "  instance types: t3.micro (launched)" in render.service_detail(one).splitlines()
+    default = {**view("READY"), "placement": {"instance_types": [], "notes": []}, "spec": {}}
+    assert "  instance types: the stack's default" in render.service_detail(default).splitlines()
+
+
 def test_the_first_progress_line_of_an_update_never_shows_the_old_status_as_the_new_versions() -> None:
     from fleetkeeper.cli.waiting import progress_line
 

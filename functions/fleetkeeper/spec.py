@@ -425,11 +425,12 @@ class Resources(_Placed):
     def _exists_on_aws(self, info: ValidationInfo) -> Resources:
         """A spec none of whose choices AWS has is refused with what AWS has instead; a stored one
         keeps loading (the reconciler refuses its launch, fleetkeeper.reconciler.drivers.ec2)."""
+        if _stored(info):
+            return self  # not resolved on every load of every stored version: views and launches do
         try:
             placing.resolve(self.choices())
         except placing.Unsatisfiable as exc:
-            if not _stored(info):
-                raise ValueError(str(exc)) from None
+            raise ValueError(str(exc)) from None
         return self
 
     def choices(self) -> list[placing.Choice]:

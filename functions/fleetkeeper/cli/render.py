@@ -43,6 +43,7 @@ def service_detail(view: dict[str, Any]) -> str:
     scaling = autoscaling_line(view.get("autoscaling"))
     if scaling:
         head.insert(2, scaling)
+    head.extend(placement_lines(view.get("placement")))
     if int(view.get("observed_generation", 0)) < int(view.get("generation", 0)):
         head.append(
             f"  (that status is of generation {view.get('observed_generation')}; the reconciler has not acted on "
@@ -65,6 +66,15 @@ def service_detail(view: dict[str, Any]) -> str:
     ]
     body = table(["REPLICA", "VERSION", "STATUS", "URL", "INSTANCE", "ENDPOINT", "MESSAGE"], rows)
     return "\n".join([*head, "", body])
+
+
+def placement_lines(placement: dict[str, Any] | None) -> list[str]:
+    """E.g. "  instance types: g6.xlarge (launched), g5.xlarge" and a line per note."""
+    if placement is None:
+        return []
+    types = placement.get("instance_types") or []
+    shown = f"{types[0]} (launched), {', '.join(types[1:])}".rstrip(", ") if types else "the stack's default"
+    return [f"  instance types: {shown}", *(f"  note: {note}" for note in placement.get("notes") or [])]
 
 
 def autoscaling_line(scaling: dict[str, Any] | None) -> str | None:

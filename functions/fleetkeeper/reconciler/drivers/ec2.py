@@ -47,7 +47,7 @@ if TYPE_CHECKING:
 
     from fleetkeeper.settings import Ec2Settings
 
-# Refusal code of a disk_size launch whose image's root device cannot be known (counts against the
+# Refusal code of a disk_size/disk_tier launch whose image's root device cannot be known (counts against the
 # version: the spec must change).
 UNKNOWN_ROOT_DEVICE = "Fleetkeeper.UnknownRootDevice"
 # Refusal code of a launch whose stored spec no AWS instance type satisfies (counts against the version).
