@@ -226,7 +226,13 @@ def test_any_of_entries_are_alternatives_over_the_top_level_fields() -> None:
 
 def test_any_of_entries_are_checked_field_by_field() -> None:
     text = refusal({"any_of": [{"accelerators": "L4:1", "disk_size": 100}]})
-    assert "spec.resources.any_of[0].disk_size" in text, text
+    assert (
+        "spec.resources.any_of[0].disk_size: unsupported field: an `any_of` entry chooses the instance type "
+        "(cloud, region, zone, instance_type, cpus, memory, accelerators); give `disk_size` once, beside "
+        "`any_of` in `resources`"
+    ) in text, text
+    text = refusal({"any_of": [{"acelerators": "L4:1"}]})
+    assert "spec.resources.any_of[0].acelerators: unknown field; did you mean `accelerators`?" in text, text
     text = refusal({"any_of": []})
     assert "spec.resources.any_of" in text, text
 

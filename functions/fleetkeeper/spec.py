@@ -10,7 +10,7 @@ from __future__ import annotations
 import difflib
 import json
 import re
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal, get_args
 
 from pydantic import (
     BaseModel,
@@ -693,16 +693,23 @@ def _model_at(parts: Sequence[int | str]) -> type[BaseModel] | None:
     """The spec model a field path leads to (`service.readiness_probe` -> ReadinessProbe)."""
     model: type[BaseModel] = ServiceSpec
     for part in parts:
+        if isinstance(part, int):
+            continue  # an entry of a list (`any_of[0]`): the list's model
         field = model.model_fields.get(str(part))
         if field is None:
             return None
-        annotation = field.annotation
-        candidates = [annotation, *getattr(annotation, "__args__", ())]
-        found = next((c for c in candidates if isinstance(c, type) and issubclass(c, BaseModel)), None)
+        found = _model_in(field.annotation)
         if found is None:
             return None
         model = found
     return model
+
+
+def _model_in(annotation: Any) -> type[BaseModel] | None:
+    """The spec model an annotation holds (`X | None`, `list[X]`, `Annotated[list[X], ...]`)."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    return next((m for arg in get_args(annotation) if (m := _model_in(arg)) is not None), None)
 
 
 def _unknown_field(loc: tuple[int | str, ...], prefix: str) -> str:
@@ -717,6 +724,12 @@ def _unknown_field(loc: tuple[int | str, ...], prefix: str) -> str:
     close = difflib.get_close_matches(parts[-1], known, n=1, cutoff=0.7)
     if close:
         return f"unknown field; did you mean `{close[0]}`?"
+    if model is ResourceChoice and parts[-1] in Resources.model_fields:
+        fields = ", ".join(ResourceChoice.model_fields)
+        return (
+            f"unsupported field: an `any_of` entry chooses the instance type ({fields}); "
+            f"give `{parts[-1]}` once, beside `any_of` in `resources`"
+        )
     return "unknown field; fleetkeeper does not support it"
 
 
