@@ -201,6 +201,18 @@ def test_an_instance_type_wins_over_requirements_beside_it() -> None:
     assert placed({"instance_type": "g5.2xlarge", "accelerators": "A10G:1", "cpus": "4+"}) == (("g5.2xlarge",), ())
     # Even one the catalogue does not know: it is launched as written.
     assert placed({"instance_type": "m8g.medium"}) == (("m8g.medium",), ())
+    assert placed({"instance_type": "m8g.medium", "accelerators": "A10G:1"}) == (("m8g.medium",), ())
+    # One of a set of accelerators is enough; one it does not carry is a note, and it still wins.
+    assert placed({"instance_type": "g5.xlarge", "accelerators": {"L4": None, "A10G": None}}) == (("g5.xlarge",), ())
+    assert placed({"instance_type": "t3.micro", "accelerators": "A10G:1", "cpus": "4+"}) == (
+        ("t3.micro",),
+        (
+            "instance_type t3.micro wins over accelerators A10G:1, cpus 4+ beside it: "
+            "it has 2 vCPUs, 1 GiB and no accelerators",
+        ),
+    )
+    # An instance_type wins even over an accelerator AWS does not have: nothing is refused.
+    assert placed({"instance_type": "p4d.24xlarge", "accelerators": "A100:1"})[0] == ("p4d.24xlarge",)
 
 
 def test_no_requirements_is_the_stacks_default_instance_type() -> None:

@@ -5,7 +5,8 @@ states it), `accelerators` (`A10G:1`, `{L4: 1, A10G: 1}`, `{L4, A10g}`) and `any
 list of candidate instance types from fleetkeeper.catalogue, resolved when the api accepts the spec:
 
 - each alternative (an `any_of` entry over the top-level fields, and each accelerator of a set) is a
-  choice; a choice with `instance_type` is that type alone (it wins over requirements);
+  choice; a choice with `instance_type` is that type alone (it wins over requirements beside it, with
+  a note when the catalogue knows it does not meet them);
 - a count is exact (`A10G:1` is one A10G, not at least one), as in SkyPilot; `4` vCPUs is exactly 4,
   `4+` at least 4; without `memory`, a CPU-only choice gets at least 2 GiB per vCPU asked for;
 - candidates are ordered smallest first (catalogue.rank: accelerators, vCPUs, memory, family price);
@@ -103,8 +104,7 @@ class Choice:
         return any(x is not None for x in (self.instance_type, self.cpus, self.memory, self.accelerator))
 
     def describe(self) -> str:
-        if self.instance_type is not None:
-            return f"instance_type {self.instance_type}"
+        """The requirements, as a note names them (`accelerators A10G:1, cpus 4+`)."""
         parts = []
         if self.accelerator is not None:
             parts.append(f"accelerators {self.accelerator[0]}:{self.accelerator[1]}")
@@ -150,7 +150,7 @@ def resolve(choices: Sequence[Choice]) -> Placement:
     names = list(dict.fromkeys([*explicit, *(t.name for t in sorted(set(matched), key=catalogue.rank))]))
     if not names:
         raise Unsatisfiable("; ".join(refusals))
-    notes = [f"dropped: {reason}" for reason in refusals]
+    notes = [f"dropped: {reason}" for reason in refusals] + _overruled(wanted, explicit)
     if len(names) > MAX_CANDIDATES:
         notes.append(
             f"{len(names)} instance types match; the {MAX_CANDIDATES} smallest are the candidates "
@@ -167,6 +167,35 @@ def _fits(choice: Choice, t: InstanceType) -> bool:
     if choice.accelerator is None and choice.cpus is not None:
         return t.memory_gib >= MIN_GIB_PER_VCPU * choice.cpus.value
     return True
+
+
+def _overruled(choices: Sequence[Choice], explicit: Sequence[str]) -> list[str]:
+    """A note for each explicit instance type the catalogue knows does not meet the requirements
+    written beside it (any one of a set of accelerators will do): it is launched all the same."""
+    notes = []
+    for name in dict.fromkeys(explicit):
+        known = catalogue.BY_NAME.get(name)
+        beside = [c for c in choices if c.instance_type == name and c.describe()]
+        if known is not None and beside and not any(_carries(c, known) for c in beside):
+            wanted = " or ".join(dict.fromkeys(c.describe() for c in beside))
+            notes.append(f"instance_type {name} wins over {wanted} beside it: it has {_has(known)}")
+    return notes
+
+
+def _carries(choice: Choice, t: InstanceType) -> bool:
+    """Whether an instance type meets a choice's requirements (its accelerator, by any spelling)."""
+    if choice.accelerator is not None:
+        device = catalogue.accelerator(choice.accelerator[0])
+        if device is None or (t.accelerator, t.accelerator_count) != (device.name, choice.accelerator[1]):
+            return False
+    if choice.cpus is not None and not choice.cpus.admits(t.vcpus):
+        return False
+    return choice.memory is None or choice.memory.admits(t.memory_gib)
+
+
+def _has(t: InstanceType) -> str:
+    accelerators = f"{t.accelerator_count} {t.accelerator}" if t.accelerator else "no accelerators"
+    return f"{t.vcpus} vCPUs, {t.memory_gib:g} GiB and {accelerators}"
 
 
 def _match(choice: Choice) -> tuple[list[InstanceType], str]:

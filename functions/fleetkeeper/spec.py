@@ -442,15 +442,12 @@ class Resources(_Placed):
         ]  # fmt: skip
         out: list[placing.Choice] = []
         for entry in entries:
-            if entry["instance_type"] is not None:
-                out.append(placing.Choice(instance_type=entry["instance_type"]))
-                continue
             cpus = None if entry["cpus"] is None else placing.parse_bound(entry["cpus"], "vCPUs")
             memory = None if entry["memory"] is None else placing.parse_bound(entry["memory"], "GB of memory")
             accelerators: list[tuple[str, int] | None] = [None]
             if entry["accelerators"] is not None:
                 accelerators = [*placing.parse_accelerators(entry["accelerators"])]
-            out.extend(placing.Choice(None, cpus, memory, a) for a in accelerators)
+            out.extend(placing.Choice(entry["instance_type"], cpus, memory, a) for a in accelerators)
         return out
 
     @property
