@@ -31,6 +31,32 @@ def refusal(resources: dict[str, Any]) -> str:
     return str(caught.value)
 
 
+# --- the catalogue agrees with AWS ---------------------------------------------------------------
+
+
+def test_every_catalogue_row_is_what_describe_instance_types_says(aws: None) -> None:
+    """Against DescribeInstanceTypes as moto ships it (a capture of AWS's answer): vCPUs, memory, and
+    the accelerators' name and count (AWS names p4de's GPU A100; SkyPilot, and the table, A100-80GB)."""
+    import boto3
+
+    ec2 = boto3.client("ec2", region_name="us-east-1")
+    names = [t.name for t in catalogue.CATALOGUE]
+    described: dict[str, Any] = {}
+    for start in range(0, len(names), 100):
+        for item in ec2.describe_instance_types(InstanceTypes=names[start : start + 100])["InstanceTypes"]:
+            described[item["InstanceType"]] = item
+    assert sorted(described) == sorted(names)
+    aws_names = {"A100-80GB": "A100"}
+    for t in catalogue.CATALOGUE:
+        item = described[t.name]
+        devices = item.get("GpuInfo", {}).get("Gpus", []) + item.get("NeuronInfo", {}).get("NeuronDevices", [])
+        found = (item["VCpuInfo"]["DefaultVCpus"], item["MemoryInfo"]["SizeInMiB"] / 1024)
+        assert found == (t.vcpus, t.memory_gib), t.name
+        expected = [] if t.accelerator is None else [(aws_names.get(t.accelerator, t.accelerator), t.accelerator_count)]
+        assert [(d["Name"], d["Count"]) for d in devices] == expected, t.name
+        assert item.get("BurstablePerformanceSupported", False) == t.burstable, t.name
+
+
 # --- accelerators: SkyPilot's spellings over AWS's families ------------------------------------
 
 
@@ -47,8 +73,7 @@ def refusal(resources: dict[str, Any]) -> str:
         ("L4:8", "g6.48xlarge", "g6"),
         ("L40S:1", "g6e.xlarge", "g6e"),
         ("l40s:4", "g6e.12xlarge", "g6e"),
-        ("V100:1", "p3.2xlarge", "p3"),
-        ("V100:8", "p3.16xlarge", "p3"),
+        ("V100:8", "p3dn.24xlarge", "p3dn"),
         ("A100:8", "p4d.24xlarge", "p4d"),
         ("A100-80GB:8", "p4de.24xlarge", "p4de"),
         ("a100-80gb:8", "p4de.24xlarge", "p4de"),
@@ -115,6 +140,7 @@ def test_choices_aws_cannot_satisfy_are_dropped_with_a_note_each() -> None:
             "Inferentia2:2",
             "no AWS instance type has 2 Inferentia2; inf2.xlarge has 1, inf2.24xlarge has 6, inf2.48xlarge has 12",
         ),
+        ("V100:1", "no AWS instance type has 1 V100; p3dn.24xlarge has 8; for one GPU use A10G:1, L4:1 or L40S:1"),
         ("TPU-v4:8", "no AWS instance type has TPU-v4: AWS has T4, A10G"),
         ("RTX4090:1", "no AWS instance type has RTX4090"),
     ],

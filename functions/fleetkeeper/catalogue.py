@@ -3,14 +3,16 @@
 A spec's `cpus`, `memory` and `accelerators` are resolved against this table when the api accepts it
 (fleetkeeper.placement), so the answer is immediate and the same on every run.
 
-Where the figures come from: AWS's instance type specifications in the Amazon EC2 documentation
-("Specifications for Amazon EC2 general purpose / compute optimized / memory optimized / accelerated
-computing instances", docs.aws.amazon.com/ec2/latest/instancetypes/), checked against the AWS Neuron
-documentation for inf2 and trn1 (awsdocs-neuron.readthedocs-hosted.com, "Trn1/Trn1n Architecture",
-"Inf2 Architecture"). vCPUs and memory are AWS's figures (memory in GiB, as DescribeInstanceTypes's
-MemoryInfo.SizeInMiB / 1024); accelerators are whole devices per instance. Metal sizes are left out (a
-replica never needs one). A family AWS adds later is added here; an `instance_type` the table does not
-know is still launched as written (it wins over requirements and is never checked against this table).
+Where the figures come from: AWS's instance type specifications (Amazon EC2 documentation, "Amazon
+EC2 instance types" specification pages, docs.aws.amazon.com/ec2/latest/instancetypes/) and the AWS
+Neuron documentation for inf2/trn1 ("Trn1/Trn1n Architecture", "Inf2 Architecture",
+awsdocs-neuron.readthedocs-hosted.com). Every row is checked by tests/test_placement.py against
+DescribeInstanceTypes as moto ships it (moto/ec2/resources/instance_types.json.gz, a capture of
+AWS's own answer: VCpuInfo.DefaultVCpus, MemoryInfo.SizeInMiB / 1024, GpuInfo / NeuronInfo counts).
+That check took out what AWS does not list: there is no 32xlarge of m7i/c7i/r7i, and of the V100
+family only p3dn.24xlarge (8 V100) is listed, not p3.2xlarge/8xlarge/16xlarge. Metal sizes are left
+out (a replica never needs one). An `instance_type` the table does not know is still launched as
+written (it wins over requirements).
 """
 
 from __future__ import annotations
@@ -69,7 +71,7 @@ class InstanceType:
 # on-demand list price for the same size; burstable t3 after the fixed-performance families.
 FAMILY_RANK: tuple[str, ...] = (
     "c6i", "c7i", "m6i", "m7i", "r6i", "r7i", "t3",
-    "g4dn", "g6", "g5", "g6e", "p3", "p4d", "p4de", "p5", "inf2", "trn1",
+    "g4dn", "g6", "g5", "g6e", "p3dn", "p4d", "p4de", "p5", "inf2", "trn1",
 )  # fmt: skip
 
 _SIZES_XEON = (
@@ -83,7 +85,8 @@ _SIZES_XEON = (
     ("24xlarge", 96),
     ("32xlarge", 128),
 )
-_SIZES_7 = (*_SIZES_XEON, ("48xlarge", 192))
+# The 7th generation has no 32xlarge; it has a 48xlarge.
+_SIZES_7 = (*_SIZES_XEON[:-1], ("48xlarge", 192))
 
 
 def _xeon(family: str, gib_per_vcpu: int, sizes: tuple[tuple[str, int], ...]) -> list[InstanceType]:
@@ -153,8 +156,8 @@ CATALOGUE: tuple[InstanceType, ...] = (
             ("48xlarge", 192, 1536, 8),
         ),
     ),
-    # NVIDIA V100 (16 GB).
-    *_accelerated("p3", "V100", (("2xlarge", 8, 61, 1), ("8xlarge", 32, 244, 4), ("16xlarge", 64, 488, 8))),
+    # NVIDIA V100 (32 GB): eight to an instance.
+    InstanceType("p3dn.24xlarge", 96, 768.0, "V100", 8),
     # NVIDIA A100 40 GB / 80 GB and H100: eight to an instance, no smaller size.
     InstanceType("p4d.24xlarge", 96, 1152.0, "A100", 8),
     InstanceType("p4de.24xlarge", 96, 1152.0, "A100-80GB", 8),
