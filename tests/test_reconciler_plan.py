@@ -561,6 +561,34 @@ def test_a_leaving_replica_whose_instance_is_gone_is_deleted() -> None:
     assert actions == [mark_ready(1), DeleteReplica(leaving), status(ServiceStatus.READY, "2/2 ready")]
 
 
+def test_a_leaving_replica_never_recorded_as_launched_waits_for_a_late_instance() -> None:
+    """Found by the simulation (seed 1595159725, 400 steps): a run launched replica 0 and lost the
+    write that records it; replica 0 was then chosen for removal; DescribeInstances did not show its
+    instance yet, and deleting the item left that instance running past the surge bound. The item
+    stays for `lost_instance_grace` after its last write: a late instance is matched by its tag and
+    terminated first; after the grace, with none shown, the item goes."""
+    others = [replica(1), replica(2)]
+    seen = [instance(1), instance(2)]
+    probes = {1: OK, 2: OK}
+    fresh = replace(replica(0, S.SHUTTING_DOWN, instance_id=None, launched_at=None), updated_at=ago(60))
+    assert plan(state([fresh, *others]), seen, probes, NOW) == [
+        mark_ready(1),
+        status(ServiceStatus.READY, "2/2 ready"),
+    ]
+    late = instance(0)
+    assert plan(state([fresh, *others]), [late, *seen], probes, NOW) == [
+        mark_ready(1),
+        Terminate((("i-0", "replica 0: SHUTTING_DOWN"),)),
+        status(ServiceStatus.READY, "2/2 ready"),
+    ]
+    old = replace(fresh, updated_at=ago(Policy().lost_instance_grace.total_seconds() + 1))
+    assert plan(state([old, *others]), seen, probes, NOW) == [
+        mark_ready(1),
+        DeleteReplica(old),
+        status(ServiceStatus.READY, "2/2 ready"),
+    ]
+
+
 def test_failures_of_an_undecided_target_are_kept_for_the_breaker() -> None:
     failed = replica(0, S.FAILED_PROBING)
     current = state([failed, replica(1, S.STARTING, launched_at=ago(60))])

@@ -366,6 +366,22 @@ def match_instances(state: ServiceState, instances: Sequence[Instance]) -> dict[
     return matched
 
 
+def _may_be_unseen(record: ReplicaRecord, now: datetime, policy: Policy) -> bool:
+    """Whether a leaving replica with no recorded instance may still have one EC2 does not show yet.
+
+    A claim is launched in the run that makes it; a run that dies (or loses the write) after
+    RunInstances leaves the record without its instance id, and DescribeInstances lags RunInstances.
+    Deleting the item then would leave the instance running with no replica to terminate it through
+    (until the sweep of ids "no longer" claimed finds it), above the service's surge bound
+    meanwhile. So the item stays until `lost_instance_grace` after its last write: by then the
+    instance, if any, is visible, matched by its tag and terminated first.
+    """
+    if record.status not in LEAVING or record.instance_id is not None:
+        return False
+    since = _seconds_since(record.updated_at, now)
+    return since is not None and since < policy.lost_instance_grace.total_seconds()
+
+
 def probe_targets(state: ServiceState, instances: Sequence[Instance]) -> dict[int, Instance]:
     """Replicas worth probing: not leaving, with a running instance (the shell resolves addresses)."""
     return {
@@ -928,7 +944,7 @@ def _plan_replicas(
         over = before.status in LEAVING or (refused and not retrying(before))
         counted = before.status.failed and before.version == target_number
         counted = counted and versions.get(target_number) is VersionState.NEW
-        if over and replica_id not in live and not counted:
+        if over and replica_id not in live and not counted and not _may_be_unseen(before, now, policy):
             work.delete.append(before)
 
     new = [r for r in work.replicas.values() if holds_slot(r) and r.version == target_number]
