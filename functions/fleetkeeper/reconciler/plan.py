@@ -367,20 +367,18 @@ def match_instances(state: ServiceState, instances: Sequence[Instance]) -> dict[
 
 
 def _may_be_unseen(record: ReplicaRecord, now: datetime, policy: Policy) -> bool:
-    """Whether a leaving replica may still have an instance EC2 does not show yet.
+    """Whether a leaving replica with no recorded instance may still have one EC2 does not show yet.
 
     A claim is launched in the run that makes it; a run that dies (or loses the write) after
     RunInstances leaves the record without its instance id, and DescribeInstances lags RunInstances.
     Deleting the item then would leave the instance running with no replica to terminate it through
     (until the sweep of ids "no longer" claimed finds it), above the service's surge bound
     meanwhile. So the item stays until `lost_instance_grace` after its last write: by then the
-    instance, if any, is visible, matched by its tag and terminated first. A recorded instance
-    launched less than the grace ago may be hidden the same way.
+    instance, if any, is visible, matched by its tag and terminated first.
     """
-    if record.status not in LEAVING:
+    if record.status not in LEAVING or record.instance_id is not None:
         return False
-    # Recorded: its launch time; not recorded: the record's last write, which came after the launch.
-    since = _seconds_since(record.launched_at if record.instance_id is not None else record.updated_at, now)
+    since = _seconds_since(record.updated_at, now)
     return since is not None and since < policy.lost_instance_grace.total_seconds()
 
 
