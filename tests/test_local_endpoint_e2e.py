@@ -318,7 +318,9 @@ def test_load_through_the_endpoint_scales_to_max_and_back_to_min(plane: LocalPla
         # began, and the whole upscale delay of recommendations must agree.
         assert scaled - started >= UPSCALE_DELAY
         shown = autoscaling(plane)
-        assert shown["autoscaling"]["request_rate"] >= 15  # what made the recommendation (about 30)
+        # What made the recommendation: about 30, less in a first window the load only partly
+        # filled; above 2 x 5 in any case, or it would not have recommended 3.
+        assert shown["autoscaling"]["request_rate"] > 10
         eventually(lambda: ready_count(autoscaling(plane)) == 3, 60, 0.2, "3 READY replicas")
         all_ready = time.monotonic()
         status_text = ok(plane.cli("status", AUTO))
@@ -331,7 +333,9 @@ def test_load_through_the_endpoint_scales_to_max_and_back_to_min(plane: LocalPla
     # (a last partial window of load may first recommend 2: wait for the decision to go to 1)
     eventually(lambda: (autoscaling(plane)["autoscaling"]["pending"] or {}).get("replicas") == 1, 10, 0.1, "pending")
     status_text = ok(plane.cli("status", AUTO))
-    assert "autoscaling: 3 replica(s)" in status_text and "scaling down to 1" in status_text, status_text
+    # (The target itself may already be on its way: a last partial window's recommendation of 2 can
+    # act while the CLI starts, and then the status reads "2 replica(s) ...; scaling down to 1".)
+    assert "scaling down to 1" in status_text, status_text
     # ...and acted on no sooner than the downscale delay after the load stopped.
     back = wait_for_target(plane, 1, 30)
     assert back - stopped >= DOWNSCALE_DELAY
