@@ -127,6 +127,7 @@ def refusal(
         failure_code=code,
         cause=cause,
         launch_attempts=attempts,
+        refused_runs=attempts,
         next_attempt_at=to_iso(NOW + timedelta(seconds=retry_in)),
     )
 
@@ -314,6 +315,7 @@ def test_a_refusal_records_its_code_whose_fault_it_is_and_the_backoff(code: str,
         failure_code=code,
         cause=cause,
         launch_attempts=1,
+        refused_runs=1,
         next_attempt_at=to_iso(NOW + timedelta(seconds=30)),
         updated_at=STAMP,
     )
@@ -327,7 +329,34 @@ def test_each_refusal_doubles_the_backoff_and_the_latest_code_decides() -> None:
         failure_code="InvalidAMIID.NotFound",
         cause=C.VERSION,
         launch_attempts=3,
+        refused_runs=3,
         next_attempt_at=to_iso(NOW + timedelta(seconds=120)),
+        updated_at=STAMP,
+    )
+
+
+def test_a_run_that_walked_pools_counts_each_attempt_but_backs_off_once() -> None:
+    """Four pools refused in one run: four attempts (the next run starts at the fifth pool, with its
+    own token), and one refused run: the backoff after the first run is still 30 s."""
+    pending = replica(3, S.PENDING)
+    assert refused(pending, "InsufficientInstanceCapacity", "none", NOW, Policy(), tried=4) == replace(
+        pending,
+        status=S.FAILED_PROVISION,
+        status_message="InsufficientInstanceCapacity: none",
+        failure_code="InsufficientInstanceCapacity",
+        cause=C.ENVIRONMENT,
+        launch_attempts=4,
+        refused_runs=1,
+        next_attempt_at=to_iso(NOW + timedelta(seconds=30)),
+        updated_at=STAMP,
+    )
+    assert launched(pending, "i-1", NOW, instance_type="c6i.large", tried=2) == replace(
+        pending,
+        instance_id="i-1",
+        instance_type="c6i.large",
+        status=S.PROVISIONING,
+        launch_attempts=2,
+        launched_at=STAMP,
         updated_at=STAMP,
     )
 

@@ -110,6 +110,34 @@ class BalancerState(StrEnum):
     DRAINING = "DRAINING"
 
 
+class Market(StrEnum):
+    """How a replica's instance is bought: decided when the replica is claimed, never changed."""
+
+    ON_DEMAND = "on-demand"
+    SPOT = "spot"
+
+
+class InterruptionKind(StrEnum):
+    """The warnings EC2 sends about a running instance (EventBridge, source aws.ec2)."""
+
+    # "EC2 Instance Rebalance Recommendation": a spot instance at elevated risk of interruption. Its
+    # replacement is launched at once; it serves until the replacement is READY.
+    REBALANCE = "rebalance-recommendation"
+    # "EC2 Spot Instance Interruption Warning": AWS takes the instance back two minutes later. It is
+    # drained from the endpoint at once, and replaced at once.
+    SPOT_INTERRUPTION = "spot-interruption"
+
+
+@dataclass(frozen=True)
+class Interruption:
+    """A warning AWS sent about a replica's instance (recorded on the replica before it is acted on,
+    so a run that dies after recording it still acts on it)."""
+
+    kind: InterruptionKind
+    instance_id: str
+    at: str  # when AWS sent it (the event's time)
+
+
 UpdateMode = str  # "rolling" | "blue_green", validated by the spec and the api
 
 
@@ -232,22 +260,33 @@ class ReplicaRecord:
     ready_at: str | None = None
     last_probe_ok_at: str | None = None
     probe_failures: int = 0
-    # Launch bookkeeping: how many RunInstances attempts AWS refused, and when to try again.
+    # Launch bookkeeping: how many RunInstances attempts AWS refused (each attempt is its own capacity
+    # pool: instance type x subnet, and its own ClientToken), in how many runs every pool tried was
+    # refused (the backoff's exponent), and when to try again.
     launch_attempts: int = 0
+    refused_runs: int = 0
     next_attempt_at: str | None = None
     # When the reconciler recorded the replica's instance (initial_delay_seconds counts from here).
     launched_at: str | None = None
     # The replica's place in the service's endpoint (None: not in it) and when its drain began.
     balancer: BalancerState | None = None
     drain_started_at: str | None = None
+    # Bought on demand or as spot (decided at the claim), and the instance type it was launched as.
+    market: Market = Market.ON_DEMAND
+    instance_type: str | None = None
+    # The last warning AWS sent about its instance (a rebalance recommendation, a spot interruption).
+    interruption: Interruption | None = None
     # Optimistic-concurrency revision: every reconciler write is conditioned on the revision it read,
     # so of two runs acting on one replica only the first write lands (store.put_replica).
     rev: int = 0
 
     @classmethod
-    def pending(cls, service: ServiceRecord, replica_id: int, version: int, now: str) -> ReplicaRecord:
+    def pending(
+        cls, service: ServiceRecord, replica_id: int, version: int, now: str, market: Market = Market.ON_DEMAND
+    ) -> ReplicaRecord:
         """A just-claimed replica: its item exists, its instance does not yet."""
         return cls(
+            market=market,
             name=service.name,
             uid=service.uid,
             replica_id=replica_id,

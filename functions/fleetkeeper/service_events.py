@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import TYPE_CHECKING
 
-from fleetkeeper.model import ReplicaStatus, ServiceStatus
+from fleetkeeper.model import InterruptionKind, ReplicaStatus, ServiceStatus
 
 if TYPE_CHECKING:
     from fleetkeeper.model import BalancerState, ReplicaRecord
@@ -145,6 +145,12 @@ _FAILED_REASONS = {
 }
 
 
+_WARNINGS = {
+    InterruptionKind.SPOT_INTERRUPTION: "a spot interruption warning (AWS takes it back in two minutes)",
+    InterruptionKind.REBALANCE: "a rebalance recommendation (elevated risk of interruption)",
+}
+
+
 def replica_changed(before: ReplicaRecord, after: ReplicaRecord) -> list[Event]:
     """The events of one replica write: its status transition, its instance, its endpoint state.
 
@@ -158,7 +164,12 @@ def replica_changed(before: ReplicaRecord, after: ReplicaRecord) -> list[Event]:
         events.append(Event(reason, message, kind, replica_id=rid, version=version, code=code))
 
     if after.instance_id and after.instance_id != before.instance_id and after.status is ReplicaStatus.PROVISIONING:
-        add("Launched", f"replica {rid} launched: instance {after.instance_id}")
+        kind = f" ({after.market.value} {after.instance_type})" if after.instance_type else f" ({after.market.value})"
+        add("Launched", f"replica {rid} launched: instance {after.instance_id}{kind}")
+    warning = after.interruption
+    if warning is not None and warning != before.interruption:
+        said = _WARNINGS[warning.kind]
+        add("Interrupted", f"replica {rid}: AWS sent {said} for instance {warning.instance_id}", EventType.WARNING)
     refused_again = after.status is ReplicaStatus.FAILED_PROVISION and after.launch_attempts > before.launch_attempts
     reworded = after.status.failed and after.status_message != before.status_message
     changed = after.status is not before.status or reworded

@@ -10,6 +10,7 @@ from __future__ import annotations
 import difflib
 import json
 import re
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated, Any, Literal, get_args
 
 from pydantic import (
@@ -220,6 +221,11 @@ class ReplicaPolicy(_Strict):
     upscale_delay_seconds: Annotated[int, Field(ge=0)] = 300
     downscale_delay_seconds: Annotated[int, Field(ge=0)] = 1200
     downscale_to_zero_delay_seconds: Annotated[int, Field(ge=0)] | None = None
+    # Spot with on-demand fallback (SkyPilot's names; they need `resources.use_spot: true`): this many
+    # replicas always on demand, and with `dynamic_ondemand_fallback` one more on-demand replica for
+    # each wanted spot replica that is not READY (retired once spot replicas are READY again).
+    base_ondemand_fallback_replicas: Annotated[int, Field(ge=0, le=1000)] | None = None
+    dynamic_ondemand_fallback: bool | None = None
 
     @model_validator(mode="after")
     def _skypilot_rules(self, info: ValidationInfo) -> ReplicaPolicy:
@@ -585,6 +591,19 @@ class ServiceSpec(_Strict):
         return value
 
     @model_validator(mode="after")
+    def _fallback_needs_spot(self, info: ValidationInfo) -> ServiceSpec:
+        policy = self.service.replica_policy
+        if policy is None or self.resources.use_spot or _stored(info):
+            return self
+        for name in ("base_ondemand_fallback_replicas", "dynamic_ondemand_fallback"):
+            if getattr(policy, name) is not None:
+                raise ValueError(
+                    f"service.replica_policy.{name} is an on-demand fallback for spot replicas: "
+                    "set resources.use_spot: true, or remove it"
+                )
+        return self
+
+    @model_validator(mode="after")
     def _envs_and_secrets_apart(self) -> ServiceSpec:
         both = sorted(set(self.envs) & set(self.secrets))
         if both:
@@ -638,8 +657,31 @@ class ServiceSpec(_Strict):
             return self.service.replica_policy.min_replicas
         return 1
 
+    @property
+    def markets(self) -> MarketPolicy:
+        """How this version's replicas are bought (spot, and its on-demand fallback)."""
+        policy = self.service.replica_policy
+        if not self.resources.use_spot:
+            return MarketPolicy(spot=False)
+        if policy is None:
+            return MarketPolicy(spot=True)
+        return MarketPolicy(
+            spot=True,
+            base_ondemand=policy.base_ondemand_fallback_replicas or 0,
+            dynamic_fallback=bool(policy.dynamic_ondemand_fallback),
+        )
+
     def to_json_dict(self) -> dict[str, Any]:
         return self.model_dump(mode="json", exclude_none=True)
+
+
+@dataclass(frozen=True)
+class MarketPolicy:
+    """`resources.use_spot` and SkyPilot's fallback knobs, as the planner reads them."""
+
+    spot: bool
+    base_ondemand: int = 0
+    dynamic_fallback: bool = False
 
 
 _LOCATIONS = {"body": "", "query": "query parameter ", "path": "path parameter ", "header": "header "}

@@ -35,7 +35,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, ClassVar
 
-from fleetkeeper.model import to_iso, utcnow
+from fleetkeeper.model import Market, to_iso, utcnow
 from fleetkeeper.reconciler.driver import (
     MANAGED_TAG,
     REPLICA_TAG,
@@ -67,9 +67,13 @@ _WRAPPER = 'if [ -n "$1" ]; then bash -c "$1" || exit $?; fi; exec bash -c "$2"'
 _PRIVATE_PREFIXES = ("AWS_", "FLEETKEEPER_", "POWERTOOLS_", "TABLE_NAME")
 
 # State reason codes: the driver's own for a replica process that exited by itself, and EC2's for
-# an instance terminated through the API (here: by fleetkeeper).
+# an instance terminated through the API (here: by fleetkeeper) and for a spot instance AWS took back
+# (here: a simulated interruption, `reclaim`).
 PROCESS_EXITED = "Fleetkeeper.ProcessExited"
 USER_INITIATED_SHUTDOWN = "Client.UserInitiatedShutdown"
+SPOT_INSTANCE_TERMINATION = "Server.SpotInstanceTermination"
+# What a local replica's instance type is called when its spec names none.
+LOCAL_INSTANCE_TYPE = "local"
 # Launch refusals of a version whose workdir or secrets cannot be had (they count against it).
 WORKDIR_UNAVAILABLE = "Fleetkeeper.WorkdirUnavailable"
 SECRETS_UNAVAILABLE = "Fleetkeeper.SecretsUnavailable"
@@ -93,6 +97,7 @@ class _Replica:
     log_path: Path
     log: IO[bytes]
     terminating: bool = False
+    reclaimed: bool = False
     ended_at: float | None = None
 
     def refresh(self) -> Instance:
@@ -108,7 +113,9 @@ class _Replica:
             _signal_group(self.process, signal.SIGKILL)
             self.ended_at = time.monotonic()
             self.log.close()
-            if self.terminating:
+            if self.reclaimed:
+                reason_code, reason = SPOT_INSTANCE_TERMINATION, "Spot instance termination (simulated)"
+            elif self.terminating:
                 reason_code, reason = USER_INITIATED_SHUTDOWN, "terminated by fleetkeeper"
             else:
                 reason_code, reason = PROCESS_EXITED, f"the replica process exited with code {_describe_exit(code)}"
@@ -199,6 +206,38 @@ class ProcessDriver:
                 ):
                     return instance
             return None
+
+    def instance(self, instance_id: str) -> Instance | None:
+        with self._lock:
+            replica = self._replicas.get(instance_id)
+            return None if replica is None else replica.refresh()
+
+    def pool_count(self, request: LaunchRequest) -> int:
+        return 1  # one laptop: every attempt goes to the same place
+
+    def reclaim(self, instance_id: str, after_seconds: float) -> bool:
+        """Simulate AWS taking a spot replica back `after_seconds` from now (two minutes on AWS, after
+        its interruption warning): its process group is killed and it ends with EC2's reclaim reason.
+        False when there is no such live replica."""
+        with self._lock:
+            replica = self._replicas.get(instance_id)
+            if replica is None or replica.process.poll() is not None:
+                return False
+
+        def take_back() -> None:
+            with self._lock:
+                if replica.process.poll() is None:
+                    replica.reclaimed = True
+                    _signal_group(replica.process, signal.SIGKILL)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                replica.process.wait(timeout=5)
+            with self._lock:
+                replica.refresh()
+
+        timer = threading.Timer(max(after_seconds, 0.0), take_back)
+        timer.daemon = True
+        timer.start()
+        return True
 
     def launch(self, request: LaunchRequest) -> Instance:
         with self._lock:
@@ -326,6 +365,8 @@ class ProcessDriver:
             private_ip=LOOPBACK,
             launched_at=started,
             client_token=request.client_token,
+            spot=request.market is Market.SPOT,
+            instance_type=next(iter(spec.resources.placement.instance_types), LOCAL_INSTANCE_TYPE),
             tags={
                 MANAGED_TAG: "true",
                 SERVICE_TAG: request.service,

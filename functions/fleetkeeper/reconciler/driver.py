@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import TYPE_CHECKING, Protocol
 
+from fleetkeeper.model import Market
+
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
@@ -57,6 +59,7 @@ class Instance:
     # without one). Only a token fleetkeeper derives for the tagged replica makes the instance
     # fleetkeeper's: anyone allowed ec2:CreateTags can copy the tags (plan.launched_by_fleetkeeper).
     client_token: str | None = None
+    instance_type: str | None = None
 
 
 @dataclass(frozen=True)
@@ -66,9 +69,11 @@ class LaunchRequest:
     version: int
     replica_id: int
     spec: ServiceSpec
-    # Launches of this replica AWS refused so far. A retry after a refusal is a different launch
-    # (another subnet, maybe), so it gets its own token; a retry after a crash keeps the token.
+    # Launches of this replica AWS refused so far. A retry after a refusal is a different launch (the
+    # next capacity pool: another subnet or instance type), so it gets its own token; a retry after a
+    # crash keeps the token, and the pool with it.
     attempt: int = 0
+    market: Market = Market.ON_DEMAND
     # Where the version's secret values are (fleetkeeper.secret_store): the replica reads them at boot.
     secrets_ref: str | None = None
 
@@ -100,6 +105,15 @@ class ReplicaDriver(Protocol):
 
     def find_instance(self, uid: str, replica_id: int) -> Instance | None:
         """The live instance launched for this replica, if any (looked up by tag before a launch)."""
+        ...
+
+    def instance(self, instance_id: str) -> Instance | None:
+        """One managed instance by id (an interruption warning names only that), None if not managed."""
+        ...
+
+    def pool_count(self, request: LaunchRequest) -> int:
+        """How many capacity pools (instance type x subnet) attempts of this launch walk in turn:
+        attempt n goes to pool n modulo this."""
         ...
 
     def launch(self, request: LaunchRequest) -> Instance:

@@ -10,7 +10,9 @@ take the account's Lambda concurrency:
   invocation and the period leave; fleetkeeper.reconciler.budget);
 - the kick queue: {"service": name}, sent by the api after each write: that one service at once,
   with no budget beyond the function's timeout. A kick older than a period is dropped: the
-  scheduled run has been over that service since.
+  scheduled run has been over that service since. The stack's InterruptionRule puts EC2's spot
+  interruption warnings and rebalance recommendations on the same queue: the warned replica is
+  recorded and its service reconciled at once (fleetkeeper.reconciler.interruptions).
 A direct invoke with {"service": name} is a kick too (an operator's `aws lambda invoke`).
 """
 
@@ -26,6 +28,7 @@ from aws_lambda_powertools import Logger, Metrics
 from aws_lambda_powertools.logging.utils import copy_config_to_registered_loggers
 from aws_lambda_powertools.metrics import MetricUnit
 
+from fleetkeeper.reconciler import interruptions
 from fleetkeeper.settings import Settings, SettingsError
 
 if TYPE_CHECKING:
@@ -105,6 +108,13 @@ def sqs_records(event: Any) -> list[dict[str, Any]] | None:
     return records
 
 
+def _json_object(body: str) -> Any:
+    try:
+        return json.loads(body)
+    except ValueError:
+        return None
+
+
 def kick_in(body: str) -> str | None:
     """The service a kick message names; None for a shard (or anything else)."""
     try:
@@ -140,6 +150,8 @@ def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, A
     # Configuration is read once per invocation, never at import.
     settings = Settings.from_env(os.environ)
     reconciler = build_reconciler(settings)
+    if interruptions.is_warning(event):
+        return _interrupt(reconciler, event)
     name = service_of(event)
     if name is not None:
         summary = reconciler.run_one(name).as_dict()
@@ -154,10 +166,25 @@ def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, A
     return {"runs": summaries}
 
 
+def _interrupt(reconciler: Reconciler, event: Any) -> dict[str, Any]:
+    """One of EC2's warnings (the InterruptionRule's, through the kick queue, or a direct invoke)."""
+    interruption = interruptions.interruption_of(event)
+    if interruption is None:
+        logger.error("dropped an EC2 warning that names no instance or time", extra={"event": event})
+        return {"dropped": "an EC2 warning without detail.instance-id or time"}
+    summary = {"interruption": interruption.instance_id, **reconciler.interrupt(interruption).as_dict()}
+    _log_run(summary, kick=interruption.instance_id)
+    return summary
+
+
 def _run_record(
     reconciler: Reconciler, settings: Settings, record: dict[str, Any], context: LambdaContext
 ) -> dict[str, Any]:
     body = str(record.get("body", ""))
+    warning = _json_object(body)
+    if interruptions.is_warning(warning):
+        # Never dropped for its age: a late warning is still acted on (the plan sees what is left).
+        return _interrupt(reconciler, warning)
     name = kick_in(body)
     if name is None:
         return _run_shard(reconciler, settings, body, context)

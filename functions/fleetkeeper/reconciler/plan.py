@@ -42,7 +42,10 @@ from fleetkeeper.model import (
     BalancerState,
     EndpointConfig,
     FailureCause,
+    Interruption,
+    InterruptionKind,
     Lifecycle,
+    Market,
     ReplicaRecord,
     ReplicaStatus,
     ServiceState,
@@ -57,7 +60,7 @@ from fleetkeeper.reconciler.driver import Instance, InstanceState, client_token
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence, Set
 
-    from fleetkeeper.spec import ServiceSpec
+    from fleetkeeper.spec import MarketPolicy, ServiceSpec
 
 # --- inputs -----------------------------------------------------------------------------------------
 
@@ -87,6 +90,10 @@ class Policy:
     lost_instance_grace: timedelta = timedelta(minutes=5)
     # Claims per service per run, so one big service cannot use up a run's time budget.
     max_launches_per_run: int = 50
+    # Capacity pools (instance type x subnet) one launch may try in a run before it backs off: enough
+    # to go round three zones and on to the next instance type, few enough that a run in which EC2
+    # has no capacity anywhere spends a bounded number of RunInstances calls on each replica.
+    pools_per_run: int = 4
 
     def backoff(self, attempts: int) -> timedelta:
         """Wait before launch attempt `attempts + 1`, after `attempts` refusals (30 s, 60 s, ... 30 min)."""
@@ -124,10 +131,15 @@ class Terminate:
 
 @dataclass(frozen=True)
 class Claim:
-    """Claim new replica ids for `version`: bump the service's replica_seq and put PENDING items."""
+    """Claim new replica ids for `version`: bump the service's replica_seq and put PENDING items.
+    The ids in `spot` are bought as spot instances, the others on demand."""
 
     version: int
     replica_ids: tuple[int, ...]
+    spot: tuple[int, ...] = ()
+
+    def market(self, replica_id: int) -> Market:
+        return Market.SPOT if replica_id in self.spot else Market.ON_DEMAND
 
 
 @dataclass(frozen=True)
@@ -276,6 +288,7 @@ ENVIRONMENT_REFUSALS = frozenset(
         "VcpuLimitExceeded",
         "MaxSpotInstanceCountExceeded",
         "SpotMaxPriceTooLow",
+        "UnfulfillableCapacity",
         "RequestLimitExceeded",
         "ThrottlingException",
         "Throttling",
@@ -501,6 +514,7 @@ def _observe(
         record = replace(
             record,
             instance_id=instance.instance_id,
+            instance_type=instance.instance_type or record.instance_type,
             launched_at=record.launched_at or to_iso(now),
             status=ReplicaStatus.PROVISIONING,
             status_message="",
@@ -708,39 +722,61 @@ def plan(
     return actions
 
 
-def refused(record: ReplicaRecord, refusal_code: str, message: str, now: datetime, policy: Policy) -> ReplicaRecord:
-    """The record of a replica whose launch AWS refused (the shell writes it on LaunchRefused).
+def refused(
+    record: ReplicaRecord, refusal_code: str, message: str, now: datetime, policy: Policy, *, tried: int = 1
+) -> ReplicaRecord:
+    """The record of a replica whose launch AWS refused in every pool this run tried (`tried` attempts,
+    each its own pool and ClientToken; the shell writes it on LaunchRefused).
 
-    FAILED_PROVISION with the refusal's code and whose fault it is, retried in place once a backoff
-    that doubles with each refusal has passed (`plan` launches it again then).
+    FAILED_PROVISION with the last refusal's code and whose fault it is, retried in place (from the next
+    pool) once a backoff that doubles with each refused run has passed (`plan` launches it again then).
     """
-    attempts = record.launch_attempts + 1
+    runs = record.refused_runs + 1
     return replace(
         record,
         status=ReplicaStatus.FAILED_PROVISION,
         status_message=f"{refusal_code}: {message}",
         failure_code=refusal_code,
         cause=refusal_cause(refusal_code),
-        launch_attempts=attempts,
-        next_attempt_at=to_iso(now + policy.backoff(attempts)),
+        launch_attempts=record.launch_attempts + tried,
+        refused_runs=runs,
+        next_attempt_at=to_iso(now + policy.backoff(runs)),
         updated_at=to_iso(now),
     )
 
 
-def launched(record: ReplicaRecord, instance_id: str, now: datetime) -> ReplicaRecord:
-    """The record of a replica whose instance was just launched, or found by tag: PROVISIONING."""
+def launched(
+    record: ReplicaRecord, instance_id: str, now: datetime, *, instance_type: str | None = None, tried: int = 0
+) -> ReplicaRecord:
+    """The record of a replica whose instance was just launched (as `instance_type`, after `tried`
+    refused attempts in this run), or found by tag: PROVISIONING."""
     stamp = to_iso(now)
     return replace(
         record,
         instance_id=instance_id,
+        instance_type=instance_type or record.instance_type,
         status=ReplicaStatus.PROVISIONING,
         status_message="",
         failure_code=None,
         cause=None,
+        launch_attempts=record.launch_attempts + tried,
         launched_at=stamp,
         next_attempt_at=None,
         updated_at=stamp,
     )
+
+
+def warned(record: ReplicaRecord, interruption: Interruption) -> ReplicaRecord | None:
+    """The record of a replica whose instance AWS warned about, or None: nothing to record (another
+    instance's warning, a replica already leaving, or the same or a weaker warning recorded already)."""
+    if record.status in LEAVING or record.instance_id not in (None, interruption.instance_id):
+        return None
+    known = record.interruption
+    # A rebalance recommendation after the interruption warning adds nothing.
+    stronger = known is not None and known.kind in (interruption.kind, InterruptionKind.SPOT_INTERRUPTION)
+    if known is not None and known.instance_id == interruption.instance_id and stronger:
+        return None
+    return replace(record, interruption=interruption)
 
 
 def _terminate_strays(state: ServiceState, mine: Sequence[Instance], live: Mapping[int, Instance], work: _Work) -> None:
@@ -933,6 +969,8 @@ def _plan_replicas(
         return record.version == target_number and not target_failed
 
     def holds_slot(record: ReplicaRecord) -> bool:
+        if record.interruption is not None:
+            return False  # warned by AWS: replaced at once (_plan_warned)
         if record.status is ReplicaStatus.FAILED_PROVISION:
             return retrying(record)
         return record.status not in LEAVING
@@ -947,18 +985,31 @@ def _plan_replicas(
         if over and replica_id not in live and not counted and not _may_be_unseen(before, now, policy):
             work.delete.append(before)
 
+    _plan_warned(work, live, target_number, wanted)
     new = [r for r in work.replicas.values() if holds_slot(r) and r.version == target_number]
     old = [r for r in work.replicas.values() if holds_slot(r) and r.version != target_number]
 
-    if len(new) > wanted:
-        why = f"version {target_number} FAILED" if target_failed else f"scaling down to {wanted}"
-        excess = sorted(new, key=_removal_order)[: len(new) - wanted]
+    markets = target.spec.markets if target is not None else None
+    spot_ready = sum(1 for r in new if r.market is Market.SPOT and r.status is ReplicaStatus.READY)
+    wanted_by = wanted_by_market(markets, wanted, spot_ready)
+    for market in (Market.SPOT, Market.ON_DEMAND):
+        bought = [r for r in new if r.market is market]
+        if len(bought) <= wanted_by[market]:
+            continue
+        if target_failed:
+            why = f"version {target_number} FAILED"
+        elif market is Market.ON_DEMAND and markets is not None and markets.dynamic_fallback and spot_ready:
+            why = f"on-demand fallback retired: {spot_ready} spot replica(s) READY"
+        else:
+            why = f"scaling down to {wanted}"
+        excess = sorted(bought, key=_removal_order)[: len(bought) - wanted_by[market]]
         for record in excess:
             work.drain(record.replica_id, why, live)
         new = [r for r in new if r not in excess]
 
     ready_new = sum(1 for r in new if r.status is ReplicaStatus.READY)
-    room = wanted - len(new)
+    total = sum(wanted_by.values())
+    room = total - len(new)
     if old and target is not None:
         update = target.spec.update
         replaced = f"replaced by version {target_number} ({target.mode})"
@@ -974,11 +1025,12 @@ def _plan_replicas(
         elif target.mode == "blue_green":
             going = old_ready if ready_new >= wanted else []
         else:
-            # Rolling: keep at least `wanted - max_unavailable` ready; oldest versions go first.
+            # Rolling: keep at least `wanted - max_unavailable` ready; oldest versions go first. The
+            # surge is over every replica the target wants, on-demand fallback ones included.
             removable = max(ready_new + len(old_ready) - max(wanted - update.max_unavailable, 0), 0)
             going = sorted(old_ready, key=lambda r: (r.version, r.replica_id))[:removable]
             staying = len(old_ready) - len(going)
-            room = min(room, max(wanted + update.max_surge - len(new) - staying, 0))
+            room = min(room, max(total + update.max_surge - len(new) - staying, 0))
         for record in going:
             work.drain(record.replica_id, replaced, live)
 
@@ -992,12 +1044,62 @@ def _plan_replicas(
         actions.append(Launch(record.replica_id, fresh=False))
     room = min(room, policy.max_launches_per_run - len(actions))
     if room > 0 and target is not None:
+        # Spot first (what the service is meant to run on), then on-demand (its fallback).
+        spot_room = min(room, max(wanted_by[Market.SPOT] - sum(1 for r in new if r.market is Market.SPOT), 0))
         ids = tuple(range(service.replica_seq, service.replica_seq + room))
-        actions.append(Claim(target_number, ids))
+        spot_ids = ids[:spot_room]
+        actions.append(Claim(target_number, ids, spot_ids))
         actions.extend(Launch(replica_id, fresh=True) for replica_id in ids)
         stamp = to_iso(now)
-        work.claimed.extend(ReplicaRecord.pending(service, replica_id, target_number, stamp) for replica_id in ids)
+        for replica_id in ids:
+            market = Market.SPOT if replica_id in spot_ids else Market.ON_DEMAND
+            work.claimed.append(ReplicaRecord.pending(service, replica_id, target_number, stamp, market))
     return actions
+
+
+def wanted_by_market(markets: MarketPolicy | None, wanted: int, spot_ready: int) -> dict[Market, int]:
+    """How many of the target's `wanted` replicas are bought each way, SkyPilot's way: without spot,
+    all on demand; with it, `base_ondemand_fallback_replicas` on demand and the rest spot, plus (with
+    `dynamic_ondemand_fallback`) one on-demand replica for each wanted spot replica not READY."""
+    if markets is None or not markets.spot:
+        return {Market.SPOT: 0, Market.ON_DEMAND: wanted}
+    base = min(markets.base_ondemand, wanted)
+    spot = wanted - base
+    extra = max(spot - spot_ready, 0) if markets.dynamic_fallback else 0
+    return {Market.SPOT: spot, Market.ON_DEMAND: base + extra}
+
+
+def _plan_warned(work: _Work, live: Mapping[int, Instance], target_number: int, wanted: int) -> None:
+    """Replicas AWS warned about (they hold no slot: their replacements are claimed in this plan).
+
+    A spot interruption warning drains the replica at once: AWS takes the instance two minutes later,
+    and requests in flight must finish before then. A rebalance recommendation (the instance is at
+    elevated risk) keeps a READY replica serving until enough unwarned replicas of the target are
+    READY to replace it; one that is not READY goes at once.
+    """
+    warned = [r for r in work.replicas.values() if r.interruption is not None and r.status not in LEAVING]
+    if not warned:
+        return
+    ready_unwarned = sum(
+        1
+        for r in work.replicas.values()
+        if r.version == target_number
+        and r.interruption is None
+        and r.status is ReplicaStatus.READY
+        and r.status not in LEAVING
+    )
+    for record in sorted(warned, key=lambda r: r.replica_id):
+        notice = record.interruption
+        assert notice is not None
+        if notice.kind is InterruptionKind.SPOT_INTERRUPTION:
+            why = f"spot interruption warning at {notice.at}: AWS takes instance {notice.instance_id} back"
+        elif record.status is not ReplicaStatus.READY:
+            why = f"rebalance recommendation at {notice.at} for instance {notice.instance_id}"
+        elif ready_unwarned >= wanted:
+            why = f"replaced after a rebalance recommendation at {notice.at} for instance {notice.instance_id}"
+        else:
+            continue  # serving until its replacement is READY
+        work.drain(record.replica_id, why, live)
 
 
 def _describe(record: ReplicaRecord) -> str:

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from fleetkeeper import autoscale
-from fleetkeeper.model import ReplicaRecord, ReplicaStatus, ServiceState, VersionState, to_iso, utcnow
+from fleetkeeper.model import FailureCause, ReplicaRecord, ReplicaStatus, ServiceState, VersionState, to_iso, utcnow
 from fleetkeeper.reconciler.balancer import Target
 from fleetkeeper.reconciler.driver import Instance, LaunchRefused, LaunchRequest
 from fleetkeeper.reconciler.plan import (
@@ -56,10 +56,12 @@ from fleetkeeper.reconciler.plan import (
     plan,
     plan_orphans,
     probe_targets,
+    refusal_cause,
     refused,
     registered,
     service_status,
     status_changed,
+    warned,
 )
 from fleetkeeper.reconciler.probe import ProbeTarget, probe_all, rotated
 from fleetkeeper.service_events import breaker_tripped, claimed, replica_changed, scaled, terminated, version_ready
@@ -70,7 +72,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Hashable, Iterable, Sequence
     from datetime import datetime
 
-    from fleetkeeper.model import AutoscalerState, EndpointRecord, VersionRecord
+    from fleetkeeper.model import AutoscalerState, EndpointRecord, Interruption, VersionRecord
     from fleetkeeper.reconciler.balancer import DrainState, LoadBalancer
     from fleetkeeper.reconciler.budget import Budget
     from fleetkeeper.reconciler.driver import ReplicaDriver
@@ -79,6 +81,9 @@ if TYPE_CHECKING:
     from fleetkeeper.store.reconciler import Listed, ReconcilerStore
 
 logger = logging.getLogger(__name__)
+# Reads and writes of a warned replica before giving up on recording its warning (each retry follows a
+# concurrent write of the same replica, which a reconcile run makes at most a few times).
+_WARNING_WRITE_TRIES = 5
 
 
 @dataclass
@@ -191,6 +196,42 @@ class Reconciler:
             return report
         instances = self._owned(self.driver.list_instances(uids=[state.service.uid]), report)
         return self._reconcile_all([state], instances, now, report)
+
+    def interrupt(self, interruption: Interruption) -> RunReport:
+        """EC2 warned about an instance (fleetkeeper.reconciler.interruptions): record the warning on
+        the replica whose instance it is, then reconcile that service at once (the plan drains and
+        replaces it, fleetkeeper.reconciler.plan._plan_warned).
+
+        The warning names an instance only: the instance's tags and ClientToken say whose it is (an
+        instance fleetkeeper did not launch is ignored, as every unmanaged one in the account is).
+        The write is conditioned on the replica's revision: a run that changed the replica meanwhile
+        makes this read it again, so the warning is never lost to a concurrent write.
+        """
+        instance = self.driver.instance(interruption.instance_id)
+        if instance is None or not launched_by_fleetkeeper(instance):
+            logger.info("%s for %s: not a managed instance, ignored", interruption.kind, interruption.instance_id)
+            return RunReport()
+        stamp = to_iso(self.now())
+        for _ in range(_WARNING_WRITE_TRIES):
+            report = RunReport()
+            state = self._load(instance.service, report)
+            record = state.replicas.get(instance.replica_id) if state and state.service.uid == instance.uid else None
+            after = warned(record, interruption) if record is not None else None
+            if record is None or after is None:
+                break
+            try:
+                self.store.put_replica(record, after, replica_changed(record, after), stamp)
+            except Superseded:
+                continue  # the replica changed since it was read: read it again
+            logger.warning(
+                "service %s: replica %d warned: %s for %s",
+                record.name,
+                record.replica_id,
+                interruption.kind,
+                interruption.instance_id,
+            )
+            break
+        return self.run_one(instance.service)
 
     def _sweep(
         self,
@@ -547,7 +588,7 @@ class _Apply:
                 )
             case Claim(version=version, replica_ids=ids):
                 claims = self.store.claim_replicas(
-                    service, version, ids, stamp, lambda chunk: [claimed(version, list(chunk))]
+                    service, version, ids, stamp, lambda chunk: [claimed(version, list(chunk))], action.market
                 )
                 for record in claims:
                     self.records[record.replica_id] = record
@@ -653,19 +694,37 @@ class _Apply:
             spec=version.spec,
             attempt=record.launch_attempts,
             secrets_ref=version.secrets_ref,
+            market=record.market,
         )
-        try:
-            instance = self.driver.launch(request)
-        except LaunchRefused as refusal:
-            self.refused = True
-            logger.warning("service %s: replica %d refused: %s", record.name, record.replica_id, refusal)
-            after = refused(record, refusal.code, refusal.message, self.now, self.reconciler.policy)
-            self.records[record.replica_id] = self._put(record, after)
+        # Walk the capacity pools (instance type x subnet) from where the last run stopped, each
+        # attempt with its own ClientToken, until one launches or a refusal is about the version.
+        # A run that dies midway loses nothing: the next one looks the replica up by tag first, and
+        # retries the attempt it recorded, whose token and pool are the same.
+        pools = min(self.driver.pool_count(request), self.reconciler.policy.pools_per_run)
+        tried = 0
+        while True:
+            try:
+                instance = self.driver.launch(replace(request, attempt=record.launch_attempts + tried))
+            except LaunchRefused as refusal:
+                tried += 1
+                logger.warning(
+                    "service %s: replica %d refused (attempt %d): %s",
+                    record.name,
+                    record.replica_id,
+                    record.launch_attempts + tried,
+                    refusal,
+                )
+                if tried < pools and refusal_cause(refusal.code) is FailureCause.ENVIRONMENT:
+                    continue
+                self.refused = True
+                after = refused(record, refusal.code, refusal.message, self.now, self.reconciler.policy, tried=tried)
+                self.records[record.replica_id] = self._put(record, after)
+                return
+            self._record_launched(record, instance, tried=tried)
             return
-        self._record_launched(record, instance)
 
-    def _record_launched(self, record: ReplicaRecord, instance: Instance) -> None:
-        after = launched(record, instance.instance_id, self.now)
+    def _record_launched(self, record: ReplicaRecord, instance: Instance, *, tried: int = 0) -> None:
+        after = launched(record, instance.instance_id, self.now, instance_type=instance.instance_type, tried=tried)
         self.records[record.replica_id] = self._put(record, after)
 
 

@@ -18,7 +18,10 @@ from fleetkeeper.model import (
     EndpointConfig,
     EndpointRecord,
     FailureCause,
+    Interruption,
+    InterruptionKind,
     Lifecycle,
+    Market,
     Recommendation,
     ReplicaRecord,
     ReplicaStatus,
@@ -261,10 +264,14 @@ def replica_item(record: ReplicaRecord) -> Item:
         "last_probe_ok_at": record.last_probe_ok_at,
         "probe_failures": record.probe_failures,
         "launch_attempts": record.launch_attempts,
+        "refused_runs": record.refused_runs,
         "next_attempt_at": record.next_attempt_at,
         "launched_at": record.launched_at,
         "balancer": record.balancer.value if record.balancer is not None else None,
         "drain_started_at": record.drain_started_at,
+        "market": record.market.value,
+        "instance_type": record.instance_type,
+        "interruption": _interruption_map(record.interruption),
         "rev": record.rev,
         "created_at": record.created_at,
         "updated_at": record.updated_at,
@@ -279,6 +286,7 @@ def replica_from_item(item: Mapping[str, Any]) -> ReplicaRecord:
     status = ReplicaStatus(item["status"])
     cause = item.get("cause")
     balancer = item.get("balancer")
+    attempts = int(item.get("launch_attempts", 0))
     return ReplicaRecord(
         name=str(item["name"]),
         uid=str(item["uid"]),
@@ -294,14 +302,34 @@ def replica_from_item(item: Mapping[str, Any]) -> ReplicaRecord:
         ready_at=opt("ready_at"),
         last_probe_ok_at=opt("last_probe_ok_at"),
         probe_failures=int(item.get("probe_failures", 0)),
-        launch_attempts=int(item.get("launch_attempts", 0)),
+        launch_attempts=attempts,
+        # Items written before pools were walked made one attempt per refused run.
+        refused_runs=int(item.get("refused_runs", attempts)),
         next_attempt_at=opt("next_attempt_at"),
         launched_at=opt("launched_at"),
         balancer=BalancerState(balancer) if balancer is not None else None,
         drain_started_at=opt("drain_started_at"),
+        # Items written before markets were recorded: on-demand (spot was the spec's, and rare).
+        market=Market(item.get("market") or Market.ON_DEMAND.value),
+        instance_type=opt("instance_type"),
+        interruption=_interruption_of(item.get("interruption")),
         rev=int(item.get("rev", 0)),
         created_at=str(item["created_at"]),
         updated_at=str(item["updated_at"]),
+    )
+
+
+def _interruption_map(interruption: Interruption | None) -> dict[str, str] | None:
+    if interruption is None:
+        return None
+    return {"kind": interruption.kind.value, "instance_id": interruption.instance_id, "at": interruption.at}
+
+
+def _interruption_of(value: Any) -> Interruption | None:
+    if not isinstance(value, dict):
+        return None
+    return Interruption(
+        kind=InterruptionKind(value["kind"]), instance_id=str(value["instance_id"]), at=str(value["at"])
     )
 
 

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 from botocore.exceptions import ClientError
 
-from fleetkeeper.model import Lifecycle, ReplicaRecord, VersionState
+from fleetkeeper.model import Lifecycle, Market, ReplicaRecord, VersionState
 from fleetkeeper.store import keys
 from fleetkeeper.store.codec import (
     autoscaler_item,
@@ -94,12 +94,13 @@ class ReconcilerStore:
         replica_ids: Sequence[int],
         now: str,
         events: Callable[[Sequence[int]], Sequence[Event]] = lambda _ids: (),
+        market_of: Callable[[int], Market] = lambda _id: Market.ON_DEMAND,
     ) -> list[ReplicaRecord]:
         """Claim new replica ids: bump replica_seq n -> n+k and put k PENDING items, in ONE transaction.
 
         Conditioned on (uid, ACTIVE, replica_seq = n): of two runs claiming at once, one wins; the
         other's transaction is cancelled (Superseded) and it launches nothing. `events(ids)`: the
-        events of each transaction's claims, written in it.
+        events of each transaction's claims, written in it; `market_of(id)`: how each is bought.
         """
         claimed: list[ReplicaRecord] = []
         seen = service.replica_seq
@@ -108,7 +109,9 @@ class ReconcilerStore:
             raise ValueError(f"replica ids must continue replica_seq {seen}: {ids}")
         for start in range(0, len(ids), _CLAIMS_PER_TRANSACTION):
             chunk = ids[start : start + _CLAIMS_PER_TRANSACTION]
-            records = [ReplicaRecord.pending(service, replica_id, version, now) for replica_id in chunk]
+            records = [
+                ReplicaRecord.pending(service, replica_id, version, now, market_of(replica_id)) for replica_id in chunk
+            ]
             items: list[TransactWriteItemTypeDef] = [
                 {
                     "Update": {

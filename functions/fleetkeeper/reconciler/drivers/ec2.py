@@ -14,7 +14,7 @@ from botocore.exceptions import ClientError
 
 from fleetkeeper import aws
 from fleetkeeper.aws_parsing import only
-from fleetkeeper.model import to_iso
+from fleetkeeper.model import Market, to_iso
 from fleetkeeper.reconciler.driver import (
     MANAGED_TAG,
     MANAGED_VALUE,
@@ -71,6 +71,7 @@ _DESCRIBED: dict[str, frozenset[str]] = {
             "StateReason",
             "LaunchTime",
             "ClientToken",
+            "InstanceType",
         }
     ),
 }
@@ -152,9 +153,22 @@ class Ec2Driver:
         ours = [i for i in found if launched_by_fleetkeeper(i)]
         return min(ours, key=lambda i: (i.launched_at or "", i.instance_id), default=None)
 
-    def _describe(self, filters: list[FilterTypeDef]) -> list[Instance]:
+    def instance(self, instance_id: str) -> Instance | None:
+        try:
+            found = self._describe([_MANAGED_FILTER], instance_ids=[instance_id])
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") == "InvalidInstanceID.NotFound":
+                return None  # gone, or not visible yet
+            raise
+        return found[0] if found else None
+
+    def _describe(self, filters: list[FilterTypeDef], instance_ids: list[str] | None = None) -> list[Instance]:
         instances: list[Instance] = []
-        kwargs: dict[str, Any] = {"Filters": filters, "MaxResults": _PAGE_SIZE}
+        kwargs: dict[str, Any] = {"Filters": filters}
+        if instance_ids:
+            kwargs["InstanceIds"] = instance_ids  # EC2 refuses MaxResults beside InstanceIds
+        else:
+            kwargs["MaxResults"] = _PAGE_SIZE
         while True:
             with only(_DESCRIBED):
                 page = self.ec2.describe_instances(**kwargs)
@@ -166,6 +180,25 @@ class Ec2Driver:
             kwargs["NextToken"] = token
 
     # -- act --
+
+    def pool_count(self, request: LaunchRequest) -> int:
+        return len(self._instance_types(request)) * max(len(self.subnet_ids), 1)
+
+    def pool(self, request: LaunchRequest) -> tuple[str, str | None]:
+        """The capacity pool (instance type, subnet) launch attempt `request.attempt` goes to.
+
+        The subnets (zones) are walked first, starting from one that depends on the replica id (so
+        replicas spread over the zones), then the next candidate instance type. A refusal is nearly
+        always about one instance type in one zone (InsufficientInstanceCapacity, Unsupported), so the
+        same type elsewhere is the likeliest to succeed, and the smallest type is preferred.
+        """
+        types = self._instance_types(request)
+        subnets = self.subnet_ids
+        attempt = request.attempt
+        if not subnets:
+            return types[attempt % len(types)], None
+        subnet = subnets[(request.replica_id + attempt) % len(subnets)]
+        return types[(attempt // len(subnets)) % len(types)], subnet
 
     def launch(self, request: LaunchRequest) -> Instance:
         try:
@@ -189,9 +222,10 @@ class Ec2Driver:
             {"Key": "Name", "Value": f"fleetkeeper-{request.service}-{request.replica_id}"},
         ]
         image_id = self._image(resources.image_id)
+        instance_type, subnet = self.pool(request)
         args: RunInstancesRequestTypeDef = {
             "ImageId": image_id,
-            "InstanceType": cast("InstanceTypeType", self._instance_type(request)),
+            "InstanceType": cast("InstanceTypeType", instance_type),
             "MinCount": 1,
             "MaxCount": 1,
             "ClientToken": request.client_token,
@@ -204,14 +238,13 @@ class Ec2Driver:
                 {"ResourceType": "volume", "Tags": tags},
             ],
         }
-        if self.subnet_ids:
-            # Spread replicas over the subnets (zones); a refused launch retries in the next one.
-            args["SubnetId"] = self.subnet_ids[(request.replica_id + request.attempt) % len(self.subnet_ids)]
+        if subnet is not None:
+            args["SubnetId"] = subnet
         if self.security_group_ids:
             args["SecurityGroupIds"] = self.security_group_ids
         if self.instance_profile_arn:
             args["IamInstanceProfile"] = {"Arn": self.instance_profile_arn}
-        if resources.use_spot:
+        if request.market is Market.SPOT:
             args["InstanceMarketOptions"] = {
                 "MarketType": "spot",
                 "SpotOptions": {"SpotInstanceType": "one-time", "InstanceInterruptionBehavior": "terminate"},
@@ -230,17 +263,16 @@ class Ec2Driver:
             args["BlockDeviceMappings"] = [{"DeviceName": self._root_device(image_id), "Ebs": ebs}]
         return args
 
-    def _instance_type(self, request: LaunchRequest) -> str:
-        """The first candidate of the spec's placement (its instance_type, or the smallest type meeting
-        its cpus/memory/accelerators), else the stack's default. Only the first: walking the others on
-        capacity refusals is a later slice (docs/ARCHITECTURE.md, "Placement")."""
+    def _instance_types(self, request: LaunchRequest) -> tuple[str, ...]:
+        """The spec's candidate instance types, smallest first (its instance_type, or the types meeting
+        its cpus/memory/accelerators: fleetkeeper.placement), else the stack's default."""
         placed = request.spec.resources.placement
         if placed.instance_types:
-            return placed.instance_types[0]
+            return placed.instance_types
         if any(c.has_requirements for c in request.spec.resources.choices()):
             # A stored spec the catalogue no longer satisfies (the api refuses new ones).
             raise LaunchRefused(NO_INSTANCE_TYPE, "; ".join(placed.notes) or "no AWS instance type fits the spec")
-        return self.default_instance_type
+        return (self.default_instance_type,)
 
     def _boot_source(self, request: LaunchRequest) -> BootSource:
         """Where this replica's workdir and secrets are (read at boot with the replica's own role)."""
@@ -347,4 +379,5 @@ def _instance(raw: InstanceTypeDef) -> Instance:
         launched_at=to_iso(launched) if launched is not None else None,
         tags=tags,
         client_token=str(raw.get("ClientToken") or "") or None,
+        instance_type=str(raw.get("InstanceType") or "") or None,
     )
