@@ -16,7 +16,9 @@ Configured by the test:
   ids: then `InvalidInstanceID.NotFound`, from moto itself). The instance is hidden from moto for
   the duration of that one request, under the lock, so pagination and filters stay moto's;
 - `InsufficientInstanceCapacity` (HTTP 500: botocore retries it, as it does on AWS) and
-  `Unsupported` (HTTP 400) per subnet and/or instance type;
+  `Unsupported` (HTTP 400) per subnet and/or instance type, and/or for one market: spot requests
+  alone can also be refused with `MaxSpotInstanceCountExceeded` (the account's spot limit) or
+  `SpotMaxPriceTooLow` (HTTP 400), as EC2 refuses a one-time spot RunInstances;
 - `RequestLimitExceeded` bursts (through `StrictAws.throttle`; HTTP 503, retried by botocore);
 - terminations by AWS with real `StateReason` codes (`terminate_by_aws`).
 
@@ -55,20 +57,30 @@ MISMATCH = "Arguments on this idempotent request are inconsistent with arguments
 FILTER_VALUES_LIMIT = 200
 
 
+SPOT_REFUSALS = {
+    "InsufficientInstanceCapacity": "",  # the message is the on-demand one, naming the zone
+    "MaxSpotInstanceCountExceeded": "Max spot instance count exceeded",
+    "SpotMaxPriceTooLow": "Your Spot request price is lower than the minimum required Spot request fulfillment price.",
+}
+
+
 @dataclass
 class CapacityRule:
-    """RunInstances refused for a subnet and/or instance type (None: any), `remaining` times (None: until cleared)."""
+    """RunInstances refused for a subnet, an instance type and/or a market ("spot", "on-demand"; None:
+    any), `remaining` times (None: until cleared)."""
 
-    code: str  # InsufficientInstanceCapacity | Unsupported
+    code: str  # InsufficientInstanceCapacity | Unsupported | a SPOT_REFUSALS code
     subnet_id: str | None = None
     instance_type: str | None = None
     remaining: int | None = None
+    market: str | None = None
 
-    def matches(self, subnet_id: str | None, instance_type: str) -> bool:
+    def matches(self, subnet_id: str | None, instance_type: str, market: str) -> bool:
         return (
             (self.remaining is None or self.remaining > 0)
             and self.subnet_id in (None, subnet_id)
             and self.instance_type in (None, instance_type)
+            and self.market in (None, market)
         )
 
     def clear(self) -> None:
@@ -119,8 +131,23 @@ class Ec2Layer:
     ) -> CapacityRule:
         return self._rule("Unsupported", subnet_id, instance_type, times)
 
-    def _rule(self, code: str, subnet_id: str | None, instance_type: str | None, times: int | None) -> CapacityRule:
-        rule = CapacityRule(code, subnet_id, instance_type, times)
+    def spot_refused(
+        self,
+        code: str = "InsufficientInstanceCapacity",
+        *,
+        subnet_id: str | None = None,
+        instance_type: str | None = None,
+        times: int | None = None,
+    ) -> CapacityRule:
+        """Spot requests refused (on-demand ones go through): `code` is one EC2 answers spot with."""
+        if code not in SPOT_REFUSALS:
+            raise ValueError(f"not a spot refusal: {code!r}; one of {sorted(SPOT_REFUSALS)}")
+        return self._rule(code, subnet_id, instance_type, times, market="spot")
+
+    def _rule(
+        self, code: str, subnet_id: str | None, instance_type: str | None, times: int | None, market: str | None = None
+    ) -> CapacityRule:
+        rule = CapacityRule(code, subnet_id, instance_type, times, market)
         with self.lock:
             self.capacity_rules.append(rule)
         return rule
@@ -227,13 +254,16 @@ class Ec2Layer:
     def _capacity_refusal(self, call: Call) -> Response | None:
         subnet_id = call.param("SubnetId") or call.param("NetworkInterface.1.SubnetId")
         instance_type = call.param("InstanceType") or "m1.small"
-        rule = next((r for r in self.capacity_rules if r.matches(subnet_id, instance_type)), None)
+        market = "spot" if call.param("InstanceMarketOptions.MarketType") == "spot" else "on-demand"
+        rule = next((r for r in self.capacity_rules if r.matches(subnet_id, instance_type, market)), None)
         if rule is None:
             return None
         if rule.remaining is not None:
             rule.remaining -= 1
         zone, others = self._zones(call.region, subnet_id)
         self._strict.record_fault("ec2", "RunInstances", rule.code)
+        if rule.code in SPOT_REFUSALS and rule.code != "InsufficientInstanceCapacity":
+            return ec2_error(rule.code, SPOT_REFUSALS[rule.code])
         if rule.code == "InsufficientInstanceCapacity":
             return ec2_error(
                 rule.code,

@@ -65,6 +65,12 @@ class WorkdirUpload(BaseModel):
     max_bytes: int = Field(description="the largest archive a version may name")
 
 
+class InterruptionView(BaseModel):
+    kind: str = Field(description="spot-interruption or rebalance-recommendation")
+    instance_id: str
+    at: str = Field(description="when AWS sent it")
+
+
 class ReplicaView(BaseModel):
     replica_id: int
     version: int
@@ -74,6 +80,12 @@ class ReplicaView(BaseModel):
     url: str | None
     endpoint_state: str | None = Field(
         description="its place in the service's endpoint: REGISTERING, REGISTERED, DRAINING, or null (not in it)"
+    )
+    market: str = Field(description="how its instance is bought: spot or on-demand (decided when it was claimed)")
+    instance_type: str | None = Field(description="the instance type it was launched as; null before its launch")
+    interruption: InterruptionView | None = Field(
+        description="the last warning AWS sent about its instance (a spot interruption warning or a rebalance "
+        "recommendation); null: none"
     )
     created_at: str
     updated_at: str
@@ -250,6 +262,17 @@ def replica_view(replica: ReplicaRecord) -> dict[str, Any]:
         "instance_id": replica.instance_id,
         "url": replica.url,
         "endpoint_state": replica.balancer.value if replica.balancer is not None else None,
+        "market": replica.market.value,
+        "instance_type": replica.instance_type,
+        "interruption": (
+            None
+            if replica.interruption is None
+            else {
+                "kind": replica.interruption.kind.value,
+                "instance_id": replica.interruption.instance_id,
+                "at": replica.interruption.at,
+            }
+        ),
         "created_at": replica.created_at,
         "updated_at": replica.updated_at,
     }

@@ -59,13 +59,22 @@ def service_detail(view: dict[str, Any]) -> str:
             r["status"],
             r.get("url") or "-",
             r.get("instance_id") or "-",
+            _resources(r),
             r.get("endpoint_state") or "-",
             r.get("status_message", ""),
         ]
         for r in replicas
     ]
-    body = table(["REPLICA", "VERSION", "STATUS", "URL", "INSTANCE", "ENDPOINT", "MESSAGE"], rows)
+    body = table(["REPLICA", "VERSION", "STATUS", "URL", "INSTANCE", "RESOURCES", "ENDPOINT", "MESSAGE"], rows)
     return "\n".join([*head, "", body])
+
+
+def _resources(replica: dict[str, Any]) -> str:
+    """`t3.micro [spot]` (SkyPilot's marker for spot), `m6i.large`, or the market alone before launch."""
+    market = replica.get("market") or "on-demand"
+    spot = " [spot]" if market == "spot" else ""
+    kind = replica.get("instance_type")
+    return f"{kind}{spot}" if kind else ("[spot]" if spot else "on-demand")
 
 
 def placement_lines(placement: dict[str, Any] | None) -> list[str]:
