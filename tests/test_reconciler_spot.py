@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from tests.strict_aws import StrictAws
 
 S = ReplicaStatus
+SPOT_WARNING = "EC2 Spot Instance Interruption Warning"
 
 
 def _subnets(world: World, monkeypatch: pytest.MonkeyPatch) -> list[str]:
@@ -52,7 +53,9 @@ def _live_by_market(world: World) -> dict[str, int]:
     return counts
 
 
-def test_spot_refused_everywhere_then_back(world: World, strict_aws: StrictAws, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_spot_refused_everywhere_then_back(
+    world: World, strict_aws: StrictAws, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The issue's case: spot refused in every pool -> the on-demand fallback carries the service, the
     spot replicas wait in place (no items pile up, nothing counts toward the breaker); spot back -> the
     spot replicas are READY and the extra on-demand ones are drained and terminated."""
@@ -75,14 +78,19 @@ def test_spot_refused_everywhere_then_back(world: World, strict_aws: StrictAws, 
     assert state.versions[1].state.value == "READY"  # never counted toward the breaker
     spot = [r for r in by_id.values() if r.market is Market.SPOT]
     # Each refused run tried both pools (two subnets) before backing off.
-    assert all(r.launch_attempts == 2 * r.refused_runs and r.failure_code == "MaxSpotInstanceCountExceeded" for r in spot)
+    assert all(
+        r.launch_attempts == 2 * r.refused_runs and r.failure_code == "MaxSpotInstanceCountExceeded" for r in spot
+    )
     assert _live_by_market(world) == {"spot": 0, "on-demand": 2}
 
     refusal.clear()
     world.clock.advance(30 * 60)  # past the longest backoff
     world.converge()
     state = world.store.require("svc")
-    assert sorted((r.market, r.status) for r in state.replicas.values()) == [(Market.SPOT, S.READY), (Market.SPOT, S.READY)]
+    assert sorted((r.market, r.status) for r in state.replicas.values()) == [
+        (Market.SPOT, S.READY),
+        (Market.SPOT, S.READY),
+    ]
     assert _live_by_market(world) == {"spot": 2, "on-demand": 0}
     service = world.store.require("svc").service
     page, _ = world.store.events_page(service, limit=100, next_token=None, now_epoch=int(world.clock().timestamp()))
@@ -163,7 +171,9 @@ def test_an_interruption_warning_from_the_kick_queue_drains_and_replaces_the_rep
     for instance_id in ("i-0123456789abcdef0", warned["instance_id"]):
         sqs.send_message(
             QueueUrl=queues.kicks,
-            MessageBody=_rendered_warning("EC2 Spot Instance Interruption Warning", instance_id, "2026-11-30T10:00:00Z"),
+            MessageBody=_rendered_warning(
+                "EC2 Spot Instance Interruption Warning", instance_id, "2026-11-30T10:00:00Z"
+            ),
         )
     assert queues.drain(queues.kicks) == 2
 
