@@ -444,3 +444,54 @@ def test_the_messages_a_new_user_meets(plane: LocalPlane) -> None:
     message = eventually(told, timeout=30, what="the $PORT diagnosis")
     assert message.endswith(": read $PORT in embedded mode")
     ok(plane.cli("down", "fixed-port", "--wait", "--timeout", WAIT))
+
+
+def _post(url: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+    import urllib.error
+    import urllib.request
+
+    request = urllib.request.Request(
+        url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}, method="POST"
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:  # 127.0.0.1 only
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read())
+
+
+def test_a_simulated_spot_interruption_is_seen_end_to_end(plane: LocalPlane) -> None:
+    """`/_local/interrupt` delivers EC2's warning to the reconciler as the stack's rule would: the
+    warned replica is drained and replaced at once, and reclaimed by "AWS" after its notice."""
+    name = "spot-e2e"
+    spec: dict[str, Any] = yaml.safe_load(EXAMPLE.read_text())
+    spec.pop("name")
+    spec["service"]["readiness_probe"].update(initial_delay_seconds=20, timeout_seconds=1)
+    spec.setdefault("resources", {})["use_spot"] = True
+    path = plane.workdir / "spot.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    ok(plane.cli("up", str(path), "--name", name, "--wait", "--timeout", WAIT))
+    status, body = http_get(f"{plane.url}/v1/services/{name}")
+    shown = json.loads(body)
+    assert [r["market"] for r in shown["replicas"]] == ["spot", "spot"]
+    victim = shown["replicas"][0]
+    table = ok(plane.cli("status", name))
+    assert "[spot]" in table  # the RESOURCES column marks spot replicas
+
+    url = f"{plane.url}/_local/interrupt"
+    assert _post(url, {"service": name})[0] == 400
+    assert _post(url, {"service": name, "replica": 999})[0] == 404
+    code, answer = _post(url, {"service": name, "replica": victim["replica_id"], "notice_seconds": 2})
+    assert code == 202, answer
+    assert answer["instance_id"] == victim["instance_id"]
+
+    def replaced() -> dict[str, Any] | None:
+        now = json.loads(http_get(f"{plane.url}/v1/services/{name}")[1])
+        ids = {r["replica_id"] for r in ready_replicas(now)}
+        return now if len(ids) == 2 and victim["replica_id"] not in ids else None
+
+    eventually(replaced, timeout=60, what="the warned replica replaced by a READY one")
+    eventually(lambda: not process_running(pid_of(victim)), timeout=30, what="the warned replica's process gone")
+    events = json.loads(http_get(f"{plane.url}/v1/services/{name}/events")[1])["events"]
+    assert any(e["reason"] == "Interrupted" for e in events), events
+    ok(plane.cli("down", name, "--wait", "--timeout", WAIT))

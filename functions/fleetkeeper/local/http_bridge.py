@@ -10,6 +10,10 @@ A few embedded-mode routes live beside the API under /_local:
   GET  /_local/logs/<service>/<id>     one replica's log (text); ?offset=N from byte N, ?tail=N its last
                                        N lines; the X-Log-Size header says how long the file is
   PUT  /_local/workdirs/<sha256>       a packed workdir (the upload URL POST /v1/workdirs hands out)
+  POST /_local/interrupt               {"service": name, "replica": id, "kind": "spot-interruption" or
+                                       "rebalance-recommendation", "notice_seconds": 120}: simulate EC2's
+                                       warning about a spot replica (and, for an interruption, its reclaim
+                                       `notice_seconds` later), delivered to the reconciler as on AWS
 
 The api handler runs one request at a time, as one Lambda execution environment does: Powertools'
 resolver keeps the current event on a module-level object, so concurrent calls would mix requests.
@@ -45,6 +49,7 @@ logger = logging.getLogger("local.http_bridge")
 ApiHandler = Callable[[dict[str, Any], Any], dict[str, Any]]
 API_FUNCTION = "ApiFunction"
 KICK_PATH = "/_local/kick"
+INTERRUPT_PATH = "/_local/interrupt"
 _LOG_PATH = re.compile(r"^/_local/logs/(?P<service>[^/]+)(?:/(?P<replica>\d+))?$")
 _SERVICE_NAME = re.compile(NAME_PATTERN)
 _REPLICA_LOG = re.compile(r"^replica-(\d+)\.log$")
@@ -68,6 +73,7 @@ class ApiBridge(ThreadingHTTPServer):
         *,
         on_kick: Callable[[str], None],
         logs_dir: Path,
+        on_interrupt: Callable[[str, int, str, float], tuple[int, dict[str, Any]]] | None = None,
         info: dict[str, Any] | None = None,
         api_timeout_seconds: int = 30,
         max_body_bytes: int | None = None,
@@ -81,6 +87,7 @@ class ApiBridge(ThreadingHTTPServer):
         self.max_body_bytes = max_body_bytes
         self.api_handler = api_handler
         self.on_kick = on_kick
+        self.on_interrupt = on_interrupt
         self.logs_dir = logs_dir
         self.info = dict(info or {})
         self.api_timeout_seconds = api_timeout_seconds
@@ -230,6 +237,8 @@ class _RequestHandler(BaseHTTPRequestHandler):
         path = self.path.split("?", 1)[0]
         if path == KICK_PATH and method == "POST":
             return self._kick(body)
+        if path == INTERRUPT_PATH and method == "POST":
+            return self._interrupt(body)
         if path == "/_local/info" and method == "GET":
             extra = {key: value() if callable(value) else value for key, value in self.server.info.items()}
             return _json(200, {**extra, "api_url": self.server.url, "logs_dir": str(self.server.logs_dir)})
@@ -248,6 +257,36 @@ class _RequestHandler(BaseHTTPRequestHandler):
             return _json(400, _error("invalid_request", 'the kick body is {"service": "<name>"}'))
         self.server.on_kick(service)
         return _json(202, {"kicked": service})
+
+    def _interrupt(self, body: bytes) -> tuple[int, dict[str, str], bytes]:
+        usage = (
+            'the body is {"service": "<name>", "replica": <id>, "kind": "spot-interruption" (the default) or '
+            '"rebalance-recommendation", "notice_seconds": <seconds until the reclaim, 120 by default>}'
+        )
+        try:
+            asked = json.loads(body or b"{}")
+        except ValueError:
+            asked = None
+        if not isinstance(asked, dict):
+            return _json(400, _error("invalid_request", usage))
+        service, replica = asked.get("service"), asked.get("replica")
+        kind = asked.get("kind", "spot-interruption")
+        notice = asked.get("notice_seconds", 120)
+        problems = []
+        if not isinstance(service, str) or not _SERVICE_NAME.match(service):
+            problems.append("service: a service name")
+        if isinstance(replica, bool) or not isinstance(replica, int) or replica < 0:
+            problems.append("replica: a replica id (a whole number)")
+        if kind not in ("spot-interruption", "rebalance-recommendation"):
+            problems.append("kind: spot-interruption or rebalance-recommendation")
+        if isinstance(notice, bool) or not isinstance(notice, int | float) or not 0 <= notice <= 3600:
+            problems.append("notice_seconds: seconds from 0 to 3600")
+        if problems or not isinstance(replica, int):
+            return _json(400, _error("invalid_request", f"{'; '.join(problems)}. {usage}"))
+        if self.server.on_interrupt is None:
+            return _json(404, _error("no_route", "this embedded control plane cannot simulate interruptions"))
+        status, answer = self.server.on_interrupt(str(service), replica, str(kind), float(notice))
+        return _json(status, answer)
 
     def _logs(
         self, service: str, replica: str | None, offset: int | None = None, tail: int | None = None

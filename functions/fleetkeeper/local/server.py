@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from fleetkeeper import aws
 from fleetkeeper.local.balancer import LocalBalancer
+from fleetkeeper.local.context import LocalContext
 from fleetkeeper.local.http_bridge import KICK_PATH, ApiBridge
 from fleetkeeper.local.options import MAX_TICK, Options, add_arguments, options_from
 from fleetkeeper.local.process_driver import LOCAL_DIR_ENV, LOOPBACK, ProcessDriver
@@ -111,6 +112,7 @@ class EmbeddedControlPlane:
         self._bridge: ApiBridge | None = None
         self._loop: ReconcileLoop | None = None
         self._pump: StreamPump | None = None
+        self._reconciler_handler: Callable[[dict[str, Any], Any], dict[str, Any]] | None = None
         self._stop_pump = threading.Event()
         self._threads: list[threading.Thread] = []
 
@@ -161,10 +163,12 @@ class EmbeddedControlPlane:
         stream_arn = aws.dynamodb().describe_table(TableName=self.options.table)["Table"]["LatestStreamArn"]
         self._pump = StreamPump(_streams_client(self.aws_endpoint), stream_arn, source, cleanup_handler)
 
+        self._reconciler_handler = reconciler_handler
         self._bridge = ApiBridge(
             (LOOPBACK, self.options.port),
             api_handler,
             on_kick=self._kick,
+            on_interrupt=self._interrupt,
             logs_dir=self.logs_dir,
             info={
                 "aws_endpoint": self.aws_endpoint,
@@ -210,10 +214,50 @@ class EmbeddedControlPlane:
         if self._loop is not None:
             self._loop.kick(service)
 
+    def _interrupt(self, service: str, replica_id: int, kind: str, notice_seconds: float) -> tuple[int, dict[str, Any]]:
+        """Simulate EC2's warning about a spot replica: the event the stack's InterruptionRule would
+        deliver goes to the reconciler handler, as on AWS; an interruption warning also has the replica
+        reclaimed (`Server.SpotInstanceTermination`) `notice_seconds` later, as AWS does two minutes
+        after its warning."""
+        from fleetkeeper.model import Interruption, InterruptionKind, to_iso, utcnow
+        from fleetkeeper.reconciler.driver import InstanceState
+        from fleetkeeper.reconciler.interruptions import warning_event
+
+        driver = ProcessDriver.shared()
+        running = [
+            i
+            for i in driver.list_instances()
+            if i.service == service and i.replica_id == replica_id and i.state is InstanceState.RUNNING
+        ]
+        if not running:
+            return 404, _problem("not_found", f"service {service!r} has no running replica {replica_id}")
+        instance = running[0]
+        if not instance.spot:
+            return 409, _problem(
+                "conflict",
+                f"replica {replica_id} of {service!r} is on-demand: AWS sends these warnings for spot instances "
+                "only (set resources.use_spot: true)",
+            )
+        warning = Interruption(InterruptionKind(kind), instance.instance_id, to_iso(utcnow()))
+        reclaim = warning.kind is InterruptionKind.SPOT_INTERRUPTION
+        if reclaim:
+            driver.reclaim(instance.instance_id, notice_seconds)
+        if self._reconciler_handler is None:
+            return 503, _problem("unavailable", "the control plane is not started")
+        self._reconciler_handler(warning_event(warning), LocalContext("ReconcilerFunction", 60))
+        answer: dict[str, Any] = {"service": service, "replica": replica_id, "instance_id": instance.instance_id}
+        answer.update(kind=kind, reclaimed_in_seconds=notice_seconds if reclaim else None)
+        return 202, answer
+
     def _spawn(self, name: str, target: Callable[[], None]) -> None:
         thread = threading.Thread(target=target, name=name, daemon=True)
         thread.start()
         self._threads.append(thread)
+
+
+def _problem(code: str, message: str) -> dict[str, Any]:
+    """The api's error shape, for the /_local routes' answers."""
+    return {"error": {"code": code, "message": message, "details": []}}
 
 
 def _streams_client(endpoint: str) -> Any:
