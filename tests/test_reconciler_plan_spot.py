@@ -189,27 +189,45 @@ def test_a_rolling_update_with_fallback_has_room_for_the_fallback_too() -> None:
 # --- interruptions ----------------------------------------------------------------------------------
 
 
-def test_an_interruption_warning_drains_the_replica_and_replaces_it_at_once() -> None:
+def test_an_interruption_warning_replaces_the_replica_at_once_and_it_serves_until_its_deadline() -> None:
+    """Warned 20 s ago: its replacement is claimed now, and it serves on (its drain must start by
+    warning + 120 s - 30 s of drain - 60 s of margin = warning + 30 s)."""
     records = [spot(0, interruption=notice(0)), spot(1)]
-    current = state(records, [version(1, READY, spec=spot_spec(2))])
-    why = f"spot interruption warning at {WARNED_AT}: AWS takes instance i-0 back"
-    assert plan(current, [instance(0), instance(1)], {1: OK}, NOW) == [
+    current = state(records, [version(1, READY, spec=spot_spec(2))], status=ServiceStatus.READY, message="2/2 ready")
+    assert plan(current, [instance(0), instance(1)], {0: OK, 1: OK}, NOW) == [
+        *claims(1, (2,), (2,)),
+        status(ServiceStatus.READY, "2/2 ready; replica 2 PENDING"),
+    ]
+    # 30 s after the warning, the replacement not READY yet: drained now, in time for its drain.
+    late = Interruption(InterruptionKind.SPOT_INTERRUPTION, "i-0", to_iso(NOW - timedelta(seconds=30)))
+    records = [spot(0, interruption=late), spot(1), spot(2, S.STARTING, launched_at=ago(30))]
+    current = state(records, [version(1, READY, spec=spot_spec(2))], status=ServiceStatus.READY, message="2/2 ready")
+    why = f"spot interruption warning at {late.at}: AWS takes instance i-0 back"
+    assert plan(current, [instance(i) for i in range(3)], {0: OK, 1: OK}, NOW) == [
         drained(records[0], why),
         terminate(("i-0", f"replica 0: {why}")),
-        *claims(1, (2,), (2,)),
-        status(ServiceStatus.READY, "1/2 ready; replica 2 PENDING"),
+        status(ServiceStatus.READY, "1/2 ready; replica 2 STARTING"),
+    ]
+
+
+def test_an_interrupted_replica_goes_as_soon_as_its_replacement_is_ready() -> None:
+    records = [spot(0, interruption=notice(0)), spot(1), spot(2)]
+    current = state(
+        records, [version(1, READY, spec=spot_spec(2))], status=ServiceStatus.READY, message="2/2 ready", observed=1
+    )
+    why = f"replaced after a spot interruption warning at {WARNED_AT}: AWS takes instance i-0 back"
+    assert plan(current, [instance(i) for i in range(3)], {i: OK for i in range(3)}, NOW) == [
+        drained(records[0], why),
+        terminate(("i-0", f"replica 0: {why}")),
     ]
 
 
 def test_with_dynamic_fallback_an_interrupted_spot_replica_also_gets_an_on_demand_stand_in() -> None:
     records = [spot(0, interruption=notice(0)), spot(1)]
     current = state(records, [version(1, READY, spec=spot_spec(2, dynamic=True))])
-    why = f"spot interruption warning at {WARNED_AT}: AWS takes instance i-0 back"
-    assert plan(current, [instance(0), instance(1)], {1: OK}, NOW) == [
-        drained(records[0], why),
-        terminate(("i-0", f"replica 0: {why}")),
+    assert plan(current, [instance(0), instance(1)], {0: OK, 1: OK}, NOW) == [
         *claims(1, (2, 3), (2,)),
-        status(ServiceStatus.READY, "1/2 ready; replica 2 PENDING; replica 3 PENDING"),
+        status(ServiceStatus.READY, "2/2 ready; replica 2 PENDING; replica 3 PENDING"),
     ]
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -167,18 +168,18 @@ def test_an_interruption_warning_from_the_kick_queue_drains_and_replaces_the_rep
     assert warned["instance_type"] == "t3.micro"
 
     sqs = aws.sqs()
+    # Sent 90 s ago (delivered late): past the moment its drain had to start, so it is drained now.
+    sent = to_iso(datetime.now(UTC) - timedelta(seconds=90))
     # Another account's instance: ignored. Then the replica's.
     for instance_id in ("i-0123456789abcdef0", warned["instance_id"]):
         sqs.send_message(
             QueueUrl=queues.kicks,
-            MessageBody=_rendered_warning(
-                "EC2 Spot Instance Interruption Warning", instance_id, "2026-11-30T10:00:00Z"
-            ),
+            MessageBody=_rendered_warning(SPOT_WARNING, instance_id, sent),
         )
     assert queues.drain(queues.kicks) == 2
 
     replicas = {r["replica_id"]: r for r in api.get("/v1/services/web").body["replicas"]}
-    assert replicas[warned["replica_id"]]["status"] == "SHUTTING_DOWN"
+    assert replicas[warned["replica_id"]]["status"] == "SHUTTING_DOWN", replicas
     assert "spot interruption warning" in replicas[warned["replica_id"]]["status_message"]
     assert replicas[warned["replica_id"]]["interruption"]["kind"] == "spot-interruption"
     assert sorted(r["status"] for r in replicas.values()) == ["PROVISIONING", "READY", "SHUTTING_DOWN"]

@@ -50,6 +50,7 @@ from fleetkeeper.model import (
     ReplicaStatus,
     ServiceState,
     ServiceStatus,
+    VersionRecord,
     VersionState,
     from_iso,
     to_iso,
@@ -94,6 +95,11 @@ class Policy:
     # to go round three zones and on to the next instance type, few enough that a run in which EC2
     # has no capacity anywhere spends a bounded number of RunInstances calls on each replica.
     pools_per_run: int = 4
+    # A spot instance is taken back this long after its interruption warning (EC2's two minutes).
+    interruption_notice: timedelta = timedelta(minutes=2)
+    # How much earlier than strictly needed a warned replica is drained: the next run may come a
+    # whole period (the schedule's minute) after this one, and it must still be in time.
+    warning_margin: timedelta = timedelta(minutes=1)
 
     def backoff(self, attempts: int) -> timedelta:
         """Wait before launch attempt `attempts + 1`, after `attempts` refusals (30 s, 60 s, ... 30 min)."""
@@ -985,7 +991,7 @@ def _plan_replicas(
         if over and replica_id not in live and not counted and not _may_be_unseen(before, now, policy):
             work.delete.append(before)
 
-    _plan_warned(work, live, target_number, wanted)
+    _plan_warned(work, live, target, wanted, now, policy)
     new = [r for r in work.replicas.values() if holds_slot(r) and r.version == target_number]
     old = [r for r in work.replicas.values() if holds_slot(r) and r.version != target_number]
 
@@ -1069,34 +1075,44 @@ def wanted_by_market(markets: MarketPolicy | None, wanted: int, spot_ready: int)
     return {Market.SPOT: spot, Market.ON_DEMAND: base + extra}
 
 
-def _plan_warned(work: _Work, live: Mapping[int, Instance], target_number: int, wanted: int) -> None:
-    """Replicas AWS warned about (they hold no slot: their replacements are claimed in this plan).
-
-    A spot interruption warning drains the replica at once: AWS takes the instance two minutes later,
-    and requests in flight must finish before then. A rebalance recommendation (the instance is at
-    elevated risk) keeps a READY replica serving until enough unwarned replicas of the target are
-    READY to replace it; one that is not READY goes at once.
+def _plan_warned(
+    work: _Work,
+    live: Mapping[int, Instance],
+    target: VersionRecord | None,
+    wanted: int,
+    now: datetime,
+    policy: Policy,
+) -> None:
+    """Replicas AWS warned about: they hold no slot (their replacements are claimed in this plan) and
+    serve until enough unwarned replicas of the target are READY to stand in for them, or until a
+    spot interruption's deadline: a warned replica is drained early enough that its drain ends
+    before AWS takes the instance (its notice, less the endpoint's drain time, less one run period
+    of margin). A warned replica that is not READY goes at once: it serves nothing.
     """
     warned = [r for r in work.replicas.values() if r.interruption is not None and r.status not in LEAVING]
     if not warned:
         return
+    target_number = target.version if target is not None else None
     ready_unwarned = sum(
         1
         for r in work.replicas.values()
-        if r.version == target_number
-        and r.interruption is None
-        and r.status is ReplicaStatus.READY
-        and r.status not in LEAVING
+        if r.version == target_number and r.interruption is None and r.status is ReplicaStatus.READY
     )
+    drain_seconds = target.spec.drain_seconds if target is not None else 0
     for record in sorted(warned, key=lambda r: r.replica_id):
         notice = record.interruption
         assert notice is not None
         if notice.kind is InterruptionKind.SPOT_INTERRUPTION:
-            why = f"spot interruption warning at {notice.at}: AWS takes instance {notice.instance_id} back"
-        elif record.status is not ReplicaStatus.READY:
-            why = f"rebalance recommendation at {notice.at} for instance {notice.instance_id}"
+            what = f"spot interruption warning at {notice.at}: AWS takes instance {notice.instance_id} back"
+            deadline = from_iso(notice.at) + policy.interruption_notice - timedelta(seconds=drain_seconds)
+            due = now >= deadline - policy.warning_margin
+        else:
+            what = f"rebalance recommendation at {notice.at} for instance {notice.instance_id}"
+            due = False
+        if record.status is not ReplicaStatus.READY or due:
+            why = what
         elif ready_unwarned >= wanted:
-            why = f"replaced after a rebalance recommendation at {notice.at} for instance {notice.instance_id}"
+            why = f"replaced after a {what}"
         else:
             continue  # serving until its replacement is READY
         work.drain(record.replica_id, why, live)
