@@ -9,6 +9,7 @@ builds them (no AWS call for a parameter's image); the api for the 400s.
 from __future__ import annotations
 
 import base64
+import gzip
 import json
 import re
 from typing import Any
@@ -239,6 +240,9 @@ def test_the_same_launch_renders_byte_identical_arguments() -> None:
     request = _request({"accelerators": {"L4": 1, "A10G": 1}, "disk_size": 100}, replica_id=4)
     first, again = Ec2Driver()._run_instances_args(request), Ec2Driver()._run_instances_args(request)
     assert first == again
+    data = bytes(first["UserData"])  # type: ignore[arg-type]
+    script = (gzip.decompress(data) if data[:2] == b"\x1f\x8b" else data).decode()
+    assert "SKYPILOT_NUM_GPUS_PER_NODE" in _files(script)["/opt/fleetkeeper/task.env"]
 
 
 def _files(script: str) -> dict[str, str]:
@@ -261,3 +265,11 @@ def test_a_gpu_service_boots_the_deep_learning_ami_ec2_resolves(world: World) ->
         assert instance["ImageId"] == published[GPU_DLAMI_PARAMETER]
         [root] = [m for m in instance["BlockDeviceMappings"] if m["DeviceName"] == "/dev/sda1"]
         assert ec2.describe_volumes(VolumeIds=[root["Ebs"]["VolumeId"]])["Volumes"][0]["Size"] == 100
+        attribute = ec2.describe_instance_attribute(InstanceId=instance["InstanceId"], Attribute="userData")
+        data = base64.b64decode(attribute["UserData"]["Value"])
+        task = _files((gzip.decompress(data) if data[:2] == b"\x1f\x8b" else data).decode())[
+            "/opt/fleetkeeper/task.env"
+        ]
+        replica_id = int(tags(instance)["fleetkeeper:replica-id"])
+        assert 'SKYPILOT_NUM_GPUS_PER_NODE="1"\n' in task
+        assert f'SKYPILOT_SERVE_REPLICA_ID="{replica_id + 1}"\n' in task

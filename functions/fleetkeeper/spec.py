@@ -22,7 +22,7 @@ from pydantic import (
     model_validator,
 )
 
-from fleetkeeper import images
+from fleetkeeper import images, task_variables
 from fleetkeeper import placement as placing
 from fleetkeeper.catalogue import REGION, ZONE
 from fleetkeeper.errors import InvalidRequest
@@ -629,6 +629,18 @@ class ServiceSpec(_Strict):
         both = sorted(set(self.envs) & set(self.secrets))
         if both:
             raise ValueError(f"{', '.join(both)} is both in `envs` and in `secrets`: keep each name in one of them")
+        return self
+
+    @model_validator(mode="after")
+    def _task_variables_are_fleetkeepers(self, info: ValidationInfo) -> ServiceSpec:
+        """SkyPilot's task variables and fleetkeeper's own are set for every replica
+        (fleetkeeper.task_variables): a spec may not set them (a stored one cannot shadow them)."""
+        taken = sorted((set(self.envs) | set(self.secrets)) & task_variables.NAMES)
+        if taken and not _stored(info):
+            raise ValueError(
+                f"{', '.join(taken)}: fleetkeeper sets {'these' if len(taken) > 1 else 'this'} for every replica "
+                "(SkyPilot's task variables and fleetkeeper's own); remove it from `envs` and `secrets`"
+            )
         return self
 
     @property

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from botocore.exceptions import ClientError
 
-from fleetkeeper import aws, images
+from fleetkeeper import aws, images, task_variables
 from fleetkeeper.aws_parsing import only
 from fleetkeeper.model import to_iso
 from fleetkeeper.reconciler.driver import (
@@ -192,6 +192,9 @@ class Ec2Driver:
         ]
         instance_type = self._instance_type(request)
         image_id = self._image(instance_type, resources.image_id)
+        task = task_variables.variables(
+            request.service, request.uid, request.version, request.replica_id, instance_type
+        )
         args: RunInstancesRequestTypeDef = {
             "ImageId": image_id,
             "InstanceType": cast("InstanceTypeType", instance_type),
@@ -200,7 +203,7 @@ class Ec2Driver:
             "ClientToken": request.client_token,
             # Bytes as they are: botocore base64-encodes them; a str would be re-encoded as UTF-8,
             # which corrupts gzipped user data.
-            "UserData": cast("str", user_data(request.spec, self._boot_source(request))),
+            "UserData": cast("str", user_data(request.spec, self._boot_source(request), task)),
             "MetadataOptions": {"HttpTokens": "required", "HttpEndpoint": "enabled"},
             "TagSpecifications": [
                 {"ResourceType": "instance", "Tags": tags},
