@@ -12,9 +12,11 @@ Where the names come from (AWS's documentation, never a guess):
   gives the format `/aws/service/deeplearning/ami/<architecture>/<ami_type>/latest/ami-id`, the
   ami_type being the AMI's name without "Deep", "Learning" and "AMI"; the AMI is "Deep Learning Base
   OSS Nvidia Driver GPU AMI (Ubuntu 22.04)" (the release notes,
-  https://docs.aws.amazon.com/dlami/latest/devguide/appendix-ami-release-notes.html). Its release
-  notes list the instance types it supports (`supported_ec2_instances`: G4dn, G5, G6, G6e, P4d,
-  P4de, P5 among those of fleetkeeper.catalogue; not P3dn, whose V100 no image here serves) and
+  https://docs.aws.amazon.com/dlami/latest/devguide/appendix-ami-release-notes.html). The page's own
+  example shows `.../base-oss-nvidia-driver-ubuntu-22.04/...`, without `gpu`; the rule applied to
+  the AMI's current name gives the one below, which public launch scripts use. Its release notes
+  list the instance types it supports (`supported_ec2_instances`: G4dn, G5, G6, G6e, P4d, P4de, P5
+  among those of fleetkeeper.catalogue; not P3dn, whose V100 no image here serves) and
   `python_location` /usr/bin/python3.10, with docker and the NVIDIA container toolkit installed.
 - Neuron: the Neuron DLAMI User Guide, "SSM Parameter Prefix" table
   (https://awsdocs-neuron.readthedocs-hosted.com/en/latest/dlami/index.html, source
@@ -24,8 +26,8 @@ Where the names come from (AWS's documentation, never a guess):
   reached end of support on Neuron (no more 22.04 DLAMIs), hence 24.04 there.
 
 Both are Ubuntu, whose root device is /dev/sda1 (spec.root_device_of_parameter knows the DLAMI
-families). The images' root volumes are larger than a stock Ubuntu's: `MIN_DISK_GB` is the smallest
-`disk_size` the api accepts for a type that boots one (see docs/ARCHITECTURE.md, "Placement").
+families). The images' root volumes are larger than a stock Ubuntu's: `Dlami.min_disk_gb` is the
+smallest `disk_size` the api accepts for a type that boots one (see docs/ARCHITECTURE.md, "Placement").
 """
 
 from __future__ import annotations
