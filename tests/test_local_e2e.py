@@ -471,7 +471,7 @@ def test_a_simulated_spot_interruption_is_seen_end_to_end(plane: LocalPlane) -> 
     path = plane.workdir / "spot.yaml"
     path.write_text(yaml.safe_dump(spec))
     ok(plane.cli("up", str(path), "--name", name, "--wait", "--timeout", WAIT))
-    status, body = http_get(f"{plane.url}/v1/services/{name}")
+    _, body = http_get(f"{plane.url}/v1/services/{name}")
     shown = json.loads(body)
     assert [r["market"] for r in shown["replicas"]] == ["spot", "spot"]
     victim = shown["replicas"][0]

@@ -36,6 +36,7 @@ from fleetkeeper.store.codec import state_from_items
 from fleetkeeper.store.errors import CorruptItem
 from fleetkeeper.store.keys import service_pk
 from tests.conftest import TABLE, hello_spec
+from tests.public_images import publish_deep_learning_amis
 from tests.reconciler_world import World, assert_converged, instance_state, run_tagged, spec_dict
 
 if TYPE_CHECKING:
@@ -242,6 +243,7 @@ def _placed_request(**resources: Any) -> LaunchRequest:
 
 
 def test_run_instances_gets_the_first_candidate_and_the_disk_tiers_root_volume(world: World) -> None:
+    publish_deep_learning_amis()
     mark = world.log.mark()
     request = _placed_request(accelerators={"L4": None, "A10G": None}, disk_size=200, disk_tier="high")
     instance = Ec2Driver().launch(request)
@@ -250,7 +252,7 @@ def test_run_instances_gets_the_first_candidate_and_the_disk_tiers_root_volume(w
     assert args["InstanceType"] == "g6.xlarge"
     assert args["BlockDeviceMappings"] == [
         {
-            "DeviceName": "/dev/xvda",  # the default image's family (Amazon Linux), known without a call
+            "DeviceName": "/dev/sda1",  # its Deep Learning AMI's family (Ubuntu), known without a call
             "Ebs": {
                 "VolumeSize": 200,
                 "VolumeType": "gp3",

@@ -16,8 +16,10 @@ import pytest
 from botocore.exceptions import ClientError
 
 from fleetkeeper import aws as aws_clients
+from fleetkeeper import task_variables
 from fleetkeeper.errors import Conflict
 from fleetkeeper.model import FailureCause, ReplicaRecord, ServiceStatus, VersionState
+from fleetkeeper.reconciler.driver import REPLICA_TAG
 from fleetkeeper.reconciler.plan import INITIAL_DELAY_EXCEEDED, RecordStatus, TripBreaker, plan
 from fleetkeeper.reconciler.userdata import USER_DATA_LIMIT, environment_file, user_data
 from fleetkeeper.spec import ServiceSpec
@@ -238,10 +240,12 @@ def test_gzipped_user_data_reaches_ec2_byte_for_byte(world: World) -> None:
     rnd = random.Random(1)
     big = "\n".join(f"echo {rnd.getrandbits(64):x}" for _ in range(700))  # gzip path, under the limit
     created = world.create(setup=big)
-    expected = user_data(created.versions[1].spec)
-    assert expected[:2] == b"\x1f\x8b" and len(expected) <= USER_DATA_LIMIT
     world.run()
     [launched, *_] = [i for i in world.instances() if tags(i).get("fleetkeeper:uid") == created.service.uid]
+    replica_id = int(tags(launched)[REPLICA_TAG])
+    task = task_variables.variables("svc", created.service.uid, 1, replica_id, launched["InstanceType"])
+    expected = user_data(created.versions[1].spec, task=task)
+    assert expected[:2] == b"\x1f\x8b" and len(expected) <= USER_DATA_LIMIT
     attribute = aws_clients.ec2().describe_instance_attribute(InstanceId=launched["InstanceId"], Attribute="userData")
     sent = base64.b64decode(attribute["UserData"]["Value"])
     assert sent == expected

@@ -183,3 +183,28 @@ def test_images_are_resolved_by_ec2_with_exactly_the_parameters_specs_may_name(
     assert len(arns) == 2
     assert any(arn.endswith(f":parameter{PUBLIC_PARAMETERS}*") for arn in arns), arns
     assert all(":ssm:" in arn for arn in arns)
+
+
+def test_the_deep_learning_amis_are_resolvable_and_launchable_with_the_reconcilers_role(
+    translated: dict[str, Any], statements: list[dict[str, Any]]
+) -> None:
+    """A GPU or Neuron type without image_id launches `resolve:ssm:<DLAMI parameter>`
+    (fleetkeeper.images): EC2 resolves it on the reconciler's ssm:GetParameters for that parameter's
+    ARN (AWS's public parameters carry no account id), and RunInstances must be allowed on the
+    Amazon-owned image it names. Nothing broader than the statements that already exist."""
+    from fnmatch import fnmatchcase
+
+    from fleetkeeper.images import GPU_DLAMI_PARAMETER, NEURON_DLAMI_PARAMETER
+
+    [granting] = statements_granting(statements, "ssm:GetParameters")
+    assert granting["Effect"] == "Allow" and "Condition" not in granting
+    patterns = resources(translated, granting)
+    for parameter in (GPU_DLAMI_PARAMETER, NEURON_DLAMI_PARAMETER):
+        arn = f"arn:aws:ssm:{REGION}::parameter{parameter}"
+        assert any(fnmatchcase(arn, pattern) for pattern in patterns), (arn, patterns)
+        # ...and only as a public parameter of the stack's region, never another account's or region's.
+        assert not any(fnmatchcase(f"arn:aws:ssm:{REGION}:999999999999:parameter{parameter}", p) for p in patterns)
+        assert not any(fnmatchcase(f"arn:aws:ssm:eu-west-1::parameter{parameter}", p) for p in patterns)
+    image = f"arn:aws:ec2:{REGION}::image/ami-0123456789abcdef0"
+    launching = [s for s in statements_granting(statements, "ec2:RunInstances") if "Condition" not in s]
+    assert any(fnmatchcase(image, pattern) for s in launching for pattern in resources(translated, s))

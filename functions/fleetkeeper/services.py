@@ -515,9 +515,9 @@ def _check_spec(name: str, spec: ServiceSpec, verb: str) -> None:
             f"spec.name is {spec.name!r} but the request {verb} {name!r}; make them match or drop spec.name",
             details=[{"field": "spec.name", "problem": f"does not match name {name!r}"}],
         )
-    from fleetkeeper.reconciler.userdata import USER_DATA_LIMIT, user_data
+    from fleetkeeper.reconciler.userdata import LARGEST_TASK, USER_DATA_LIMIT, user_data
 
-    size = len(user_data(spec))
+    size = len(user_data(spec, task=LARGEST_TASK))
     if size > USER_DATA_LIMIT:
         # EC2 would refuse every launch of it: refuse it here, where the user can still act.
         raise InvalidRequest(

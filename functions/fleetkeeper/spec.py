@@ -23,6 +23,7 @@ from pydantic import (
     model_validator,
 )
 
+from fleetkeeper import images, task_variables
 from fleetkeeper import placement as placing
 from fleetkeeper.catalogue import REGION, ZONE
 from fleetkeeper.errors import InvalidRequest
@@ -43,16 +44,28 @@ _IMAGE = re.compile(r"^(ami-[0-9a-f]{8,17}|resolve:ssm:/[A-Za-z0-9_.\-/]+(:[A-Za
 # A spec with disk_size must size the root device, and an image named by a parameter is resolved
 # by EC2 at launch: fleetkeeper cannot look its root device up (that would be an SSM call, and the
 # shipped network has no SSM endpoint), so it knows these families or refuses.
+# (parameter prefix, what the rest of the name must contain, root device): Amazon Linux's images
+# boot from /dev/xvda, Ubuntu's (Canonical's) from /dev/sda1. AWS's Deep Learning AMIs (GPU and
+# Neuron, fleetkeeper.images) are built on one or the other, which their parameter names say
+# (`...-ubuntu-22.04`, `.../ubuntu-24.04`, `...-amazon-linux-2023`): an Amazon Linux 2023 DLAMI is
+# /dev/xvda, an Ubuntu one /dev/sda1; a DLAMI of another OS (Amazon Linux 2) is not known.
 _ROOT_DEVICES = (
-    ("/aws/service/ami-amazon-linux-latest/", "/dev/xvda"),
-    ("/aws/service/canonical/", "/dev/sda1"),
+    ("/aws/service/ami-amazon-linux-latest/", "", "/dev/xvda"),
+    ("/aws/service/canonical/", "", "/dev/sda1"),
+    ("/aws/service/deeplearning/ami/", "ubuntu", "/dev/sda1"),
+    ("/aws/service/deeplearning/ami/", "amazon-linux-2023", "/dev/xvda"),
+    ("/aws/service/neuron/dlami/", "ubuntu", "/dev/sda1"),
+    ("/aws/service/neuron/dlami/", "amazon-linux-2023", "/dev/xvda"),
 )
 
 
 def root_device_of_parameter(parameter: str) -> str | None:
     """The root device name of the images an SSM parameter names, when the family is known."""
     name = parameter.removeprefix("resolve:ssm:")
-    return next((device for prefix, device in _ROOT_DEVICES if name.startswith(prefix)), None)
+    return next(
+        (device for prefix, os, device in _ROOT_DEVICES if name.startswith(prefix) and os in name[len(prefix) :]),
+        None,
+    )
 
 
 # The endpoint's load balancing policies, by SkyPilot Serve's names: `least_load` (SkyPilot's default)
@@ -423,7 +436,34 @@ class Resources(_Placed):
             raise ValueError(
                 f"{what} with image_id {image} is not supported: fleetkeeper cannot tell that "
                 "image's root device before EC2 resolves it; give the AMI id, or an Amazon Linux "
-                "(/aws/service/ami-amazon-linux-latest/...) or Ubuntu (/aws/service/canonical/...) parameter"
+                "(/aws/service/ami-amazon-linux-latest/...), Ubuntu (/aws/service/canonical/...) or Ubuntu or "
+                "Amazon Linux 2023 Deep Learning AMI (/aws/service/deeplearning/ami/..., "
+                "/aws/service/neuron/dlami/...) parameter"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _an_image_for_every_candidate(self, info: ValidationInfo) -> Resources:
+        """Without image_id, an accelerated candidate boots its Deep Learning AMI (fleetkeeper.images):
+        one no DLAMI drives is refused, and so is a disk_size below the DLAMI's root volume (EC2 would
+        refuse every launch). A stored spec keeps loading (the launch is refused instead)."""
+        if self.image_id is not None or _stored(info):
+            return self
+        floors: dict[str, images.Dlami] = {}
+        for instance_type in self.placement.instance_types:
+            try:
+                dlami = images.dlami_for(instance_type)
+            except images.NoImage as exc:
+                raise ValueError(str(exc)) from None
+            if dlami is not None:
+                floors[instance_type] = dlami
+        small = {t: d for t, d in floors.items() if self.disk_size is not None and self.disk_size < d.min_disk_gb}
+        if small:
+            least = max(d.min_disk_gb for d in small.values())
+            booted = "; ".join(f"{t} boots {d.name} ({d.min_disk_gb} GB)" for t, d in small.items())
+            raise ValueError(
+                f"disk_size {self.disk_size} is smaller than the root volume of the Deep Learning AMI a candidate "
+                f"boots ({booted}): give disk_size {least} or more, or leave it out to get the image's own"
             )
         return self
 
@@ -608,6 +648,18 @@ class ServiceSpec(_Strict):
         both = sorted(set(self.envs) & set(self.secrets))
         if both:
             raise ValueError(f"{', '.join(both)} is both in `envs` and in `secrets`: keep each name in one of them")
+        return self
+
+    @model_validator(mode="after")
+    def _task_variables_are_fleetkeepers(self, info: ValidationInfo) -> ServiceSpec:
+        """SkyPilot's task variables and fleetkeeper's own are set for every replica
+        (fleetkeeper.task_variables): a spec may not set them (a stored one cannot shadow them)."""
+        taken = sorted((set(self.envs) | set(self.secrets)) & task_variables.NAMES)
+        if taken and not _stored(info):
+            raise ValueError(
+                f"{', '.join(taken)}: fleetkeeper sets {'these' if len(taken) > 1 else 'this'} for every replica "
+                "(SkyPilot's task variables and fleetkeeper's own); remove it from `envs` and `secrets`"
+            )
         return self
 
     @property

@@ -13,6 +13,10 @@ through the API does: `Client.UserInitiatedShutdown`.
 Instance ids look like `local-3-pid4242`: the pid is there so a person (or a test) can find and
 kill a replica's process.
 
+It also sets SkyPilot's task variables and fleetkeeper's own (fleetkeeper.task_variables) as an EC2
+replica has them: SKYPILOT_NODE_IPS is 127.0.0.1, SKYPILOT_NUM_GPUS_PER_NODE the accelerators of the
+spec's first candidate instance type (0 without one), whatever this host has.
+
 A version's workdir is unpacked into the replica's working directory and its secrets are added to
 its environment before `setup`, as `replica_boot.py` does on EC2 (the archive from the embedded
 workdir store, the values from the in-memory AWS's Parameter Store). An app that does not listen on
@@ -35,6 +39,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, ClassVar
 
+from fleetkeeper import task_variables
 from fleetkeeper.model import Market, to_iso, utcnow
 from fleetkeeper.reconciler.driver import (
     MANAGED_TAG,
@@ -338,6 +343,15 @@ class ProcessDriver:
         env.update(spec.envs)
         env.update(secrets)
         env["PORT"] = str(port)
+        # SkyPilot's task variables and fleetkeeper's own, as an EC2 replica has them (over envs and
+        # secrets): this host is the node, the accelerators those of the first candidate type.
+        candidates = spec.resources.placement.instance_types
+        first = candidates[0] if candidates else None
+        env.update(
+            task_variables.variables(
+                request.service, request.uid, request.version, request.replica_id, first, node_ip=LOOPBACK
+            )
+        )
         # A local replica listens on loopback only, whatever its spec says (on EC2 it binds all
         # interfaces, so the reconciler's probes reach it): see examples/hello.
         env["HOST"] = LOOPBACK

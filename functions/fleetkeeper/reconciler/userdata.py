@@ -9,6 +9,14 @@ fetches the workdir archive from the stack's bucket into the working directory a
 from Parameter Store into a second, root-only EnvironmentFile, with the instance's role. Neither the
 values nor anything but their parameter's name is in the user data.
 
+SkyPilot's task variables and fleetkeeper's own (fleetkeeper.task_variables) go to a third
+EnvironmentFile, `task.env`, which both units read last (nothing in `envs` or the secrets can shadow
+them): the launch writes the values it knows, and the script adds the instance's private IP
+(SKYPILOT_NODE_IPS), read from the instance metadata service with an IMDSv2 token (the launch
+requires tokens) by curl, which Amazon Linux and Ubuntu (the Deep Learning AMIs) both have. The
+script assumes bash, coreutils, systemd, curl and python3 only: no package manager, no distribution's
+own paths.
+
 With a log group (the stack's ReplicaLogGroup), `replica_logs.py` runs as a third unit, started
 before setup: it ships both units' journal to CloudWatch Logs, one stream per replica. The two
 scripts travel as plain text (without docstrings) that compresses with the rest: shipping logs costs
@@ -25,7 +33,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from fleetkeeper import task_variables
+
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
     from fleetkeeper.spec import ServiceSpec
 
 
@@ -56,6 +68,11 @@ LARGEST_SOURCE = BootSource(
 )
 
 
+# The largest task variables a replica is launched with: the longest service name and uid, huge ids,
+# the most accelerators of the catalogue.
+LARGEST_TASK = task_variables.variables("n" * 63, "u" * 16, 10**9, 10**9, "trn1.32xlarge")
+
+
 _BOOT_SCRIPT = Path(__file__).with_name("replica_boot.py")
 _LOGS_SCRIPT = Path(__file__).with_name("replica_logs.py")
 
@@ -73,6 +90,7 @@ Type=oneshot
 RemainAfterExit=yes
 EnvironmentFile={ROOT}/env
 EnvironmentFile=-{ROOT}/secrets.env
+EnvironmentFile={ROOT}/task.env
 WorkingDirectory={ROOT}/work
 ExecStart=/bin/bash {ROOT}/setup.sh
 """
@@ -85,6 +103,7 @@ Requires=fleetkeeper-setup.service
 [Service]
 EnvironmentFile={ROOT}/env
 EnvironmentFile=-{ROOT}/secrets.env
+EnvironmentFile={ROOT}/task.env
 WorkingDirectory={ROOT}/work
 ExecStart=/bin/bash {ROOT}/run.sh
 Restart=always
@@ -126,6 +145,29 @@ def _systemd_quote(value: str) -> str:
 def environment_file(spec: ServiceSpec) -> str:
     env = {**spec.envs, "PORT": str(spec.port)}
     return "".join(f"{key}={_systemd_quote(value)}\n" for key, value in sorted(env.items()))
+
+
+def task_file(task: Mapping[str, str]) -> str:
+    """The launch's part of `task.env` (the instance adds its IP at boot: `_node_ips`)."""
+    return "".join(f"{key}={_systemd_quote(value)}\n" for key, value in sorted(task.items()))
+
+
+# The instance's private IP from IMDSv2 (a token first: the launch sets HttpTokens=required), as the
+# node-IP variables. FLEETKEEPER_BOOT_IMDS is unset on an instance (cloud-init's environment); tests
+# point it at a stand-in on 127.0.0.1, as they do replica_boot.py's.
+_IMDS_CURL = "curl -sSf --retry 5 --retry-connrefused --connect-timeout 2"
+
+
+def _node_ips() -> str:
+    names = task_variables.NODE_IP_VARIABLES
+    lines = "".join(f'{name}=\\"%s\\"\\n' for name in names)
+    ips = ' "$ip"' * len(names)
+    return (
+        'imds="${FLEETKEEPER_BOOT_IMDS:-http://169.254.169.254}"\n'
+        f"token=$({_IMDS_CURL} -X PUT -H 'X-aws-ec2-metadata-token-ttl-seconds: 300' \"$imds/latest/api/token\")\n"
+        f'ip=$({_IMDS_CURL} -H "X-aws-ec2-metadata-token: $token" "$imds/latest/meta-data/local-ipv4")\n'
+        f'printf "{lines}"{ips} >> {ROOT}/task.env\n'
+    )
 
 
 def _write(path: str, content: str, mode: str) -> str:
@@ -191,8 +233,8 @@ def _logs(source: BootSource | None) -> str:
     )
 
 
-def render(spec: ServiceSpec, source: BootSource | None = None) -> str:
-    """The boot script for one replica of `spec`."""
+def render(spec: ServiceSpec, source: BootSource | None = None, task: Mapping[str, str] | None = None) -> str:
+    """The boot script for one replica of `spec`, with its task variables (fleetkeeper.task_variables)."""
     setup = "set -euo pipefail\n" + (spec.setup or "true") + "\n"
     run = "set -uo pipefail\n" + spec.run + "\n"
     boot = _boot(source, spec.workdir.digest if spec.workdir is not None else None)
@@ -204,6 +246,8 @@ def render(spec: ServiceSpec, source: BootSource | None = None) -> str:
         + _logs(source)
         + boot
         + _write(f"{ROOT}/env", environment_file(spec), "600")
+        + _write(f"{ROOT}/task.env", task_file(task or {}), "600")
+        + _node_ips()
         + _write(f"{ROOT}/setup.sh", setup, "700")
         + _write(f"{ROOT}/run.sh", run, "700")
         + _write("/etc/systemd/system/fleetkeeper-setup.service", _SETUP_UNIT, "644")
@@ -213,15 +257,15 @@ def render(spec: ServiceSpec, source: BootSource | None = None) -> str:
     )
 
 
-def user_data(spec: ServiceSpec, source: BootSource | None = None) -> bytes:
+def user_data(spec: ServiceSpec, source: BootSource | None = None, task: Mapping[str, str] | None = None) -> bytes:
     """`render(spec)` as EC2 takes it: gzipped when the plain script would not fit in 16 KB.
 
     Shipping logs costs about 5 KB compressed: a spec that fits only without it boots without it
     (its output stays in the instance's journal) rather than not at all; the api checks a spec's
-    user data without logs, as before."""
-    data = _encoded(render(spec, source))
+    user data without logs, as before, and with the largest task variables (LARGEST_TASK)."""
+    data = _encoded(render(spec, source, task))
     if len(data) > USER_DATA_LIMIT and source is not None and _ships_logs(source):
-        return _encoded(render(spec, replace(source, log_group=None, log_stream=None)))
+        return _encoded(render(spec, replace(source, log_group=None, log_stream=None), task))
     return data
 
 

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from botocore.exceptions import ClientError
 
-from fleetkeeper import aws
+from fleetkeeper import aws, images, task_variables
 from fleetkeeper.aws_parsing import only
 from fleetkeeper.model import Market, to_iso
 from fleetkeeper.reconciler.driver import (
@@ -52,6 +52,8 @@ if TYPE_CHECKING:
 UNKNOWN_ROOT_DEVICE = "Fleetkeeper.UnknownRootDevice"
 # Refusal code of a launch whose stored spec no AWS instance type satisfies (counts against the version).
 NO_INSTANCE_TYPE = "Fleetkeeper.NoInstanceType"
+# Refusal code of a launch, without image_id, of an accelerated type no Deep Learning AMI drives (p3dn).
+NO_IMAGE = "Fleetkeeper.NoImage"
 _MANAGED_FILTER: FilterTypeDef = {"Name": f"tag:{MANAGED_TAG}", "Values": [MANAGED_VALUE]}
 _PAGE_SIZE = 1000
 # EC2's limit on filter values per Describe call, less the managed tag's one value.
@@ -221,8 +223,11 @@ class Ec2Driver:
             {"Key": REPLICA_TAG, "Value": str(request.replica_id)},
             {"Key": "Name", "Value": f"fleetkeeper-{request.service}-{request.replica_id}"},
         ]
-        image_id = self._image(resources.image_id)
         instance_type, subnet = self.pool(request)
+        image_id = self._image(instance_type, resources.image_id)
+        task = task_variables.variables(
+            request.service, request.uid, request.version, request.replica_id, instance_type
+        )
         args: RunInstancesRequestTypeDef = {
             "ImageId": image_id,
             "InstanceType": cast("InstanceTypeType", instance_type),
@@ -231,7 +236,7 @@ class Ec2Driver:
             "ClientToken": request.client_token,
             # Bytes as they are: botocore base64-encodes them; a str would be re-encoded as UTF-8,
             # which corrupts gzipped user data.
-            "UserData": cast("str", user_data(request.spec, self._boot_source(request))),
+            "UserData": cast("str", user_data(request.spec, self._boot_source(request), task)),
             "MetadataOptions": {"HttpTokens": "required", "HttpEndpoint": "enabled"},
             "TagSpecifications": [
                 {"ResourceType": "instance", "Tags": tags},
@@ -292,11 +297,16 @@ class Ec2Driver:
             log_stream=stream,
         )
 
-    def _image(self, image: str | None) -> str:
-        """The ImageId to launch: the spec's AMI id or `resolve:ssm:` parameter, else the stack's
-        default parameter as `resolve:ssm:`. EC2 resolves parameters itself, so the reconciler makes
-        no SSM call (the shipped network has no SSM endpoint unless asked for one)."""
-        return image if image is not None else f"resolve:ssm:{self.default_image_parameter}"
+    def _image(self, instance_type: str, image: str | None) -> str:
+        """The ImageId to launch `instance_type` with (fleetkeeper.images): the spec's AMI id or
+        `resolve:ssm:` parameter, else the type's Deep Learning AMI parameter, else the stack's
+        default parameter, as `resolve:ssm:`. EC2 resolves parameters itself, so the reconciler makes
+        no SSM call (the shipped network has no SSM endpoint unless asked for one). A stored spec
+        whose accelerated type no DLAMI drives is refused (the api refuses new ones)."""
+        try:
+            return images.image_for(instance_type, image, self.default_image_parameter)
+        except images.NoImage as exc:
+            raise LaunchRefused(NO_IMAGE, str(exc)) from exc
 
     def _root_device(self, image_id: str) -> str:
         """The root device name to size for disk_size/disk_tier, never a guess.
