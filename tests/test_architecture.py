@@ -49,7 +49,7 @@ VIOLATIONS = [
     # (The first is how the reconciler picked the process driver before the embedded mode registered it.)
     ("lambda-bundle", "fleetkeeper.reconciler.drivers", "import fleetkeeper.local.process_driver", LAZY),
     ("lambda-bundle", "fleetkeeper.cleanup.logic", "from fleetkeeper.cli import main", LAZY),
-    ("lambda-bundle", "fleetkeeper.api.kick", "import yaml", LAZY),
+    ("lambda-bundle", "fleetkeeper.kick", "import yaml", LAZY),
     ("lambda-bundle", "fleetkeeper.store.table", "from fleetkeeper.template import load_template", LAZY),
     ("lambda-bundle", "fleetkeeper.errors", "import moto", LAZY),
     # The local load balancer (and aiohttp, which it runs on) is the embedded mode's alone.

@@ -290,9 +290,11 @@ def test_a_stale_shard_a_malformed_message_and_an_old_kick_are_dropped(
     assert run == {"kick": "svc", "stale": True}
     assert world.instances() == []  # none of the three did anything
 
-    fresh_kick = shard_event(stale)
-    fresh_kick["Records"][0]["body"] = json.dumps({"service": "svc"})
-    (run,) = lambda_handler(fresh_kick, FakeContext())["runs"]
+    # A delayed kick (a spot-interrupted replica's drain) is as old as its due time, not its sending.
+    delayed_kick = shard_event(stale)
+    delayed_kick["Records"][0]["body"] = json.dumps({"service": "svc", "due": int(time.time()), "delay_seconds": 120})
+    delayed_kick["Records"][0]["attributes"]["SentTimestamp"] = str(int((time.time() - 120) * 1000))
+    (run,) = lambda_handler(delayed_kick, FakeContext())["runs"]
     assert run["kick"] == "svc" and run["actions"]["Launch"] == 2
 
 

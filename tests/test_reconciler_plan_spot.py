@@ -191,15 +191,15 @@ def test_a_rolling_update_with_fallback_has_room_for_the_fallback_too() -> None:
 
 def test_an_interruption_warning_replaces_the_replica_at_once_and_it_serves_until_its_deadline() -> None:
     """Warned 20 s ago: its replacement is claimed now, and it serves on (its drain must start by
-    warning + 120 s - 30 s of drain - 60 s of margin = warning + 30 s)."""
+    warning + 120 s - 30 s of drain - 15 s of margin = warning + 75 s)."""
     records = [spot(0, interruption=notice(0)), spot(1)]
     current = state(records, [version(1, READY, spec=spot_spec(2))], status=ServiceStatus.READY, message="2/2 ready")
     assert plan(current, [instance(0), instance(1)], {0: OK, 1: OK}, NOW) == [
         *claims(1, (2,), (2,)),
         status(ServiceStatus.READY, "2/2 ready; replica 2 PENDING"),
     ]
-    # 30 s after the warning, the replacement not READY yet: drained now, in time for its drain.
-    late = Interruption(InterruptionKind.SPOT_INTERRUPTION, "i-0", to_iso(NOW - timedelta(seconds=30)))
+    # 75 s after the warning, the replacement not READY yet: drained now, in time for its drain.
+    late = Interruption(InterruptionKind.SPOT_INTERRUPTION, "i-0", to_iso(NOW - timedelta(seconds=75)))
     records = [spot(0, interruption=late), spot(1), spot(2, S.STARTING, launched_at=ago(30))]
     current = state(records, [version(1, READY, spec=spot_spec(2))], status=ServiceStatus.READY, message="2/2 ready")
     why = f"spot interruption warning at {late.at}: AWS takes instance i-0 back"

@@ -218,3 +218,18 @@ def test_a_warning_recorded_by_a_run_that_then_died_is_still_acted_on(world: Wor
     assert [i["InstanceId"] for i in world.instances()] == [replacement.instance_id]
     assert os.environ.get("FLEETKEEPER_REPLICA_HOST") == "127.0.0.1"
     assert tags(world.instances()[0])["fleetkeeper:replica-id"] == str(replacement.replica_id)
+
+
+def test_a_spot_interruption_wakes_the_reconciler_when_the_drain_must_start(world: World) -> None:
+    """The warned replica serves on; a kick is asked for the moment its drain must start (notice 120 s
+    - drain 30 s - margin 15 s after the warning), as a delayed message on the kick queue."""
+    world.create(replicas=1, resources={"use_spot": True, "instance_type": "t3.micro"})
+    world.converge()
+    [record] = world.store.require("svc").replicas.values()
+    assert record.instance_id is not None
+    kicks: list[tuple[str, int]] = []
+    world.reconciler.kick = lambda name, delay: kicks.append((name, delay))
+    sent = world.clock() - timedelta(seconds=5)
+    world.reconciler.interrupt(Interruption(InterruptionKind.SPOT_INTERRUPTION, record.instance_id, to_iso(sent)))
+    assert kicks == [("svc", 120 - 30 - 15 - 5)]
+    assert world.store.require("svc").replicas[record.replica_id].status is S.READY  # serving until then

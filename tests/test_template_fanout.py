@@ -109,10 +109,14 @@ def test_the_dispatcher_may_list_queue_describe_and_terminate_managed_instances_
     assert condition_keys(terminate) == {"aws:resourcetag/fleetkeeper:managed": "true"}
 
 
-def test_the_worker_may_take_messages_from_its_two_queues_only(translated: dict[str, Any]) -> None:
+def test_the_worker_may_take_messages_from_its_two_queues_and_send_only_delayed_kicks(
+    translated: dict[str, Any],
+) -> None:
     statements = role_statements(translated, function_role(translated, "ReconcilerFunction"))
     for action in ("sqs:ReceiveMessage", "sqs:DeleteMessage", "sqs:GetQueueAttributes"):
         granting = statements_granting(statements, action)
         queues = sorted(r["Fn::GetAtt"][0] for s in granting for r in as_list(s["Resource"]))
         assert queues == ["KickQueue", "ReconcileQueue"], (action, granting)
-    assert not statements_granting(statements, "sqs:SendMessage")
+    # A kick delayed until a spot-interrupted replica's drain must start (fleetkeeper/kick.py).
+    sending = statements_granting(statements, "sqs:SendMessage")
+    assert [r["Fn::GetAtt"][0] for s in sending for r in as_list(s["Resource"])] == ["KickQueue"]

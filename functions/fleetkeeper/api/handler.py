@@ -28,7 +28,6 @@ from aws_lambda_powertools.event_handler.openapi.exceptions import (
 )
 from aws_lambda_powertools.event_handler.openapi.params import Header, Path, Query
 
-from fleetkeeper.api.kick import ReconcilerKick
 from fleetkeeper.api.models import (
     MAX_CLIENT_INTEGER,
     CreateServiceRequest,
@@ -49,6 +48,7 @@ from fleetkeeper.api.models import (
     version_view,
 )
 from fleetkeeper.errors import FleetkeeperError, InvalidRequest, PayloadTooLarge, UnsupportedMediaType
+from fleetkeeper.kick import ReconcilerKick
 from fleetkeeper.secret_store import SecretStore
 from fleetkeeper.service_events import EVENTS_KEPT
 from fleetkeeper.services import ServiceCommands, Written

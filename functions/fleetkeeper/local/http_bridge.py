@@ -4,7 +4,8 @@ Every request under /v1 is turned into an API Gateway REST proxy event (`fleetke
 to the api Lambda handler, and its response becomes the HTTP response: status, headers and body.
 A few embedded-mode routes live beside the API under /_local:
 
-  POST /_local/kick                    {"service": name}: wake the reconciler loop (the kick URL)
+  POST /_local/kick                    {"service": name}: wake the reconciler loop (the kick URL);
+                                       with "delay_seconds": n, n seconds from now (SQS's DelaySeconds)
   GET  /_local/info                    where things are: API URL, logs, in-memory AWS endpoint, table
   GET  /_local/logs/<service>          the service's replica log files
   GET  /_local/logs/<service>/<id>     one replica's log (text); ?offset=N from byte N, ?tail=N its last
@@ -33,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs
 
 from fleetkeeper.apigw import response_parts, rest_event
+from fleetkeeper.kick import MAX_DELAY_SECONDS
 from fleetkeeper.local.context import LocalContext
 from fleetkeeper.spec import NAME_PATTERN
 from fleetkeeper.workdir_store import MAX_WORKDIR_BYTES, WorkdirInvalid
@@ -250,11 +252,21 @@ class _RequestHandler(BaseHTTPRequestHandler):
 
     def _kick(self, body: bytes) -> tuple[int, dict[str, str], bytes]:
         try:
-            service = json.loads(body or b"{}").get("service")
-        except (ValueError, AttributeError):
-            service = None
+            asked = json.loads(body or b"{}")
+        except ValueError:
+            asked = None
+        service = asked.get("service") if isinstance(asked, dict) else None
+        delay = asked.get("delay_seconds", 0) if isinstance(asked, dict) else 0
         if not isinstance(service, str) or not _SERVICE_NAME.match(service):
             return _json(400, _error("invalid_request", 'the kick body is {"service": "<name>"}'))
+        if isinstance(delay, bool) or not isinstance(delay, int) or not 0 <= delay <= MAX_DELAY_SECONDS:
+            return _json(400, _error("invalid_request", f"delay_seconds: a whole number from 0 to {MAX_DELAY_SECONDS}"))
+        if delay:
+            # As SQS's DelaySeconds does on AWS: the kick arrives then.
+            timer = threading.Timer(delay, self.server.on_kick, args=(service,))
+            timer.daemon = True
+            timer.start()
+            return _json(202, {"kicked": service, "delay_seconds": delay})
         self.server.on_kick(service)
         return _json(202, {"kicked": service})
 

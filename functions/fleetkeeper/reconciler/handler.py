@@ -67,7 +67,11 @@ def build_reconciler(settings: Settings) -> Reconciler:
         if balancer is not None
         else None
     )
+    from fleetkeeper.kick import ReconcilerKick
+
+    kick = ReconcilerKick.from_settings(settings)
     return Reconciler(
+        kick=kick if kick.queue_url or kick.url else None,
         store=ReconcilerStore(Table(settings.table_name)),
         driver=make_driver(settings),
         probe_budget_seconds=settings.probe_budget_seconds,
@@ -113,6 +117,12 @@ def _json_object(body: str) -> Any:
         return json.loads(body)
     except ValueError:
         return None
+
+
+def _due(body: str) -> float | None:
+    parsed = _json_object(body)
+    due = parsed.get("due") if isinstance(parsed, dict) else None
+    return float(due) if isinstance(due, int | float) and not isinstance(due, bool) else None
 
 
 def kick_in(body: str) -> str | None:
@@ -189,6 +199,9 @@ def _run_record(
     if name is None:
         return _run_shard(reconciler, settings, body, context)
     sent = sent_at(record)
+    due = _due(body)
+    if due is not None and sent is not None:
+        sent = max(sent, due)  # a delayed kick (a warned replica's drain) is as old as its due time
     if sent is not None and time.time() - sent > settings.period_seconds:
         logger.info("kick for %s is older than a period: dropped (the scheduled run has covered it)", name)
         return {"kick": name, "stale": True}

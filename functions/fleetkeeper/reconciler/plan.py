@@ -97,9 +97,10 @@ class Policy:
     pools_per_run: int = 4
     # A spot instance is taken back this long after its interruption warning (EC2's two minutes).
     interruption_notice: timedelta = timedelta(minutes=2)
-    # How much earlier than strictly needed a warned replica is drained: the next run may come a
-    # whole period (the schedule's minute) after this one, and it must still be in time.
-    warning_margin: timedelta = timedelta(minutes=1)
+    # How much earlier than strictly needed a warned replica's drain starts: the run that drains it is
+    # woken for that moment (a delayed kick, Reconciler.interrupt), and a woken run starts late by a
+    # few seconds (the queue's delivery, a Lambda start). The schedule is the backstop.
+    warning_margin: timedelta = timedelta(seconds=15)
 
     def backoff(self, attempts: int) -> timedelta:
         """Wait before launch attempt `attempts + 1`, after `attempts` refusals (30 s, 60 s, ... 30 min)."""
@@ -1075,6 +1076,17 @@ def wanted_by_market(markets: MarketPolicy | None, wanted: int, spot_ready: int)
     return {Market.SPOT: spot, Market.ON_DEMAND: base + extra}
 
 
+def drain_due(interruption: Interruption, version: VersionRecord | None, policy: Policy) -> datetime | None:
+    """When a replica warned of a spot interruption must start its drain, so that the drain is over
+    before AWS takes the instance: the notice, less the version's drain time, less the margin.
+    None: a rebalance recommendation (no deadline)."""
+    if interruption.kind is not InterruptionKind.SPOT_INTERRUPTION:
+        return None
+    drain = timedelta(seconds=version.spec.drain_seconds if version is not None else 0)
+    due: datetime = from_iso(interruption.at) + policy.interruption_notice - drain - policy.warning_margin
+    return due
+
+
 def _plan_warned(
     work: _Work,
     live: Mapping[int, Instance],
@@ -1098,14 +1110,13 @@ def _plan_warned(
         for r in work.replicas.values()
         if r.version == target_number and r.interruption is None and r.status is ReplicaStatus.READY
     )
-    drain_seconds = target.spec.drain_seconds if target is not None else 0
     for record in sorted(warned, key=lambda r: r.replica_id):
         notice = record.interruption
         assert notice is not None
         if notice.kind is InterruptionKind.SPOT_INTERRUPTION:
             what = f"spot interruption warning at {notice.at}: AWS takes instance {notice.instance_id} back"
-            deadline = from_iso(notice.at) + policy.interruption_notice - timedelta(seconds=drain_seconds)
-            due = now >= deadline - policy.warning_margin
+            deadline = drain_due(notice, target, policy)
+            due = deadline is not None and now >= deadline
         else:
             what = f"rebalance recommendation at {notice.at} for instance {notice.instance_id}"
             due = False

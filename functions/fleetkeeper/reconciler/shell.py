@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextvars
 import logging
+import math
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
@@ -48,6 +49,7 @@ from fleetkeeper.reconciler.plan import (
     RemoveEndpoint,
     Terminate,
     TripBreaker,
+    drain_due,
     drain_targets,
     launched,
     launched_by_fleetkeeper,
@@ -138,6 +140,9 @@ class Reconciler:
 
     # Services read at once (each a Query); 1 reads them one after another on the calling thread.
     read_concurrency: int = 1
+    # Wakes the reconciler for one service `delay` seconds from now (fleetkeeper.kick; None: only the
+    # schedule): a warned replica's drain must start between two scheduled runs.
+    kick: Callable[[str, int], None] | None = None
 
     # -- entry points --
 
@@ -230,8 +235,21 @@ class Reconciler:
                 interruption.kind,
                 interruption.instance_id,
             )
+            self._wake_for_drain(state, after)
             break
         return self.run_one(instance.service)
+
+    def _wake_for_drain(self, state: ServiceState | None, record: ReplicaRecord) -> None:
+        """Ask for a run of the service when the warned replica's drain must start (plan.drain_due),
+        which is mostly between two scheduled runs."""
+        if state is None or record.interruption is None or self.kick is None:
+            return
+        due = drain_due(record.interruption, state.target, self.policy)
+        if due is None:
+            return
+        delay = math.ceil((due - self.now()).total_seconds())
+        if delay > 0:
+            self.kick(state.service.name, delay)
 
     def _sweep(
         self,

@@ -1,4 +1,6 @@
-"""The immediate reconciler kick after an api write. Best-effort: the schedule is the backstop.
+"""The reconciler kick: after an api write (at once), and from the reconciler itself when a warned
+replica's drain must start between two scheduled runs (delayed). Best-effort: the schedule is the
+backstop.
 
 In AWS the kick is a message on the kick queue, whose event source invokes the reconciler worker
 for that one service with a maximum concurrency: a storm of writes queues up instead of taking
@@ -11,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 import urllib.request
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -21,6 +24,8 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 # The embedded kick URL: loopback, answered at once by the local reconcile loop; one attempt.
 KICK_URL_TIMEOUT_SECONDS = 1
+# SQS's longest DelaySeconds.
+MAX_DELAY_SECONDS = 900
 
 
 @dataclass(frozen=True)
@@ -34,13 +39,20 @@ class ReconcilerKick:
     def from_settings(cls, settings: Settings) -> ReconcilerKick:
         return cls(queue_url=settings.kick_queue_url, url=settings.kick_url)
 
-    def __call__(self, name: str) -> None:
-        body = json.dumps({"service": name})
+    def __call__(self, name: str, delay_seconds: int = 0) -> None:
+        """Kick `name` now, or `delay_seconds` from now (at most MAX_DELAY_SECONDS). A delayed kick
+        says when it is due, so the worker judges its age from then, not from when it was sent."""
+        delay = max(0, min(int(delay_seconds), MAX_DELAY_SECONDS))
+        message: dict[str, object] = {"service": name}
+        if delay:
+            message["due"] = int(time.time()) + delay
+            message["delay_seconds"] = delay
+        body = json.dumps(message)
         try:
             if self.queue_url:
                 from fleetkeeper import aws
 
-                aws.sqs_for_kick().send_message(QueueUrl=self.queue_url, MessageBody=body)
+                aws.sqs_for_kick().send_message(QueueUrl=self.queue_url, MessageBody=body, DelaySeconds=delay)
             elif self.url:
                 request = urllib.request.Request(
                     self.url, data=body.encode(), method="POST", headers={"Content-Type": "application/json"}
