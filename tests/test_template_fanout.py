@@ -120,3 +120,33 @@ def test_the_worker_may_take_messages_from_its_two_queues_and_send_only_delayed_
     # A kick delayed until a spot-interrupted replica's drain must start (fleetkeeper/kick.py).
     sending = statements_granting(statements, "sqs:SendMessage")
     assert [r["Fn::GetAtt"][0] for s in sending for r in as_list(s["Resource"])] == ["KickQueue"]
+
+
+def test_ec2s_warnings_reach_the_worker_through_the_kick_queue(translated: dict[str, Any]) -> None:
+    """InterruptionRule: EC2's two spot warnings, trimmed to what the worker reads, onto the kick
+    queue (whose event source caps the worker's concurrency); only that rule may send from outside."""
+    from fleetkeeper.reconciler.interruptions import DETAIL_TYPES, SOURCE
+
+    resources = translated["Resources"]
+    rule = resources["InterruptionRule"]["Properties"]
+    assert rule["EventPattern"] == {"source": [SOURCE], "detail-type": sorted(DETAIL_TYPES, reverse=True)}
+    [target] = rule["Targets"]
+    assert target["Arn"] == {"Fn::GetAtt": ["KickQueue", "Arn"]}
+    paths = target["InputTransformer"]["InputPathsMap"]
+    assert paths == {"type": "$.detail-type", "instance": "$.detail.instance-id", "time": "$.time"}
+
+    policy = resources["KickQueuePolicy"]["Properties"]
+    assert policy["Queues"] == [{"Ref": "KickQueue"}]
+    allowed = [s for s in policy["PolicyDocument"]["Statement"] if s["Effect"] == "Allow"]
+    assert allowed == [
+        {
+            "Sid": "InterruptionWarnings",
+            "Effect": "Allow",
+            "Principal": {"Service": "events.amazonaws.com"},
+            "Action": "sqs:SendMessage",
+            "Resource": {"Fn::GetAtt": ["KickQueue", "Arn"]},
+            "Condition": {"ArnEquals": {"aws:SourceArn": {"Fn::GetAtt": ["InterruptionRule", "Arn"]}}},
+        }
+    ]
+    worker = resources["ReconcilerFunction"]["Properties"]["Environment"]["Variables"]
+    assert worker["FLEETKEEPER_KICK_QUEUE_URL"] == {"Ref": "KickQueue"}
