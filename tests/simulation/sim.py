@@ -31,10 +31,10 @@ from functools import cache
 from typing import TYPE_CHECKING, Any
 
 from fleetkeeper import aws
-from fleetkeeper.model import ReplicaStatus, ServiceStatus, VersionState
+from fleetkeeper.model import Interruption, InterruptionKind, ReplicaStatus, ServiceStatus, VersionState, to_iso
 from fleetkeeper.reconciler.budget import Budget
 from fleetkeeper.reconciler.dispatch import rotated
-from fleetkeeper.reconciler.driver import MANAGED_TAG, REPLICA_TAG, UID_TAG, VERSION_TAG
+from fleetkeeper.reconciler.driver import MANAGED_TAG, REPLICA_TAG, SERVICE_TAG, UID_TAG, VERSION_TAG
 from fleetkeeper.reconciler.plan import Policy, ProbeResult
 from fleetkeeper.store.codec import from_raw, state_from_items
 from tests.cleanup_support import CleanupContext, lambda_record
@@ -179,6 +179,7 @@ class Simulation:
     def __init__(self, seed: int) -> None:
         self.seed = seed
         self.rng = random.Random(seed)
+        self.warnings = random.Random(seed ^ 0x5B07)
         rates = FaultRates(
             throttle=self.rng.choice([0.0, 0.01, 0.03]),
             torn_read=self.rng.choice([0.0, 0.0, 0.05, 0.15]),
@@ -206,6 +207,7 @@ class Simulation:
         self._live_before: dict[Any, int] = {}
         self.known_failed: set[tuple[str, int]] = set()
         self.known_hits: list[Violation] = []  # known defects met on the way (the run goes on)
+        self.reclaims: list[tuple[float, str]] = []  # (virtual time, instance id): AWS takes it back then
 
     # -- the run --
 
@@ -302,6 +304,11 @@ class Simulation:
             (self._fault, 10),
             (self._clock_jump, 3),
         ]
+        self._reclaim_due()
+        # EC2's warnings draw from an RNG of their own: the seeds' other steps stay what they were.
+        if self.warnings.random() < 0.04:
+            self._interrupt()
+            self._check()
         choice = self.rng.choices([k for k, _ in kinds], weights=[w for _, w in kinds])[0]
         choice()
 
@@ -479,7 +486,9 @@ class Simulation:
             prober=self.prober,
         )
 
-    def _one_run(self, name: str | None, budget: Budget | None = None) -> tuple[str, RunReport | None]:
+    def _one_run(
+        self, name: str | None, budget: Budget | None = None, interruption: Interruption | None = None
+    ) -> tuple[str, RunReport | None]:
         """One reconciler invocation on this thread: its outcome and report. With a budget, the
         scheduled run is a shard worker's: every listed service, in the period's rotated order,
         started only while the budget allows (and no sweep: that is the dispatcher's)."""
@@ -487,7 +496,9 @@ class Simulation:
         self._snapshot_live()  # the surge bound compares with what this very run started from
         with self.strict.acting_as("reconciler"):
             try:
-                if name:
+                if interruption is not None:
+                    report = self._reconciler().interrupt(interruption)
+                elif name:
                     report = self._reconciler().run_one(name)
                 elif budget is not None:
                     reconciler = self._reconciler()
@@ -703,6 +714,44 @@ class Simulation:
             self.blame[(uid, version)] += 1
         self._log(f"fault: AWS terminates replica {replica_id} of uid {uid} ({code})")
 
+    def _interrupt(self) -> None:
+        """EC2 warns about a running spot replica (the kick queue's worker gets it, and may crash);
+        after an interruption warning, AWS takes the instance back two minutes later."""
+        live = sorted(
+            (inst.id, tags.get(SERVICE_TAG, ""))
+            for inst, tags in self._instances()
+            if inst.state == "running" and MANAGED_TAG in tags and inst.lifecycle == "spot"
+        )
+        if not live:
+            self._log("interruption: (no running spot replica)")
+            return
+        instance_id, name = self.warnings.choice(live)
+        kind = self.warnings.choice([InterruptionKind.SPOT_INTERRUPTION, InterruptionKind.REBALANCE])
+        warning = Interruption(kind, instance_id, to_iso(self.now()))
+        if kind is InterruptionKind.SPOT_INTERRUPTION:
+            self.reclaims.append((self.strict.clock.time() + 120, instance_id))
+        k = self.warnings.randint(1, 12) if self.warnings.random() < 0.3 else None
+        if k is not None:
+            self.hooks.crash_at[threading.get_ident()] = k
+        try:
+            outcome, report = self._one_run(name or None, interruption=warning)
+        finally:
+            self.hooks.crash_at.pop(threading.get_ident(), None)
+        report = None if "crash" in outcome else report
+        crash = f" crash at call {k}" if k is not None else ""
+        self._after_run(f"interrupt({kind.value} {instance_id} of {name}){crash}", outcome, report, scope=name)
+
+    def _reclaim_due(self) -> None:
+        """AWS takes back the spot instances whose interruption warning was two minutes ago."""
+        now = self.strict.clock.time()
+        due = [instance_id for at, instance_id in self.reclaims if at <= now]
+        self.reclaims = [(at, i) for at, i in self.reclaims if at > now]
+        running = {inst.id for inst, _ in self._instances() if inst.state == "running"}
+        for instance_id in due:
+            if instance_id in running:
+                self.strict.ec2.terminate_by_aws(instance_id, "Server.SpotInstanceTermination")
+                self._log(f"AWS reclaims {instance_id} (two minutes after its interruption warning)")
+
     def _clock_jump(self) -> None:
         seconds = self.rng.choice([120, 300, 600, 900])
         self.strict.clock.advance(seconds)
@@ -758,7 +807,8 @@ class Simulation:
                 continue
             state = states.get(uid)
             record = state.replicas.get(int(tags.get(REPLICA_TAG, "-1"))) if state else None
-            if record is None or record.status not in LEAVING:
+            # A replica AWS warned about is replaced beyond the surge, by design: it is on its way out.
+            if record is None or (record.status not in LEAVING and record.interruption is None):
                 counts[uid] += 1
                 counts[(uid, int(tags.get(VERSION_TAG, "0")))] += 1
         return dict(counts)
