@@ -5,16 +5,14 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import tempfile
 import zlib
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
 from hypothesis import HealthCheck, settings
 
-from tests import openapi_conformance
+from tests import moto_tuning, openapi_conformance
 from tests import strict_aws as strict_layer
 
 if TYPE_CHECKING:
@@ -39,32 +37,10 @@ os.environ.update(
 for _var in ("FLEETKEEPER_AWS_ENDPOINT_URL", "FLEETKEEPER_KICK_QUEUE_URL", "FLEETKEEPER_KICK_URL"):
     os.environ.pop(_var, None)
 
-
-def _moto_amis() -> str:
-    """A file of the AMIs moto's EC2 knows in us-east-1, but its 1,200 ECS-optimized ones.
-
-    moto builds every default AMI (with a volume and a snapshot each) whenever it makes an EC2
-    backend, and it makes one twice per mock (on first use, and again while resetting at the end):
-    about 0.2 s per test that touches EC2, almost all of it for ECS images no test looks at. With
-    MOTO_AMIS_PATH set it loads that file's AMIs instead (read when moto's EC2 models are imported,
-    after this; `fleetkeeper local` subprocesses inherit it). Made from moto's own resources, so the
-    Amazon images (and those its SSM `ami-amazon-linux-latest` parameters name) stay as moto ships them.
-    """
-    from importlib.metadata import version
-
-    from moto.utilities.utils import load_resource
-
-    path = Path(tempfile.gettempdir()) / f"fleetkeeper-tests-moto-{version('moto')}-amis.json"
-    if not path.exists():
-        amis = load_resource("ec2/resources/amis.json") + load_resource("ec2/resources/latest_amis/us-east-1.json")
-        # Atomically: xdist's workers may all write it at once.
-        partial = path.with_name(f"{path.name}.{os.getpid()}")
-        partial.write_text(json.dumps(amis))
-        partial.replace(path)
-    return str(path)
-
-
-os.environ.setdefault("MOTO_AMIS_PATH", _moto_amis())
+# Before any mock starts (moto reads MOTO_AMIS_PATH when its EC2 models are imported): see
+# tests/moto_tuning.py.
+os.environ.setdefault("MOTO_AMIS_PATH", moto_tuning.amis_file())
+moto_tuning.share_stream_records()
 
 TABLE = "fleetkeeper-test"
 
