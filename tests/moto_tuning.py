@@ -6,6 +6,8 @@ in them (tests/conftest.py applies both before any mock starts).
   end): about 0.2 s per test that touches EC2, per world of the crash sweep, almost all of it for
   1,200 ECS-optimized images no test looks at. With MOTO_AMIS_PATH set, moto loads that file's AMIs
   instead (read when its EC2 models are imported; `fleetkeeper local` subprocesses inherit it).
+  The simulation keeps moto's own set (`default_amis()`): every AMI draws ids from moto's seeded
+  RNG, so the AMIs loaded decide the ids, and the steps, a seed gets.
 - `share_stream_records()`: moto backs up every table a TransactWriteItems touches with a deepcopy
   (to roll back a cancelled one), stream shard included, a copy that grows with every write of the
   test. A record is never changed once written, so the backup's shard shares them (it still gets a
@@ -14,13 +16,17 @@ in them (tests/conftest.py applies both before any mock starts).
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import os
 import tempfile
 from importlib.metadata import version
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
 
 
 def amis_file() -> str:
@@ -37,6 +43,22 @@ def amis_file() -> str:
         partial.write_text(json.dumps(amis))
         partial.replace(path)
     return str(path)
+
+
+@contextlib.contextmanager
+def default_amis() -> Iterator[None]:
+    """EC2 backends made meanwhile load every AMI moto ships, as without MOTO_AMIS_PATH."""
+    from moto.ec2.models import amis
+    from moto.utilities.utils import load_resource
+
+    saved_path, saved_amis = os.environ.pop("MOTO_AMIS_PATH", None), amis.AMIS
+    amis.AMIS = load_resource("ec2/resources/amis.json")
+    try:
+        yield
+    finally:
+        amis.AMIS = saved_amis
+        if saved_path is not None:
+            os.environ["MOTO_AMIS_PATH"] = saved_path
 
 
 def _copy_shard(shard: Any, memo: dict[int, Any]) -> Any:

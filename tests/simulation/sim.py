@@ -38,7 +38,7 @@ from fleetkeeper.reconciler.plan import Policy, ProbeResult
 from fleetkeeper.store.codec import from_raw, state_from_items
 from tests.cleanup_support import CleanupContext, lambda_record
 from tests.conftest import TABLE, ApiClient, HttpResult
-from tests.moto_tuning import share_stream_records
+from tests.moto_tuning import default_amis, share_stream_records
 from tests.reconciler_world import ec2_driver, is_mutation
 from tests.strict_aws import STATE_REASONS, FaultRates, LambdaTimeout, StrictAws
 
@@ -241,7 +241,8 @@ class Simulation:
         keys.new_uid = lambda: f"{self.seed % 2**32:08x}{next(self._uids):08x}"  # type: ignore[assignment]
         aws.reset_clients()
         try:
-            with mock_aws():
+            # moto's full set of AMIs: each draws ids from moto's RNG (tests/moto_tuning.py).
+            with default_amis(), mock_aws():
                 # Set up on plain moto: the layer's RNG is drawn only by the simulation's steps.
                 import boto3
 
