@@ -6,8 +6,11 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 PORT   ?= 8080
-# Tests get both cores; override with PYTEST_WORKERS=1 to debug.
+# Tests get both cores; override with PYTEST_WORKERS=1 to debug. Each worker takes the next test as
+# it finishes one (xdist's default hands each worker an eighth of the suite up front), longest
+# first (tests/conftest.py, LONG_FIRST): both workers end within a short test of each other.
 PYTEST_WORKERS ?= 2
+PYTEST_DIST    ?= --dist load --maxschedchunk 1
 
 .PHONY: local test lint typecheck imports cfn unit fuzz mutate bench openapi clean sim soak
 
@@ -71,10 +74,10 @@ cfn: $(STAMP) $(CHECKOV_STAMP) $(SAM_STAMP)
 unit: $(STAMP)
 	@if unshare -rn true 2>/dev/null && command -v ip >/dev/null 2>&1; then \
 	   echo "running pytest in a loopback-only network namespace"; \
-	   unshare -rn sh -c 'ip link set lo up && exec $(BIN)/python -m pytest -n $(PYTEST_WORKERS) $(PYTEST_ARGS)'; \
+	   unshare -rn sh -c 'ip link set lo up && exec $(BIN)/python -m pytest -n $(PYTEST_WORKERS) $(PYTEST_DIST) $(PYTEST_ARGS)'; \
 	 else \
 	   echo "no user namespaces here: running pytest with the normal network"; \
-	   $(BIN)/python -m pytest -n $(PYTEST_WORKERS) $(PYTEST_ARGS); \
+	   $(BIN)/python -m pytest -n $(PYTEST_WORKERS) $(PYTEST_DIST) $(PYTEST_ARGS); \
 	 fi
 
 test: lint typecheck imports cfn unit

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 from hypothesis import HealthCheck, settings
 
-from tests import openapi_conformance
+from tests import moto_tuning, openapi_conformance
 from tests import strict_aws as strict_layer
 
 if TYPE_CHECKING:
@@ -37,6 +37,11 @@ os.environ.update(
 for _var in ("FLEETKEEPER_AWS_ENDPOINT_URL", "FLEETKEEPER_KICK_QUEUE_URL", "FLEETKEEPER_KICK_URL"):
     os.environ.pop(_var, None)
 
+# Before any mock starts (moto reads MOTO_AMIS_PATH when its EC2 models are imported): see
+# tests/moto_tuning.py.
+os.environ.setdefault("MOTO_AMIS_PATH", moto_tuning.amis_file())
+moto_tuning.share_stream_records()
+
 TABLE = "fleetkeeper-test"
 
 # Property tests: `make test` runs the "ci" profile, the same examples on every run and machine (no
@@ -60,6 +65,39 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 # The translated template's fixture lives with the template helpers it is built from; the reconciler
 # tests' `server` and `world` with the world they build.
 pytest_plugins = ["tests.cfn", "tests.reconciler_world"]
+
+# The longest tests, run first. `make test` hands tests to its two workers one at a time, in collection
+# order (`--dist load --maxschedchunk 1`): long tests left for the end would keep one worker busy
+# while the other idles; started first, the rest fills in around them and both workers end within a
+# short test of each other. The e2e modules wait on processes and clocks more than they compute (a
+# worker on them leaves the CPU to the other); each module's tests stay next to each other, so a
+# worker starts its `fleetkeeper local` once. The rest are CPU-bound on moto. Within an entry, tests
+# keep their collection order.
+LONG_FIRST = (
+    "tests/test_local_endpoint_e2e.py::",
+    "tests/test_local_e2e.py::",
+    "tests/test_simulation.py::",  # 200 steps per seed
+    "tests/test_reconciler_crash.py::test_a_crash_at_every_aws_call_is_completed_by_the_next_runs[replica-died-",
+    "tests/test_reconciler_crash.py::test_a_crash_at_every_aws_call_is_completed_by_the_next_runs[update-",
+    "tests/test_reconciler_crash.py::",  # a fresh world per crash point
+    "tests/test_cleanup.py::test_every_version_goes_in_ceil_n_over_25_batch_calls[10000]",
+    "tests/test_api_aws_semantics.py::test_versions_pages_stay_under_the_lambda_response_limit",
+    "tests/test_api_aws_semantics.py::test_the_idempotency_record_of_a_service_of_1000_replicas_is_small",
+    "tests/test_reconciler_fanout.py::test_the_schedule_through_dispatcher_queue_and_workers_converges_many_services",
+    "tests/test_cleanup_handler.py::test_recreating_the_name_loses_nothing_of_the_new_incarnation",
+    "tests/test_store.py::test_updates_keep_the_newest_versions_and_never_prune_what_is_in_use",
+    "tests/test_store.py::test_the_version_being_served_survives_pruning_after_a_rollback",
+    "tests/test_reconciler_fanout.py::test_short_runs_stop_in_time_and_rotation_still_brings_every_service_to_ready",
+    "tests/test_local_server.py::",  # `fleetkeeper local` subprocesses
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    def rank(item: pytest.Item) -> int:
+        return next((n for n, prefix in enumerate(LONG_FIRST) if item.nodeid.startswith(prefix)), len(LONG_FIRST))
+
+    items.sort(key=rank)  # stable: every other test keeps its place
+
 
 # The strict-AWS layer's hook replaces moto's in botocore's handler list before any client exists,
 # so every client of the session carries it (inert until a test activates the layer).

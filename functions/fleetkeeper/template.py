@@ -6,6 +6,7 @@ the TTL attribute all come from it. Not used inside Lambda.
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -40,12 +41,23 @@ def _cfn_tag(loader: yaml.SafeLoader, suffix: str, node: yaml.Node) -> dict[str,
 _CfnLoader.add_multi_constructor("!", _cfn_tag)
 
 
+# Parsed templates by path, with the file's (mtime, size) when parsed: parsing template.yaml takes
+# ~150 ms, and the tests build a table from it hundreds of times.
+_parsed: dict[Path, tuple[tuple[int, int], dict[str, Any]]] = {}
+
+
 def load_template(path: Path = TEMPLATE_PATH) -> dict[str, Any]:
+    """The template at `path` as a document of its own (the caller may change it)."""
     if not path.exists():
         raise FileNotFoundError(f"{path} not found: run fleetkeeper from a checkout of the repository")
-    with path.open(encoding="utf-8") as handle:
-        document: dict[str, Any] = yaml.load(handle, Loader=_CfnLoader)
-    return document
+    stat = path.stat()
+    stamp = (stat.st_mtime_ns, stat.st_size)
+    cached = _parsed.get(path)
+    if cached is None or cached[0] != stamp:
+        with path.open(encoding="utf-8") as handle:
+            document: dict[str, Any] = yaml.load(handle, Loader=_CfnLoader)
+        cached = _parsed[path] = (stamp, document)
+    return copy.deepcopy(cached[1])
 
 
 def resource(template: dict[str, Any], logical_id: str) -> dict[str, Any]:

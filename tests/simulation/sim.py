@@ -19,7 +19,6 @@ and moves no clock.
 from __future__ import annotations
 
 import contextlib
-import copy
 import itertools
 import json
 import random
@@ -39,6 +38,7 @@ from fleetkeeper.reconciler.plan import Policy, ProbeResult
 from fleetkeeper.store.codec import from_raw, state_from_items
 from tests.cleanup_support import CleanupContext, lambda_record
 from tests.conftest import TABLE, ApiClient, HttpResult
+from tests.moto_tuning import default_amis, share_stream_records
 from tests.reconciler_world import ec2_driver, is_mutation
 from tests.strict_aws import STATE_REASONS, FaultRates, LambdaTimeout, StrictAws
 
@@ -146,15 +146,6 @@ class _Hooks:
         self.per_thread[threading.get_ident()] = 0
 
 
-def _copy_shard(shard: Any, memo: dict[int, Any]) -> Any:
-    """`copy.deepcopy` of moto's StreamShard: its own list of the very same (immutable) records."""
-    clone = copy.copy(shard)
-    memo[id(shard)] = clone
-    clone.table = copy.deepcopy(shard.table, memo)
-    clone.items = list(shard.items)
-    return clone
-
-
 def service_message(state: ServiceState) -> str:
     return state.service.status_message or ""
 
@@ -233,7 +224,6 @@ class Simulation:
 
         import moto.ec2.models.instances as moto_instances
         from moto import mock_aws
-        from moto.dynamodb.models.table import StreamShard
         from moto.moto_api._internal import mock_random
 
         from fleetkeeper.store import keys
@@ -241,11 +231,9 @@ class Simulation:
 
         saved_env = {k: os.environ.get(k) for k in ("TABLE_NAME", "FLEETKEEPER_REPLICA_HOST")}
         saved_utcnow, saved_uid = moto_instances.utcnow, keys.new_uid
-        # moto backs up every table a TransactWriteItems touches with a deepcopy (to roll back a
-        # cancelled one), stream shard included: a copy that grows with the seed's history. Records
-        # are never changed once written, so the shard's copy shares them (still a copy of its list).
-        had_copy = "__deepcopy__" in vars(StreamShard)
-        StreamShard.__deepcopy__ = _copy_shard  # type: ignore[attr-defined]
+        # moto's TransactWriteItems backs up the tables it touches, stream shard included: a copy
+        # that would grow with the seed's history, were the records not shared (tests/moto_tuning.py).
+        share_stream_records()
         saved_random = random.getstate()
         random.seed(self.seed)  # botocore's retry jitter draws from the global RNG
         mock_random.seed(self.seed)
@@ -255,7 +243,8 @@ class Simulation:
         keys.new_uid = lambda: f"{self.seed % 2**32:08x}{next(self._uids):08x}"  # type: ignore[assignment]
         aws.reset_clients()
         try:
-            with mock_aws():
+            # moto's full set of AMIs: each draws ids from moto's RNG (tests/moto_tuning.py).
+            with default_amis(), mock_aws():
                 # Set up on plain moto: the layer's RNG is drawn only by the simulation's steps.
                 import boto3
 
@@ -270,8 +259,6 @@ class Simulation:
         finally:
             aws.reset_clients()
             moto_instances.utcnow = saved_utcnow  # type: ignore[attr-defined]
-            if not had_copy:
-                del StreamShard.__deepcopy__  # type: ignore[attr-defined]
             keys.new_uid = saved_uid  # type: ignore[assignment]
             random.setstate(saved_random)
             for key, value in saved_env.items():

@@ -386,8 +386,8 @@ def match_instances(state: ServiceState, instances: Sequence[Instance]) -> dict[
     return matched
 
 
-def _may_be_unseen(record: ReplicaRecord, now: datetime, policy: Policy) -> bool:
-    """Whether a leaving replica with no recorded instance may still have one EC2 does not show yet.
+def _may_be_unseen(record: ReplicaRecord, described: Set[str], now: datetime, policy: Policy) -> bool:
+    """Whether a leaving replica may still have an instance EC2 does not show yet.
 
     A claim is launched in the run that makes it; a run that dies (or loses the write) after
     RunInstances leaves the record without its instance id, and DescribeInstances lags RunInstances.
@@ -395,10 +395,20 @@ def _may_be_unseen(record: ReplicaRecord, now: datetime, policy: Policy) -> bool
     (until the sweep of ids "no longer" claimed finds it), above the service's surge bound
     meanwhile. So the item stays until `lost_instance_grace` after its last write: by then the
     instance, if any, is visible, matched by its tag and terminated first.
+
+    A recorded instance can be hidden the same way: launched and recorded, then chosen for removal
+    before DescribeInstances lists it. While the answer lacks it altogether (`described`: the ids
+    DescribeInstances listed, in any state) the item stays until `lost_instance_grace` after the
+    launch. One listed as terminated is gone: its item goes at once.
     """
-    if record.status not in LEAVING or record.instance_id is not None:
+    if record.status not in LEAVING:
         return False
-    since = _seconds_since(record.updated_at, now)
+    if record.instance_id is None:
+        since = _seconds_since(record.updated_at, now)
+    elif record.instance_id not in described:
+        since = _seconds_since(record.launched_at or record.updated_at, now)
+    else:
+        return False
     return since is not None and since < policy.lost_instance_grace.total_seconds()
 
 
@@ -712,7 +722,7 @@ def plan(
         ensure, moves = balance.plan(state, live, work, now)
         return [*head, *ensure, *work.replica_actions(now), *moves, *marks, tripped, *work.cleanup_actions()]
 
-    launches = _plan_replicas(state, live, work, versions, now, policy)
+    launches = _plan_replicas(state, live, work, versions, now, policy, described.keys())
     ensure, moves = balance.plan(state, live, work, now)
     status = service_status(state, work.current(), versions, set(live))
     actions: list[Action] = [
@@ -963,8 +973,10 @@ def _plan_replicas(
     versions: Mapping[int, VersionState],
     now: datetime,
     policy: Policy,
+    described: Set[str],
 ) -> list[Action]:
-    """Scale, roll and replace: drains go into `work`, claims and launches are returned."""
+    """Scale, roll and replace: drains go into `work`, claims and launches are returned. `described`:
+    the ids of the service's instances DescribeInstances listed, in any state."""
     service = state.service
     target_number = service.target_version
     target = state.target
@@ -989,7 +1001,7 @@ def _plan_replicas(
         over = before.status in LEAVING or (refused and not retrying(before))
         counted = before.status.failed and before.version == target_number
         counted = counted and versions.get(target_number) is VersionState.NEW
-        if over and replica_id not in live and not counted and not _may_be_unseen(before, now, policy):
+        if over and replica_id not in live and not counted and not _may_be_unseen(before, described, now, policy):
             work.delete.append(before)
 
     _plan_warned(work, live, target, wanted, now, policy)
