@@ -103,6 +103,9 @@ class ServiceCommands:
     workdirs: WorkdirStore | None = None
     now: Callable[[], str] = field(default=lambda: to_iso(utcnow()))
     sleep: Callable[[float], None] = time.sleep
+    # The stack's region: a spec's `region` must be it (replicas run in the stack's subnets). None:
+    # not known (a test, the CLI's dry checks): not checked.
+    region: str | None = None
     _idempotency: tuple[Callable[..., dict[str, Any]], IdempotencyConfig] | None = field(
         default=None, init=False, repr=False
     )
@@ -144,7 +147,7 @@ class ServiceCommands:
     # -- writes --
 
     def create(self, name: str, spec: ServiceSpec) -> ServiceState:
-        _check_spec(name, spec, "creates")
+        _check_spec(name, spec, "creates", self.region)
         waiting = f"waiting for the reconciler to launch {spec.target_replicas} replica(s)"
         # The incarnation's uid is chosen here: its workdir copy and secrets are stored under it
         # before the transaction that makes the service exist.
@@ -178,7 +181,7 @@ class ServiceCommands:
     def update(self, name: str, spec: ServiceSpec, *, mode: str | None, expected_generation: int | None) -> Written:
         """A new version, unless the spec (workdir digest and secret values included) is the target's:
         then nothing is written, as `kubectl apply` of an unchanged object."""
-        _check_spec(name, spec, "updates")
+        _check_spec(name, spec, "updates", self.region)
         stored = spec.without_secret_values()
         # The secrets ref of the first attempt (a retry after a lost race keeps it), and whether this
         # request created its parameter (to delete it if no version ever names it).
@@ -508,13 +511,15 @@ def api_error(fact: StoreError, command: Command) -> FleetkeeperError | None:
 # --- input ---------------------------------------------------------------------------------------------
 
 
-def _check_spec(name: str, spec: ServiceSpec, verb: str) -> None:
-    """The spec of a create or update (already valid): named like the service, and launchable on EC2."""
+def _check_spec(name: str, spec: ServiceSpec, verb: str, region: str | None) -> None:
+    """The spec of a create or update (already valid): named like the service, in the stack's region,
+    and launchable on EC2."""
     if spec.name is not None and spec.name != name:
         raise InvalidRequest(
             f"spec.name is {spec.name!r} but the request {verb} {name!r}; make them match or drop spec.name",
             details=[{"field": "spec.name", "problem": f"does not match name {name!r}"}],
         )
+    _in_the_region(spec, region)
     from fleetkeeper.reconciler.userdata import LARGEST_TASK, USER_DATA_LIMIT, user_data
 
     size = len(user_data(spec, task=LARGEST_TASK))
@@ -525,6 +530,27 @@ def _check_spec(name: str, spec: ServiceSpec, verb: str) -> None:
             f"at most {USER_DATA_LIMIT}: move the bulk into a script the image or `setup` fetches",
             details=[{"field": "spec.setup", "problem": "too large"}, {"field": "spec.run", "problem": "too large"}],
         )
+
+
+def _in_the_region(spec: ServiceSpec, region: str | None) -> None:
+    """A spec's `region` (any_of's too) must be the stack's: replicas run in its subnets. Whether it is
+    an AWS region name at all is the spec's own rule (spec.py)."""
+    resources = spec.resources
+    asked = [("spec.resources.region", resources.region)] + [
+        (f"spec.resources.any_of[{i}].region", entry.region) for i, entry in enumerate(resources.any_of or [])
+    ]
+    details = [
+        {
+            "field": field,
+            "problem": f"the stack runs in {region}: replicas run in its region only; "
+            f"remove `region` or set it to {region}",
+        }
+        for field, value in asked
+        if value is not None and region and value != region
+    ]
+    if details:
+        summary = "; ".join(f"{d['field']}: {d['problem']}" for d in details)
+        raise InvalidRequest(f"invalid request: {summary}", details=details)
 
 
 def _stale(name: str, current: int, expected: int) -> str:

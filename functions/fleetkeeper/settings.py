@@ -194,6 +194,8 @@ class Settings:
     workdir_bucket: str | None = None
     workdir_dir: str | None = None
     workdir_upload_url: str | None = None
+    # The stack's region (Lambda sets AWS_REGION): a spec may name only this one.
+    region: str | None = None
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> Settings:
@@ -222,6 +224,7 @@ class Settings:
             workdir_bucket=environ.get(WORKDIR_BUCKET_ENV) or None,
             workdir_dir=environ.get(WORKDIR_DIR_ENV) or None,
             workdir_upload_url=environ.get(WORKDIR_UPLOAD_URL_ENV) or None,
+            region=environ.get("AWS_REGION") or environ.get("AWS_DEFAULT_REGION") or None,
         )
 
 

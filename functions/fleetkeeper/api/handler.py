@@ -65,7 +65,6 @@ if TYPE_CHECKING:
     from aws_lambda_powertools.utilities.typing import LambdaContext
 
     from fleetkeeper.model import ServiceState
-    from fleetkeeper.spec import ServiceSpec
 
 MAX_BODY_BYTES = 64 * 1024
 # A page of GET .../versions. A version's spec comes from a body of at most 64 KiB and is answered
@@ -128,6 +127,7 @@ def build_commands(settings: Settings) -> ServiceCommands:
         kick=ReconcilerKick.from_settings(settings),
         secrets=SecretStore.from_settings(settings),
         workdirs=store_from_settings(settings),
+        region=settings.region,
     )
 
 
@@ -174,27 +174,6 @@ def _invalid_name(name: object) -> InvalidRequest:
 
 
 _MAX_CLIENT_DIGITS = len(str(MAX_CLIENT_INTEGER))
-
-
-def _in_the_stack_region(spec: ServiceSpec) -> None:
-    """A spec's `region` (any_of's too) must be the stack's: replicas run in its subnets. Whether it is
-    an AWS region name at all is the spec's own rule (spec.py)."""
-    stack = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
-    resources = spec.resources
-    asked = [("spec.resources.region", resources.region)] + [
-        (f"spec.resources.any_of[{i}].region", entry.region) for i, entry in enumerate(resources.any_of or [])
-    ]
-    details = [
-        {
-            "field": field,
-            "problem": f"the stack runs in {stack}: replicas run in its region only; "
-            f"remove `region` or set it to {stack}",
-        }
-        for field, region in asked
-        if region is not None and stack and region != stack
-    ]
-    if details:
-        raise InvalidRequest(_summarise(details), details=details)
 
 
 def _expected_generation(raw: str | None) -> int | None:
@@ -300,7 +279,6 @@ def _success(description: str, model: Any, *, etag_header: bool = True) -> OpenA
 def create_service(
     request: CreateServiceRequest, idempotency_key: IdempotencyKeyHeader = None
 ) -> Response[ServiceWritten]:
-    _in_the_stack_region(request.spec)
     return _replayable(
         "create",
         request.name,
@@ -371,7 +349,6 @@ def update_service(
     idempotency_key: IdempotencyKeyHeader = None,
 ) -> Response[ServiceWritten]:
     expected = _expected_generation(if_match)
-    _in_the_stack_region(request.spec)
     return _replayable(
         "update",
         name,

@@ -136,7 +136,7 @@ class ReconcilerStore:
                 for record in records
             )
             items.extend(self._events(service, events(chunk), now))
-            self._transact_or_superseded(items)
+            self._transact_or_superseded(items, f"the replica claims of {service.name}")
             claimed.extend(records)
             seen += len(chunk)
         return claimed
@@ -155,11 +155,7 @@ class ReconcilerStore:
             "ConditionExpression": "rev = :rev",
             "ExpressionAttributeValues": expression_values(rev=before.rev),
         }
-        if events:
-            self._transact_or_superseded([{"Put": put}, *self._events_of(before, events, now)])
-            return written
-        with _superseded_unless_condition_holds(f"replica {before.replica_id} of {before.name} changed"):
-            self.table.client.put_item(**put)
+        self._write({"Put": put}, self._events_of(before, events, now), f"replica {before.replica_id} of {before.name}")
         return written
 
     def delete_replica(self, record: ReplicaRecord, events: Sequence[Event] = (), now: str = "") -> None:
@@ -169,11 +165,9 @@ class ReconcilerStore:
             "ConditionExpression": "rev = :rev",
             "ExpressionAttributeValues": expression_values(rev=record.rev),
         }
-        if events:
-            self._transact_or_superseded([{"Delete": delete}, *self._events_of(record, events, now)])
-            return
-        with _superseded_unless_condition_holds(f"replica {record.replica_id} of {record.name} changed"):
-            self.table.client.delete_item(**delete)
+        self._write(
+            {"Delete": delete}, self._events_of(record, events, now), f"replica {record.replica_id} of {record.name}"
+        )
 
     def mark_version(
         self,
@@ -189,7 +183,8 @@ class ReconcilerStore:
             [
                 self._version_state_update(service, version, expected, state, message),
                 *self._events(service, events, now),
-            ]
+            ],
+            f"version {version} of {service.name}",
         )
 
     def trip_breaker(
@@ -238,7 +233,7 @@ class ReconcilerStore:
                 }
             )
         items.extend(self._events(service, events, now))
-        self._transact_or_superseded(items)
+        self._transact_or_superseded(items, f"version {version} of {service.name}")
 
     def record_status(
         self,
@@ -266,11 +261,7 @@ class ReconcilerStore:
                 generation=service.generation,
             ),
         }
-        if events:
-            self._transact_or_superseded([{"Update": update}, *self._events(service, events, now)])
-            return
-        with _superseded_unless_condition_holds(f"service {service.name} changed"):
-            self.table.client.update_item(**update)
+        self._write({"Update": update}, self._events(service, events, now), f"service {service.name}")
 
     def record_endpoint(self, service: ServiceRecord, endpoint: EndpointRecord) -> None:
         """The service's endpoint, as the balancer just made it. Conditioned on the incarnation being
@@ -321,11 +312,9 @@ class ReconcilerStore:
             "ConditionExpression": condition,
             "ExpressionAttributeValues": values,
         }
-        if events:
-            self._transact_or_superseded([{"Update": request}, *self._events(service, events, now)])
-            return written
-        with _superseded_unless_condition_holds(f"the autoscaler of service {service.name} changed"):
-            self.table.client.update_item(**request)
+        self._write(
+            {"Update": request}, self._events(service, events, now), f"the autoscaler of service {service.name}"
+        )
         return written
 
     def delete_service(self, service: ServiceRecord) -> None:
@@ -361,12 +350,30 @@ class ReconcilerStore:
             }
         }
 
-    def _transact_or_superseded(self, items: list[TransactWriteItemTypeDef]) -> None:
+    def _write(self, write: TransactWriteItemTypeDef, events: list[TransactWriteItemTypeDef], what: str) -> None:
+        """One conditioned write of `what`: alone (PutItem, UpdateItem or DeleteItem), or with the
+        events it reports in ONE TransactWriteItems, so an event exists exactly when its change
+        does. Superseded when its condition fails (another writer got there first)."""
+        if events:
+            self._transact_or_superseded([write, *events], what)
+            return
+        client = self.table.client
+        with _superseded_unless_condition_holds(f"{what} changed"):
+            if "Put" in write:
+                client.put_item(**write["Put"])
+            elif "Update" in write:
+                client.update_item(**write["Update"])
+            elif "Delete" in write:
+                client.delete_item(**write["Delete"])
+            else:
+                raise ValueError(f"not a single write: {sorted(write)}")
+
+    def _transact_or_superseded(self, items: list[TransactWriteItemTypeDef], what: str) -> None:
         try:
             self.table.client.transact_write_items(TransactItems=items)
         except ClientError as exc:
             if any(reason.get("Code") == "ConditionalCheckFailed" for reason in cancellation_reasons(exc)):
-                raise Superseded("a claim or version change lost to a concurrent writer") from exc
+                raise Superseded(f"{what} changed: lost to a concurrent writer") from exc
             raise
 
 
