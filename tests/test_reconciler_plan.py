@@ -128,6 +128,7 @@ def refusal(
         cause=cause,
         launch_attempts=attempts,
         refused_runs=attempts,
+        version_refusals=attempts if cause is C.VERSION else 0,
         next_attempt_at=to_iso(NOW + timedelta(seconds=retry_in)),
     )
 
@@ -316,6 +317,7 @@ def test_a_refusal_records_its_code_whose_fault_it_is_and_the_backoff(code: str,
         cause=cause,
         launch_attempts=1,
         refused_runs=1,
+        version_refusals=1 if cause is C.VERSION else 0,
         next_attempt_at=to_iso(NOW + timedelta(seconds=30)),
         updated_at=STAMP,
     )
@@ -330,9 +332,22 @@ def test_each_refusal_doubles_the_backoff_and_the_latest_code_decides() -> None:
         cause=C.VERSION,
         launch_attempts=3,
         refused_runs=3,
+        version_refusals=1,
         next_attempt_at=to_iso(NOW + timedelta(seconds=120)),
         updated_at=STAMP,
     )
+
+
+def test_capacity_refusals_of_a_walk_never_count_toward_the_breaker_only_the_versions_do() -> None:
+    """Three pools refused for capacity, then one refusal that is the version's: the breaker counts 1."""
+    pending = replica(3, S.PENDING)
+    walked = refused(pending, "InvalidParameterValue", "bad", NOW, Policy(), tried=4)
+    assert (walked.launch_attempts, walked.version_refusals, walked.cause) == (4, 1, C.VERSION)
+    again = refused(walked, "InsufficientInstanceCapacity", "none", NOW, Policy(), tried=2)
+    assert (again.launch_attempts, again.version_refusals, again.cause) == (6, 1, C.ENVIRONMENT)
+    # Two replicas refused like that: 2 failures, under the threshold of 3: no breaker trip.
+    current = state([replace(walked, replica_id=0), replace(walked, replica_id=1)])
+    assert not [a for a in plan(current, [], {}, NOW) if isinstance(a, TripBreaker)]
 
 
 def test_a_run_that_walked_pools_counts_each_attempt_but_backs_off_once() -> None:
@@ -1245,6 +1260,8 @@ def test_the_breaker_counts_failures_by_their_cause(
             failure_code="some-code",
             cause=cause,
             launch_attempts=1 if status_of is S.FAILED_PROVISION else 0,
+            # The typed count of refusals that were the version's goes with the cause.
+            version_refusals=1 if status_of is S.FAILED_PROVISION and cause is C.VERSION else 0,
             next_attempt_at=ago(-60) if status_of is S.FAILED_PROVISION else None,
         )
         for i in range(3)

@@ -265,6 +265,9 @@ class ReplicaRecord:
     # refused (the backoff's exponent), and when to try again.
     launch_attempts: int = 0
     refused_runs: int = 0
+    # Of those refusals, the ones that were the version's (cause VERSION): what the breaker counts.
+    # A walk of pools stops at the first of them, so capacity refusals before it never count.
+    version_refusals: int = 0
     next_attempt_at: str | None = None
     # When the reconciler recorded the replica's instance (initial_delay_seconds counts from here).
     launched_at: str | None = None

@@ -749,14 +749,16 @@ def refused(
     pool) once a backoff that doubles with each refused run has passed (`plan` launches it again then).
     """
     runs = record.refused_runs + 1
+    cause = refusal_cause(refusal_code)
     return replace(
         record,
         status=ReplicaStatus.FAILED_PROVISION,
         status_message=f"{refusal_code}: {message}",
         failure_code=refusal_code,
-        cause=refusal_cause(refusal_code),
+        cause=cause,
         launch_attempts=record.launch_attempts + tried,
         refused_runs=runs,
+        version_refusals=record.version_refusals + (1 if cause is FailureCause.VERSION else 0),
         next_attempt_at=to_iso(now + policy.backoff(runs)),
         updated_at=to_iso(now),
     )
@@ -922,12 +924,13 @@ class _Balance:
 
 
 def _failures(records: Sequence[ReplicaRecord]) -> int:
-    """Failures of a version for the breaker: refusals of the version's launches, and replicas that
-    failed once running, each only when its cause is the version's. A replica that got past its
-    refusals no longer counts them."""
-    counted = [r for r in records if r.status.failed and r.cause is not None and r.cause.counts_toward_breaker]
-    refused = sum(r.launch_attempts for r in counted if r.status is ReplicaStatus.FAILED_PROVISION)
-    return refused + sum(1 for r in counted if r.status is not ReplicaStatus.FAILED_PROVISION)
+    """Failures of a version for the breaker: the refusals of its launches that were the version's
+    (`version_refusals`: never the capacity refusals of a walk over the pools), and replicas that
+    failed once running when their cause is the version's. A replica that got past its refusals no
+    longer counts them."""
+    refused = sum(r.version_refusals for r in records if r.status is ReplicaStatus.FAILED_PROVISION)
+    running = [r for r in records if r.status.failed and r.status is not ReplicaStatus.FAILED_PROVISION]
+    return refused + sum(1 for r in running if r.cause is not None and r.cause.counts_toward_breaker)
 
 
 def _circuit_breaker(

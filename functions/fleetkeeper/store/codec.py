@@ -265,6 +265,7 @@ def replica_item(record: ReplicaRecord) -> Item:
         "probe_failures": record.probe_failures,
         "launch_attempts": record.launch_attempts,
         "refused_runs": record.refused_runs,
+        "version_refusals": record.version_refusals,
         "next_attempt_at": record.next_attempt_at,
         "launched_at": record.launched_at,
         "balancer": record.balancer.value if record.balancer is not None else None,
@@ -305,6 +306,8 @@ def replica_from_item(item: Mapping[str, Any]) -> ReplicaRecord:
         launch_attempts=attempts,
         # Items written before pools were walked made one attempt per refused run.
         refused_runs=int(item.get("refused_runs", attempts)),
+        # Items written before: every refusal of a replica whose last one was the version's counted.
+        version_refusals=int(item.get("version_refusals", attempts if cause == FailureCause.VERSION.value else 0)),
         next_attempt_at=opt("next_attempt_at"),
         launched_at=opt("launched_at"),
         balancer=BalancerState(balancer) if balancer is not None else None,
