@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from fleetkeeper import aws as aws_clients
-from fleetkeeper.model import ServiceStatus
+from fleetkeeper.model import ReplicaStatus, ServiceStatus, to_iso
 from fleetkeeper.reconciler.driver import (
     MANAGED_TAG,
     REPLICA_TAG,
@@ -299,6 +299,22 @@ def test_a_stored_spec_no_instance_type_satisfies_is_refused_not_launched_as_the
         Ec2Driver().launch(request)
     assert refused.value.code == NO_INSTANCE_TYPE
     assert "3 vCPUs" in str(refused.value)
+    assert world.instances() == []
+
+
+def test_a_stored_spec_no_instance_type_satisfies_is_a_refusal_the_version_is_blamed_for(world: World) -> None:
+    """Through the shell (whose walk over the pools first asks how many there are): the replica is
+    FAILED_PROVISION with the typed code, and the run reports no error."""
+    spec = stored_spec('{"service": {"readiness_probe": "/h"}, "resources": {"cpus": 3}, "run": "x"}')
+    world.store.create_service("svc", spec, "rolling", to_iso(world.clock()), status_message="created")
+    report = world.run()
+    assert report.errors == []
+    [record] = world.store.require("svc").replicas.values()
+    assert (record.status, record.failure_code, record.version_refusals) == (
+        ReplicaStatus.FAILED_PROVISION,
+        NO_INSTANCE_TYPE,
+        1,
+    )
     assert world.instances() == []
 
 

@@ -184,7 +184,11 @@ class Ec2Driver:
     # -- act --
 
     def pool_count(self, request: LaunchRequest) -> int:
-        return len(self._instance_types(request)) * max(len(self.subnet_ids), 1)
+        try:
+            types = len(self._instance_types(request))
+        except LaunchRefused:
+            return 1  # no instance type at all: the one launch attempt says why (NO_INSTANCE_TYPE)
+        return types * max(len(self.subnet_ids), 1)
 
     def pool(self, request: LaunchRequest) -> tuple[str, str | None]:
         """The capacity pool (instance type, subnet) launch attempt `request.attempt` goes to.
