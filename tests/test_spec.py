@@ -107,6 +107,27 @@ def test_probe_path_shorthand_and_defaults() -> None:
         ({"update": {"mode": "canary"}}, "spec.update.mode", "rolling"),
         ({"envs": {"1BAD": "x"}}, "spec.envs", "valid shell name"),
         ({"resources": {"image_id": "ubuntu"}}, "spec.resources.image_id", "expected an AMI id"),
+        (
+            {
+                "service": {
+                    "readiness_probe": "/h",
+                    "replica_policy": {"min_replicas": 2, "dynamic_ondemand_fallback": True},
+                }
+            },
+            "spec",
+            "replica_policy.dynamic_ondemand_fallback is an on-demand fallback for spot replicas: "
+            "set resources.use_spot: true",
+        ),
+        (
+            {
+                "service": {
+                    "readiness_probe": "/h",
+                    "replica_policy": {"min_replicas": 2, "base_ondemand_fallback_replicas": -1},
+                }
+            },
+            "spec.service.replica_policy.base_ondemand_fallback_replicas",
+            "greater than or equal to 0",
+        ),
     ],
 )
 def test_invalid_specs_name_the_field(patch: dict[str, Any], field: str, words: str) -> None:
@@ -114,6 +135,29 @@ def test_invalid_specs_name_the_field(patch: dict[str, Any], field: str, words: 
     message, fields = errors_of({**base, **patch})
     assert field in fields, fields
     assert field in message and words in message, message
+
+
+@pytest.mark.parametrize(
+    ("policy", "markets"),
+    [
+        ({}, (True, 0, False)),
+        ({"base_ondemand_fallback_replicas": 1}, (True, 1, False)),
+        ({"dynamic_ondemand_fallback": True}, (True, 0, True)),
+        ({"base_ondemand_fallback_replicas": 1, "dynamic_ondemand_fallback": True}, (True, 1, True)),
+    ],
+)
+def test_skypilots_spot_fallback_knobs_are_read(policy: dict[str, Any], markets: tuple[bool, int, bool]) -> None:
+    """SkyPilot's examples/serve/spot_policy shapes (with AWS's values: its own name GCP zones)."""
+    spec = parse_spec(
+        {
+            "service": {"readiness_probe": "/health", "replica_policy": {"min_replicas": 2, **policy}},
+            "resources": {"ports": 8081, "cpus": "2+", "use_spot": True},
+            "run": "python3 server.py",
+        }
+    )
+    got = spec.markets
+    assert (got.spot, got.base_ondemand, got.dynamic_fallback) == markets
+    assert parse_spec({"service": {"readiness_probe": "/h"}, "run": "x"}).markets.spot is False
 
 
 def test_missing_sections_are_named() -> None:
