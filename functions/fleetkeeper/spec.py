@@ -366,18 +366,11 @@ class _Placed(_Strict):
             raise ValueError("expected a number (e.g. 4) or at least one (e.g. 4+), not true or false")
         return value
 
-    @field_validator("cpus")
+    @field_validator("cpus", "memory")
     @classmethod
-    def _cpus(cls, value: Cpus | None) -> Cpus | None:
+    def _bound(cls, value: Cpus | None, info: ValidationInfo) -> Cpus | None:
         if value is not None:
-            placing.parse_bound(value, "vCPUs")
-        return value
-
-    @field_validator("memory")
-    @classmethod
-    def _memory(cls, value: Cpus | None) -> Cpus | None:
-        if value is not None:
-            placing.parse_bound(value, "GB of memory")
+            placing.parse_bound(value, "vCPUs" if info.field_name == "cpus" else "GB of memory")
         return value
 
     @field_validator("accelerators")

@@ -380,7 +380,7 @@ class ProcessDriver:
             launched_at=started,
             client_token=request.client_token,
             spot=request.market is Market.SPOT,
-            instance_type=next(iter(spec.resources.placement.instance_types), LOCAL_INSTANCE_TYPE),
+            instance_type=first or LOCAL_INSTANCE_TYPE,
             tags={
                 MANAGED_TAG: "true",
                 SERVICE_TAG: request.service,

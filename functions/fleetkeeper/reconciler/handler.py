@@ -119,19 +119,15 @@ def _json_object(body: str) -> Any:
         return None
 
 
-def _due(body: str) -> float | None:
-    parsed = _json_object(body)
-    due = parsed.get("due") if isinstance(parsed, dict) else None
+def _due(message: Any) -> float | None:
+    """When a delayed kick is due (epoch seconds; fleetkeeper.kick), None for an immediate one."""
+    due = message.get("due") if isinstance(message, dict) else None
     return float(due) if isinstance(due, int | float) and not isinstance(due, bool) else None
 
 
-def kick_in(body: str) -> str | None:
-    """The service a kick message names; None for a shard (or anything else)."""
-    try:
-        parsed = json.loads(body)
-    except ValueError:
-        return None
-    return service_of(parsed) if isinstance(parsed, dict) and "format" not in parsed else None
+def kick_in(message: Any) -> str | None:
+    """The service a kick message (parsed) names; None for a shard (or anything else)."""
+    return service_of(message) if isinstance(message, dict) and "format" not in message else None
 
 
 def sent_at(record: dict[str, Any]) -> float | None:
@@ -191,15 +187,15 @@ def _run_record(
     reconciler: Reconciler, settings: Settings, record: dict[str, Any], context: LambdaContext
 ) -> dict[str, Any]:
     body = str(record.get("body", ""))
-    warning = _json_object(body)
-    if interruptions.is_warning(warning):
+    message = _json_object(body)
+    if interruptions.is_warning(message):
         # Never dropped for its age: a late warning is still acted on (the plan sees what is left).
-        return _interrupt(reconciler, warning)
-    name = kick_in(body)
+        return _interrupt(reconciler, message)
+    name = kick_in(message)
     if name is None:
         return _run_shard(reconciler, settings, body, context)
     sent = sent_at(record)
-    due = _due(body)
+    due = _due(message)
     if due is not None and sent is not None:
         sent = max(sent, due)  # a delayed kick (a warned replica's drain) is as old as its due time
     if sent is not None and time.time() - sent > settings.period_seconds:
