@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import tempfile
 import zlib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -36,6 +37,9 @@ os.environ.update(
 )
 for _var in ("FLEETKEEPER_AWS_ENDPOINT_URL", "FLEETKEEPER_KICK_QUEUE_URL", "FLEETKEEPER_KICK_URL"):
     os.environ.pop(_var, None)
+# Where `fleetkeeper local` lists itself for the CLI (fleetkeeper.local.auth): a directory of this
+# test run's own, so that a developer's running `make local` is never found, nor touched.
+os.environ["FLEETKEEPER_RUNTIME_DIR"] = tempfile.mkdtemp(prefix="fleetkeeper-run-")
 
 # Before any mock starts (moto reads MOTO_AMIS_PATH when its EC2 models are imported): see
 # tests/moto_tuning.py.
