@@ -119,6 +119,7 @@ class EmbeddedControlPlane:
         self.token = auth.new_token()
         self.aws_access_key_id = auth.new_access_key_id()
         self.published: auth.Published | None = None
+        self._serving = False  # whether the bridge's serve_forever runs (shutdown() waits for it)
         self._moto: InMemoryAws | None = None
         self._bridge: ApiBridge | None = None
         self._loop: ReconcileLoop | None = None
@@ -198,6 +199,7 @@ class EmbeddedControlPlane:
         )
         self.published = auth.publish(credential, self.options.local_dir)
         self._spawn("api-server", self._bridge.serve_forever)
+        self._serving = True
         if self._loop is not None:
             self._loop.start()
         if self._pump is not None:
@@ -211,7 +213,8 @@ class EmbeddedControlPlane:
             auth.withdraw(self.published)
             self.published = None
         if self._bridge is not None:
-            self._bridge.shutdown()
+            if self._serving:
+                self._bridge.shutdown()
             self._bridge.server_close()
         if self._loop is not None:
             self._loop.stop()
@@ -325,7 +328,19 @@ def serve(
     plane = EmbeddedControlPlane(options, log_level=logging.WARNING if quiet else logging.INFO)
     # Everything this process creates (the state dir's files, the replicas' logs and workdirs) is its
     # user's only; the replicas inherit it.
-    os.umask(auth.PRIVATE_UMASK)
+    umask = os.umask(auth.PRIVATE_UMASK)
+    try:
+        return _run(plane, options, stop, on_started)
+    finally:
+        os.umask(umask)
+
+
+def _run(
+    plane: EmbeddedControlPlane,
+    options: Options,
+    stop: threading.Event,
+    on_started: Callable[[EmbeddedControlPlane], None] | None,
+) -> int:
     try:
         plane.start()
     except auth.CredentialProblem as exc:
