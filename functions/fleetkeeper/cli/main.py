@@ -19,6 +19,7 @@ from typing import IO, TYPE_CHECKING, Any, NoReturn
 
 import yaml
 
+from fleetkeeper import yaml_errors
 from fleetkeeper.cli import cloudlogs, render
 from fleetkeeper.cli.cloudlogs import since_seconds
 from fleetkeeper.cli.http import (
@@ -523,10 +524,7 @@ def load_spec(path: Path) -> dict[str, Any]:
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f", line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        raise UsageError(f"{path}{where}: not valid YAML: {problem}") from exc
+        raise UsageError(yaml_errors.describe(exc, str(path), text)) from exc
     if not isinstance(data, dict):
         raise UsageError(f"{path}: a spec is a mapping with `service`, `resources`, `run`...")
     return data
