@@ -126,6 +126,11 @@ def _accelerator_entry(key: Any, count: Any) -> tuple[str, int]:
     if not isinstance(key, str):
         raise ValueError(f"{key!r} is not an accelerator name (e.g. A10G, L4, H100)")
     text = key.strip()
+    if "," in text:
+        raise ValueError(
+            f"{key!r} is several accelerators in one string: write a set, {{{text}}}, or a list in order of "
+            f"preference, [{text}]"
+        )
     if count is None:
         name, colon, written = text.partition(":")
         if not colon:
@@ -220,6 +225,7 @@ def resolve(choices: Sequence[Choice]) -> Placement:
     places: dict[str, tuple[int, int, int, tuple[Any, ...]]] = {}
     refused: list[tuple[Choice, str]] = []
     for index, choice in enumerate(wanted):
+        found: list[tuple[str, tuple[int, int, int, tuple[Any, ...]]]]
         if choice.instance_type is not None:
             explicit.append(choice.instance_type)
             found = [(choice.instance_type, (choice.preference, 0, index, ()))]
