@@ -171,3 +171,16 @@ def test_an_env_left_empty_is_a_400_that_says_how_to_fill_it(api_url: str, monke
     assert err == (
         "fleetkeeper: --env HF_TOKEN: HF_TOKEN is not set in your environment; set it, or pass --env HF_TOKEN=VALUE\n"
     )
+
+
+@pytest.mark.parametrize("workdir", ["https://github.com/org/app", {"url": "https://github.com/org/app", "ref": "v1"}])
+def test_a_remote_workdir_is_not_packed_and_the_api_says_what_to_do(
+    workdir: Any, api_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    path = tmp_path / "service.yaml"
+    path.write_text(yaml.safe_dump({"workdir": workdir, "service": {"readiness_probe": "/"}, "run": "x"}))
+    code, _, err = cli(api_url, "up", "-n", "remote", str(path))
+    assert code == 2, err
+    assert "spec.workdir: a remote workdir (https://github.com/org/app) is not supported: clone it in `setup`" in err
+    assert "does not exist" not in err  # the URL is not taken for a directory

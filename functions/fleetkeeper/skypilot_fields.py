@@ -6,10 +6,12 @@ schema has (`service.https`). A field the spec models do not know is looked up h
 path (list indexes dropped; an `any_of`/`ordered` entry's field by its `resources.` path), so the
 400 says what to do instead of "unknown field". Fields that belong in another section are found by
 spec.py from the models themselves (`service.min_replicas` belongs under `service.replica_policy`).
-Pure data: no imports from fleetkeeper.
+Pure data, light enough for the CLI: no imports from fleetkeeper.
 """
 
 from __future__ import annotations
+
+import re
 
 _DEPLOY = "docs/DEPLOY.md"
 _TLS = (
@@ -121,3 +123,11 @@ def unsupported(path: str) -> str | None:
     if len(parts) == 3 and parts[0] == "resources" and parts[1] in {"any_of", "ordered"}:
         return UNSUPPORTED.get(f"resources.{parts[2]}")
     return None
+
+
+_REMOTE = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*://|git@)")
+
+
+def remote_workdir(value: str) -> bool:
+    """Whether a workdir is a repository's URL (SkyPilot's `workdir: {url: ...}`), not a directory."""
+    return _REMOTE.match(value.strip()) is not None

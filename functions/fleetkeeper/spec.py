@@ -699,7 +699,7 @@ class ServiceSpec(_Strict):
     @classmethod
     def _workdir_is_uploaded(cls, value: Any) -> Any:
         remote = value.get("url") if isinstance(value, dict) else value if isinstance(value, str) else None
-        if isinstance(remote, str) and re.match(r"^([a-z0-9+.-]+://|git@)", remote.strip()):
+        if isinstance(remote, str) and skypilot_fields.remote_workdir(remote):
             ref = value.get("ref") if isinstance(value, dict) else None
             branch = f" --branch {ref}" if isinstance(ref, str) else ""
             raise ValueError(

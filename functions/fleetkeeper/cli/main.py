@@ -32,6 +32,7 @@ from fleetkeeper.cli.http import (
 )
 from fleetkeeper.cli.waiting import EXIT_FAILED, EXIT_OK, Goal, Progress, wait_for
 from fleetkeeper.local.options import add_arguments, options_from, seconds
+from fleetkeeper.skypilot_fields import remote_workdir
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
@@ -274,7 +275,7 @@ class Cli:
         and uploaded (its digest in its place)."""
         spec = apply_values(spec, self.args.env_file, self.args.env, self.args.secret, source=str(self.args.spec))
         workdir = spec.get("workdir")
-        if isinstance(workdir, str):
+        if isinstance(workdir, str) and not remote_workdir(workdir):  # a URL: the API says what to do
             spec["workdir"] = {"digest": self._upload_workdir(Path(workdir), name if existing else None)}
         return spec
 
