@@ -1,21 +1,24 @@
 """SkyPilot's resource requirements as EC2 instance types and root volumes: pure, no AWS call.
 
 `cpus` (`4`, `"4+"`), `memory` (`32`, `"32+"`, GB as SkyPilot writes it, matched against GiB as AWS
-states it), `accelerators` (`A10G:1`, `{L4: 1, A10G: 1}`, `{L4, A10g}`) and `any_of` become an ordered
-list of candidate instance types from fleetkeeper.catalogue, resolved when the api accepts the spec:
+states it), `accelerators` (`A10G:1`; a set `{L4:1, A10G:1}`, `{L4: 1, A10G: 1}`, `{L4, A10g}`; a list
+`[L4:1, A10G:1]`), `any_of` and `ordered` become an ordered list of candidate instance types from
+fleetkeeper.catalogue, resolved when the api accepts the spec:
 
-- each alternative (an `any_of` entry over the top-level fields, and each accelerator of a set) is a
-  choice; a choice with `instance_type` is that type alone (it wins over requirements beside it, with
-  a note when the catalogue knows it does not meet them);
+- each alternative (an `any_of` or `ordered` entry over the top-level fields, and each accelerator
+  of a set or list) is a choice; a choice with `instance_type` is that type alone (it wins over
+  requirements beside it, with a note when the catalogue knows it does not meet them);
 - a count is exact (`A10G:1` is one A10G, not at least one), as in SkyPilot; `4` vCPUs is exactly 4,
   `4+` at least 4; without `memory`, a CPU-only choice gets at least 2 GiB per vCPU asked for;
-- candidates are ordered smallest first (catalogue.rank: accelerators, vCPUs, memory, family price);
-  explicit instance types come first, in the order written; at most MAX_CANDIDATES are kept;
+- choices are tried in turn where SkyPilot tries them in turn (`ordered` entries, the items of a list
+  of accelerators: `Choice.preference`); within one preference (a set, `any_of`), candidates are
+  ordered smallest first (catalogue.rank: accelerators, vCPUs, memory, family price), explicit
+  instance types first, in the order written; at most MAX_CANDIDATES are kept;
 - a choice AWS cannot satisfy is dropped with a note; when none is left, `Unsatisfiable` says why and
-  what AWS has instead.
+  what AWS has instead (for accelerators: every one AWS has, with the counts it comes in).
 
-The reconciler launches the first candidate (fleetkeeper.reconciler.drivers.ec2); walking the others
-on capacity refusals is a later slice (docs/ARCHITECTURE.md, "Placement").
+The reconciler launches the first candidate and walks the others on capacity refusals
+(fleetkeeper.reconciler.drivers.ec2; docs/ARCHITECTURE.md, "Placement").
 """
 
 from __future__ import annotations
