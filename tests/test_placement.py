@@ -120,8 +120,8 @@ def test_choices_aws_cannot_satisfy_are_dropped_with_a_note_each() -> None:
     assert {catalogue.BY_NAME[t].accelerator for t in types} == {"L4", "A10G"}
     assert len(types) == MAX_CANDIDATES
     assert notes == (
-        "dropped: no AWS instance type has A10 (did you mean A10G?)",
-        "dropped: no AWS instance type has L40 (did you mean L40S?)",
+        "dropped: no AWS instance type has A10",  # A10G is in the set too: A10 is not its typo
+        "dropped: no AWS instance type has L40 (did you mean L40S?)",  # L40S is not in the set
         "dropped: no AWS instance type has A40",
         "dropped: no AWS instance type has 1 A100; p4d.24xlarge has 8; for one GPU use A10G:1, L4:1 or L40S:1",
         "dropped: no AWS instance type has 1 A100-80GB; p4de.24xlarge has 8; for one GPU use A10G:1, L4:1 or L40S:1",

@@ -145,7 +145,7 @@ def test_skypilots_llm_set_keeps_what_aws_has_and_notes_the_rest() -> None:
     types, notes = placed("accelerators: {L4:1, A10G:1, A10:1, A100:1, A100-80GB:1}")
     assert types == L4_OR_A10G
     assert notes == (
-        "dropped: no AWS instance type has A10 (did you mean A10G?)",
+        "dropped: no AWS instance type has A10",  # A10G is in the set too: A10 is not its typo
         "dropped: no AWS instance type has 1 A100; p4d.24xlarge has 8; for one GPU use A10G:1, L4:1 or L40S:1",
         "dropped: no AWS instance type has 1 A100-80GB; p4de.24xlarge has 8; for one GPU use A10G:1, L4:1 or L40S:1",
     )

@@ -32,7 +32,7 @@ from fleetkeeper import catalogue
 from fleetkeeper.catalogue import CATALOGUE, GPU, InstanceType
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable, Sequence
+    from collections.abc import Collection, Iterable, Sequence
 
 MAX_CANDIDATES = 10
 # Without `memory`, a CPU-only choice gets at least this much per vCPU (what compute optimized
@@ -227,13 +227,14 @@ def resolve(choices: Sequence[Choice]) -> Placement:
     # name -> its place: (preference, explicit first, in the order written, else smallest first)
     places: dict[str, tuple[int, int, int, tuple[Any, ...]]] = {}
     refused: list[tuple[Choice, str]] = []
+    asked = {c.accelerator[0] for c in wanted if c.accelerator is not None}
     for index, choice in enumerate(wanted):
         found: list[tuple[str, tuple[int, int, int, tuple[Any, ...]]]]
         if choice.instance_type is not None:
             explicit.append(choice.instance_type)
             found = [(choice.instance_type, (choice.preference, 0, index, ()))]
         else:
-            matched, reason = _match(choice)
+            matched, reason = _match(choice, asked)
             if not matched:
                 refused.append((choice, reason))
             found = [(t.name, (choice.preference, 1, 0, catalogue.rank(t))) for t in matched]
@@ -306,8 +307,10 @@ def _has(t: InstanceType) -> str:
     return f"{t.vcpus} vCPUs, {t.memory_gib:g} GiB and {accelerators}"
 
 
-def _match(choice: Choice) -> tuple[list[InstanceType], str]:
-    """The catalogue's instance types that satisfy a choice, or none and the reason, for people."""
+def _match(choice: Choice, asked: Collection[str] = ()) -> tuple[list[InstanceType], str]:
+    """The catalogue's instance types that satisfy a choice, or none and the reason, for people.
+    An unknown name gets a did-you-mean, unless the name meant is `asked` beside it (a set with A10
+    and A10G means both: A10 is another cloud's GPU, not a typo)."""
     if choice.accelerator is None:
         found = [t for t in CATALOGUE if t.accelerator is None and _fits(choice, t)]
         if found:
@@ -319,7 +322,8 @@ def _match(choice: Choice) -> tuple[list[InstanceType], str]:
     if device is None:
         known = [a.name for a in catalogue.ACCELERATORS]
         close = difflib.get_close_matches(name.upper(), [k.upper() for k in known], n=1, cutoff=0.6)
-        hint = f" (did you mean {known[[k.upper() for k in known].index(close[0])]}?)" if close else ""
+        meant = known[[k.upper() for k in known].index(close[0])] if close else None
+        hint = f" (did you mean {meant}?)" if meant is not None and meant not in asked else ""
         return [], f"no AWS instance type has {name}{hint}"
     carrying = [t for t in CATALOGUE if t.accelerator == device.name]
     counted = [t for t in carrying if t.accelerator_count == count]
