@@ -227,7 +227,7 @@ def test_an_ordered_entry_may_hold_a_list_tried_in_turn_too() -> None:
         # from_yaml_config: 'Cannot specify multiple "accelerators" with prefered order (i.e., list of
         # accelerators) with "any_of" in resources.'
         ("accelerators: [L4, A10G]\nany_of: [{cpus: 4}]", "spec.resources.accelerators", "write them as a set"),
-        ("any_of: [{accelerators: [L4, A10G]}]", "spec.resources.accelerators", "write them as a set"),
+        ("any_of: [{cpus: 4}, {accelerators: [L4, A10G]}]", "spec.resources.any_of[1].accelerators", "as a set"),
     ],
 )
 def test_skypilots_refusals_between_sets_lists_any_of_and_ordered(text: str, field: str, words: str) -> None:

@@ -412,8 +412,9 @@ def _no_zone(value: str) -> None:
 
 
 def _refused(field: str, reason: str) -> PydanticCustomError:
-    """A model-level refusal that names one of the model's fields (describe_validation_errors appends
-    `ctx.field` to the error's location): pydantic's model validators can only name the model."""
+    """A model-level refusal that names one of the model's fields, `accelerators` or `any_of.0.accelerators`
+    (describe_validation_errors appends `ctx.field` to the error's location): pydantic's model
+    validators can only name the model."""
     return PydanticCustomError("field_refused", "{reason}", {"reason": reason, "field": field})
 
 
@@ -529,10 +530,10 @@ class Resources(_Placed):
                 "entry (`- accelerators: L4:1`), or use a set with `any_of`",
             )
         if self.any_of is not None:
-            for entry in (self, *self.any_of):
+            for where, entry in [("", self), *((f"any_of.{i}.", e) for i, e in enumerate(self.any_of))]:
                 if entry.accelerators is not None and placing.accelerators_in_order(entry.accelerators):
                     raise _refused(
-                        "accelerators",
+                        f"{where}accelerators",
                         "a list of accelerators is an order, and `any_of` has none: write them as a set "
                         "({L4:1, A10G:1}), or use `ordered` to try them in turn",
                     )
@@ -882,8 +883,9 @@ def describe_validation_errors(errors: Sequence[Any], prefix: str = "") -> list[
         where = ""
         if loc and loc[0] in _LOCATIONS:
             where, loc = _LOCATIONS[str(loc[0])], loc[1:]
-        named = (item.get("ctx") or {}).get("field")  # a model's refusal that names one of its fields
-        field = _dotted(((prefix,) if prefix else ()) + loc + ((named,) if named else ())) or "body"
+        named = str((item.get("ctx") or {}).get("field") or "")  # a model's refusal naming one of its fields
+        inner = tuple(int(p) if p.isdigit() else p for p in named.split(".")) if named else ()
+        field = _dotted(((prefix,) if prefix else ()) + loc + inner) or "body"
         kind = item.get("type", "")
         if kind == "extra_forbidden":
             problem = _unknown_field(loc, prefix)
