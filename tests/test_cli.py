@@ -22,8 +22,8 @@ from fleetkeeper.cli.http import (
     resolve_api_url,
 )
 from fleetkeeper.cli.main import build_parser, run
-from fleetkeeper.local.auth import RUNTIME_DIR_ENV, LocalCredential, new_token, publish, withdraw
 from fleetkeeper.cli.waiting import Goal, Progress, judge, wait_for
+from fleetkeeper.local.auth import RUNTIME_DIR_ENV, LocalCredential, new_token, publish, withdraw
 from fleetkeeper.local.server import parser as local_parser
 
 if TYPE_CHECKING:
