@@ -80,6 +80,7 @@ pytest_plugins = ["tests.cfn", "tests.reconciler_world"]
 LONG_FIRST = (
     "tests/test_local_endpoint_e2e.py::",
     "tests/test_local_e2e.py::",
+    "tests/test_local_auth_e2e.py::",
     "tests/test_simulation.py::",  # 200 steps per seed
     "tests/test_reclaim_wave.py::",  # eight simulated minutes of a wave per seed
     "tests/test_reconciler_crash.py::test_a_crash_at_every_aws_call_is_completed_by_the_next_runs[replica-died-",

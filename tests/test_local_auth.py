@@ -98,7 +98,7 @@ def refused(answer: tuple[int, dict[str, str], Any], status: int, code: str, fie
     assert got == status, body
     assert headers["Content-Type"] == "application/json"
     assert set(body["error"]) == {"code", "message", "details"}
-    assert body["error"]["code"] == code and body["error"]["details"] == [{"field": field}]
+    assert body["error"]["code"] == code and [d["field"] for d in body["error"]["details"]] == [field]
     assert not any(name.lower().startswith("access-control-") for name in headers)
 
 
@@ -161,7 +161,7 @@ def test_a_request_without_a_host_or_with_two_is_refused(plane: Plane) -> None:
     connection.putheader("Authorization", plane.credential.authorization)
     connection.endheaders()
     answer = connection.getresponse()
-    assert answer.status == 403 and json.loads(answer.read())["error"]["details"] == [{"field": "Host"}]
+    assert answer.status == 403 and json.loads(answer.read())["error"]["details"][0]["field"] == "Host"
     connection.close()
 
 

@@ -274,9 +274,11 @@ class Refusal:
     code: str
     message: str
     field: str
+    problem: str
 
     def body(self) -> dict[str, Any]:
-        return {"error": {"code": self.code, "message": self.message, "details": [{"field": self.field}]}}
+        details = [{"field": self.field, "problem": self.problem}]
+        return {"error": {"code": self.code, "message": self.message, "details": details}}
 
     def headers(self) -> dict[str, str]:
         headers = {"Content-Type": "application/json"}
@@ -288,7 +290,8 @@ class Refusal:
 def _forbidden_host(values: list[str], authority: str) -> Refusal | None:
     if len(values) != 1 or values[0].strip().lower() != authority:
         got = ", ".join(repr(v) for v in values) or "none"
-        return Refusal(403, "forbidden", f"the Host header must be {authority} (got {got})", "Host")
+        message = f"the Host header must be {authority} (got {got})"
+        return Refusal(403, "forbidden", message, "Host", "not this server's address")
     return None
 
 
@@ -299,7 +302,8 @@ def _forbidden_origin(values: list[str], allowed: str | None) -> Refusal | None:
     if allowed is not None and len(values) == 1 and values[0].strip().lower() == allowed:
         return None
     got = ", ".join(repr(v) for v in values)
-    return Refusal(403, "forbidden", f"requests from a web page are refused (Origin {got})", "Origin")
+    message = f"requests from a web page are refused (Origin {got})"
+    return Refusal(403, "forbidden", message, "Origin", "a web page's origin")
 
 
 class ApiGate:
@@ -332,16 +336,15 @@ class ApiGate:
                 "this API needs the credential of the `fleetkeeper local` run: send Authorization: Bearer <token> "
                 f"(the token is in <state dir>/{CREDENTIAL_FILE}; docs/CLI.md)"
             )
-            return Refusal(401, "unauthorized", message, "Authorization")
+            return Refusal(401, "unauthorized", message, "Authorization", "missing")
         if len(authorization) != 1 or not self._token_matches(authorization[0]):
-            return Refusal(
-                401, "unauthorized", "the credential is not this run's (was the server restarted?)", "Authorization"
-            )
+            message = "the credential is not this run's (was the server restarted?)"
+            return Refusal(401, "unauthorized", message, "Authorization", "not this run's credential")
         if json_body and has_body and method.upper() in WRITE_METHODS and not _is_json(content_type):
             message = (
                 f"request bodies must be JSON: send Content-Type: application/json (got {content_type or 'none'!r})"
             )
-            return Refusal(415, "unsupported_media_type", message, "Content-Type")
+            return Refusal(415, "unsupported_media_type", message, "Content-Type", "not application/json")
         return None
 
     def _token_matches(self, value: str) -> bool:
@@ -377,7 +380,7 @@ class AwsGate:
         key = match[1] if match else _query_credential(query)
         if key is None or not hmac.compare_digest(key.encode(), self._key):
             message = "the in-memory AWS serves this `fleetkeeper local` run's own clients only"
-            return Refusal(403, "forbidden", message, "Authorization")
+            return Refusal(403, "forbidden", message, "Authorization", "not this run's access key id")
         return None
 
 
