@@ -7,14 +7,13 @@ from __future__ import annotations
 
 import io
 import json
-import threading
 from typing import TYPE_CHECKING
 
 import pytest
 
 from fleetkeeper.api.handler import lambda_handler
 from fleetkeeper.cli.main import run
-from fleetkeeper.local.http_bridge import ApiBridge
+from tests.local_process import serving_bridge
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -33,12 +32,10 @@ run: python3 -m http.server $PORT
 
 @pytest.fixture
 def api_url(table: str, tmp_path: Path) -> Iterator[str]:
-    server = ApiBridge(("127.0.0.1", 0), lambda_handler, on_kick=lambda _n: None, logs_dir=tmp_path / "logs")
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield server.url
-    server.shutdown()
-    server.server_close()
+    with serving_bridge(
+        lambda_handler, tmp_path / "state", on_kick=lambda _n: None, logs_dir=tmp_path / "logs"
+    ) as server:
+        yield server.url
 
 
 def spec_file(tmp_path: Path, greeting: str = "v1", text: str | None = None) -> str:

@@ -24,6 +24,8 @@ DRIVER_ENV = "FLEETKEEPER_DRIVER"
 PROBE_BUDGET_ENV = "FLEETKEEPER_PROBE_BUDGET_SECONDS"
 KICK_QUEUE_URL_ENV = "FLEETKEEPER_KICK_QUEUE_URL"
 KICK_URL_ENV = "FLEETKEEPER_KICK_URL"
+# The embedded mode's API credential, which its kick URL requires (fleetkeeper.local.auth).
+KICK_TOKEN_ENV = "FLEETKEEPER_KICK_TOKEN"
 SUBNET_IDS_ENV = "FLEETKEEPER_SUBNET_IDS"
 SECURITY_GROUP_IDS_ENV = "FLEETKEEPER_SECURITY_GROUP_IDS"
 INSTANCE_PROFILE_ENV = "FLEETKEEPER_INSTANCE_PROFILE_ARN"
@@ -177,6 +179,7 @@ class Settings:
     # (embedded mode), else nothing (the schedule picks the change up).
     kick_queue_url: str | None = None
     kick_url: str | None = None
+    kick_token: str | None = field(default=None, repr=False)  # a credential: never logged
     ec2: Ec2Settings = field(default_factory=Ec2Settings)
     # The dispatcher's: where shards go, how often (seconds between scheduled runs), how big.
     reconcile_queue_url: str | None = None
@@ -208,6 +211,7 @@ class Settings:
             probe_budget_seconds=_probe_budget(environ),
             kick_queue_url=environ.get(KICK_QUEUE_URL_ENV) or None,
             kick_url=environ.get(KICK_URL_ENV) or None,
+            kick_token=environ.get(KICK_TOKEN_ENV) or None,
             ec2=Ec2Settings.from_env(environ),
             reconcile_queue_url=environ.get(RECONCILE_QUEUE_URL_ENV) or None,
             period_seconds=period_of(environ.get(RECONCILE_SCHEDULE_ENV) or DEFAULT_SCHEDULE),

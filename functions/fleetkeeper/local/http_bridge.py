@@ -1,5 +1,9 @@
 """Real HTTP in front of the api handler: each request becomes the event API Gateway would send.
 
+Every request, /v1 and /_local alike, must first pass the run's `ApiGate` (fleetkeeper.local.auth):
+`Host: 127.0.0.1:<port>`, no foreign Origin, `Authorization: Bearer <token>`, and a JSON body on a
+write; else 403, 401 or 415 in the api's error shape, before any of the body is read.
+
 Every request under /v1 is turned into an API Gateway REST proxy event (`fleetkeeper.apigw`), given
 to the api Lambda handler, and its response becomes the HTTP response: status, headers and body.
 A few embedded-mode routes live beside the API under /_local:
@@ -35,6 +39,7 @@ from urllib.parse import parse_qs
 
 from fleetkeeper.apigw import response_parts, rest_event
 from fleetkeeper.kick import MAX_DELAY_SECONDS
+from fleetkeeper.local.auth import ApiGate
 from fleetkeeper.local.context import LocalContext
 from fleetkeeper.spec import NAME_PATTERN
 from fleetkeeper.workdir_store import MAX_WORKDIR_BYTES, WorkdirInvalid
@@ -73,6 +78,7 @@ class ApiBridge(ThreadingHTTPServer):
         address: tuple[str, int],
         api_handler: ApiHandler,
         *,
+        token: str,
         on_kick: Callable[[str], None],
         logs_dir: Path,
         on_interrupt: Callable[[str, int, str, float], tuple[int, dict[str, Any]]] | None = None,
@@ -86,6 +92,8 @@ class ApiBridge(ThreadingHTTPServer):
 
             max_body_bytes = MAX_BODY_BYTES
         super().__init__(address, _RequestHandler)
+        host, port = self.server_address[:2]
+        self.gate = ApiGate(token, str(host), int(port))
         self.max_body_bytes = max_body_bytes
         self.api_handler = api_handler
         self.on_kick = on_kick
@@ -154,7 +162,7 @@ class _RequestHandler(BaseHTTPRequestHandler):
     def _handle(self, method: str) -> None:
         started = time.perf_counter()
         try:
-            refusal = self._refuse_body()
+            refusal = self._refuse_request(method) or self._refuse_body()
             if refusal is not None:
                 # The body is left unread, so the connection cannot carry another request; it is
                 # drained after the answer (`finish`) so the client can read that answer.
@@ -168,7 +176,8 @@ class _RequestHandler(BaseHTTPRequestHandler):
                 status, headers, payload = self._local(method, body)
             else:
                 body = self._read_body()
-                headers_in = dict(self.headers.items())
+                # The credential is the bridge's business: it never reaches the handler (nor its logs).
+                headers_in = {k: v for k, v in self.headers.items() if k.lower() != "authorization"}
                 status, headers, payload = self.server.call_api(method, self.path, headers_in, body)
         except Exception:  # the bridge must answer; the handler's own errors are already responses
             logger.exception("embedded api bridge failed on %s %s", method, self.path)
@@ -177,6 +186,23 @@ class _RequestHandler(BaseHTTPRequestHandler):
         elapsed = (time.perf_counter() - started) * 1000
         level = logging.DEBUG if method == "GET" or self.path == KICK_PATH else logging.INFO
         logger.log(level, "%s %s -> %d (%.1f ms)", method, self.path, status, elapsed)
+
+    def _refuse_request(self, method: str) -> tuple[int, dict[str, str], bytes] | None:
+        """The gate's answer to a request this server must not serve (fleetkeeper.local.auth), else None."""
+        declared = (self.headers.get("Content-Length") or "").strip()
+        chunked = "chunked" in self.headers.get("Transfer-Encoding", "").lower()
+        refusal = self.server.gate.refuse(
+            method,
+            host=self.headers.get_all("Host") or [],
+            origin=self.headers.get_all("Origin") or [],
+            authorization=self.headers.get_all("Authorization") or [],
+            content_type=self.headers.get("Content-Type"),
+            has_body=chunked or declared not in ("", "0"),
+            json_body=not (method == "PUT" and _WORKDIR_PATH.match(self.path)),
+        )
+        if refusal is None:
+            return None
+        return refusal.status, refusal.headers(), json.dumps(refusal.body()).encode()
 
     def _refuse_body(self) -> tuple[int, dict[str, str], bytes] | None:
         """An answer for a body the bridge will not read, before reading any of it; else None."""
