@@ -58,7 +58,7 @@ def parse_bound(value: Any, what: str) -> Bound:
     if isinstance(value, bool):
         raise ValueError(f"expected a number of {what} (e.g. 4) or at least one (e.g. 4+)")
     text = f"{value:g}" if isinstance(value, int | float) else str(value).strip() if isinstance(value, str) else ""
-    match = _BOUND.match(text)
+    match = _BOUND.fullmatch(text)
     if not match or float(match.group(1) + (match.group(2) or "")) <= 0:
         raise ValueError(f"expected a number of {what} (e.g. 4) or at least one (e.g. 4+), got {value!r}")
     return Bound(float(match.group(1) + (match.group(2) or "")), bool(match.group(3)))
@@ -68,7 +68,7 @@ def parse_accelerators(value: Any) -> list[tuple[str, int]]:
     """`A10G:1`, `A10G` (one), `{L4: 1, A10G: 2}` or `{L4: null, A10g: null}` (YAML's `{L4, A10g}`):
     the accelerators, each an alternative, with their counts (1 when not given)."""
     if isinstance(value, str):
-        match = _ACCELERATOR.match(value.strip())
+        match = _ACCELERATOR.fullmatch(value.strip())
         if not match:
             raise ValueError(f"expected NAME or NAME:COUNT (e.g. A10G:1), got {value!r}")
         pairs: list[tuple[str, Any]] = [(match.group(1), int(match.group(2) or 1))]
@@ -80,7 +80,7 @@ def parse_accelerators(value: Any) -> list[tuple[str, int]]:
         raise ValueError("give at least one accelerator, e.g. A10G:1")
     out: list[tuple[str, int]] = []
     for name, count in pairs:
-        if not isinstance(name, str) or not _ACCELERATOR.match(name) or ":" in name:
+        if not isinstance(name, str) or not _ACCELERATOR.fullmatch(name) or ":" in name:
             raise ValueError(f"{name!r} is not an accelerator name (e.g. A10G, L4, H100)")
         if count is None:
             count = 1

@@ -230,7 +230,7 @@ class Settings:
 
 def period_of(schedule: str) -> int:
     """Seconds between the runs of an EventBridge `rate(...)` schedule (template.yaml admits no other)."""
-    match = _RATE.match(schedule.strip())
+    match = _RATE.fullmatch(schedule.strip())
     if match is None:
         raise SettingsError(
             f"{RECONCILE_SCHEDULE_ENV}={schedule!r}: expected a rate such as 'rate(1 minute)' or 'rate(5 minutes)'"
