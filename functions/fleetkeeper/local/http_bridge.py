@@ -212,7 +212,7 @@ class _RequestHandler(BaseHTTPRequestHandler):
                 yield chunk
 
         try:
-            size = store.receive(f"sha256:{hex_digest}", chunks())
+            size = store.receive(f"sha256:{hex_digest}", chunks(), length)
         except WorkdirInvalid as exc:
             self._unread_body = True  # what is left of the body is drained after the answer
             self.close_connection = True
