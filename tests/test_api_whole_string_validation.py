@@ -39,12 +39,17 @@ def test_a_name_with_a_trailing_newline_in_the_path_is_400(api: ApiClient) -> No
     assert "name" in response.error["message"]
 
 
-def test_the_spec_validators_refuse_a_trailing_newline() -> None:
+@pytest.mark.parametrize(
+    ("spec", "says"),
+    [
+        ({**hello_spec(), "name": "web\n"}, "is not a service name"),
+        (hello_spec(envs={"A\n": "x"}), "is not a valid shell name"),
+        (hello_spec(secrets={"A\n": "x"}), "is not a valid shell name"),
+        (hello_spec(workdir={"digest": "sha256:" + "0" * 64 + "\n"}), "sha256"),
+        (hello_spec(resources={"region": "us-east-1\n"}), "is not an AWS region name"),
+    ],
+)
+def test_the_spec_validators_refuse_a_trailing_newline(spec: dict[str, object], says: str) -> None:
     """The model's own validators (what the CLI runs before sending, and the stored-spec reader)."""
-    for spec in (
-        {**hello_spec(), "name": "web\n"},
-        hello_spec(envs={"A\n": "x"}),
-        hello_spec(workdir={"digest": "sha256:" + "0" * 64 + "\n"}),
-    ):
-        with pytest.raises(ValueError, match=r"service name|sha256|shell name"):
-            ServiceSpec.model_validate(spec)
+    with pytest.raises(ValueError, match=says):
+        ServiceSpec.model_validate(spec)
