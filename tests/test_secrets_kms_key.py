@@ -169,3 +169,20 @@ def test_the_accounts_administrators_administer_the_key(key: dict[str, Any]) -> 
         assert _use(key, action, admin, identity=(ADMIN,)) == "Allow", action
     # Only with their own IAM permission: the key policy delegates administration to IAM.
     assert _use(key, "kms:PutKeyPolicy", f"arn:aws:iam::{ACCOUNT}:role/nobody", identity=()) == "ImplicitDeny"
+
+
+def test_the_key_policy_names_these_principals_and_no_other(translated: dict[str, Any]) -> None:
+    policy = translated["Resources"]["SecretsKey"]["Properties"]["KeyPolicy"]
+    named = {s["Sid"]: s["Principal"] for s in policy["Statement"]}
+    assert named == {
+        "AccountAdministersTheKey": {"AWS": {"Fn::Sub": "arn:${AWS::Partition}:iam::${AWS::AccountId}:root"}},
+        "SecretsWrittenAndComparedByTheApi": {"AWS": {"Fn::GetAtt": ["ApiFunctionRole", "Arn"]}},
+        "SecretsReadByTheReconciler": {"AWS": {"Fn::GetAtt": ["ReconcilerRole", "Arn"]}},
+        "SecretsReadByReplicas": {"AWS": {"Ref": "ReplicaRoleArn"}},
+    }
+    assert all(s["Effect"] == "Allow" for s in policy["Statement"])
+    for statement in policy["Statement"]:
+        if statement["Sid"] != "AccountAdministersTheKey":
+            assert statement["Condition"]["StringEquals"] == {
+                "kms:ViaService": {"Fn::Sub": "ssm.${AWS::Region}.amazonaws.com"}
+            }, statement["Sid"]
