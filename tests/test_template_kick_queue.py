@@ -100,3 +100,28 @@ def test_plain_http_is_denied_even_to_the_stacks_roles(stack: dict[str, Any]) ->
         context={"aws:SecureTransport": "false"},
     )
     assert decide(stack["policy"], request) == "ExplicitDeny"
+
+
+# --- the reconcile queue: the dispatcher's shards only ----------------------------------------------------
+
+
+def test_only_the_dispatcher_queues_shards(translated: dict[str, Any], stack: dict[str, Any]) -> None:
+    resolver = Resolver(translated)
+    policy = resolver.resolve(translated["Resources"]["ReconcileQueuePolicy"]["Properties"]["PolicyDocument"])
+    queue = resolver.get_att("ReconcileQueue", "Arn")
+
+    def send(who: str, identity: tuple[dict[str, Any], ...], **context: str) -> str:
+        request = Request(
+            action="sqs:SendMessage", resource=queue, principal_arn=who, identity=identity, context=context
+        )
+        return decide(policy, request)
+
+    dispatcher = stack["roles"]["DispatcherRole"]
+    assert send(dispatcher, stack["identity"]["DispatcherRole"]) == "Allow"
+    assert send(dispatcher, stack["identity"]["DispatcherRole"], **{"aws:SecureTransport": "false"}) == "ExplicitDeny"
+    for other in (stack["roles"]["ApiFunctionRole"], f"arn:aws:iam::{ACCOUNT}:role/Admin"):
+        assert send(other, (ADMIN,)) == "ExplicitDeny", other
+    admin = Request(
+        action="sqs:PurgeQueue", resource=queue, principal_arn=f"arn:aws:iam::{ACCOUNT}:role/Admin", identity=(ADMIN,)
+    )
+    assert decide(policy, admin) == "Allow"
