@@ -125,3 +125,31 @@ def test_only_the_dispatcher_queues_shards(translated: dict[str, Any], stack: di
         action="sqs:PurgeQueue", resource=queue, principal_arn=f"arn:aws:iam::{ACCOUNT}:role/Admin", identity=(ADMIN,)
     )
     assert decide(policy, admin) == "Allow"
+
+
+def test_the_evaluator_follows_iams_documented_rules() -> None:
+    """tests/iam_eval.py on small policies whose outcome AWS's documentation states."""
+    arn = "arn:aws:sqs:us-east-1:123456789012:q"
+    role = f"arn:aws:iam::{ACCOUNT}:role/r"
+    allow_all = {"Effect": "Allow", "Action": "sqs:*", "Resource": "*"}
+
+    def deny_unless(operator: str) -> dict[str, Any]:
+        condition = {operator: {"aws:SourceArn": "arn:aws:events:us-east-1:123456789012:rule/x"}}
+        statement = {"Effect": "Deny", "Principal": "*", "Action": "sqs:SendMessage", "Resource": arn}
+        return {"Statement": [{**statement, "Condition": condition}]}
+
+    send = Request(action="sqs:SendMessage", resource=arn, principal_arn=role, identity=(allow_all,))
+    # A negated operator is true when the key is absent; a positive one is false.
+    assert decide(deny_unless("ArnNotEquals"), send) == "ExplicitDeny"
+    assert decide(deny_unless("ArnEquals"), send) == "Allow"
+    # Several values of a negated operator: NOR.
+    two = {"ArnNotEquals": {"aws:PrincipalArn": [role, f"arn:aws:iam::{ACCOUNT}:role/other"]}}
+    statement = {"Effect": "Deny", "Principal": "*", "Action": "sqs:SendMessage", "Resource": arn, "Condition": two}
+    assert decide({"Statement": [statement]}, send) == "Allow"
+    # No Allow anywhere: implicitly denied; an operator it cannot judge fails loudly.
+    assert decide({"Statement": []}, Request(action="sqs:SendMessage", resource=arn, principal_arn=role)) == (
+        "ImplicitDeny"
+    )
+    unknown = {**statement, "Condition": {"DateGreaterThan": {"aws:CurrentTime": "2020-01-01T00:00:00Z"}}}
+    with pytest.raises(AssertionError, match="cannot judge"):
+        decide({"Statement": [unknown]}, send)
