@@ -137,6 +137,16 @@ def test_logs_prints_each_replicas_log_file(api_url: str, tmp_path: Path) -> Non
     assert cli(api_url, "logs", "web", "3")[0] == 2
 
 
+def test_logs_prints_a_replicas_output_without_terminal_escapes(api_url: str, tmp_path: Path) -> None:
+    assert cli(api_url, "up", spec_file(tmp_path))[0] == 0
+    folder = tmp_path / "logs" / "web"
+    folder.mkdir(parents=True)
+    (folder / "replica-1.log").write_bytes(b"\x1b[2J\x1b[Hclean\x1b]0;title\x07\ttab\r\nnext \x1b[1A\x00line\n")
+    code, out, _ = cli(api_url, "logs", "web", "1")
+    assert code == 0
+    assert out == "clean\ttab\nnext line\n"
+
+
 def test_logs_of_a_missing_service_exits_2_with_the_apis_message(api_url: str, tmp_path: Path) -> None:
     (tmp_path / "logs" / "ghost").mkdir(parents=True)  # files left behind do not make it exist
     code, out, err = cli(api_url, "logs", "ghost")

@@ -58,6 +58,9 @@ CERTIFICATE_ARN_ENV = "FLEETKEEPER_CERTIFICATE_ARN"
 WORKDIR_BUCKET_ENV = "WORKDIR_BUCKET"
 WORKDIR_DIR_ENV = "FLEETKEEPER_WORKDIR_DIR"
 WORKDIR_UPLOAD_URL_ENV = "FLEETKEEPER_WORKDIR_UPLOAD_URL"
+# The KMS key (id or ARN) the api encrypts secret values with: the stack's SecretsKey. Unset (embedded
+# mode, tests): Parameter Store's default, the account's aws/ssm key.
+SECRETS_KEY_ID_ENV = "FLEETKEEPER_SECRETS_KEY_ID"
 
 DEFAULT_IMAGE_PARAMETER = "/aws/service/ami-amazon-linux-latest/al2023-ami-kernel-default-x86_64"
 DEFAULT_INSTANCE_TYPE = "t3.small"
@@ -197,6 +200,7 @@ class Settings:
     workdir_bucket: str | None = None
     workdir_dir: str | None = None
     workdir_upload_url: str | None = None
+    secrets_key_id: str | None = None
     # The stack's region (Lambda sets AWS_REGION): a spec may name only this one.
     region: str | None = None
 
@@ -228,13 +232,14 @@ class Settings:
             workdir_bucket=environ.get(WORKDIR_BUCKET_ENV) or None,
             workdir_dir=environ.get(WORKDIR_DIR_ENV) or None,
             workdir_upload_url=environ.get(WORKDIR_UPLOAD_URL_ENV) or None,
+            secrets_key_id=environ.get(SECRETS_KEY_ID_ENV) or None,
             region=environ.get("AWS_REGION") or environ.get("AWS_DEFAULT_REGION") or None,
         )
 
 
 def period_of(schedule: str) -> int:
     """Seconds between the runs of an EventBridge `rate(...)` schedule (template.yaml admits no other)."""
-    match = _RATE.match(schedule.strip())
+    match = _RATE.fullmatch(schedule.strip())
     if match is None:
         raise SettingsError(
             f"{RECONCILE_SCHEDULE_ENV}={schedule!r}: expected a rate such as 'rate(1 minute)' or 'rate(5 minutes)'"

@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 API_URL_ENV = "FLEETKEEPER_API_URL"
 DEFAULT_API_URL = "http://127.0.0.1:8080"
 STACK_OUTPUT = "ApiUrl"
-_EXECUTE_API_HOST = re.compile(r"\.execute-api\.(?P<region>[a-z0-9-]+)\.amazonaws\.com(?:\.cn)?$")
+_EXECUTE_API_HOST = re.compile(r"\.execute-api\.(?P<region>[a-z0-9-]+)\.amazonaws\.com(?:\.cn)?\Z")
 # Answers worth asking again: throttling and the gateway's transient failures.
 RETRYABLE = frozenset({429, 502, 503, 504})
 

@@ -34,6 +34,7 @@ from fleetkeeper.cli.http import (
 from fleetkeeper.cli.waiting import EXIT_FAILED, EXIT_OK, Goal, Progress, wait_for
 from fleetkeeper.local.options import add_arguments, options_from, seconds
 from fleetkeeper.skypilot_fields import remote_workdir
+from fleetkeeper.terminal import printable
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
@@ -408,6 +409,8 @@ class Cli:
                 if self.args.replica is None and headed != replica_id:
                     self.out.write(f"==> replica {replica_id} ({path}) <==\n")
                     headed = replica_id
+                # The replica's output as its service wrote it: nothing a terminal would obey.
+                text = printable(text, keep_newlines=True)
                 self.out.write(text if text.endswith("\n") else text + "\n")
             self.out.flush()
             if not self.args.follow:

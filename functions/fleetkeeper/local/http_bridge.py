@@ -169,7 +169,7 @@ class _RequestHandler(BaseHTTPRequestHandler):
                 self.close_connection = True
                 self._unread_body = True
                 status, headers, payload = refusal
-            elif (upload := _WORKDIR_PATH.match(self.path)) and method == "PUT":
+            elif (upload := _WORKDIR_PATH.fullmatch(self.path)) and method == "PUT":
                 status, headers, payload = self._receive_workdir(upload["hex"])
             elif self.path.startswith("/_local/"):
                 body = self._read_body()
@@ -213,7 +213,7 @@ class _RequestHandler(BaseHTTPRequestHandler):
             return None
         if not (declared.strip().isascii() and declared.strip().isdigit()):  # int() takes "-1", "+1", "1_0"
             return _json(400, _error("invalid_request", f"Content-Length {declared!r} is not a byte count"))
-        limit = MAX_WORKDIR_BYTES if _WORKDIR_PATH.match(self.path) else self.server.max_body_bytes
+        limit = MAX_WORKDIR_BYTES if _WORKDIR_PATH.fullmatch(self.path) else self.server.max_body_bytes
         if int(declared) > limit:
             message = f"request body is {int(declared)} bytes; the limit is {limit}"
             return _json(413, _error("payload_too_large", message))
@@ -238,7 +238,7 @@ class _RequestHandler(BaseHTTPRequestHandler):
                 yield chunk
 
         try:
-            size = store.receive(f"sha256:{hex_digest}", chunks())
+            size = store.receive(f"sha256:{hex_digest}", chunks(), length)
         except WorkdirInvalid as exc:
             self._unread_body = True  # what is left of the body is drained after the answer
             self.close_connection = True
@@ -270,7 +270,7 @@ class _RequestHandler(BaseHTTPRequestHandler):
         if path == "/_local/info" and method == "GET":
             extra = {key: value() if callable(value) else value for key, value in self.server.info.items()}
             return _json(200, {**extra, "api_url": self.server.url, "logs_dir": str(self.server.logs_dir)})
-        match = _LOG_PATH.match(path)
+        match = _LOG_PATH.fullmatch(path)
         if match and method == "GET":
             query = parse_qs(self.path.split("?", 1)[1] if "?" in self.path else "")
             return self._logs(match["service"], match["replica"], _number(query, "offset"), _number(query, "tail"))
@@ -283,7 +283,7 @@ class _RequestHandler(BaseHTTPRequestHandler):
             asked = None
         service = asked.get("service") if isinstance(asked, dict) else None
         delay = asked.get("delay_seconds", 0) if isinstance(asked, dict) else 0
-        if not isinstance(service, str) or not _SERVICE_NAME.match(service):
+        if not isinstance(service, str) or not _SERVICE_NAME.fullmatch(service):
             return _json(400, _error("invalid_request", 'the kick body is {"service": "<name>"}'))
         if isinstance(delay, bool) or not isinstance(delay, int) or not 0 <= delay <= MAX_DELAY_SECONDS:
             return _json(400, _error("invalid_request", f"delay_seconds: a whole number from 0 to {MAX_DELAY_SECONDS}"))
@@ -311,7 +311,7 @@ class _RequestHandler(BaseHTTPRequestHandler):
         kind = asked.get("kind", "spot-interruption")
         notice = asked.get("notice_seconds", 120)
         problems = []
-        if not isinstance(service, str) or not _SERVICE_NAME.match(service):
+        if not isinstance(service, str) or not _SERVICE_NAME.fullmatch(service):
             problems.append("service: a service name")
         if isinstance(replica, bool) or not isinstance(replica, int) or replica < 0:
             problems.append("replica: a replica id (a whole number)")
@@ -329,11 +329,12 @@ class _RequestHandler(BaseHTTPRequestHandler):
     def _logs(
         self, service: str, replica: str | None, offset: int | None = None, tail: int | None = None
     ) -> tuple[int, dict[str, str], bytes]:
-        if not _SERVICE_NAME.match(service):
+        if not _SERVICE_NAME.fullmatch(service):
             return _json(400, _error("invalid_request", f"service name {service!r} is invalid"))
         folder = self.server.logs_dir / service
         if replica is None:
-            found = sorted((int(m[1]), p) for p in folder.glob("replica-*.log") if (m := _REPLICA_LOG.match(p.name)))
+            logs_found = ((p, _REPLICA_LOG.fullmatch(p.name)) for p in folder.glob("replica-*.log"))
+            found = sorted((int(m[1]), p) for p, m in logs_found if m)
             logs = [{"replica_id": n, "path": str(p), "bytes": p.stat().st_size} for n, p in found]
             return _json(200, {"service": service, "logs": logs})
         path = folder / f"replica-{int(replica)}.log"
