@@ -88,7 +88,7 @@ def test_a_spec_with_a_bad_field_exits_2_with_the_apis_message(api_url: str, tmp
     text = SPEC.format(greeting="x") + "file_mounts:\n  /data: s3://bucket\n"
     code, out, err = cli(api_url, "up", spec_file(tmp_path, text=text))
     assert code == 2 and out == ""
-    assert "spec.file_mounts" in err and "file mounts are not supported" in err
+    assert "spec.file_mounts" in err and "file mounts and bucket mounts are not supported" in err
 
 
 def test_a_duplicate_up_exits_2_with_the_apis_message(api_url: str, tmp_path: Path) -> None:
