@@ -45,6 +45,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from tests.strict_aws import model_validation
 from tests.strict_aws.clock import VirtualClock
 from tests.strict_aws.cloudwatch import CloudWatchLayer
 from tests.strict_aws.context import LambdaContext
@@ -146,6 +147,8 @@ class StrictAws:
         self.faults = faults or FaultRates()
         self.attempts: Counter[tuple[str, str]] = Counter()
         self.faults_injected: list[Fault] = []
+        # Requests refused for breaking their service model's constraints (model_validation), in order.
+        self.violations: list[model_validation.Violation] = []
         self.backoff: list[float] = []
         self.dynamodb = DynamoDBLayer(self)
         self.ec2 = Ec2Layer(self)
@@ -264,6 +267,11 @@ class StrictAws:
         with self._lock:
             self.attempts[(call.service, call.operation)] += 1
         try:
+            violation = model_validation.take()
+            if violation is not None:
+                self.record_fault(call.service, call.operation, f"model:{violation.path}")
+                self.violations.append(violation)
+                return model_validation.refusal(violation)
             code = self._take_throttle(call.service, call.operation)
             if code is not None:
                 self.record_fault(call.service, call.operation, code)
@@ -425,4 +433,5 @@ def install_hooks() -> None:
                 break
         else:  # pragma: no cover - moto changed how it hooks into botocore
             raise RuntimeError("moto's before-send handler is not among botocore's BUILTIN_HANDLERS")
+        model_validation.install()
         _installed = True
