@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import hashlib
 import random
 import threading
 import time
@@ -147,6 +148,10 @@ class StrictAws:
         self.faults = faults or FaultRates()
         self.attempts: Counter[tuple[str, str]] = Counter()
         self.faults_injected: list[Fault] = []
+        # Every attempt in order, (service, operation, digest of its body), when `record_calls` is set:
+        # a seeded simulation replays call for call (tests/test_simulation_replay.py).
+        self.record_calls = False
+        self.call_log: list[tuple[str, str, str]] = []
         # Requests refused for breaking their service model's constraints (model_validation), in order.
         self.violations: list[model_validation.Violation] = []
         self.backoff: list[float] = []
@@ -266,6 +271,9 @@ class StrictAws:
             raise invocation.kill()
         with self._lock:
             self.attempts[(call.service, call.operation)] += 1
+            if self.record_calls:
+                digest = hashlib.sha256(call.body_bytes()).hexdigest()[:16]
+                self.call_log.append((call.service, call.operation, digest))
         try:
             violation = model_validation.take()
             if violation is not None:
