@@ -61,6 +61,12 @@ SPOT_REFUSALS = {
     "InsufficientInstanceCapacity": "",  # the message is the on-demand one, naming the zone
     "MaxSpotInstanceCountExceeded": "Max spot instance count exceeded",
     "SpotMaxPriceTooLow": "Your Spot request price is lower than the minimum required Spot request fulfillment price.",
+    # An account's first spot launch: EC2 creates its spot service-linked role with the caller's
+    # permissions, and a caller without iam:CreateServiceLinkedRole for spot.amazonaws.com gets this
+    # (https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/service-linked-roles-spot-instance-requests.html).
+    "AuthFailure.ServiceLinkedRoleCreationNotPermitted": (
+        "The provided credentials do not have permission to create the service-linked role for EC2 Spot Instances."
+    ),
 }
 
 
