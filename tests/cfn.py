@@ -28,6 +28,7 @@ PSEUDO = {
     "AWS::AccountId": ACCOUNT,
     "AWS::Partition": "aws",
     "AWS::StackName": STACK,
+    "AWS::StackId": f"arn:aws:cloudformation:{REGION}:{ACCOUNT}:stack/{STACK}/1a2b3c4d-5e6f-4a8b-9c0d-0123456789ab",
     "AWS::URLSuffix": "amazonaws.com",
 }
 

@@ -305,6 +305,9 @@ ENVIRONMENT_REFUSALS = frozenset(
         # The process driver's (embedded mode): the laptop ran out of ports or could not start bash.
         "NoFreePort",
         "ProcessLaunchFailed",
+        # The ec2 driver's (fleetkeeper.identity.PROFILE_NOT_READY): an owner's instance profile made
+        # seconds ago, which EC2 refuses until IAM has propagated it.
+        "Fleetkeeper.InstanceProfileNotReady",
     }
 )
 # StateReason codes of an instance AWS took back because it was spot. Only these make a preemption a
