@@ -158,6 +158,8 @@ class Resolver:
         if kind == "AWS::ElasticLoadBalancingV2::LoadBalancer":
             full_name = self.get_att(name, "LoadBalancerFullName")
             return f"arn:aws:elasticloadbalancing:{REGION}:{ACCOUNT}:loadbalancer/{full_name}"
+        if kind == "AWS::IAM::ManagedPolicy":
+            return f"arn:aws:iam::{ACCOUNT}:policy/{self.physical_id(name)}"
         if kind == "AWS::ElasticLoadBalancingV2::Listener":
             alb = self.get_att("LoadBalancerResource", "LoadBalancerFullName")
             return f"arn:aws:elasticloadbalancing:{REGION}:{ACCOUNT}:listener/{alb}/{name.lower()}"

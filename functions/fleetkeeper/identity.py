@@ -106,6 +106,11 @@ def scope_of_role(stack_id: str, name: str) -> str | None:
     return scope
 
 
+def role_tags(stack_id: str, scope: str) -> list[dict[str, str]]:
+    """The tags of an owner's role and profile: the policy reads the scope through the role's tag."""
+    return [{"Key": STACK_TAG, "Value": stack_id}, {"Key": SCOPE_TAG, "Value": scope}]
+
+
 def _code(exc: ClientError) -> str:
     return str(exc.response.get("Error", {}).get("Code", ""))
 
@@ -162,9 +167,6 @@ class ReplicaIdentities:
                 return None
             raise
 
-    def _tags(self, scope: str) -> list[dict[str, str]]:
-        return [{"Key": STACK_TAG, "Value": self.stack_id}, {"Key": SCOPE_TAG, "Value": scope}]
-
     def _make(self, scope: str, owner: str, name: str, found: dict[str, Any] | None) -> Profile:
         path = role_path(self.stack_id)
         logger.info("making the replica identity %s%s for owner %s", path, name, owner)
@@ -176,7 +178,7 @@ class ReplicaIdentities:
                 PermissionsBoundary=self.policy_arn,
                 # IAM's limit is 1,000 characters; an owner ARN is at most 2,048 (path 512 + name 64).
                 Description=f"fleetkeeper replicas of {owner}"[:1000],
-                Tags=self._tags(scope),
+                Tags=role_tags(self.stack_id, scope),
             )
         except ClientError as exc:
             if _code(exc) != "EntityAlreadyExists":
@@ -188,7 +190,7 @@ class ReplicaIdentities:
         if found is None:
             try:
                 found = dict(
-                    self.iam.create_instance_profile(InstanceProfileName=name, Path=path, Tags=self._tags(scope))[
+                    self.iam.create_instance_profile(InstanceProfileName=name, Path=path, Tags=role_tags(self.stack_id, scope))[
                         "InstanceProfile"
                     ]
                 )
