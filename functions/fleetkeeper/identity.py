@@ -189,11 +189,9 @@ class ReplicaIdentities:
         self.iam.attach_role_policy(RoleName=name, PolicyArn=self.policy_arn)
         if found is None:
             try:
-                found = dict(
-                    self.iam.create_instance_profile(InstanceProfileName=name, Path=path, Tags=role_tags(self.stack_id, scope))[
-                        "InstanceProfile"
-                    ]
-                )
+                tags = role_tags(self.stack_id, scope)
+                made = self.iam.create_instance_profile(InstanceProfileName=name, Path=path, Tags=tags)
+                found = dict(made["InstanceProfile"])
             except ClientError as exc:
                 if _code(exc) != "EntityAlreadyExists":
                     raise
