@@ -55,6 +55,9 @@ SCOPE_LENGTH = 16
 PROFILE_SETTLE_SECONDS = 60.0
 # The reconciler's own refusal code for it (an ENVIRONMENT refusal: reconciler/plan.py).
 PROFILE_NOT_READY = "Fleetkeeper.InstanceProfileNotReady"
+# A role younger than this is never swept: the services index the dispatcher lists is eventually
+# consistent, so a service created a moment ago (whose run made its owner's role) may not be listed.
+SWEEP_GRACE_SECONDS = 3600.0
 
 TRUST_POLICY = json.dumps(
     {
@@ -204,16 +207,16 @@ class ReplicaIdentities:
                 raise
         return Profile(name, self.now(), fresh=True)
 
-    def scopes(self) -> dict[str, str]:
-        """{scope: role name} of every owner's role of this stack (ListRoles on the stack's path)."""
-        found: dict[str, str] = {}
+    def scopes(self) -> dict[str, float]:
+        """{scope: created (epoch seconds)} of every owner's role of this stack (ListRoles on its path)."""
+        found: dict[str, float] = {}
         kwargs: dict[str, Any] = {"PathPrefix": role_path(self.stack_id)}
         while True:
             page = self.iam.list_roles(**kwargs)
             for role in page.get("Roles", []):
                 scope = scope_of_role(self.stack_id, str(role.get("RoleName", "")))
                 if scope is not None:
-                    found[scope] = str(role["RoleName"])
+                    found[scope] = _epoch(role.get("CreateDate"))
             if not page.get("IsTruncated"):
                 return found
             kwargs["Marker"] = page["Marker"]
@@ -239,8 +242,11 @@ class ReplicaIdentities:
     def sweep(self, owners: Iterable[str]) -> list[str]:
         """Remove the roles of owners with no service left; returns the scopes removed."""
         in_use = {scope for scope in (owner_scope(o) for o in owners) if scope}
+        now = self.now()
         removed = []
-        for scope in sorted(set(self.scopes()) - in_use):
+        for scope, created in sorted(self.scopes().items()):
+            if scope in in_use or now - created < SWEEP_GRACE_SECONDS:
+                continue
             self.remove(scope)
             removed.append(scope)
         return removed
