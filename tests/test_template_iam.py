@@ -207,7 +207,10 @@ def test_replicas_may_read_their_workdirs_and_secrets_ship_their_logs_and_nothin
     # What the shared role may not reach (owners' scoped names) is proven by evaluation in
     # tests/test_template_replica_identity.py.
     grants = {
-        a: s["Resource"] for s in as_list(policy["Statement"]) if s.get("Effect") == "Allow" for a in as_list(s["Action"])
+        a: s["Resource"]
+        for s in as_list(policy["Statement"])
+        if s.get("Effect") == "Allow"
+        for a in as_list(s["Action"])
     }
     assert grants == {
         "s3:GetObject": {"Fn::Sub": "${WorkdirBucket.Arn}/services/*"},
