@@ -204,3 +204,31 @@ def test_owners_with_no_service_left_lose_their_identity(strict_aws: StrictAws) 
     iam.create_role(RoleName="someone-elses", Path=role_path(STACK), AssumeRolePolicyDocument="{}")
     assert later.sweep([]) == []
     iam.get_role(RoleName="someone-elses")
+
+
+def test_the_identity_settings_are_read_and_refused_clearly() -> None:
+    from fleetkeeper.settings import Ec2Settings, SettingsError
+
+    environ = {
+        "TABLE_NAME": "t",
+        "FLEETKEEPER_REPLICA_IDENTITY": "owner",
+        "FLEETKEEPER_REPLICA_POLICY_ARN": "arn:aws:iam::123456789012:policy/p",
+        "FLEETKEEPER_STACK_ID": STACK,
+    }
+    settings = Ec2Settings.from_env(environ)
+    assert (settings.replica_identity, settings.replica_policy_arn, settings.stack_id) == (
+        "owner",
+        "arn:aws:iam::123456789012:policy/p",
+        STACK,
+    )
+    assert Ec2Driver.from_settings(settings).identities == ReplicaIdentities(
+        STACK, "arn:aws:iam::123456789012:policy/p"
+    )
+    # Unset: the shared profile (tests, and stacks deployed before replica identity).
+    assert Ec2Driver.from_settings(Ec2Settings.from_env({"TABLE_NAME": "t"})).identities is None
+    with pytest.raises(SettingsError, match="FLEETKEEPER_REPLICA_POLICY_ARN"):
+        Ec2Settings.from_env({**environ, "FLEETKEEPER_REPLICA_POLICY_ARN": ""})
+    with pytest.raises(SettingsError, match="'per-service'"):
+        Ec2Settings.from_env({**environ, "FLEETKEEPER_REPLICA_IDENTITY": "per-service"})
+    with pytest.raises(SettingsError, match="FLEETKEEPER_STACK_ID"):
+        Ec2Settings.from_env({**environ, "FLEETKEEPER_STACK_ID": "Has-Hyphens"})
