@@ -232,3 +232,17 @@ def test_the_identity_settings_are_read_and_refused_clearly() -> None:
         Ec2Settings.from_env({**environ, "FLEETKEEPER_REPLICA_IDENTITY": "per-service"})
     with pytest.raises(SettingsError, match="FLEETKEEPER_STACK_ID"):
         Ec2Settings.from_env({**environ, "FLEETKEEPER_STACK_ID": "Has-Hyphens"})
+
+
+def test_an_identity_iam_will_not_make_is_an_environment_refusal_naming_why(strict_aws: StrictAws) -> None:
+    from fleetkeeper.identity import IDENTITY_UNAVAILABLE
+
+    # A boundary policy that does not exist: IAM refuses CreateRole (as it would a denied permission).
+    driver = Ec2Driver(identities=ReplicaIdentities(STACK, "arn:aws:iam::123456789012:policy/missing"))
+    spec = ServiceSpec.model_validate(spec_dict(8080, replicas=1))
+    request = LaunchRequest(service="web", uid="0011223344556677", version=1, replica_id=1, spec=spec, owner=OWNER_A)
+    with pytest.raises(LaunchRefused) as refused:
+        driver.launch(request)
+    assert refused.value.code == IDENTITY_UNAVAILABLE
+    assert OWNER_A in refused.value.message
+    assert refusal_cause(refused.value.code) is FailureCause.ENVIRONMENT

@@ -55,6 +55,9 @@ SCOPE_LENGTH = 16
 PROFILE_SETTLE_SECONDS = 60.0
 # The reconciler's own refusal code for it (an ENVIRONMENT refusal: reconciler/plan.py).
 PROFILE_NOT_READY = "Fleetkeeper.InstanceProfileNotReady"
+# ...and for an owner's identity IAM would not make (a denied permission, a full quota): the stack's
+# configuration or the account's limits, never the version's (an ENVIRONMENT refusal too).
+IDENTITY_UNAVAILABLE = "Fleetkeeper.IdentityUnavailable"
 # A role younger than this is never swept: the services index the dispatcher lists is eventually
 # consistent, so a service created a moment ago (whose run made its owner's role) may not be listed.
 SWEEP_GRACE_SECONDS = 3600.0

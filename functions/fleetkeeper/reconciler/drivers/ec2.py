@@ -14,7 +14,14 @@ from botocore.exceptions import ClientError
 
 from fleetkeeper import aws, images, task_variables
 from fleetkeeper.aws_parsing import only
-from fleetkeeper.identity import PROFILE_NOT_READY, Profile, ReplicaIdentities, owner_scope
+from fleetkeeper.identity import (
+    IDENTITY_UNAVAILABLE,
+    PROFILE_NOT_READY,
+    IdentityError,
+    Profile,
+    ReplicaIdentities,
+    owner_scope,
+)
 from fleetkeeper.model import Market, to_iso
 from fleetkeeper.reconciler.driver import (
     MANAGED_TAG,
@@ -240,7 +247,19 @@ class Ec2Driver:
         scope = owner_scope(request.owner)
         if self.identities is None or scope is None:
             return None
-        return self.identities.profile(scope, request.owner)
+        try:
+            return self.identities.profile(scope, request.owner)
+        except ClientError as exc:
+            error = exc.response.get("Error", {})
+            code = str(error.get("Code", "Unknown"))
+            if code in _TRANSIENT:
+                raise
+            raise LaunchRefused(
+                IDENTITY_UNAVAILABLE,
+                f"IAM would not make the replica role of owner {request.owner}: {code}: {error.get('Message', '')}",
+            ) from exc
+        except IdentityError as exc:
+            raise LaunchRefused(IDENTITY_UNAVAILABLE, str(exc)) from exc
 
     def _now(self) -> float:
         return self.identities.now() if self.identities is not None else 0.0
