@@ -166,7 +166,10 @@ def test_a_shell_run_retries_a_young_profile_without_counting_it_then_converges(
     world.run()
     state = world.store.require("web")
     (replica,) = state.replicas.values()
-    assert replica.status is not ReplicaStatus.FAILED_PROVISION or replica.cause is FailureCause.ENVIRONMENT
+    # Refused (the profile is seconds old): the environment's fault, retried later, never counted.
+    assert (replica.status, replica.cause) == (ReplicaStatus.FAILED_PROVISION, FailureCause.ENVIRONMENT)
+    assert replica.failure_code == PROFILE_NOT_READY
+    assert replica.launch_attempts >= 1 and replica.version_refusals == 0
     assert world.instances() == []
     assert PROFILE_NOT_READY in state.service.status_message
     strict_aws.iam.settle()
@@ -174,7 +177,8 @@ def test_a_shell_run_retries_a_young_profile_without_counting_it_then_converges(
     (instance,) = world.instances()
     assert instance["IamInstanceProfile"]["Arn"].endswith(role_name(STACK, scope(OWNER_A)))
     state = world.store.require("web")
-    assert all(r.cause in (None, FailureCause.ENVIRONMENT) for r in state.replicas.values())
+    assert [r.version_refusals for r in state.replicas.values()] == [0]
+    assert state.versions[1].state.value != "FAILED"
 
 
 def test_owners_with_no_service_left_lose_their_identity(strict_aws: StrictAws) -> None:
@@ -246,3 +250,12 @@ def test_an_identity_iam_will_not_make_is_an_environment_refusal_naming_why(stri
     assert refused.value.code == IDENTITY_UNAVAILABLE
     assert OWNER_A in refused.value.message
     assert refusal_cause(refused.value.code) is FailureCause.ENVIRONMENT
+
+
+def test_a_service_without_an_owner_launches_with_the_shared_profile(strict_aws: StrictAws) -> None:
+    shared = "arn:aws:iam::123456789012:instance-profile/fleetkeeper-replica"
+    driver = Ec2Driver(instance_profile_arn=shared, identities=ReplicaIdentities(STACK, owner_policy()))
+    spec = ServiceSpec.model_validate(spec_dict(8080, replicas=1))
+    request = LaunchRequest(service="web", uid="0011223344556677", version=1, replica_id=1, spec=spec, owner="")
+    assert driver._run_instances_args(request, driver._owner_profile(request))["IamInstanceProfile"] == {"Arn": shared}
+    assert strict_aws.attempts_of("iam", "CreateRole") == 0

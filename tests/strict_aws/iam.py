@@ -7,8 +7,9 @@ until IAM has propagated them.
   Instance Profile name"). https://docs.aws.amazon.com/IAM/latest/UserGuide/troubleshoot_general.html#troubleshoot_general_eventual-consistency
   The layer records when a profile is created, or gets its role, on the layer's clock; the EC2 layer
   refuses a launch naming it until PROPAGATION_SECONDS have passed (`Ec2Layer` asks `usable`).
-  Profiles the layer never saw made (created before it was active, or ARNs other tests pass without
-  creating them) are taken as long usable: the layer models what the design relies on, youth.
+  Profiles the layer never saw made (created before it was active) are taken as long usable: the
+  layer models what the design relies on, youth. (A profile that does not exist moto refuses itself,
+  with NoSuchEntity where AWS answers InvalidParameterValue: not modelled, nothing relies on it.)
 - Limits, from botocore's IAM model (the same limits AWS's API reference states): a role name at
   most 64 characters, an instance profile name at most 128, a path at most 512 and made of
   `/`-delimited printable ASCII. botocore checks minimum lengths only; moto checks none; IAM answers
