@@ -7,9 +7,9 @@ identity"), so each owner (`ServiceRecord.owner`) gets a role and an instance pr
 created and removed by the stack:
 
     role and profile   fk-<stack id>-<scope>, path /fleetkeeper/<stack id>/, tagged
-                       fleetkeeper:stack=<stack id> and fleetkeeper:scope=<scope>
+                       fleetkeeper:stack=<stack id> and fleetkeeper-scope=<scope>
     permissions        the stack's ReplicaOwnerPolicy (template.yaml), attached, and the same policy
-                       as the permissions boundary: it grants, through ${aws:PrincipalTag/fleetkeeper:scope},
+                       as the permissions boundary: it grants, through ${aws:PrincipalTag/fleetkeeper-scope},
                        only names carrying the role's own scope:
     secrets            /fleetkeeper/<table>/_o/<scope>/<service>/<uid>/<ref>
     workdirs           services/_o/<scope>/<service>/<uid>/<sha256>.tar.gz
@@ -42,7 +42,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 SCOPE_SEGMENT = "_o"
-SCOPE_TAG = "fleetkeeper:scope"
+SCOPE_TAG = "fleetkeeper-scope"
 STACK_TAG = "fleetkeeper:stack"
 # IAM's limits (botocore's iam model: roleNameType max 64, pathType max 512, instanceProfileNameType
 # max 128); a role's name is also its instance profile's.
