@@ -396,3 +396,25 @@ def test_the_identity_policies_pass_parliament_but_for_what_is_accepted(stack: S
         document = stack.managed(logical_id)
         found |= {(logical_id, issue) for issue, _ in parliament_findings(document)}
     assert found == ACCEPTED_FINDINGS
+
+
+def test_the_functions_still_reach_the_scoped_names(stack: Stack) -> None:
+    """The api writes an owned service's secrets and workdir copies under its owner's scope, the
+    reconciler reads a probe's secrets there, the cleanup lists and deletes them there."""
+    secret, workdir = stack.secret("web", OWNER_A), stack.workdir("web", OWNER_A)
+    incarnation_path = secret.rsplit("/", 1)[0]
+    bucket = f"arn:aws:s3:::{stack.bucket}"
+    prefix = workdir.removeprefix(bucket + "/").rsplit("/", 1)[0] + "/"
+
+    def may(role_id: str, action: str, resource: str, **context: str) -> bool:
+        arn, policies = _principal(stack, role_id)
+        return evaluate(Request(arn, action, resource, dict(context)), policies) is Decision.ALLOW
+
+    assert may("ApiFunctionRole", "ssm:PutParameter", secret)
+    assert may("ApiFunctionRole", "ssm:GetParameter", secret)
+    assert may("ApiFunctionRole", "s3:PutObject", workdir)  # CopyObject's target
+    assert may("ReconcilerRole", "ssm:GetParameter", secret)
+    assert may("CleanupRole", "ssm:GetParametersByPath", incarnation_path)
+    assert may("CleanupRole", "ssm:DeleteParameters", secret)
+    assert may("CleanupRole", "s3:ListBucket", bucket, **{"s3:prefix": prefix})
+    assert may("CleanupRole", "s3:DeleteObject", workdir)
