@@ -259,3 +259,32 @@ def test_a_service_without_an_owner_launches_with_the_shared_profile(strict_aws:
     request = LaunchRequest(service="web", uid="0011223344556677", version=1, replica_id=1, spec=spec, owner="")
     assert driver._run_instances_args(request, driver._owner_profile(request))["IamInstanceProfile"] == {"Arn": shared}
     assert strict_aws.attempts_of("iam", "CreateRole") == 0
+
+
+def test_the_dispatcher_removes_the_identity_of_an_owner_whose_services_are_gone(world: World) -> None:
+    from fleetkeeper import aws
+    from fleetkeeper.reconciler.dispatcher import Dispatcher
+    from fleetkeeper.reconciler.queue import ShardQueue
+    from fleetkeeper.store import keys
+
+    policy = owner_policy()
+    past = ReplicaIdentities(STACK, policy)
+    for owner in (OWNER_A, OWNER_B):
+        past.profile(scope(owner), owner)
+    spec = ServiceSpec.model_validate(spec_dict(world.server.port, replicas=0))
+    world.commands.create("kept", spec, owner=OWNER_A)  # B has no service left
+    queue = ShardQueue(aws.sqs().create_queue(QueueName="reconcile")["QueueUrl"])
+    an_hour_on = ReplicaIdentities(STACK, policy, now=lambda: past.now() + SWEEP_GRACE_SECONDS + 1)
+
+    # An index entry whose item cannot vouch for its owner: nothing is removed.
+    table = world.store.table.name
+    unreadable = {"PK": {"S": "SVC#odd"}, "SK": {"S": "META"}, keys.LIST_PK_ATTR: {"S": keys.LIST_PK_VALUE}}
+    aws.dynamodb().put_item(TableName=table, Item={**unreadable, keys.LIST_SK_ATTR: {"S": "odd"}})
+    report = Dispatcher(world.reconciler, queue, shard_size=100, period_seconds=60, identities=an_hour_on).run()
+    assert report.identities_removed == []
+    aws.dynamodb().delete_item(TableName=table, Key={"PK": {"S": "SVC#odd"}, "SK": {"S": "META"}})
+
+    report = Dispatcher(world.reconciler, queue, shard_size=100, period_seconds=60, identities=an_hour_on).run()
+    assert report.identities_removed == [scope(OWNER_B)]
+    assert report.as_dict()["identities_removed"] == [scope(OWNER_B)]
+    assert set(an_hour_on.scopes()) == {scope(OWNER_A)}

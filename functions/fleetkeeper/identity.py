@@ -28,8 +28,9 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import time
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from botocore.exceptions import ClientError
@@ -139,7 +140,7 @@ class ReplicaIdentities:
 
     stack_id: str
     policy_arn: str
-    now: Callable[[], float] = field(default=lambda: datetime.now(UTC).timestamp())
+    now: Callable[[], float] = time.time
     _profiles: dict[str, Profile] = field(default_factory=dict, repr=False)
 
     @property
