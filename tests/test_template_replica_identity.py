@@ -5,7 +5,7 @@ make a role stronger than the boundary; and which API caller may call which rout
 The policies are the ones CloudFormation would receive (template.yaml translated by SAM, intrinsics
 resolved by tests/cfn.py) and the roles are the ones fleetkeeper.identity really creates (made on moto,
 then read back); the names are those the code derives (secret_store, workdir_store, userdata). Each
-request is decided by tests/iam_eval.py, which tests/test_iam_evaluator.py checks against AWS's
+request is decided by tests/iam_evaluator.py, which tests/test_iam_evaluator.py checks against AWS's
 documented evaluation examples first.
 """
 
@@ -22,7 +22,7 @@ from fleetkeeper.secret_store import SecretStore, parameter_prefix
 from fleetkeeper.template import load_template
 from fleetkeeper.workdir_store import service_key
 from tests.cfn import ACCOUNT, REGION, Resolver, as_list, resources_of_type, translate
-from tests.iam_eval import Decision, Request, evaluate
+from tests.iam_evaluator import Decision, Request, evaluate
 
 STACK_KEY = "0123456789ab"  # the last 12 hex digits of tests/cfn.py's AWS::StackId
 OWNER_A = f"arn:aws:iam::{ACCOUNT}:role/team-a-ci"
@@ -46,6 +46,10 @@ class Stack:
         self.log_group = str(self.resolver.ref("ReplicaLogGroup"))
         self.owner_policy_arn = str(self.resolver.ref("ReplicaOwnerPolicy"))
         self.shared_role = str(self.resolver.ref("ReplicaRoleArn"))
+        self.key = str(self.resolver.get_att("SecretsKey", "Arn"))
+        self.key_policy = dict(
+            resolved(translated["Resources"]["SecretsKey"]["Properties"]["KeyPolicy"], self.resolver)
+        )
 
     def managed(self, logical_id: str) -> dict[str, Any]:
         return dict(resolved(self.translated["Resources"][logical_id]["Properties"]["PolicyDocument"], self.resolver))
@@ -171,9 +175,8 @@ def test_a_replica_reads_its_owners_secrets_and_workdirs_and_writes_its_logs_and
         assert replica.may("logs:PutLogEvents", stack.stream("web", owner)) is expected
         # A SecureString is decrypted by SSM for the caller, with the parameter's ARN as context.
         ssm = f"ssm.{REGION}.amazonaws.com"
-        key = f"arn:aws:kms:{REGION}:{ACCOUNT}:key/1234abcd-12ab-34cd-56ef-1234567890ab"
         context = {"kms:ViaService": ssm, "kms:EncryptionContext:PARAMETER_ARN": stack.secret("web", owner)}
-        assert replica.may("kms:Decrypt", key, **context) is expected
+        assert replica.may("kms:Decrypt", stack.key, **context) is expected
     # Not even a stream it names itself under the other owner's scope (it would show in their logs).
     other_scope = owner_scope(owner_other)
     forged = f"arn:aws:logs:{REGION}:{ACCOUNT}:log-group:{stack.log_group}:log-stream:_o/{other_scope}/web/x/1"
@@ -197,8 +200,8 @@ def test_a_replica_reaches_nothing_else(stack: Stack, made: dict[str, Replica]) 
     assert not replica.may(
         "execute-api:Invoke", f"arn:aws:execute-api:{REGION}:{ACCOUNT}:abcdefghij/api/GET/v1/services"
     )
-    key = f"arn:aws:kms:{REGION}:{ACCOUNT}:key/1234abcd-12ab-34cd-56ef-1234567890ab"
-    assert not replica.may("kms:Decrypt", key, **{"kms:EncryptionContext:PARAMETER_ARN": own_secret})
+    # Decrypting is SSM's, on the replica's behalf: never a direct call.
+    assert not replica.may("kms:Decrypt", stack.key, **{"kms:EncryptionContext:PARAMETER_ARN": own_secret})
 
 
 def test_a_role_without_the_scope_tag_reaches_nothing(stack: Stack, made: dict[str, Replica]) -> None:
@@ -418,3 +421,35 @@ def test_the_functions_still_reach_the_scoped_names(stack: Stack) -> None:
     assert may("CleanupRole", "ssm:DeleteParameters", secret)
     assert may("CleanupRole", "s3:ListBucket", bucket, **{"s3:prefix": prefix})
     assert may("CleanupRole", "s3:DeleteObject", workdir)
+
+
+def test_the_stacks_key_decrypts_an_owners_secrets_for_that_owners_replicas_only(
+    stack: Stack, made: dict[str, Replica]
+) -> None:
+    """The key policy (SecretsKey, statement SecretsReadByOwnersReplicas) admits the roles of the
+    stack's path; each role's own policy narrows it to its owner's parameters. KMS needs both."""
+    via_ssm = {"kms:ViaService": f"ssm.{REGION}.amazonaws.com"}
+
+    def decrypt(replica: Replica, owner: str) -> Decision:
+        context = {**replica.context, **via_ssm, "kms:EncryptionContext:PARAMETER_ARN": stack.secret("web", owner)}
+        request = Request(replica.arn, "kms:Decrypt", stack.key, context)
+        return evaluate(
+            request, replica.policies, boundary=replica.boundary, resource=[stack.key_policy], key_policy=True
+        )
+
+    assert decrypt(made["A"], OWNER_A) is Decision.ALLOW
+    assert decrypt(made["A"], OWNER_B) is Decision.IMPLICIT_DENY
+    assert decrypt(made["B"], OWNER_B) is Decision.ALLOW
+    assert decrypt(made["A"], "") is Decision.IMPLICIT_DENY
+    # Another role of the account, however broad its own policy, is not on the stack's path.
+    anywhere = {"Statement": [{"Effect": "Allow", "Action": "kms:*", "Resource": "*"}]}
+    elsewhere = Replica(f"arn:aws:iam::{ACCOUNT}:role/team-b-ci", {}, [anywhere], None)
+    assert decrypt(elsewhere, OWNER_A) is Decision.IMPLICIT_DENY
+    # Nor is another stack's owner role, though its tag names the same scope.
+    other_stack = Replica(
+        made["A"].arn.replace(f"/fleetkeeper/{STACK_KEY}/", "/fleetkeeper/otherstack12/"),
+        {"fleetkeeper-scope": str(owner_scope(OWNER_A))},
+        made["A"].policies,
+        made["A"].boundary,
+    )
+    assert decrypt(other_stack, OWNER_A) is Decision.IMPLICIT_DENY

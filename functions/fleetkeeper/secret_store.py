@@ -3,12 +3,14 @@
 A version item holds the secrets' names and a `secrets_ref`, never a value. The values are one JSON
 object in the SecureString `/fleetkeeper/<table>/_o/<scope>/<service>/<uid>/<ref>` (`<scope>`: the
 service owner's, fleetkeeper.identity: only that owner's replica role may read below it; a service
-without an owner keeps the legacy `/fleetkeeper/<table>/<service>/<uid>/<ref>`), encrypted with the account's
-`aws/ssm` key: the api writes it before the version's transaction, a replica reads it at boot with its
-own role (the ec2 user data, or the embedded mode's process driver), the reconciler reads it to fill
-`$NAME`s of a readiness probe, and the cleanup deletes every parameter under the incarnation's uid
-with its items. A ref is random per set of values (a lost race cannot overwrite the winner's
-parameter); an update whose values equal the target's reuses the target's ref.
+without an owner keeps the legacy `/fleetkeeper/<table>/<service>/<uid>/<ref>`), encrypted with the
+stack's own KMS key (template.yaml's SecretsKey, whose key policy names the roles that may use it;
+the account's `aws/ssm` key where none is configured, as in embedded mode): the api writes it before
+the version's transaction, a replica reads it at boot with its own role (the ec2 user data, or the
+embedded mode's process driver), the reconciler reads it to fill `$NAME`s of a readiness probe, and
+the cleanup deletes every parameter under the incarnation's uid with its items. A ref is random per
+set of values (a lost race cannot overwrite the winner's parameter); an update whose values equal
+the target's reuses the target's ref.
 
 Why Parameter Store rather than Secrets Manager: the values belong to one version and are written
 and deleted with it by fleetkeeper (no rotation, no cross-account sharing, which is what Secrets
@@ -30,6 +32,7 @@ if TYPE_CHECKING:
     from collections.abc import Mapping
 
     from mypy_boto3_ssm import SSMClient
+    from mypy_boto3_ssm.type_defs import PutParameterRequestTypeDef
 
     from fleetkeeper.settings import Settings
 
@@ -50,10 +53,12 @@ def parameter_prefix(table_name: str) -> str:
 @dataclass(frozen=True)
 class SecretStore:
     prefix: str
+    # The KMS key values are written with (reads need none: Parameter Store knows each value's key).
+    key_id: str | None = None
 
     @classmethod
     def from_settings(cls, settings: Settings) -> SecretStore:
-        return cls(parameter_prefix(settings.table_name))
+        return cls(parameter_prefix(settings.table_name), settings.secrets_key_id)
 
     @property
     def ssm(self) -> SSMClient:
@@ -67,14 +72,17 @@ class SecretStore:
 
     def put(self, service: str, uid: str, ref: str, values: Mapping[str, str], owner: str = "") -> None:
         """Store a set of values under a fresh ref (never overwrites: a ref is written once)."""
-        self.ssm.put_parameter(
-            Name=self.parameter_name(service, uid, ref, owner),
-            Value=json.dumps(dict(sorted(values.items())), separators=(",", ":")),
-            Type="SecureString",
-            Tier="Standard",
-            Overwrite=False,
-            Description=f"fleetkeeper: secrets of a version of service {service} (incarnation {uid})",
-        )
+        request: PutParameterRequestTypeDef = {
+            "Name": self.parameter_name(service, uid, ref, owner),
+            "Value": json.dumps(dict(sorted(values.items())), separators=(",", ":")),
+            "Type": "SecureString",
+            "Tier": "Standard",
+            "Overwrite": False,
+            "Description": f"fleetkeeper: secrets of a version of service {service} (incarnation {uid})",
+        }
+        if self.key_id:
+            request["KeyId"] = self.key_id
+        self.ssm.put_parameter(**request)
 
     def get(self, service: str, uid: str, ref: str, owner: str = "") -> dict[str, str]:
         answer = self.ssm.get_parameter(Name=self.parameter_name(service, uid, ref, owner), WithDecryption=True)
