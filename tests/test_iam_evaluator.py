@@ -294,3 +294,33 @@ def test_what_it_cannot_read_it_refuses_to_judge() -> None:
         evaluate(Request(CARLOS, "s3:GetObject", "*", {"aws:CurrentTime": "y"}), [unknown_operator])
     with pytest.raises(Unsupported):
         evaluate(Request(CARLOS, "s3:GetObject", "*"), [{"Statement": [{"Effect": "Allow", "Resource": "*"}]}])
+
+
+# https://docs.aws.amazon.com/kms/latest/developerguide/key-policies.html and key-policy-default.html:
+# a key policy must allow; the default statement granting the account root "enables IAM policies".
+def test_a_key_policy_must_allow_and_a_grant_to_the_account_delegates_to_iam() -> None:
+    role = f"arn:aws:iam::{ACCOUNT}:role/app"
+    key = f"arn:aws:kms:us-east-1:{ACCOUNT}:key/1234abcd-12ab-34cd-56ef-1234567890ab"
+    decrypt_anything = {"Statement": [{"Effect": "Allow", "Action": "kms:Decrypt", "Resource": "*"}]}
+    names_the_role = {
+        "Statement": [{"Effect": "Allow", "Principal": {"AWS": role}, "Action": "kms:Decrypt", "Resource": "*"}]
+    }
+    enables_iam = {
+        "Statement": [
+            {
+                "Effect": "Allow",
+                "Principal": {"AWS": f"arn:aws:iam::{ACCOUNT}:root"},
+                "Action": "kms:*",
+                "Resource": "*",
+            }
+        ]
+    }
+    request = Request(role, "kms:Decrypt", key)
+    # Only an identity policy: not enough for a key (it is for an S3 object of the same account).
+    assert evaluate(request, [decrypt_anything], resource=[], key_policy=True) is Decision.IMPLICIT_DENY
+    assert evaluate(request, [decrypt_anything], resource=[]) is Decision.ALLOW
+    # The key policy naming the role is enough by itself.
+    assert evaluate(request, [], resource=[names_the_role], key_policy=True) is Decision.ALLOW
+    # Naming the account delegates to IAM: the identity policy decides.
+    assert evaluate(request, [decrypt_anything], resource=[enables_iam], key_policy=True) is Decision.ALLOW
+    assert evaluate(request, [], resource=[enables_iam], key_policy=True) is Decision.IMPLICIT_DENY
