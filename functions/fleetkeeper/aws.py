@@ -151,6 +151,11 @@ def s3() -> S3Client:
     return client
 
 
+def iam() -> Any:
+    """IAM (the owners' replica roles: fleetkeeper.identity). Untyped: the stubs are not installed."""
+    return _client("iam")
+
+
 def reset_clients() -> None:
     with _lock:
         _clients.clear()

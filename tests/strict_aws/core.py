@@ -53,6 +53,7 @@ from tests.strict_aws.context import LambdaContext
 from tests.strict_aws.dynamodb import DynamoDBLayer
 from tests.strict_aws.ec2 import Ec2Layer
 from tests.strict_aws.elbv2 import Elbv2Layer
+from tests.strict_aws.iam import IamLayer
 from tests.strict_aws.wire import Call, Response, aws_response, error_for, normalise
 
 if TYPE_CHECKING:
@@ -130,7 +131,7 @@ class StrictAws:
         backoff    botocore's retry pauses, in seconds (taken on `clock`)
         rate_limited   adaptive mode's client-side waits for a token, in seconds (taken on `clock`)
         clock      the layer's VirtualClock; `call_latency` seconds are added per attempt
-        dynamodb / ec2 / elbv2 / cloudwatch   the per-service layers
+        dynamodb / ec2 / elbv2 / cloudwatch / iam   the per-service layers
     """
 
     def __init__(
@@ -157,6 +158,7 @@ class StrictAws:
         self.backoff: list[float] = []
         self.dynamodb = DynamoDBLayer(self)
         self.ec2 = Ec2Layer(self)
+        self.iam = IamLayer(self)
         self.elbv2 = Elbv2Layer(self)
         self.cloudwatch = CloudWatchLayer(self)
         self._lock = threading.RLock()
@@ -296,6 +298,8 @@ class StrictAws:
                 return self.elbv2.send(call)
             if call.service == "cloudwatch":
                 return self.cloudwatch.send(call)
+            if call.service == "iam":
+                return self.iam.send(call)
             return call.send()
         finally:
             if self.call_latency:

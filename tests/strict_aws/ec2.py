@@ -219,6 +219,15 @@ class Ec2Layer:
         refusal = self._capacity_refusal(call)
         if refusal is not None:
             return refusal
+        # IAM is eventually consistent: a profile made seconds ago is "invalid" to EC2 (tests/strict_aws/iam.py).
+        profile = call.param("IamInstanceProfile.Name") or call.param("IamInstanceProfile.Arn")
+        if profile and not self._strict.iam.usable(profile):
+            kind = "name" if call.param("IamInstanceProfile.Name") else "arn"
+            return ec2_error(
+                "InvalidParameterValue",
+                f"Value ({profile}) for parameter iamInstanceProfile.{kind} is invalid. "
+                f"Invalid IAM Instance Profile {kind}",
+            )
         request = call.request
         image = call.param("ImageId") or ""
         if image.startswith("resolve:ssm:"):

@@ -313,6 +313,11 @@ ENVIRONMENT_REFUSALS = frozenset(
         # The process driver's (embedded mode): the laptop ran out of ports or could not start bash.
         "NoFreePort",
         "ProcessLaunchFailed",
+        # The ec2 driver's (fleetkeeper.identity.PROFILE_NOT_READY): an owner's instance profile made
+        # seconds ago, which EC2 refuses until IAM has propagated it.
+        "Fleetkeeper.InstanceProfileNotReady",
+        # ...and for an owner's role IAM would not make (denied, or the account's role quota is full).
+        "Fleetkeeper.IdentityUnavailable",
     }
 )
 # StateReason codes of an instance AWS took back because it was spot. Only these make a preemption a

@@ -4,11 +4,14 @@ The user data writes this file beside replica_boot.py (whose IMDSv2 credentials 
 uses) and runs it as the `fleetkeeper-logs` unit, started before setup so that setup's output is
 shipped too. It follows `journalctl -o json -u fleetkeeper-setup -u fleetkeeper-replica`, resuming
 from a cursor file after a restart, and sends what it reads with PutLogEvents to the stack's log
-group, in the stream `<service>/<uid>/<replica id>` (created if missing), at most every 2 seconds.
+group, in the stream its user data names (`_o/<owner scope>/<service>/<uid>/<replica id>`, or
+`<service>/<uid>/<replica id>` for a service without an owner: fleetkeeper.identity), created if
+missing, at most every 2 seconds.
 
 It needs python3, journalctl (systemd 242+: `--cursor-file`) and a route to CloudWatch Logs: in the
 NAT-less network (infra/network.yaml) the `logs` interface endpoint. No agent, no AWS CLI. The
-role needs logs:CreateLogStream and logs:PutLogEvents on the group (ReplicaAccessPolicy). When it
+role needs logs:CreateLogStream and logs:PutLogEvents on its stream (an owner's role: its own
+scope's streams, ReplicaOwnerPolicy; the shared role: ReplicaAccessPolicy). When it
 cannot send (no endpoint, no permission) it keeps retrying with a bounded buffer, dropping the
 oldest lines first, and never touches the units it reads: a replica serves the same without it.
 
