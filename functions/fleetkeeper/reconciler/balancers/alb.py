@@ -5,8 +5,9 @@ Per service incarnation, created by the reconciler and tagged like its instances
 - a target group named `fk-<uid>` (deterministic, so a retried create finds its own earlier one):
   instance targets, each registered on its own version's port; the spec's policy as its
   `load_balancing.algorithm.type` (least_load -> least_outstanding_requests, round_robin ->
-  round_robin), `drain_seconds` as its deregistration delay, the readiness probe's path as its
-  health check;
+  round_robin), `drain_seconds` as its deregistration delay, a health check derived from the readiness probe
+  (fleetkeeper.reconciler.health_check: the probe's path when the ALB can send it, the versions it
+  holds agreeing on it);
 - a route to it: with a domain name, a host rule `NAME.<domain>` on the stack's shared listener;
   without one, a listener of its own on the next free port of the stack's range, so paths reach
   the replicas unchanged.
@@ -47,13 +48,12 @@ if TYPE_CHECKING:
 
 # SkyPilot's policy names -> the target group's load_balancing.algorithm.type.
 ALGORITHMS = {"least_load": "least_outstanding_requests", "round_robin": "round_robin"}
-# The ALB's own health check, on top of the reconciler's readiness probes: a new target is healthy
-# after 2 checks 5 s apart (ALB's minimums are 2 and 5 s), so it serves ~10 s after registration.
+# The ALB's own health check, on top of the reconciler's readiness probes: its path, matcher and
+# timing come from the endpoint's config (fleetkeeper.reconciler.health_check); a new target is
+# healthy after 2 checks (ALB's minimum), so it serves two intervals after registration.
 HEALTH_CHECK = {
     "HealthCheckProtocol": "HTTP",
     "HealthCheckPort": "traffic-port",
-    "HealthCheckIntervalSeconds": 5,
-    "HealthCheckTimeoutSeconds": 4,
     "HealthyThresholdCount": 2,
     "UnhealthyThresholdCount": 2,
 }
@@ -196,13 +196,11 @@ class AlbBalancer:
                 Port=config.port,
                 VpcId=self.vpc_id,
                 TargetType="instance",
-                HealthCheckPath=config.health_path,
-                Matcher={"HttpCode": "200"},
                 Tags=tags,
-                **HEALTH_CHECK,  # type: ignore[arg-type]
+                **_health_check(config),
             )["TargetGroups"][0]["TargetGroupArn"]
         else:
-            self.elbv2.modify_target_group(TargetGroupArn=group, HealthCheckPath=config.health_path)
+            self.elbv2.modify_target_group(TargetGroupArn=group, **_health_check(config))
         self.elbv2.modify_target_group_attributes(
             TargetGroupArn=group,
             Attributes=[
@@ -299,6 +297,17 @@ class AlbBalancer:
         except ClientError as exc:
             if _code(exc) not in _NOT_FOUND:
                 raise
+
+
+def _health_check(config: EndpointConfig) -> dict[str, Any]:
+    """The target group's health check settings (CreateTargetGroup and ModifyTargetGroup take the same)."""
+    return {
+        **HEALTH_CHECK,
+        "HealthCheckPath": config.health_path,
+        "Matcher": {"HttpCode": config.health_codes},
+        "HealthCheckTimeoutSeconds": config.health_timeout_seconds,
+        "HealthCheckIntervalSeconds": config.health_interval_seconds,
+    }
 
 
 def _tags(service: str, uid: str) -> list[TagTypeDef]:
