@@ -27,7 +27,9 @@ Also always on, each where moto is kinder than AWS:
   is `unused` / `Target.NotInUse` (the ALB never sends it a request), as is every target of a
   target group no listener or rule forwards to;
 - DescribeTargetHealth naming an instance EC2 does not know fails whole with `InvalidTarget`
-  (moto reports it `unused`).
+  (moto reports it `unused`);
+- CreateListener on a port the load balancer already listens on is `DuplicateListener` (moto
+  compares the port with the listeners' ARNs, so never refuses one).
 
 Races, scheduled: `layer.before(operation, action)` runs `action()` once, just before the next
 `operation` reaches moto: another worker's CreateRule between a run's DescribeRules and its own.
@@ -74,6 +76,7 @@ class Elbv2Layer:
         self.lock = threading.RLock()
         self.quotas = ElbQuotas()
         self._before: dict[str, list[Callable[[], object]]] = {}
+        self._acting = False
 
     def before(self, operation: str, action: Callable[[], object]) -> None:
         """Run `action()` once, just before the next `operation` reaches moto (a concurrent worker's call)."""
@@ -88,8 +91,13 @@ class Elbv2Layer:
 
     def send(self, call: Call) -> Response:
         pending = self._before.get(call.operation)
-        if pending:
-            pending.pop(0)()  # outside the lock: the action's own calls pass through this layer
+        if pending and not self._acting:
+            # Outside the lock: the action's own calls pass through this layer (and trigger no action).
+            self._acting = True
+            try:
+                pending.pop(0)()
+            finally:
+                self._acting = False
         with self.lock:
             backend = self._backend(call.region)
             self._finish_drains(backend)
@@ -168,6 +176,10 @@ class Elbv2Layer:
             )
         if operation == "CreateListener":
             balancer = backend.load_balancers.get(call.param("LoadBalancerArn"))
+            port = call.param("Port")
+            if balancer is not None and any(str(lst.port) == port for lst in balancer.listeners.values()):
+                # moto looks the port up among the listeners' ARNs, so it never refuses one.
+                return elb_error("DuplicateListener", "A listener with the specified port already exists.")
             if balancer is not None and len(balancer.listeners) >= quotas.listeners_per_load_balancer:
                 return elb_error(
                     "TooManyListeners", "You've reached the limit on the number of listeners per load balancer."

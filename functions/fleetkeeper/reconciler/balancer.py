@@ -48,6 +48,14 @@ class DrainState(StrEnum):
     DRAINED = "DRAINED"
 
 
+class EndpointRefused(Exception):
+    """The balancer cannot make the service's endpoint, or take its new targets, for a reason the
+    service's users must see and an operator can act on: a quota of the load balancer or the
+    account is reached. The reconciler shows it in the service's status message (not a run error,
+    which only the operator's logs show) and tries again every run, so the endpoint comes once
+    the quota is raised or something else makes room. The message says what is full and what to do."""
+
+
 @dataclass(frozen=True)
 class Target:
     """One replica as the balancer sees it: the ALB registers `instance_id` on `port`; the local

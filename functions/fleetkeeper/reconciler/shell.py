@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from fleetkeeper import autoscale
 from fleetkeeper.model import FailureCause, ReplicaRecord, ReplicaStatus, ServiceState, VersionState, to_iso, utcnow
-from fleetkeeper.reconciler.balancer import Target
+from fleetkeeper.reconciler.balancer import EndpointRefused, Target
 from fleetkeeper.reconciler.driver import Instance, LaunchRefused, LaunchRequest
 from fleetkeeper.reconciler.plan import (
     Action,
@@ -555,6 +555,9 @@ class _Apply:
     refused: bool = False
 
     endpoint: EndpointRecord | None = None
+    # What the balancer refused this run for a reason the users must see (EndpointRefused: a quota).
+    endpoint_problem: str | None = None
+    status_planned: bool = False  # the plan recorded the status (RecordStatus, TripBreaker)
 
     def __post_init__(self) -> None:
         self.records = dict(self.state.replicas)
@@ -575,6 +578,28 @@ class _Apply:
                 raise _OutOfTime
             self.report.actions[type(action).__name__] += 1
             self.one(action)
+        if self.endpoint_problem and not self.status_planned:
+            # The plan saw nothing to record; the refusal is news (or still true: then nothing is written).
+            self._record_status(self._status_after_refusals())
+
+    def _record_status(self, status: RecordStatus | None) -> None:
+        """Write the service's status, naming this run's endpoint refusal (a quota) if there was one.
+
+        The plan never knows of the refusal, so while it lasts the plan's status differs from the
+        recorded one every run; the status named here is the same each time, and is written only
+        when it differs from what the item holds (a steady refusal writes nothing)."""
+        if status is None:
+            return
+        if self.endpoint_problem:
+            status = replace(status, message=f"{status.message}; no endpoint: {self.endpoint_problem}")
+            if not status_changed(self.state, status):
+                return
+        service = self.state.service
+        events = status_events(service.status, status.status, status.message)
+        self.store.record_status(
+            service, status.status, status.message, status.observed_generation, events, to_iso(self.now)
+        )
+        self._log_status(status)
 
     def one(self, action: Action) -> None:
         """Apply one action. Each write carries the events it reports (service_events), in the same
@@ -606,6 +631,7 @@ class _Apply:
                 self.store.mark_version(service, version, expected, new_state, message, events, stamp)
                 self.versions[version] = new_state
             case TripBreaker(version=version, message=message, rollback_to=good):
+                self.status_planned = True
                 logger.warning("service %s: %s (rolling back to %s)", service.name, message, good)
                 self.store.trip_breaker(
                     service,
@@ -626,18 +652,18 @@ class _Apply:
             case Launch(replica_id=replica_id, fresh=fresh):
                 self._launch(self.records[replica_id], fresh=fresh and replica_id in self.fresh)
             case RecordStatus():
-                status = self._status_after_refusals() if self.refused else action
-                if status is not None:
-                    events = status_events(service.status, status.status, status.message)
-                    self.store.record_status(
-                        service, status.status, status.message, status.observed_generation, events, stamp
-                    )
-                    self._log_status(status)
+                self.status_planned = True
+                self._record_status(self._status_after_refusals() if self.refused else action)
             case DeleteService():
                 self.store.delete_service(service)
             case EnsureEndpoint(config=config):
                 try:
                     endpoint = self.balancer.ensure(service.name, service.uid, config, self.endpoint)
+                except EndpointRefused as exc:
+                    # A quota: the service's users must see it (its status), not only the logs.
+                    logger.warning("service %s: no endpoint: %s", service.name, exc)
+                    self.endpoint_problem = str(exc)
+                    return
                 except Exception:
                     # The endpoint must not hold the replicas hostage (a quota, a permission): they
                     # are still launched, probed and replaced; registration waits for the next run.
@@ -651,7 +677,13 @@ class _Apply:
             case Register(replica_ids=ids):
                 if self.endpoint is None:
                     return  # making the endpoint failed above: the records stay REGISTERING
-                self.balancer.register(self.endpoint, self._targets(ids))
+                try:
+                    self.balancer.register(self.endpoint, self._targets(ids))
+                except EndpointRefused as exc:
+                    # The records stay REGISTERING: the next run registers them again.
+                    logger.warning("service %s: replicas %s not registered: %s", service.name, list(ids), exc)
+                    self.endpoint_problem = str(exc)
+                    return
                 for replica_id in ids:
                     record = self.records[replica_id]
                     self.records[replica_id] = self._put(record, registered(record, self.now))
@@ -699,11 +731,12 @@ class _Apply:
 
     def _status_after_refusals(self) -> RecordStatus | None:
         """The plan's status assumed its launches would go through; AWS refused some. The status of
-        the records as they now are, so the message names the refusal in this very run."""
+        the records as they now are, so the message names the refusal in this very run (None: the
+        item says it already; with an endpoint refusal to name, always the status)."""
         with_instance = set(match_instances(self.state, self.instances))
         records = [record for _, record in sorted(self.records.items())]
         status = service_status(self.state, records, self.versions, with_instance)
-        return status if status_changed(self.state, status) else None
+        return status if self.endpoint_problem or status_changed(self.state, status) else None
 
     def _launch(self, record: ReplicaRecord, *, fresh: bool) -> None:
         """Find-or-launch one replica's instance and record it (PROVISIONING) or the refusal."""

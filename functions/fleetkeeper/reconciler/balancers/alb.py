@@ -19,6 +19,7 @@ the target group before the target group itself.
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -32,6 +33,7 @@ from fleetkeeper.reconciler.balancer import (
     SERVICE_TAG,
     UID_TAG,
     DrainState,
+    EndpointRefused,
     Target,
     target_group_name,
 )
@@ -62,7 +64,34 @@ _NOT_FOUND = {"TargetGroupNotFound", "ListenerNotFound", "RuleNotFound"}
 _REGISTRATIONS_PER_CALL = 20
 
 
-class NoListenerPort(Exception):
+# A describe and the create after it are not atomic: a concurrent worker (another shard, a kick and
+# the schedule) may take the same free rule priority or listener port in between. AWS then answers
+# PriorityInUse / DuplicateListener, and the next free value is tried, this many times in all.
+_CONFLICT_ATTEMPTS = 5
+
+# The quota errors of ELB and what they mean for the service (docs/DEPLOY.md, "Quotas"): shown in
+# its status, never a run error (EndpointRefused).
+QUOTA_MESSAGES = {
+    "TooManyTargetGroups": (
+        "the account's target groups in this Region are at their quota (3,000 by default, shared with "
+        "Network Load Balancers): raise it in Service Quotas or delete unused target groups"
+    ),
+    "TooManyListeners": (
+        "the stack's load balancer has as many listeners as its quota allows (50 by default): give the stack "
+        "a domain name (one host rule per service instead of one listener) or raise the quota"
+    ),
+    "TooManyRules": (
+        "the stack's load balancer has as many rules as its quota allows (100 by default, default rules not "
+        "counted): raise the quota or deploy the service in another stack"
+    ),
+    "TooManyTargets": (
+        "the stack's load balancer has as many targets as its quota allows (1,000 by default): the service's "
+        "new replicas run but get no requests until the quota is raised or other replicas go"
+    ),
+}
+
+
+class NoListenerPort(EndpointRefused):
     """Every port of the stack's listener range is taken: the ALB carries as many services as it can."""
 
 
@@ -99,6 +128,10 @@ class AlbBalancer:
     # -- the LoadBalancer protocol ---------------------------------------------------------------------
 
     def ensure(self, service: str, uid: str, config: EndpointConfig, known: EndpointRecord | None) -> EndpointRecord:
+        with _quota_refusals():
+            return self._ensure(service, uid, config)
+
+    def _ensure(self, service: str, uid: str, config: EndpointConfig) -> EndpointRecord:
         tags = _tags(service, uid)
         group = self._target_group(uid, config, tags)
         if self.domain_name:
@@ -114,10 +147,11 @@ class AlbBalancer:
 
     def register(self, endpoint: EndpointRecord, targets: Sequence[Target]) -> None:
         described = _described(targets)
-        for start in range(0, len(described), _REGISTRATIONS_PER_CALL):
-            self.elbv2.register_targets(
-                TargetGroupArn=endpoint.target_group, Targets=described[start : start + _REGISTRATIONS_PER_CALL]
-            )
+        with _quota_refusals():
+            for start in range(0, len(described), _REGISTRATIONS_PER_CALL):
+                self.elbv2.register_targets(
+                    TargetGroupArn=endpoint.target_group, Targets=described[start : start + _REGISTRATIONS_PER_CALL]
+                )
 
     def deregister(self, endpoint: EndpointRecord, targets: Sequence[Target]) -> None:
         described = _described(targets)
@@ -142,25 +176,34 @@ class AlbBalancer:
         described = _described(targets)
         if not described:
             return {}
+        group = endpoint.target_group
         try:
-            health = self.elbv2.describe_target_health(TargetGroupArn=endpoint.target_group, Targets=described)
+            return self._drain_states(group, described)
         except ClientError as exc:
-            if _code(exc) not in ("TargetGroupNotFound", "InvalidTarget"):
+            if _code(exc) == "TargetGroupNotFound":
+                # No target group: nothing can be in flight to its targets.
+                return {t.instance_id: DrainState.DRAINED for t in targets}
+            if _code(exc) != "InvalidTarget":
                 raise
-            # No target group (or the instances are gone): nothing can be in flight to them.
-            return {t.instance_id: DrainState.DRAINED for t in targets}
+        # One target AWS does not know (its instance is gone) fails the whole call: ask per target,
+        # so that it does not hide the others' states (a serving replica taken for drained would be
+        # terminated under its requests).
         states: dict[str, DrainState] = {}
-        for entry in health.get("TargetHealthDescriptions", []):
-            target_id = entry.get("Target", {}).get("Id", "")
-            state = entry.get("TargetHealth", {}).get("State")
-            reason = entry.get("TargetHealth", {}).get("Reason")
-            if state == "draining":
-                states[target_id] = DrainState.DRAINING
-            elif reason == "Target.NotRegistered" or state == "unavailable":
-                states[target_id] = DrainState.DRAINED
-            else:  # healthy, initial, unhealthy, unused because the group is unused: still registered
-                states[target_id] = DrainState.IN_SERVICE
+        for target in described:
+            try:
+                states.update(self._drain_states(group, [target]))
+            except ClientError as exc:
+                if _code(exc) not in ("InvalidTarget", "TargetGroupNotFound"):
+                    raise
+                states[target["Id"]] = DrainState.DRAINED  # no instance, nothing in flight
         return states
+
+    def _drain_states(self, group: str, described: list[TargetDescriptionTypeDef]) -> dict[str, DrainState]:
+        health = self.elbv2.describe_target_health(TargetGroupArn=group, Targets=described)
+        return {
+            entry.get("Target", {}).get("Id", ""): _drain_state(dict(entry.get("TargetHealth", {})))
+            for entry in health.get("TargetHealthDescriptions", [])
+        }
 
     def remove(self, service: str, uid: str, known: EndpointRecord | None) -> None:
         group = self._find_target_group(uid)
@@ -199,16 +242,27 @@ class AlbBalancer:
                 Tags=tags,
                 **_health_check(config),
             )["TargetGroups"][0]["TargetGroupArn"]
+            self._set_attributes(group, config)
         else:
-            self.elbv2.modify_target_group(TargetGroupArn=group, **_health_check(config))
-        self.elbv2.modify_target_group_attributes(
-            TargetGroupArn=group,
-            Attributes=[
-                {"Key": "deregistration_delay.timeout_seconds", "Value": str(config.drain_seconds)},
-                {"Key": "load_balancing.algorithm.type", "Value": ALGORITHMS[config.policy]},
-            ],
-        )
+            self._bring_to(group, config)
         return group
+
+    def _bring_to(self, group: str, config: EndpointConfig) -> None:
+        """An existing target group brought to `config`, changing only what differs: a service whose
+        route cannot be made (a quota) retries every run, and costs reads only while it waits."""
+        current = self.elbv2.describe_target_groups(TargetGroupArns=[group])["TargetGroups"][0]
+        wanted = _health_check(config)
+        if any(current.get(key) != value for key, value in wanted.items()):
+            self.elbv2.modify_target_group(TargetGroupArn=group, **wanted)
+        attributes = self.elbv2.describe_target_group_attributes(TargetGroupArn=group)["Attributes"]
+        have = {a.get("Key"): a.get("Value") for a in attributes}
+        if any(have.get(key) != value for key, value in _attributes(config).items()):
+            self._set_attributes(group, config)
+
+    def _set_attributes(self, group: str, config: EndpointConfig) -> None:
+        self.elbv2.modify_target_group_attributes(
+            TargetGroupArn=group, Attributes=[{"Key": k, "Value": v} for k, v in _attributes(config).items()]
+        )
 
     # -- routes ----------------------------------------------------------------------------------------
 
@@ -236,7 +290,17 @@ class AlbBalancer:
 
     def _service_listener(self, group: str, tags: list[TagTypeDef]) -> tuple[str, int]:
         """The service's own listener (its ARN and port): found by the target group it forwards to,
-        else created on the lowest free port of the range."""
+        else created on the lowest free port of the range; a port a concurrent worker took between
+        the describe and the create is given up for the next free one."""
+        for attempt in range(1, _CONFLICT_ATTEMPTS + 1):
+            try:
+                return self._find_or_create_listener(group, tags)
+            except ClientError as exc:
+                if _code(exc) != "DuplicateListener" or attempt == _CONFLICT_ATTEMPTS:
+                    raise
+        raise AssertionError("unreachable")
+
+    def _find_or_create_listener(self, group: str, tags: list[TagTypeDef]) -> tuple[str, int]:
         listeners = list(self._listeners())
         mine = sorted(
             (listener for listener in listeners if _forwards_to(listener.get("DefaultActions", []), group)),
@@ -268,7 +332,18 @@ class AlbBalancer:
         return str(created["ListenerArn"]), port
 
     def _host_rule(self, service: str, group: str, tags: list[TagTypeDef]) -> str:
-        """The service's host rule NAME.<domain> on the shared listener, created or pointed at `group`."""
+        """The service's host rule NAME.<domain> on the shared listener, created or pointed at `group`;
+        a priority a concurrent worker took between the describe and the create is given up for the
+        next free one."""
+        for attempt in range(1, _CONFLICT_ATTEMPTS + 1):
+            try:
+                return self._find_or_create_rule(service, group, tags)
+            except ClientError as exc:
+                if _code(exc) != "PriorityInUse" or attempt == _CONFLICT_ATTEMPTS:
+                    raise
+        raise AssertionError("unreachable")
+
+    def _find_or_create_rule(self, service: str, group: str, tags: list[TagTypeDef]) -> str:
         host = f"{service}.{self.domain_name}"
         rules = list(self._rules())
         mine = [rule for rule in rules if not rule.get("IsDefault") and _hosts(rule) == [host]]
@@ -297,6 +372,25 @@ class AlbBalancer:
         except ClientError as exc:
             if _code(exc) not in _NOT_FOUND:
                 raise
+
+
+@contextmanager
+def _quota_refusals() -> Iterator[None]:
+    """ELB's quota errors as EndpointRefused, with what they mean for the service."""
+    try:
+        yield
+    except ClientError as exc:
+        code = _code(exc)
+        if code in QUOTA_MESSAGES:
+            raise EndpointRefused(f"{code}: {QUOTA_MESSAGES[code]}") from exc
+        raise
+
+
+def _attributes(config: EndpointConfig) -> dict[str, str]:
+    return {
+        "deregistration_delay.timeout_seconds": str(config.drain_seconds),
+        "load_balancing.algorithm.type": ALGORITHMS[config.policy],
+    }
 
 
 def _health_check(config: EndpointConfig) -> dict[str, Any]:
@@ -340,6 +434,18 @@ def _hosts(rule: dict[str, Any]) -> list[str]:
         if condition.get("Field") == "host-header":
             hosts.extend((condition.get("HostHeaderConfig") or {}).get("Values") or condition.get("Values") or [])
     return hosts
+
+
+def _drain_state(health: dict[str, Any]) -> DrainState:
+    """A target's drain, from its TargetHealth (Elastic Load Balancing: target health states)."""
+    state, reason = health.get("State"), health.get("Reason")
+    if state == "draining":
+        return DrainState.DRAINING
+    if reason in ("Target.NotRegistered", "Target.NotInUse") or state == "unavailable":
+        # Not registered, or registered where the ALB sends it nothing (a zone it lacks, a group no
+        # rule uses): no request can be in flight.
+        return DrainState.DRAINED
+    return DrainState.IN_SERVICE  # healthy, initial, unhealthy: still registered and routed to
 
 
 def _described(targets: Sequence[Target]) -> list[TargetDescriptionTypeDef]:
