@@ -278,7 +278,7 @@ def test_the_exact_load_balancer_calls_of_a_create_and_a_delete(
             "DescribeListeners",
             "CreateListener",
         ],
-        ["RegisterTargets"],
+        ["RegisterTargets", "DescribeTargetHealth"],  # ...and whether the ALB uses them (its zones)
         [],
     ]
     world.delete()

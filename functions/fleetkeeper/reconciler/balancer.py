@@ -18,7 +18,7 @@ from enum import StrEnum
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Mapping, Sequence
 
     from fleetkeeper.model import EndpointConfig, EndpointRecord
 
@@ -79,8 +79,12 @@ class LoadBalancer(Protocol):
         earlier (maybe crashed) call created is found and reused, never duplicated."""
         ...
 
-    def register(self, endpoint: EndpointRecord, targets: Sequence[Target]) -> None:
-        """Send the endpoint's requests to these targets too (already registered: no error)."""
+    def register(self, endpoint: EndpointRecord, targets: Sequence[Target]) -> Mapping[str, str]:
+        """Send the endpoint's requests to these targets too (already registered: no error).
+
+        Returns the targets it took but will send no request to, by instance id, with why (the ALB:
+        `Target.NotInUse`, an instance in an Availability Zone the load balancer is not enabled in);
+        the reconciler says so on the replica instead of letting it look served."""
         ...
 
     def deregister(self, endpoint: EndpointRecord, targets: Sequence[Target]) -> None:

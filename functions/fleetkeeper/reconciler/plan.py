@@ -271,6 +271,7 @@ _MESSAGE_PROBLEMS = 3
 # --- failure facts: whose fault a failure is, from codes (never from messages) -------------------------
 
 # fleetkeeper's own failure codes, for failures no AWS code describes. All count against the version.
+NOT_IN_USE = "Target.NotInUse"  # a READY replica the load balancer took but sends nothing (a zone it lacks)
 PROBE_FAILED = "Fleetkeeper.ProbeFailed"  # FAILED_PROBING: `probe_failure_threshold` failed probes
 INITIAL_DELAY_EXCEEDED = "Fleetkeeper.InitialDelayExceeded"  # FAILED_INITIAL_DELAY
 # PREEMPTED: the instance ended with no state reason, or DescribeInstances stopped listing it.
@@ -495,9 +496,19 @@ def plan_autoscale(state: ServiceState, request_rate: float | None, now: datetim
     return None if after is before else RecordAutoscale(before, after)
 
 
-def registered(record: ReplicaRecord, now: datetime) -> ReplicaRecord:
-    """The record of a replica the shell just registered with the endpoint (after `Register`)."""
-    return replace(record, balancer=BalancerState.REGISTERED, drain_started_at=None, updated_at=to_iso(now))
+def registered(record: ReplicaRecord, now: datetime, unused: str | None = None) -> ReplicaRecord:
+    """The record of a replica the shell just registered with the endpoint (after `Register`).
+
+    `unused`: why the balancer took it but will send it no request (`Target.NotInUse`); the replica
+    stays READY and registered, and its message (and the service's) says that it serves nothing."""
+    message = f"{NOT_IN_USE}: registered, but the load balancer sends it no requests ({unused})" if unused else ""
+    return replace(
+        record,
+        balancer=BalancerState.REGISTERED,
+        drain_started_at=None,
+        updated_at=to_iso(now),
+        status_message=message,
+    )
 
 
 # --- observation: one replica -----------------------------------------------------------------------
@@ -1212,7 +1223,7 @@ def service_status(
         r for r in replicas if r.version != target_number and (r.status not in LEAVING or r.replica_id in with_instance)
     ]
     quiet = (ReplicaStatus.READY, ReplicaStatus.SHUTTING_DOWN)
-    problems = [r for r in replicas if r.status not in quiet]
+    problems = [r for r in replicas if r.status not in quiet or r.status_message.startswith(NOT_IN_USE)]
 
     if target_failed:
         reason = target.state_message if target is not None else "the target version is missing"

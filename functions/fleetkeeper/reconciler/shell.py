@@ -677,16 +677,21 @@ class _Apply:
             case Register(replica_ids=ids):
                 if self.endpoint is None:
                     return  # making the endpoint failed above: the records stay REGISTERING
+                targets = self._targets(ids)
                 try:
-                    self.balancer.register(self.endpoint, self._targets(ids))
+                    unused = self.balancer.register(self.endpoint, targets)
                 except EndpointRefused as exc:
                     # The records stay REGISTERING: the next run registers them again.
                     logger.warning("service %s: replicas %s not registered: %s", service.name, list(ids), exc)
                     self.endpoint_problem = str(exc)
                     return
+                why = {t.replica_id: unused[t.instance_id] for t in targets if t.instance_id in unused}
                 for replica_id in ids:
                     record = self.records[replica_id]
-                    self.records[replica_id] = self._put(record, registered(record, self.now))
+                    after = registered(record, self.now, why.get(replica_id))
+                    if replica_id in why:
+                        logger.warning("service %s: replica %s: %s", service.name, replica_id, after.status_message)
+                    self.records[replica_id] = self._put(record, after)
             case Deregister(replica_ids=ids):
                 if self.endpoint is not None:  # none recorded: nothing was ever registered
                     self.balancer.deregister(self.endpoint, self._targets(ids))

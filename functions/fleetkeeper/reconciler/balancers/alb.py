@@ -145,13 +145,30 @@ class AlbBalancer:
         )
         return EndpointRecord(url=url, config=config, target_group=group, route=route, dimensions=dimensions)
 
-    def register(self, endpoint: EndpointRecord, targets: Sequence[Target]) -> None:
+    def register(self, endpoint: EndpointRecord, targets: Sequence[Target]) -> dict[str, str]:
         described = _described(targets)
         with _quota_refusals():
             for start in range(0, len(described), _REGISTRATIONS_PER_CALL):
                 self.elbv2.register_targets(
                     TargetGroupArn=endpoint.target_group, Targets=described[start : start + _REGISTRATIONS_PER_CALL]
                 )
+        return self._not_in_use(endpoint.target_group, described)
+
+    def _not_in_use(self, group: str, described: list[TargetDescriptionTypeDef]) -> dict[str, str]:
+        """The just-registered targets the ALB will not send requests to (`unused` / `Target.NotInUse`:
+        an instance in an Availability Zone the load balancer is not enabled in), with AWS's words.
+        One DescribeTargetHealth per registration, none while steady."""
+        if not described:
+            return {}
+        health = self.elbv2.describe_target_health(TargetGroupArn=group, Targets=described)
+        unused: dict[str, str] = {}
+        for entry in health.get("TargetHealthDescriptions", []):
+            target_health = entry.get("TargetHealth", {})
+            if target_health.get("Reason") == "Target.NotInUse":
+                unused[entry.get("Target", {}).get("Id", "")] = str(
+                    target_health.get("Description") or "the load balancer is not enabled in its Availability Zone"
+                )
+        return unused
 
     def deregister(self, endpoint: EndpointRecord, targets: Sequence[Target]) -> None:
         described = _described(targets)
