@@ -199,7 +199,9 @@ def build_parser() -> argparse.ArgumentParser:
     logs.add_argument("--follow", "-f", action="store_true", help="keep printing new lines until Ctrl-C")
     logs.add_argument("--tail", type=_count, metavar="N", help="only the last N lines of each log (embedded mode)")
     logs.add_argument("--all", action="store_true", help="also replicas no longer in the service (replaced, removed)")
-    logs.add_argument("--since", type=since_seconds, metavar="DURATION", help="on AWS: lines of the last 10m, 2h...")
+    logs.add_argument(
+        "--since", type=since_seconds, metavar="DURATION", help="only lines of the last 10m, 2h, 1d... (to the second)"
+    )
     logs.add_argument(
         "--log-group", help="on AWS: the stack's replica log group (else $FLEETKEEPER_LOG_GROUP or --stack's output)"
     )
@@ -379,17 +381,23 @@ class Cli:
         # the API's 404, exit 2, as for `status`.
         view = self.client.request("GET", f"/v1/services/{self.name}").body
         base = f"/_local/logs/{self.name}"
+        # This incarnation's logs only: a service deleted and created again under its name starts afresh.
+        incarnation = f"uid={_quote(str(view['uid']))}"
         offsets: dict[int, int] = {}
         headed: int | None = None
-        tail = f"?tail={self.args.tail}" if self.args.tail is not None else ""
+        first = [incarnation]
+        if self.args.tail is not None:
+            first.append(f"tail={self.args.tail}")
+        if self.args.since is not None:
+            first.append(f"since={int(time.time()) - self.args.since}")
         while True:
-            wanted, others = self._logs_wanted(base, view)
+            wanted, others = self._logs_wanted(f"{base}?{incarnation}", view)
             if not wanted and not offsets:
                 more = f"; --all shows {others} of replicas no longer in it" if others else ""
                 self.note(f"no logs of {self.args.name}'s current replicas yet{more}")
             for replica_id, path in wanted:
-                query = f"?offset={offsets[replica_id]}" if replica_id in offsets else tail
-                answer = self.client.request("GET", f"{base}/{replica_id}{query}", raw=True)
+                query = [incarnation, f"offset={offsets[replica_id]}"] if replica_id in offsets else first
+                answer = self.client.request("GET", f"{base}/{replica_id}?{'&'.join(query)}", raw=True)
                 offsets[replica_id] = int(answer.headers.get("X-Log-Size", offsets.get(replica_id, 0)))
                 text = answer.body
                 if not text:
@@ -627,7 +635,7 @@ def run(
         if args.command == "local":
             from fleetkeeper.local.server import serve  # moto and the handlers: only for `local`
 
-            return serve(options_from(args), quiet=args.quiet)
+            return serve(options_from(args), quiet=args.quiet, verbose=args.verbose)
         url = resolve_api_url(args.api_url, args.stack)
         client = client_factory(url)
         return _COMMANDS[args.command](Cli(args, client, out, err))

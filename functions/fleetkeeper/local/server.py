@@ -5,7 +5,8 @@
     reconciler        ReconcileLoop: the dispatcher every --tick seconds, its shards through the
                       in-memory reconcile queue to the worker handler, and the worker on each kick
     cleanup           StreamPump: the table's stream -> template's filter -> the cleanup handler
-    replicas          ProcessDriver: local process groups (FLEETKEEPER_DRIVER=process)
+    replicas          ProcessDriver: local process groups (FLEETKEEPER_DRIVER=process), each in a
+                      network namespace of its own where Linux allows it (--isolation)
     endpoints         LocalBalancer: one port per service on 127.0.0.1 (FLEETKEEPER_LOAD_BALANCER=local)
 
 The handlers are the ones Lambda runs, imported as they are.
@@ -27,7 +28,14 @@ from fleetkeeper.local.balancer import LocalBalancer
 from fleetkeeper.local.context import LocalContext
 from fleetkeeper.local.http_bridge import KICK_PATH, ApiBridge
 from fleetkeeper.local.options import MAX_TICK, Options, add_arguments, options_from
-from fleetkeeper.local.process_driver import LOCAL_DIR_ENV, LOOPBACK, ProcessDriver
+from fleetkeeper.local.process_driver import (
+    ISOLATION_ENV,
+    LOCAL_DIR_ENV,
+    LOOPBACK,
+    NETNS,
+    ProcessDriver,
+    namespaces_available,
+)
 from fleetkeeper.local.reconcile_loop import ReconcileLoop
 from fleetkeeper.local.stream_pump import StreamPump, StreamSource
 from fleetkeeper.reconciler.balancers import EMBEDDED_BALANCER, register_balancer
@@ -70,6 +78,7 @@ def configure_environment(options: Options) -> None:
             DRIVER_ENV: EMBEDDED_DRIVER,
             BALANCER_ENV: EMBEDDED_BALANCER,
             LOCAL_DIR_ENV: str(options.local_dir),
+            ISOLATION_ENV: options.isolation,
             # The workdir store: a directory (replicas unpack from it; uploads arrive through the bridge).
             WORKDIR_DIR_ENV: str(options.local_dir / "workdirs"),
             "POWERTOOLS_SERVICE_NAME": "fleetkeeper",
@@ -96,9 +105,11 @@ def configure_environment(options: Options) -> None:
 class EmbeddedControlPlane:
     """Start and stop everything `fleetkeeper local` runs (tests and the demo use it in-process)."""
 
-    def __init__(self, options: Options, *, log_level: int | None = None) -> None:
-        # log_level: print the handlers' logs readably at this level (None: leave logging alone).
+    def __init__(self, options: Options, *, log_level: int | None = None, routine_logs: bool = True) -> None:
+        # log_level: print the handlers' logs readably at this level (None: leave logging alone);
+        # routine_logs: with the reconciler's summary of every run (-v), else its changes only.
         self.log_level = log_level
+        self.routine_logs = routine_logs
         self.options = Options(
             port=options.port,
             tick=options.tick,
@@ -106,6 +117,7 @@ class EmbeddedControlPlane:
             table=options.table,
             idle_timeout=options.idle_timeout,
             metrics_interval=options.metrics_interval,
+            isolation=options.isolation,
         )
         self.aws_endpoint = ""
         self._moto: Any = None
@@ -126,9 +138,21 @@ class EmbeddedControlPlane:
     def logs_dir(self) -> Path:
         return self.options.local_dir / "logs"
 
+    @property
+    def isolation(self) -> str:
+        """What replicas get, for the banner: a network namespace each, or a port each."""
+        driver = ProcessDriver.shared()
+        if driver.isolation == NETNS:
+            return "each in a network namespace of its own: PORT is the spec's port, as on EC2"
+        return f"sharing this machine's loopback ({driver.isolation_note}): each gets a free PORT"
+
     def start(self) -> None:
         from moto.server import ThreadedMotoServer
 
+        if self.options.isolation == NETNS:
+            ok, note = namespaces_available()
+            if not ok:
+                raise IsolationUnavailable(f"--isolation netns: {note}; use --isolation shared (or auto)")
         configure_environment(self.options)
         self.logs_dir.mkdir(parents=True, exist_ok=True)
         template = load_template()
@@ -153,7 +177,7 @@ class EmbeddedControlPlane:
         if self.log_level is not None:  # after the imports: the handlers' loggers exist from then on
             from fleetkeeper.local.readable_logs import make_logs_readable
 
-            make_logs_readable(self.log_level)
+            make_logs_readable(self.log_level, routine=self.routine_logs)
         self._loop = ReconcileLoop(
             reconciler_handler, tick=self.options.tick, dispatcher=dispatch_handler, queue_url=queue_url
         )
@@ -161,7 +185,9 @@ class EmbeddedControlPlane:
         if source is None:
             raise RuntimeError("template.yaml declares no DynamoDB event for CleanupFunction")
         stream_arn = aws.dynamodb().describe_table(TableName=self.options.table)["Table"]["LatestStreamArn"]
-        self._pump = StreamPump(_streams_client(self.aws_endpoint), stream_arn, source, cleanup_handler)
+        self._pump = StreamPump(
+            _streams_client(self.aws_endpoint), stream_arn, source, _and_local_files(cleanup_handler)
+        )
 
         self._reconciler_handler = reconciler_handler
         self._bridge = ApiBridge(
@@ -255,6 +281,29 @@ class EmbeddedControlPlane:
         self._threads.append(thread)
 
 
+class IsolationUnavailable(RuntimeError):
+    """--isolation netns asked for, where this machine cannot give replicas network namespaces."""
+
+
+def _and_local_files(cleanup: Handler) -> Handler:
+    """The cleanup handler, then what embedded mode keeps of the removed incarnations outside the
+    in-memory AWS: their replicas' logs and working directories (a record the handler reported as
+    failed is left for its redelivery)."""
+
+    def handler(event: dict[str, Any], context: Any) -> Any:
+        answer = cleanup(event, context)
+        failed = {item.get("itemIdentifier") for item in (answer or {}).get("batchItemFailures", [])}
+        for record in event.get("Records", []):
+            stream = record.get("dynamodb") or {}
+            image = stream.get("OldImage") or {}
+            name, uid = (image.get("name") or {}).get("S"), (image.get("uid") or {}).get("S")
+            if record.get("eventName") == "REMOVE" and name and uid and stream.get("SequenceNumber") not in failed:
+                ProcessDriver.shared().remove_incarnation(name, uid)
+        return answer
+
+    return handler
+
+
 def _problem(code: str, message: str) -> dict[str, Any]:
     """The api's error shape, for the /_local routes' answers."""
     return {"error": {"code": code, "message": message, "details": []}}
@@ -276,9 +325,12 @@ def banner(plane: EmbeddedControlPlane) -> str:
     lines = [
         "fleetkeeper local: the control plane is running on this machine",
         f"  API            {plane.api_url}   {reach}",
-        f"  replica logs   {plane.logs_dir}/<service>/replica-<id>.log   (fleetkeeper logs NAME)",
+        f"  replicas       {plane.isolation}",
+        f"  replica logs   {plane.logs_dir}/<service>/<uid>/replica-<id>.log   (fleetkeeper logs NAME)",
         f"  in-memory AWS  {plane.aws_endpoint}   table {plane.options.table}",
-        f"  reconciler     every {plane.options.tick:g}s and after every write",
+        f"  reconciler     every {plane.options.tick:g}s and after every write (-v logs each run)",
+        f"  autoscaler     reads the endpoints' request counts every {plane.options.metrics_interval:g}s "
+        "(--metrics-interval)",
         "  endpoints      one port per service on 127.0.0.1, logged as each opens (fleetkeeper status NAME)",
         "Ctrl-C (or SIGTERM, or closing the terminal) stops every replica and exits.",
     ]
@@ -292,7 +344,11 @@ def parser(prog: str = "fleetkeeper local") -> argparse.ArgumentParser:
 
 
 def serve(
-    options: Options, *, quiet: bool = False, on_started: Callable[[EmbeddedControlPlane], None] | None = None
+    options: Options,
+    *,
+    quiet: bool = False,
+    verbose: bool = False,
+    on_started: Callable[[EmbeddedControlPlane], None] | None = None,
 ) -> int:
     """Run until SIGINT/SIGTERM/SIGHUP; returns the process exit code."""
     if not (math.isfinite(options.tick) and 0 < options.tick <= MAX_TICK):  # the parser checks it too
@@ -304,9 +360,15 @@ def serve(
     # *thread* that started a replica exits, and reaches only the group leader, not what it started.)
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, lambda _signum, _frame: stop.set())
-    plane = EmbeddedControlPlane(options, log_level=logging.WARNING if quiet else logging.INFO)
+    plane = EmbeddedControlPlane(
+        options, log_level=logging.WARNING if quiet else logging.INFO, routine_logs=verbose and not quiet
+    )
     try:
         plane.start()
+    except IsolationUnavailable as exc:
+        plane.stop()
+        print(f"fleetkeeper local: {exc}", file=sys.stderr)
+        return 2
     except OSError as exc:
         plane.stop()
         print(f"fleetkeeper local: cannot start on 127.0.0.1:{options.port}: {exc}", file=sys.stderr)
@@ -326,7 +388,7 @@ def serve(
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    return serve(options_from(args), quiet=args.quiet)
+    return serve(options_from(args), quiet=args.quiet, verbose=args.verbose)
 
 
 if __name__ == "__main__":
