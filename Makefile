@@ -5,7 +5,9 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
-PORT   ?= 8080
+PORT   ?= 8470
+# Seconds between the local endpoints' request-count datapoints, which the autoscaler reads.
+METRICS_INTERVAL ?= 5
 # Tests get both cores; override with PYTEST_WORKERS=1 to debug. Each worker takes the next test as
 # it finishes one (xdist's default hands each worker an eighth of the suite up front), longest
 # first (tests/conftest.py, LONG_FIRST): both workers end within a short test of each other.
@@ -37,7 +39,7 @@ $(STAMP): pyproject.toml
 	@touch $(STAMP)
 
 local: $(STAMP)
-	$(BIN)/python -m fleetkeeper.local.demo --port $(PORT)
+	$(BIN)/python -m fleetkeeper.local.demo --port $(PORT) --metrics-interval $(METRICS_INTERVAL)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -536,7 +536,7 @@ def test_api_url_order_flag_then_environment_then_stack_then_embedded() -> None:
     )
     assert resolve_api_url(None, "fk", environ=env, cloudformation=stack) == "https://env.example.com/api"
     assert resolve_api_url(None, "fk", environ={}, cloudformation=stack) == API_GW
-    assert resolve_api_url(None, None, environ={}) == "http://127.0.0.1:8080"
+    assert resolve_api_url(None, None, environ={}) == "http://127.0.0.1:8470"
 
 
 def test_a_stack_without_the_output_or_that_does_not_exist_is_a_usage_error() -> None:
@@ -566,7 +566,7 @@ def test_loopback_urls_are_not_signed_and_aws_urls_are(monkeypatch: pytest.Monke
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIDEXAMPLE")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "secret")
     monkeypatch.setenv("AWS_SESSION_TOKEN", "token")
-    assert ApiClient.for_url("http://127.0.0.1:8080").signer is None
+    assert ApiClient.for_url("http://127.0.0.1:8470").signer is None
     client = ApiClient.for_url(API_GW)
     assert client.signer is not None and client.signer.region == "eu-west-1"
 

@@ -217,7 +217,9 @@ def test_shared_is_one_driver_per_process_logging_under_the_local_dir(
     try:
         shared = ProcessDriver.shared()
         assert ProcessDriver.shared() is shared
-        assert shared.log_path("web", "u1", 2) == (tmp_path / "here" / "logs" / "web" / "u1" / "replica-2.log").resolve()
+        assert (
+            shared.log_path("web", "u1", 2) == (tmp_path / "here" / "logs" / "web" / "u1" / "replica-2.log").resolve()
+        )
     finally:
         ProcessDriver.reset_shared()
 

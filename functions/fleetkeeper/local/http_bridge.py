@@ -254,7 +254,7 @@ class _RequestHandler(BaseHTTPRequestHandler):
                 match["replica"],
                 _number(query, "offset"),
                 _number(query, "tail"),
-                uid=(query.get("uid") or [None])[0],
+                uid=next(iter(query.get("uid") or []), None),
                 since=_number(query, "since"),
             )
         return _json(404, _error("no_route", f"no route for {method} {path}"))

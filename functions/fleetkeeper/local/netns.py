@@ -188,8 +188,7 @@ class HostRelay:
 
 def _launch(socket_path: str, port: int, command: Sequence[str]) -> int:
     enter_own_network()
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(socket_path)
+    Path(socket_path).unlink(missing_ok=True)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(socket_path)
     listener.listen(512)
@@ -206,10 +205,12 @@ def _launch(socket_path: str, port: int, command: Sequence[str]) -> int:
             continue
     listener.close()
     with contextlib.suppress(OSError):
-        os.unlink(socket_path)
+        Path(socket_path).unlink()
     if code < 0:  # end as the app ended: killed by the same signal
-        signal.signal(-code, signal.SIG_DFL)
+        with contextlib.suppress(OSError, ValueError):  # SIGKILL's disposition cannot be set (nor need be)
+            signal.signal(-code, signal.SIG_DFL)
         os.kill(os.getpid(), -code)
+        return 128 - code  # a signal whose default is not to end the process: as a shell reports it
     return code
 
 

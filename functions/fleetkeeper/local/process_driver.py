@@ -433,7 +433,8 @@ class ProcessDriver:
         socket_path = ""
         if isolated:
             socket_path = str(self._sockets() / f"r{self._seq}.sock")
-            command = [sys.executable, "-I", str(netns.SCRIPT), "--socket", socket_path, "--port", str(app_port), "--", *command]
+            relayed = ["--socket", socket_path, "--port", str(app_port), "--"]
+            command = [sys.executable, "-I", str(netns.SCRIPT), *relayed, *command]
         try:
             process = subprocess.Popen(  # the user's own spec, run as the user, as on EC2
                 command,
@@ -607,7 +608,7 @@ _availability_lock = threading.Lock()
 
 def namespaces_available() -> tuple[bool, str]:
     """Whether replicas can have network namespaces here, and a note why (checked once a process)."""
-    global _availability  # noqa: PLW0603 - one check per process: it starts a child process
+    global _availability  # one check per process: it starts a child process
     with _availability_lock:
         if _availability is None:
             _availability = netns.available()

@@ -21,6 +21,7 @@ import os
 import signal
 import sys
 import threading
+import warnings
 from typing import TYPE_CHECKING, Any
 
 from fleetkeeper import aws
@@ -83,7 +84,8 @@ def configure_environment(options: Options) -> None:
             WORKDIR_DIR_ENV: str(options.local_dir / "workdirs"),
             "POWERTOOLS_SERVICE_NAME": "fleetkeeper",
             "POWERTOOLS_METRICS_NAMESPACE": "fleetkeeper",
-            "POWERTOOLS_METRICS_DISABLED": "true",  # EMF lines are for CloudWatch, not a terminal
+            # EMF lines are for CloudWatch, not a terminal (and see _without_metrics).
+            "POWERTOOLS_METRICS_DISABLED": "true",
             "POWERTOOLS_TRACE_DISABLED": "true",
             # The autoscaler reads the local balancer's RequestCount as it reads the ALB's: a window
             # of one publication interval (aligned, as the balancer's datapoints are), ending one
@@ -100,6 +102,30 @@ def configure_environment(options: Options) -> None:
     register_balancer(EMBEDDED_BALANCER, LocalBalancer.shared)
     for variable in ("AWS_PROFILE", "FLEETKEEPER_KICK_QUEUE_URL", "FLEETKEEPER_KICK_URL", "WORKDIR_BUCKET"):
         os.environ.pop(variable, None)
+    # Powertools warns at the end of an invocation that added no metric; in Lambda that goes to the
+    # function's log, here to the terminal on the first quiet tick.
+    warnings.filterwarnings("ignore", message="No application metrics to publish", category=UserWarning)
+
+
+def _without_metrics(handler: Handler) -> Handler:
+    """A handler whose Powertools metrics are dropped after each invocation.
+
+    With POWERTOOLS_METRICS_DISABLED, Powertools (3.x) skips printing at the end of an invocation but
+    also keeps the metrics it did not print, so the values pile up across invocations until one
+    metric holds 100 of them, and then add_metric prints the raw EMF blob anyway (its own flush,
+    which does not check the setting): after about 100 reconciler runs of `make local`. Embedded
+    mode has no CloudWatch to send them to, so they go once each invocation is over.
+    """
+
+    def invoke(event: dict[str, Any], context: Any) -> Any:
+        try:
+            return handler(event, context)
+        finally:
+            from aws_lambda_powertools import Metrics
+
+            Metrics().clear_metrics()  # the set is shared by every Metrics instance of the process
+
+    return invoke
 
 
 class EmbeddedControlPlane:
@@ -178,6 +204,10 @@ class EmbeddedControlPlane:
             from fleetkeeper.local.readable_logs import make_logs_readable
 
             make_logs_readable(self.log_level, routine=self.routine_logs)
+        api_handler = _without_metrics(api_handler)
+        cleanup_handler = _without_metrics(cleanup_handler)
+        reconciler_handler = _without_metrics(reconciler_handler)
+        dispatch_handler = _without_metrics(dispatch_handler)
         self._loop = ReconcileLoop(
             reconciler_handler, tick=self.options.tick, dispatcher=dispatch_handler, queue_url=queue_url
         )
