@@ -128,7 +128,8 @@ def no_api_url_env(monkeypatch: pytest.MonkeyPatch) -> None:
         [],
         ["frobnicate"],
         ["up"],
-        ["status", "--output", "yaml"],
+        ["status", "--output", "xml"],
+        ["status", "--count", "0"],
         ["rollback", "web", "--to", "two"],
         ["update", "web"],
     ],
@@ -188,10 +189,18 @@ def test_a_spec_that_is_not_a_yaml_mapping_exits_2(tmp_path: Path, text: str, pr
     assert code == 2 and problem in err
 
 
-def test_up_needs_a_name_from_the_flag_or_the_spec(tmp_path: Path) -> None:
-    path = tmp_path / "anon.yaml"
+def test_up_names_a_spec_without_a_name_after_its_file(tmp_path: Path) -> None:
+    path = tmp_path / "My_App.v2.yaml"
     path.write_text("service:\n  readiness_probe: /\nrun: x\n")
-    code, _, err = cli(["up", str(path)], ScriptedClient({}))
+    client = ScriptedClient({("POST", "/v1/services"): [view("NO_REPLICA", observed=0)]})
+    code, _, err = cli(["up", str(path)], client)
+    assert code == 0
+    assert err.startswith(f"no name in {path}: the service is my-app-v2 (--name NAME chooses another)")
+    (_, _, body), *_ = client.sent
+    assert body["name"] == "my-app-v2"
+    nameless = tmp_path / "___.yaml"
+    nameless.write_text("service:\n  readiness_probe: /\nrun: x\n")
+    code, _, err = cli(["up", str(nameless)], ScriptedClient({}))
     assert code == 2 and "--name" in err
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import io
 import json
 import threading
+import urllib.request
 from typing import TYPE_CHECKING
 
 import pytest
@@ -117,7 +118,13 @@ def test_status_of_a_missing_service_exits_2(api_url: str) -> None:
 
 def test_logs_prints_each_replicas_log_file(api_url: str, tmp_path: Path) -> None:
     assert cli(api_url, "up", spec_file(tmp_path))[0] == 0
-    folder = tmp_path / "logs" / "web"
+    with urllib.request.urlopen(f"{api_url}/v1/services/web") as answer:  # 127.0.0.1
+        uid = json.load(answer)["uid"]
+    # A deleted incarnation of the same name left its own logs: never shown for this one.
+    stale = tmp_path / "logs" / "web" / "0000old"
+    stale.mkdir(parents=True)
+    (stale / "replica-1.log").write_text("the old run's line\n")
+    folder = tmp_path / "logs" / "web" / uid
     folder.mkdir(parents=True)
     (folder / "replica-1.log").write_text("one\n")
     (folder / "replica-2.log").write_text("two")

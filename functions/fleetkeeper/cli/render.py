@@ -120,6 +120,22 @@ def as_json(value: Any) -> str:
     return json.dumps(value, indent=2, sort_keys=True)
 
 
+def as_json_line(value: Any) -> str:
+    """One JSON document on one line: a stream of them (--follow, --watch) is read line by line."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"))
+
+
+def as_yaml(value: Any) -> str:
+    import yaml
+
+    return str(yaml.safe_dump(value, sort_keys=True, default_flow_style=False, allow_unicode=True)).rstrip("\n")
+
+
+def structured(value: Any, output: str) -> str:
+    """-o json or -o yaml: the same object either way."""
+    return as_yaml(value) if output == "yaml" else as_json(value)
+
+
 def _ago(event_time: str, now: datetime) -> str:
     try:
         seconds = int((now - datetime.fromisoformat(event_time)).total_seconds())
