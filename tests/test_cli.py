@@ -647,7 +647,7 @@ def test_the_first_progress_line_of_an_update_never_shows_the_old_status_as_the_
     assert progress_line(goal, before) == "web: v3 submitted; waiting for the reconciler to act on it"
     assert judge(goal, before) is None
     after = view("UPDATING", target=3, observed=3, generation=3, ready=0)
-    assert progress_line(goal, after).startswith("web: UPDATING v3, 0/2 ready")
+    assert progress_line(goal, after).startswith("web: UPDATING to v3: 0/2 ready")
 
 
 def test_an_unchanged_update_says_so_and_exits_0(spec_file: Path) -> None:

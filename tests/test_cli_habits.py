@@ -210,3 +210,75 @@ def test_every_listing_takes_o_yaml() -> None:
     client = ScriptedClient(listing("web"))
     code, out, _ = cli(["status", "-o", "yaml"], client)
     assert code == 0 and yaml.safe_load(out)["services"][0]["name"] == "web"
+
+
+# --- progress lines whose counts agree ----------------------------------------------------------------------
+
+
+def _replica(replica_id: int, version: int, status: str, message: str = "") -> dict[str, Any]:
+    return {"replica_id": replica_id, "version": version, "status": status, "status_message": message}
+
+
+def test_a_progress_line_counts_once_from_the_replicas_not_again_from_a_stale_message() -> None:
+    from fleetkeeper.cli.waiting import Goal, progress_line
+
+    goal = Goal("web", "u1", generation=1, target_version=1)
+    # The replicas are READY; the status message is of the run before (its own count says 0/3).
+    now = {
+        **view("REPLICA_INIT", replicas=3, ready=3, message="0/3 ready; replica 1 STARTING: not ready yet"),
+        "replicas": [_replica(i, 1, "READY") for i in range(3)],
+    }
+    assert progress_line(goal, now) == "web: REPLICA_INIT v1: 3/3 ready"
+
+
+def test_an_update_in_progress_counts_the_old_replicas_still_serving() -> None:
+    from fleetkeeper.cli import render
+    from fleetkeeper.cli.waiting import Goal, progress_line
+
+    goal = Goal("web", "u1", generation=2, target_version=2)
+    message = "updating to version 2 (rolling): 0/2 new ready, 2 old replica(s) left; replica 2 PENDING"
+    updating = {
+        **view("UPDATING", target=2, observed=2, generation=2, message=message),
+        "replicas": [
+            _replica(0, 1, "READY"),
+            _replica(1, 1, "READY"),
+            _replica(2, 2, "STARTING", "not ready yet: connection refused"),
+        ],
+    }
+    assert progress_line(goal, updating) == (
+        "web: UPDATING to v2: 0/2 new ready, 2 old serving - replica 2 STARTING: not ready yet: connection refused"
+    )
+    detail = render.service_detail({**updating, "replicas": [{**r, "instance_id": "i"} for r in updating["replicas"]]})
+    assert detail.splitlines()[0] == "web  UPDATING  v2 of 2  (0/2 new ready, 2 old serving, rolling)"
+    assert "0/2 new ready, 2 old replica(s) left" not in detail  # one count, not two
+    failed = {**updating, "status": "FAILED", "status_message": "version 2 failed: 3 replica failures"}
+    assert progress_line(goal, failed).endswith(" - version 2 failed: 3 replica failures")
+
+
+# --- autoscaling, readable --------------------------------------------------------------------------------
+
+
+def test_the_autoscaling_line_says_when_there_is_no_reading_and_how_old_one_is() -> None:
+    from datetime import UTC, datetime
+
+    from fleetkeeper.cli.render import autoscaling_line
+
+    scaling: dict[str, Any] = {
+        "target_replicas": 1,
+        "min_replicas": 1,
+        "max_replicas": 3,
+        "target_qps_per_replica": 2.0,
+        "request_rate": None,
+        "request_rate_at": None,
+        "pending": None,
+    }
+    now = datetime(2026, 1, 1, 0, 1, 0, tzinfo=UTC)
+    assert autoscaling_line(scaling, now) == "  autoscaling: 1 replica(s) (1-3, 2 req/s each); no reading yet; steady"
+    reading = {**scaling, "request_rate": 7.917, "request_rate_at": "2026-01-01T00:00:48.000Z"}
+    pending = {"message": "scaling up to 3 in 2m: 7.9 req/s > 2 \N{MULTIPLICATION SIGN} 1"}
+    line = autoscaling_line({**reading, "pending": pending}, now)
+    # One precision for every rate on the line: the reading's and the reason's.
+    assert line == (
+        "  autoscaling: 1 replica(s) (1-3, 2 req/s each); 7.9 req/s (12s ago); "
+        "scaling up to 3 in 2m: 7.9 req/s > 2 \N{MULTIPLICATION SIGN} 1"
+    )

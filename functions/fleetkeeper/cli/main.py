@@ -113,7 +113,8 @@ _HELP: dict[str, tuple[str, str]] = {
         "Run the whole control plane on this machine: the API, the reconciler, the cleanup and an in-memory\n"
         "AWS. Replicas are local processes, each in a network namespace of its own where Linux allows it\n"
         "(a fixed port such as 8080 works on every replica), else each with a $PORT of its own.",
-        "  fleetkeeper local\n  fleetkeeper local --port 9090 --dir /tmp/fk\n  fleetkeeper local --metrics-interval 2 -v",
+        "  fleetkeeper local\n  fleetkeeper local --port 9090 --dir /tmp/fk\n"
+        "  fleetkeeper local --metrics-interval 2 -v",
     ),
 }
 
