@@ -102,8 +102,12 @@ def configure_environment(options: Options) -> None:
     register_balancer(EMBEDDED_BALANCER, LocalBalancer.shared)
     for variable in ("AWS_PROFILE", "FLEETKEEPER_KICK_QUEUE_URL", "FLEETKEEPER_KICK_URL", "WORKDIR_BUCKET"):
         os.environ.pop(variable, None)
-    # Powertools warns at the end of an invocation that added no metric; in Lambda that goes to the
-    # function's log, here to the terminal on the first quiet tick.
+    quiet_library_warnings()
+
+
+def quiet_library_warnings() -> None:
+    """Powertools warns at the end of an invocation that added no metric; in Lambda that goes to the
+    function's log, here it would go to the terminal on the first quiet tick."""
     warnings.filterwarnings("ignore", message="No application metrics to publish", category=UserWarning)
 
 
