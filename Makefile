@@ -5,6 +5,7 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+# The embedded API's port: one no app's example takes (SkyPilot YAMLs hard-code 8080, 8000, 8081).
 PORT   ?= 8470
 # Seconds between the local endpoints' request-count datapoints, which the autoscaler reads.
 METRICS_INTERVAL ?= 5
@@ -38,8 +39,9 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	@touch $(STAMP)
 
+# `make local VERBOSE=1` also prints the handlers' INFO logs, every reconciler run's included.
 local: $(STAMP)
-	$(BIN)/python -m fleetkeeper.local.demo --port $(PORT) --metrics-interval $(METRICS_INTERVAL)
+	$(BIN)/python -m fleetkeeper.local.demo --port $(PORT) --metrics-interval $(METRICS_INTERVAL) $(if $(VERBOSE),--verbose)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
