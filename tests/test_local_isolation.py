@@ -4,6 +4,7 @@ fallback that names whoever holds a replica's port."""
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -259,3 +260,21 @@ def test_logs_of_a_service_are_read_from_the_incarnation_asked_for_else_the_newe
     assert incarnation_folder(tmp_path / "web", "old") == tmp_path / "web" / "old"
     assert incarnation_folder(tmp_path / "web", None) == tmp_path / "web" / "new"
     assert not incarnation_folder(tmp_path / "none", None).exists()
+
+
+def test_local_asked_for_namespaces_where_there_are_none_exits_2_saying_why(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from fleetkeeper.local import server
+    from fleetkeeper.local.options import Options
+
+    monkeypatch.setattr(server, "namespaces_available", lambda: (False, "unshare: Operation not permitted"))
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    try:
+        assert server.serve(Options(port=0, local_dir=tmp_path, isolation=NETNS)) == 2
+    finally:
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+    assert capsys.readouterr().err == (
+        "fleetkeeper local: --isolation netns: unshare: Operation not permitted; use --isolation shared (or auto)\n"
+    )
