@@ -431,7 +431,10 @@ class Cli:
         if self.structured:
             # One NAME: its view, as before several could be given; several or --all: a list of them.
             single = len(self.args.names) == 1 and not self.args.all
-            self.emit(deleted[0] if single and deleted else {"services": deleted})
+            if not single:
+                self.emit({"services": deleted})
+            elif deleted:
+                self.emit(deleted[0])
         return code
 
     def _down_names(self) -> list[str]:
