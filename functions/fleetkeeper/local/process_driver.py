@@ -2,10 +2,10 @@
 
 Embedded mode's stand-in for EC2. A replica runs `setup` then `run` through bash in its own session
 (so terminating it kills everything it started), with the spec's `envs`, in its own working
-directory `<local dir>/work/<service>/<uid>/replica-<id>/` (removed when the replica ends, as an
-instance's disk goes with it), its output appended to `<local dir>/logs/<service>/<uid>/replica-<id>.log`
-(kept until the service is deleted: `remove_incarnation`). Both are keyed by the service's uid, so a
-service deleted and created again under the same name starts with none of the old run's files.
+directory `<local dir>/work/<service>/<uid>/replica-<id>/`, its output appended to
+`<local dir>/logs/<service>/<uid>/replica-<id>.log`. Both are keyed by the service's uid, so a
+service deleted and created again under the same name starts with none of the old run's files, and
+both go when the service does (`remove_incarnation`, called by embedded mode's cleanup).
 
 Each replica gets a host of its own where the machine allows it (`isolation` "netns", netns.py): a
 network namespace of its own, `PORT` set to the spec's port as on EC2, so two replicas of an app
