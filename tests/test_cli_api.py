@@ -8,6 +8,7 @@ from __future__ import annotations
 import io
 import json
 import threading
+import time
 import urllib.request
 from typing import TYPE_CHECKING
 
@@ -92,7 +93,7 @@ def test_a_spec_with_a_bad_field_exits_2_with_the_apis_message(api_url: str, tmp
     text = SPEC.format(greeting="x") + "file_mounts:\n  /data: s3://bucket\n"
     code, out, err = cli(api_url, "up", spec_file(tmp_path, text=text))
     assert code == 2 and out == ""
-    assert "spec.file_mounts" in err and "file mounts are not supported" in err
+    assert "spec.file_mounts" in err and "file mounts and bucket mounts are not supported" in err
 
 
 def test_a_duplicate_up_exits_2_with_the_apis_message(api_url: str, tmp_path: Path) -> None:
@@ -145,6 +146,12 @@ def test_logs_prints_each_replicas_log_file(api_url: str, tmp_path: Path) -> Non
     (folder / "replica-1.log").write_text("a\nb\nc\n")
     assert cli(api_url, "logs", "web", "1", "--tail", "2")[1] == "b\nc\n"
     assert cli(api_url, "logs", "web", "3")[0] == 2
+    # --since: from where the log was at the last mark (the driver's, once a second) before then.
+    now = int(time.time())
+    (folder / "replica-1.log.times").write_text(f"{now - 3600} 2\n{now - 700} 4\n")
+    assert cli(api_url, "logs", "web", "1", "--since", "10m")[1] == "c\n"
+    assert cli(api_url, "logs", "web", "1", "--since", "2h")[1] == "a\nb\nc\n"
+    assert "the old run's line" not in cli(api_url, "logs", "web", "--all")[1]
 
 
 def test_logs_of_a_missing_service_exits_2_with_the_apis_message(api_url: str, tmp_path: Path) -> None:

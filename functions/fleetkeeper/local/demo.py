@@ -70,8 +70,10 @@ def tour(plane: EmbeddedControlPlane) -> None:
     say(first_answer(url))
     say(
         "\nThe control plane keeps running. In another terminal (source .venv/bin/activate first):\n"
-        f"  {cli_hint} status {SERVICE}\n"
+        f"  {cli_hint} status {SERVICE}            (--watch: refreshed until Ctrl-C)\n"
+        f"  curl $({cli_hint} status {SERVICE} --endpoint)/\n"
         f"  {cli_hint} logs {SERVICE}\n"
+        f"  {cli_hint} up examples/autoscale/service.yaml --wait   (then load it: see that file)\n"
         f"  {cli_hint} down {SERVICE} --wait\n"
         "Ctrl-C here stops every replica and exits."
     )
