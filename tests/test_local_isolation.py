@@ -278,3 +278,25 @@ def test_local_asked_for_namespaces_where_there_are_none_exits_2_saying_why(
     assert capsys.readouterr().err == (
         "fleetkeeper local: --isolation netns: unshare: Operation not permitted; use --isolation shared (or auto)\n"
     )
+
+
+def test_without_namespaces_the_port_an_apps_message_names_is_the_one_reported(
+    make_driver: Callable[[str], ProcessDriver],
+) -> None:
+    driver = make_driver(SHARED)
+    port = free_port()  # nothing holds it by the time the replica looks: "another process"
+    spec = parse_spec(
+        {
+            "service": {"readiness_probe": "/", "replicas": 1},
+            "resources": {"ports": 8080},
+            "run": f'echo "listen tcp 127.0.0.1:{port}: bind: address already in use" >&2; exit 1',
+        }
+    )
+    instance = driver.launch(LaunchRequest("web", "uid1", 1, 0, spec))
+
+    def ended() -> Any:
+        found = driver.instance(instance.instance_id)
+        return found if found is not None and found.state is InstanceState.TERMINATED else None
+
+    gone = eventually(ended)
+    assert f"exited with code 1: port {port} is taken by another process; replicas share" in gone.state_reason

@@ -500,14 +500,16 @@ class ProcessDriver:
         if not lines:
             return None
         said = {int(m) for line in lines for m in _PORT_IN_TEXT.findall(line) if 0 < int(m) < 65536}
-        held = {port: pid for port, pid in _listeners().items() if port != replica.app_port}
-        ports = sorted(said & held.keys()) or sorted(said) or sorted(held.keys() & {replica.spec_port})
-        # The spec's port is the usual suspect (a SkyPilot YAML's `python3 -m http.server 8080`).
-        if not ports:
+        said.discard(replica.app_port)
+        # The port its message names (Go, Node), else the spec's: the usual suspect, as in a SkyPilot
+        # YAML's `python3 -m http.server 8080` (Python's message names no port).
+        candidates = sorted(said) or ([replica.spec_port] if replica.spec_port not in (0, replica.app_port) else [])
+        if not candidates:
             return "its port is taken (Address already in use) and it does not listen on its $PORT"
-        port = ports[0]
+        held = {port: _pid_listening_on(port) for port in candidates}
+        port = next((p for p in candidates if held[p] is not None), candidates[0])
         return (
-            f"port {port} is taken by {self._holder(held.get(port))}; replicas share this machine's "
+            f"port {port} is taken by {self._holder(held[port])}; replicas share this machine's "
             f"loopback here ({self.isolation_note}), so each must listen on its $PORT ({replica.app_port})"
         )
 
@@ -671,10 +673,29 @@ def _group_of(pid: int) -> int | None:
 def _command_line(pid: int) -> str:
     try:
         raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+        text = " ".join(part.decode(errors="replace") for part in raw.split(b"\0") if part)
     except OSError:
-        return ""
-    text = " ".join(part.decode(errors="replace") for part in raw.split(b"\0") if part)
+        text = _ask("ps", "-o", "command=", "-p", str(pid))  # no /proc (macOS)
     return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _pid_listening_on(port: int) -> int | None:
+    """A process listening on TCP `port` of this machine's loopback: from /proc on Linux, else lsof."""
+    if Path("/proc/net/tcp").exists():
+        return _listeners().get(port)
+    answer = _ask("lsof", "-nP", "-t", f"-iTCP:{port}", "-sTCP:LISTEN").split()
+    return int(answer[0]) if answer and answer[0].isdigit() else None
+
+
+def _ask(*command: str) -> str:
+    """A system tool's answer, or "" when it is not there or fails (it only improves a message)."""
+    if shutil.which(command[0]) is None:
+        return ""
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=5, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    return done.stdout.strip() if done.returncode == 0 else ""
 
 
 def _listening_ports(pgid: int) -> set[int]:
