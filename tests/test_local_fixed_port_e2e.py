@@ -43,7 +43,7 @@ def test_two_replicas_of_a_fixed_port_8080_app_serve_through_the_endpoint(plane:
     out = ok(plane.cli("up", str(FIXTURE), "--wait", "--timeout", WAIT))
     assert out.startswith("created fixed-port (v1")
     assert "fixed-port is READY at http://127.0.0.1:" in out
-    view = json.loads(http_get(f"{plane.url}/v1/services/fixed-port")[1])
+    view = json.loads(plane.get("/v1/services/fixed-port")[1])
     assert sorted(r["status"] for r in view["replicas"]) == ["READY", "READY"]
     endpoint = ok(plane.cli("status", "fixed-port", "--endpoint")).strip()
     assert endpoint == view["endpoint"]
@@ -64,7 +64,7 @@ def test_without_namespaces_the_second_replica_says_whose_the_port_is(plane: Loc
     ok(plane.cli("up", "-n", "fixed", str(spec)))
 
     def said() -> str | None:
-        view = json.loads(http_get(f"{plane.url}/v1/services/fixed")[1])
+        view = json.loads(plane.get("/v1/services/fixed")[1])
         messages = [str(r.get("status_message", "")) for r in view["replicas"]] + [view["status_message"]]
         return next((m for m in messages if f"port {port} is taken by replica" in m), None)
 
