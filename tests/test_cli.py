@@ -127,7 +127,7 @@ def running_local(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[L
     """As if the user's `fleetkeeper local` ran at the default address: the CLI finds it on its own
     (this process stands in for the server: its pid is alive)."""
     monkeypatch.setenv(RUNTIME_DIR_ENV, str(tmp_path / "run"))
-    credential = LocalCredential("http://127.0.0.1:8080", new_token(), os.getpid())
+    credential = LocalCredential("http://127.0.0.1:8470", new_token(), os.getpid())
     published = publish(credential, tmp_path / "state")
     yield credential
     withdraw(published)
@@ -560,7 +560,7 @@ def test_api_url_order_flag_then_environment_then_stack_then_embedded(tmp_path: 
     assert resolve_api_url(None, "fk", environ=env, cloudformation=stack) == "https://env.example.com/api"
     assert resolve_api_url(None, "fk", environ={}, cloudformation=stack) == API_GW
     # The user's running `fleetkeeper local` (the fixture's), found on its own; else only with --local.
-    assert resolve_api_url(None, None) == "http://127.0.0.1:8080"
+    assert resolve_api_url(None, None) == "http://127.0.0.1:8470"
     nothing_running = {"FLEETKEEPER_RUNTIME_DIR": str(tmp_path / "empty")}
     with pytest.raises(UsageError, match="no API to talk to"):
         resolve_api_url(None, None, environ=nothing_running)

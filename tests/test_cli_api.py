@@ -151,7 +151,8 @@ def test_logs_prints_each_replicas_log_file(api_url: str, tmp_path: Path) -> Non
 
 def test_logs_prints_a_replicas_output_without_terminal_escapes(api_url: str, tmp_path: Path) -> None:
     assert cli(api_url, "up", spec_file(tmp_path))[0] == 0
-    folder = tmp_path / "logs" / "web"
+    uid = json.loads(cli(api_url, "status", "web", "-o", "json")[1])["uid"]
+    folder = tmp_path / "logs" / "web" / uid
     folder.mkdir(parents=True)
     (folder / "replica-1.log").write_bytes(b"\x1b[2J\x1b[Hclean\x1b]0;title\x07\ttab\r\nnext \x1b[1A\x00line\n")
     code, out, _ = cli(api_url, "logs", "web", "1")

@@ -12,7 +12,15 @@ import pytest
 import yaml
 
 from fleetkeeper.cli.main import build_parser, derived_name, run, summary
+from fleetkeeper.local.auth import RUNTIME_DIR_ENV
 from tests.test_cli import ScriptedClient, not_found, view
+
+
+@pytest.fixture(autouse=True)
+def no_running_local(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """No `fleetkeeper local` of this user is found (the CLI then takes --local's default address)."""
+    monkeypatch.setenv(RUNTIME_DIR_ENV, str(tmp_path / "run"))
+    monkeypatch.delenv("FLEETKEEPER_API_URL", raising=False)
 
 
 class Terminal(io.StringIO):
@@ -23,7 +31,9 @@ class Terminal(io.StringIO):
 
 
 def cli(argv: list[str], client: ScriptedClient, stdin: io.StringIO | None = None) -> tuple[int, str, str]:
+    """The CLI against a scripted API (--local: the embedded mode's address, without a credential)."""
     out, err = io.StringIO(), io.StringIO()
+    argv = [*argv, "--local"]
     code = run(argv, out=out, err=err, client_factory=lambda _url: client, stdin=stdin or io.StringIO())
     return code, out.getvalue(), err.getvalue()
 
