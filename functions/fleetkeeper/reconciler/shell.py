@@ -23,7 +23,7 @@ import contextvars
 import logging
 import math
 from collections import Counter
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
@@ -68,6 +68,7 @@ from fleetkeeper.reconciler.plan import (
 from fleetkeeper.reconciler.probe import ProbeTarget, probe_all, rotated
 from fleetkeeper.service_events import breaker_tripped, claimed, replica_changed, scaled, terminated, version_ready
 from fleetkeeper.service_events import status_changed as status_events
+from fleetkeeper.settings import MAX_PROBE_TIMEOUT_SECONDS, PROBE_HEADROOM_SECONDS
 from fleetkeeper.store.errors import CorruptItem, Superseded
 
 if TYPE_CHECKING:
@@ -355,7 +356,8 @@ class Reconciler:
             by_uid.setdefault(instance.uid, []).append(instance)
         probes: dict[str, dict[int, ProbeResult]] = {}
         probe_seconds = self.probe_budget_seconds if budget is None else budget.probe_seconds(self.probe_budget_seconds)
-        for (uid, replica_id), result in self._probe(states, by_uid, now, probe_seconds).items():
+        answered, long_probes = self._probe(states, by_uid, now, probe_seconds, _invocation_seconds(budget))
+        for (uid, replica_id), result in answered.items():
             probes.setdefault(uid, {})[replica_id] = result
         rates = self._request_rates(states, now, report)
         for position, state in enumerate(states):
@@ -373,11 +375,61 @@ class Reconciler:
             self._reconcile(state, by_uid.get(uid, []), probes.get(uid, {}), now, report, budget, rate)
             if budget is not None:
                 budget.observe_service(started_with)
+        if long_probes is not None:
+            self._plan_long_probes(states, long_probes.result(), report, budget)
         return report
 
+    def _plan_long_probes(
+        self,
+        states: Sequence[ServiceState],
+        results: dict[Hashable, ProbeResult],
+        report: RunReport,
+        budget: Budget | None,
+    ) -> None:
+        """The second pass: the services whose replicas had probes longer than the run's probe budget,
+        planned again with those verdicts, re-read (the first pass changed them) and re-observed.
+
+        The long probes started with the run's own and ran while it reconciled its services, so
+        they cost the run no time of its critical path; each ended by its own timeout, the phase by
+        what the invocation could give it (`_invocation_seconds`). Their verdicts are recorded on the
+        replicas by this pass's plan, as any probe's, before the invocation ends: a Lambda cannot
+        keep a connection for the next invocation, so a probe never spans runs.
+        """
+        by_uid: dict[str, dict[int, ProbeResult]] = {}
+        for key, result in results.items():
+            if isinstance(key, tuple):
+                by_uid.setdefault(key[0], {})[key[1]] = result
+        left_alone = set(report.skipped) | set(report.cut_short) | set(report.errors)
+        names = [s.service.name for s in states if s.service.uid in by_uid and s.service.name not in left_alone]
+        if not names:
+            return
+        fresh = [s for s in self._load_all(names, report) if observed(s) and s.service.uid in by_uid]
+        uids = sorted({s.service.uid for s in fresh})
+        instances = self._owned(self.driver.list_instances(uids=uids), report) if uids else []
+        live: dict[str, list[Instance]] = {}
+        for instance in instances:
+            live.setdefault(instance.uid, []).append(instance)
+        for state in fresh:
+            if budget is not None and not budget.may_start_service():
+                report.skipped.append(state.service.name)
+                continue
+            # Only the long probes' verdicts: the other replicas were decided in the first pass and
+            # have none here (no verdict changes nothing); no request rate either (targets hold).
+            self._reconcile(
+                state, live.get(state.service.uid, []), by_uid[state.service.uid], self.now(), report, budget
+            )
+
     def _probe(
-        self, states: Iterable[ServiceState], by_uid: dict[str, list[Instance]], now: datetime, budget_seconds: float
-    ) -> dict[tuple[str, int], ProbeResult]:
+        self,
+        states: Iterable[ServiceState],
+        by_uid: dict[str, list[Instance]],
+        now: datetime,
+        budget_seconds: float,
+        invocation_seconds: float = math.inf,
+    ) -> tuple[dict[tuple[str, int], ProbeResult], Future[dict[Hashable, ProbeResult]] | None]:
+        """The verdicts of the probes that fit the run's probe budget, and the long probes started
+        (those whose timeout does not fit it), running in the background until their own timeouts or
+        what the invocation can give them, whichever comes first."""
         targets: list[ProbeTarget] = []
         unprobed: dict[tuple[str, int], ProbeResult] = {}
         probed: dict[tuple[str, int], Instance] = {}
@@ -397,10 +449,15 @@ class Reconciler:
                         continue
                     targets.append(ProbeTarget(key, base_url, probe))
                     probed[key] = instance
+        # Long: a timeout the run's probe budget is not made to hold (settings keep the budget at
+        # least MAX_PROBE_TIMEOUT_SECONDS plus a probe's headroom).
+        long = [t for t in targets if t.probe.timeout_seconds > MAX_PROBE_TIMEOUT_SECONDS]
+        targets = [t for t in targets if t.probe.timeout_seconds <= MAX_PROBE_TIMEOUT_SECONDS]
+        pending = self._start_long_probes(long, now, invocation_seconds)
         if not targets or budget_seconds <= 0:
             # No time to probe: this run plans without verdicts (no replica changes state), except
             # for the probes that could not be made at all.
-            return unprobed
+            return unprobed, pending
         # Probes start in this order: rotated by the run's time so that, when there are more probes
         # than the budget lets finish, it is not the same replicas that go without a verdict.
         results = self.prober(rotated(targets, now), budget_seconds)
@@ -413,7 +470,26 @@ class Reconciler:
                 hint = None if result.ok or key not in probed else diagnose(probed[key])
                 if hint:
                     answered[key] = replace(result, detail=hint)
-        return {**unprobed, **answered}
+        return {**unprobed, **answered}, pending
+
+    def _start_long_probes(
+        self, long: Sequence[ProbeTarget], now: datetime, invocation_seconds: float
+    ) -> Future[dict[Hashable, ProbeResult]] | None:
+        """The probes too long for the run's probe budget, started now on a thread of their own (the
+        prober's pool under it), so the run goes on to its services meanwhile. Their phase lasts the
+        longest of their timeouts (plus a probe's headroom), never more than the invocation can give:
+        a hung replica's probe ends at its own timeout, and the phase at that bound, with "no verdict"
+        for what is left, as in the run's own phase. None: no long probe, or no time for one."""
+        if not long:
+            return None
+        seconds = min(max(t.probe.timeout_seconds for t in long) + PROBE_HEADROOM_SECONDS, invocation_seconds)
+        if seconds <= 0:
+            return None  # no verdicts: nothing changes for these replicas this run
+        starter = ThreadPoolExecutor(max_workers=1, thread_name_prefix="long-probes")
+        try:
+            return starter.submit(contextvars.copy_context().run, self.prober, rotated(long, now), seconds)
+        finally:
+            starter.shutdown(wait=False)
 
     def _request_rates(self, states: Sequence[ServiceState], now: datetime, report: RunReport) -> dict[str, float]:
         """The request rate of every autoscaled service with an endpoint, in ceil(n / 500)
@@ -488,6 +564,15 @@ class Reconciler:
         targets = [target_of(state, state.replicas[rid], instance, self.driver) for rid, instance in draining.items()]
         reported = self.balancer.drain_states(endpoint, targets)
         return {t.replica_id: reported[t.instance_id] for t in targets if t.instance_id in reported}
+
+
+def _invocation_seconds(budget: Budget | None) -> float:
+    """How long the long probes may run: what the invocation has left after the service margin (a
+    worker's Budget); unbounded without one (a single process: the embedded mode, the tests, where
+    each probe's own timeout bounds them)."""
+    if budget is None:
+        return math.inf
+    return max(0.0, budget.remaining() - budget.service_margin)
 
 
 def target_of(state: ServiceState, record: ReplicaRecord, instance: Instance | None, driver: ReplicaDriver) -> Target:
