@@ -32,6 +32,14 @@ def test_a_replica_in_a_zone_the_alb_lacks_says_it_gets_no_requests(
     monkeypatch.setenv("FLEETKEEPER_SUBNET_IDS", subnet["Subnet"]["SubnetId"])  # the replicas' subnet
     world = World(server, balancer=balancer)
     world.create(service={"readiness_probe": "/health", "replicas": 1, "ports": server.port})
+    for _ in range(10):
+        world.run()
+        state = world.store.load("svc")
+        assert state is not None
+        if any(r.balancer is BalancerState.REGISTERED for r in state.replicas.values()):
+            break
+    # The run that registered it says so in the service's status too, not a run later.
+    assert "Target.NotInUse" in state.service.status_message
     world.converge()
 
     state = world.store.load("svc")

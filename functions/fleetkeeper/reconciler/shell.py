@@ -638,6 +638,9 @@ class _Apply:
     versions: dict[int, VersionState] = field(default_factory=dict)
     fresh: set[int] = field(default_factory=set)
     refused: bool = False
+    # A registered replica the balancer will not use (Target.NotInUse): its record says so, and the
+    # service's status must too, in this run (the plan's status was made before the registration).
+    unused: bool = False
 
     endpoint: EndpointRecord | None = None
     # What the balancer refused this run for a reason the users must see (EndpointRefused: a quota).
@@ -663,7 +666,7 @@ class _Apply:
                 raise _OutOfTime
             self.report.actions[type(action).__name__] += 1
             self.one(action)
-        if self.endpoint_problem and not self.status_planned:
+        if (self.endpoint_problem or self.unused) and not self.status_planned:
             # The plan saw nothing to record; the refusal is news (or still true: then nothing is written).
             self._record_status(self._status_after_refusals())
 
@@ -738,7 +741,7 @@ class _Apply:
                 self._launch(self.records[replica_id], fresh=fresh and replica_id in self.fresh)
             case RecordStatus():
                 self.status_planned = True
-                self._record_status(self._status_after_refusals() if self.refused else action)
+                self._record_status(self._status_after_refusals() if self.refused or self.unused else action)
             case DeleteService():
                 self.store.delete_service(service)
             case EnsureEndpoint(config=config):
@@ -775,6 +778,7 @@ class _Apply:
                     record = self.records[replica_id]
                     after = registered(record, self.now, why.get(replica_id))
                     if replica_id in why:
+                        self.unused = True
                         logger.warning("service %s: replica %s: %s", service.name, replica_id, after.status_message)
                     self.records[replica_id] = self._put(record, after)
             case Deregister(replica_ids=ids):
@@ -826,7 +830,7 @@ class _Apply:
         with_instance = set(match_instances(self.state, self.instances))
         records = [record for _, record in sorted(self.records.items())]
         status = service_status(self.state, records, self.versions, with_instance)
-        return status if self.endpoint_problem or status_changed(self.state, status) else None
+        return status if status_changed(self.state, status) or self.endpoint_problem else None
 
     def _launch(self, record: ReplicaRecord, *, fresh: bool) -> None:
         """Find-or-launch one replica's instance and record it (PROVISIONING) or the refusal."""
