@@ -376,7 +376,13 @@ class Reconciler:
             if budget is not None:
                 budget.observe_service(started_with)
         if long_probes is not None:
-            self._plan_long_probes(states, long_probes.result(), report, budget)
+            try:
+                verdicts = long_probes.result()
+            except Exception:  # the prober's own failure: no verdict this run, the next run probes again
+                logger.exception("the long readiness probes failed; their replicas are decided next run")
+                report.errors.append("long probes")
+            else:
+                self._plan_long_probes(states, verdicts, report, budget)
         return report
 
     def _plan_long_probes(
