@@ -89,4 +89,3 @@ def describe_change(before: tuple[AccessGrant, ...], after: tuple[AccessGrant, .
             words.append(f"{principal}: {old[principal]} -> {mode}")
     words += [f"revoked {principal}" for principal in old if principal not in new]
     return words
-

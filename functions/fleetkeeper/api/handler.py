@@ -28,6 +28,7 @@ from aws_lambda_powertools.event_handler.openapi.exceptions import (
 )
 from aws_lambda_powertools.event_handler.openapi.params import Header, Path, Query
 
+from fleetkeeper.access import Caller, grant
 from fleetkeeper.api.models import (
     MAX_CLIENT_INTEGER,
     AccessChangeRequest,
@@ -50,7 +51,6 @@ from fleetkeeper.api.models import (
     target_view,
     version_view,
 )
-from fleetkeeper.access import Caller, grant
 from fleetkeeper.errors import FleetkeeperError, Forbidden, InvalidRequest, PayloadTooLarge, UnsupportedMediaType
 from fleetkeeper.kick import ReconcilerKick
 from fleetkeeper.principals import PrincipalError, canonical_caller
@@ -475,7 +475,7 @@ def rollback_service(name: ServiceNameParam, if_match: IfMatchHeader = None) -> 
 
 @app.delete(
     "/v1/services/<name>",
-    responses={202: _success("deleting (status SHUTTING_DOWN)", ServiceWritten), **_READ_ERRORS},
+    responses={202: _success("deleting (status SHUTTING_DOWN)", ServiceWritten), **_READ_ERRORS, 403: _FORBIDDEN},
 )
 def delete_service(name: ServiceNameParam) -> Response[ServiceWritten]:
     return _written(202, commands().delete(name))
@@ -485,7 +485,9 @@ def delete_service(name: ServiceNameParam) -> Response[ServiceWritten]:
     "/v1/services/<name>/access",
     responses={
         200: _success(
-            "who may access the service now; `changed` false: it named these grants already", AccessView, etag_header=False
+            "who may access the service now; `changed` false: it named these grants already",
+            AccessView,
+            etag_header=False,
         ),
         **_ERRORS,
         **_BODY_ERRORS,
@@ -690,6 +692,11 @@ def _refuse_body(event: dict[str, Any]) -> dict[str, Any] | None:
             error = _too_deep(text)
     if error is None:
         return None
+    return _error_response(error)
+
+
+def _error_response(error: FleetkeeperError) -> dict[str, Any]:
+    """A refusal answered before any route runs, in the api's error shape."""
     return {
         "statusCode": error.status,
         "headers": {"Content-Type": content_types.APPLICATION_JSON},
@@ -725,13 +732,8 @@ def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, A
     settings = Settings.from_env(os.environ)
     try:
         caller = caller_of(event, settings)
-    except Forbidden as refused:
-        return {
-            "statusCode": refused.status,
-            "headers": {"Content-Type": content_types.APPLICATION_JSON},
-            "body": json.dumps(refused.to_body()),
-            "isBase64Encoded": False,
-        }
+    except Forbidden as no_identity:
+        return _error_response(no_identity)
     token = _commands.set(build_commands(settings, caller))
     try:
         return app.resolve(event, context)

@@ -403,7 +403,10 @@ class CommandStore:
             reasons = cancellation_reasons(exc)
             if condition_failed(reasons, 0):
                 raise _why_the_service_refused(
-                    service.name, item_as_it_was(reasons[0].get("Item")), expected_uid=service.uid, expected_generation=None
+                    service.name,
+                    item_as_it_was(reasons[0].get("Item")),
+                    expected_uid=service.uid,
+                    expected_generation=None,
                 ) from exc
             raise
         return replace(service, access=access, access_rev=rev + 1)

@@ -107,16 +107,16 @@ class ServiceReads:
         limit: int,
         next_token: str | None = None,
         visible: Callable[[ServiceRecord], bool] | None = None,
-        examine_at_most: int = LIST_EXAMINED_PER_PAGE,
+        examine_at_most: int | None = None,
     ) -> tuple[list[ServiceRecord], str | None]:
         """A page of service items from the sparse index (never version or replica items).
 
         `visible`: only the services it accepts are answered (a caller's own, fleetkeeper.access).
         The index is read in order until `limit` of them are found, the index ends, or
-        `examine_at_most` items were read; the token continues right after the last item read. So a
-        page may hold fewer than `limit` services (even none) while more may follow, but every page
-        moves on by at least `examine_at_most` items or reaches the end: following the tokens always
-        ends. Without `visible`, one Query of `limit` items, as DynamoDB pages it.
+        `examine_at_most` (default LIST_EXAMINED_PER_PAGE) items were read; the token continues
+        right after the last item read. So a page may hold fewer than `limit` services (even none)
+        while more may follow, but every page moves on by at least that many items or reaches the
+        end: following the tokens always ends. Without `visible`, one Query of `limit` items, as DynamoDB pages it.
 
         Why read and filter here rather than with a FilterExpression: a filter expression is
         applied after the items are read and costs the same read capacity, and grants are principal
@@ -132,6 +132,7 @@ class ServiceReads:
             page = self.table.client.query(TableName=self.table.name, **query)
             services = [service_from_item(from_raw(raw)) for raw in page["Items"]]
             return services, encode_token(page.get("LastEvaluatedKey"))
+        budget = examine_at_most or LIST_EXAMINED_PER_PAGE
         found: list[ServiceRecord] = []
         examined = 0
         while True:
@@ -152,7 +153,7 @@ class ServiceReads:
             if following is None:
                 return found, None
             start = dict(following)
-            if examined >= examine_at_most:
+            if examined >= budget:
                 return found, encode_token(following)
 
     def iter_services(self) -> Iterator[ServiceRecord]:
