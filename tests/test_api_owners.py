@@ -428,3 +428,34 @@ def test_the_hmac_key_is_a_securestring_outside_the_replicas_path(a: ApiClient) 
     forget_keys()
     assert RequestHmac(name).digest({"TOKEN": "v1"}) == digest
     assert RequestHmac(name).digest({"TOKEN": "v2"}) != digest
+
+
+# --- workdir uploads -------------------------------------------------------------------------------------
+
+
+def test_a_workdir_upload_tells_only_readers_what_a_service_stores(
+    a: ApiClient, b: ApiClient, api: ApiClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import base64
+    import hashlib
+
+    from fleetkeeper.workdir_store import upload_key
+    from tests.test_secrets_and_workdirs import archive
+
+    aws.s3().create_bucket(Bucket="fleetkeeper-owners-workdirs")
+    monkeypatch.setenv("WORKDIR_BUCKET", "fleetkeeper-owners-workdirs")
+    data = archive({"app.py": b"print('a')\n"})
+    digest = "sha256:" + hashlib.sha256(data).hexdigest()
+    checksum = base64.b64encode(hashlib.sha256(data).digest()).decode()
+    aws.s3().put_object(
+        Bucket="fleetkeeper-owners-workdirs", Key=upload_key(digest), Body=data, ChecksumSHA256=checksum
+    )
+    create(a, workdir={"digest": digest})
+    aws.s3().delete_object(Bucket="fleetkeeper-owners-workdirs", Key=upload_key(digest))  # the upload expired
+    asked = {"digest": digest, "size": len(data), "service": "web"}
+    assert a.post("/v1/workdirs", asked).body["upload"] is None  # web stores it: nothing to upload
+    # Team B is answered as for a new service: an upload, nothing about web.
+    assert b.post("/v1/workdirs", asked).body["upload"] is not None
+    assert b.post("/v1/workdirs", {**asked, "service": "not-yet"}).body["upload"] is not None
+    grant(a, "web", TEAM_B, "read")
+    assert b.post("/v1/workdirs", asked).body["upload"] is None
