@@ -19,6 +19,7 @@ from typing import IO, TYPE_CHECKING, Any, NoReturn
 
 import yaml
 
+from fleetkeeper import yaml_errors
 from fleetkeeper.cli import cloudlogs, render
 from fleetkeeper.cli.cloudlogs import since_seconds
 from fleetkeeper.cli.http import (
@@ -31,6 +32,7 @@ from fleetkeeper.cli.http import (
 )
 from fleetkeeper.cli.waiting import EXIT_FAILED, EXIT_OK, Goal, Progress, wait_for
 from fleetkeeper.local.options import add_arguments, options_from, seconds
+from fleetkeeper.skypilot_fields import remote_workdir
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
@@ -290,7 +292,7 @@ class Cli:
         and uploaded (its digest in its place)."""
         spec = apply_values(spec, self.args.env_file, self.args.env, self.args.secret, source=str(self.args.spec))
         workdir = spec.get("workdir")
-        if isinstance(workdir, str):
+        if isinstance(workdir, str) and not remote_workdir(workdir):  # a URL: the API says what to do
             spec["workdir"] = {"digest": self._upload_workdir(Path(workdir), name if existing else None)}
         return spec
 
@@ -559,10 +561,7 @@ def load_spec(path: Path) -> dict[str, Any]:
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f", line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        raise UsageError(f"{path}{where}: not valid YAML: {problem}") from exc
+        raise UsageError(yaml_errors.describe(exc, str(path), text)) from exc
     if not isinstance(data, dict):
         raise UsageError(f"{path}: a spec is a mapping with `service`, `resources`, `run`...")
     return data
