@@ -459,3 +459,72 @@ def test_a_workdir_upload_tells_only_readers_what_a_service_stores(
     assert b.post("/v1/workdirs", {**asked, "service": "not-yet"}).body["upload"] is not None
     grant(a, "web", TEAM_B, "read")
     assert b.post("/v1/workdirs", asked).body["upload"] is None
+
+
+# --- the reconciler leaves owners and grants alone -----------------------------------------------------
+
+
+def test_reconciling_a_service_keeps_its_owner_and_grants(world: Any) -> None:
+    from dataclasses import replace
+
+    from fleetkeeper.access import Caller
+    from fleetkeeper.model import AccessGrant
+
+    world.commands = replace(world.commands, caller=Caller(TEAM_A))
+    world.create("web")
+    service, changed = world.commands.change_access("web", [AccessGrant(TEAM_B, "read")], [])
+    assert changed and service.access_rev == 1
+    world.converge()
+    world.update("web", envs={"V": "2"})
+    world.converge()
+    after = world.store.service("web")
+    assert (after.owner, after.access, after.access_rev) == (TEAM_A, (AccessGrant(TEAM_B, "read"),), 1)
+    assert after.status.value == "READY"
+
+
+def test_a_change_of_access_on_a_stale_read_is_refused_by_the_store_and_retried_by_the_command(
+    a: ApiClient, table: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from fleetkeeper import service_events
+    from fleetkeeper.model import AccessGrant
+    from fleetkeeper.store.commands import CommandStore
+    from fleetkeeper.store.errors import Raced
+    from fleetkeeper.store.table import Table
+
+    create(a)
+    store = CommandStore(Table(table))
+    stale = store.service("web")
+    grant(a, "web", TEAM_B, "read")  # moves access_rev on under `stale`
+    event = service_events.access_changed("test", ["x"])
+    with pytest.raises(Raced):
+        store.set_access(stale, (), "2026-01-01T00:00:00.000Z", event=event)
+    assert a.get("/v1/services/web").body["access"] == [{"principal": TEAM_B, "mode": "read"}]
+
+    # Another writer changes the grants between the command's read and its write: its write is
+    # refused, and the command reads again and applies its change on top of the other one.
+    other, third = (f"arn:aws:iam::{ACCOUNT}:role/team-{t}-ci" for t in "cd")
+    original = CommandStore.set_access
+    raced: list[bool] = []
+
+    def racing(self: CommandStore, service: Any, access: Any, now: str, *, event: Any) -> Any:
+        if not raced:
+            raced.append(True)
+            fresh = self.service(service.name)
+            original(self, fresh, (*fresh.access, AccessGrant(third, "write")), now, event=event)
+        return original(self, service, access, now, event=event)
+
+    monkeypatch.setattr(CommandStore, "set_access", racing)
+    assert grant(a, "web", other, "read").body["access"] == [
+        {"principal": TEAM_B, "mode": "read"},
+        {"principal": third, "mode": "write"},
+        {"principal": other, "mode": "read"},
+    ]
+    assert raced == [True]
+
+
+def test_access_of_a_service_being_deleted_cannot_change(a: ApiClient) -> None:
+    create(a)
+    assert a.delete("/v1/services/web").status == 202
+    answer = grant(a, "web", TEAM_B, "read")
+    assert (answer.status, answer.error["code"]) == (409, "conflict")
+    assert "being deleted" in answer.error["message"]
