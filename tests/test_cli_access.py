@@ -6,17 +6,19 @@ its own role (the identity API Gateway would report).
 
 from __future__ import annotations
 
+import contextlib
 import io
+import itertools
 import json
 import os
-import threading
 from typing import TYPE_CHECKING
 
 import pytest
 
 from fleetkeeper.api.handler import lambda_handler
 from fleetkeeper.cli.main import run
-from fleetkeeper.local.http_bridge import ApiBridge, local_principal
+from fleetkeeper.local.http_bridge import local_principal
+from tests.local_process import serving_bridge
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
@@ -30,20 +32,22 @@ SPEC = "name: web\nservice:\n  readiness_probe: /health\n  replicas: 1\nrun: pyt
 @pytest.fixture
 def bridge(table: str, tmp_path: Path) -> Iterator[Callable[[str | None], str]]:
     """A bridge signing as the given principal (None: the embedded mode's own user); its URL."""
-    servers: list[ApiBridge] = []
+    numbers = itertools.count()
+    with contextlib.ExitStack() as stack:
 
-    def start(principal: str | None) -> str:
-        server = ApiBridge(
-            ("127.0.0.1", 0), lambda_handler, on_kick=lambda _n: None, logs_dir=tmp_path / "logs", principal=principal
-        )
-        threading.Thread(target=server.serve_forever, daemon=True).start()
-        servers.append(server)
-        return server.url
+        def start(principal: str | None) -> str:
+            server = stack.enter_context(
+                serving_bridge(
+                    lambda_handler,
+                    tmp_path / f"state-{next(numbers)}",
+                    on_kick=lambda _n: None,
+                    logs_dir=tmp_path / "logs",
+                    principal=principal,
+                )
+            )
+            return str(server.url)
 
-    yield start
-    for server in servers:
-        server.shutdown()
-        server.server_close()
+        yield start
 
 
 def cli(url: str, *argv: str) -> tuple[int, str, str]:

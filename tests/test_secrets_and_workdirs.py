@@ -65,7 +65,10 @@ def test_a_secret_is_kept_in_parameter_store_never_in_the_table_or_an_answer(api
     assert SECRET not in table_dump()  # versions, service item, idempotency record
     (name, value), *more = parameters().items()
     assert more == []
-    assert name.startswith(f"/fleetkeeper/{TABLE}/llm/{created.body['uid']}/")
+    # Under the owner's scope (fleetkeeper.identity): the api's callers own what they create.
+    assert name.startswith(
+        SecretStore(parameter_prefix(TABLE)).incarnation_path("llm", created.body["uid"], created.body["owner"]) + "/"
+    )
     assert json.loads(value) == {"HF_TOKEN": SECRET}
     assert aws.ssm().describe_parameters()["Parameters"][0]["Type"] == "SecureString"
 
@@ -218,7 +221,8 @@ def test_an_upload_is_presigned_with_the_digests_checksum_then_adopted_per_incar
     assert asked.status == 200, asked.body
     upload = asked.body["upload"]
     checksum = base64.b64encode(hashlib.sha256(data).digest()).decode()
-    assert upload["method"] == "PUT" and upload["headers"] == {"x-amz-checksum-sha256": checksum}
+    assert upload["method"] == "PUT"
+    assert upload["headers"] == {"x-amz-checksum-sha256": checksum, "content-length": str(len(data))}
     query = parse_qs(urlsplit(upload["url"]).query)
     # SigV4, the checksum header among what is signed: S3 refuses any other bytes under this URL.
     assert query["X-Amz-Algorithm"] == ["AWS4-HMAC-SHA256"]
@@ -231,7 +235,8 @@ def test_an_upload_is_presigned_with_the_digests_checksum_then_adopted_per_incar
     created = api.post("/v1/services", {"name": "web", "spec": hello_spec(workdir={"digest": digest})})
     assert created.status == 201, created.body
     uid = created.body["uid"]
-    copy = aws.s3().get_object(Bucket=bucket, Key=service_key("web", uid, digest))["Body"].read()
+    owner = created.body["owner"]
+    copy = aws.s3().get_object(Bucket=bucket, Key=service_key("web", uid, digest, owner))["Body"].read()
     assert copy == data
     # Asked for this service, the digest needs no upload even once the upload itself expired.
     aws.s3().delete_object(Bucket=bucket, Key=upload_key(digest))
@@ -239,7 +244,7 @@ def test_an_upload_is_presigned_with_the_digests_checksum_then_adopted_per_incar
     assert again.body["upload"] is None
     # An identical update (same digest) is a no-op; another digest is a new version.
     assert api.put("/v1/services/web", {"spec": hello_spec(workdir={"digest": digest})}).body["changed"] is False
-    assert S3WorkdirStore(bucket).delete_incarnation("web", uid) == 1
+    assert S3WorkdirStore(bucket).delete_incarnation("web", uid, owner) == 1
 
 
 def test_a_new_service_asks_for_an_upload_like_any_other(api: ApiClient, bucket: str) -> None:

@@ -16,7 +16,6 @@ from __future__ import annotations
 import io
 import json
 import re
-import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -25,8 +24,8 @@ import yaml
 
 from fleetkeeper.api.handler import lambda_handler
 from fleetkeeper.cli.main import run
-from fleetkeeper.local.http_bridge import ApiBridge
 from fleetkeeper.workdir_store import LocalWorkdirStore
+from tests.local_process import serving_bridge
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -68,16 +67,11 @@ CASES: dict[str, tuple[list[str], str | None]] = {
 def api_url(table: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     """The api over HTTP with the embedded mode's workdir store (uploads through the bridge)."""
     store = LocalWorkdirStore(tmp_path / "workdirs", "")
-    server = ApiBridge(
-        ("127.0.0.1", 0), lambda_handler, on_kick=lambda _n: None, logs_dir=tmp_path / "logs", workdirs=store
-    )
-    monkeypatch.setenv("FLEETKEEPER_WORKDIR_DIR", str(store.root))
-    monkeypatch.setenv("FLEETKEEPER_WORKDIR_UPLOAD_URL", server.url + "/_local/workdirs")
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield server.url
-    server.shutdown()
-    server.server_close()
+    options = {"on_kick": lambda _n: None, "logs_dir": tmp_path / "logs", "workdirs": store}
+    with serving_bridge(lambda_handler, tmp_path / "state", **options) as server:
+        monkeypatch.setenv("FLEETKEEPER_WORKDIR_DIR", str(store.root))
+        monkeypatch.setenv("FLEETKEEPER_WORKDIR_UPLOAD_URL", server.url + "/_local/workdirs")
+        yield server.url
 
 
 def cli(api_url: str, *argv: str) -> tuple[int, str, str]:

@@ -53,7 +53,7 @@ def test_the_cli_exits_2_with_it_before_any_request(tmp_path: Path) -> None:
     path = tmp_path / "service.yaml"
     path.write_text(UNTERMINATED)
     out, err = io.StringIO(), io.StringIO()
-    code = run(["up", str(path), "--api-url", "http://127.0.0.1:9"], out=out, err=err)
+    code = run(["up", str(path), "--api-url", "http://127.0.0.1:9", "--local"], out=out, err=err)
     assert code == 2
     assert err.getvalue().startswith(f"fleetkeeper: {path}, line 8, column 13: not valid YAML: while scanning")
     assert out.getvalue() == ""

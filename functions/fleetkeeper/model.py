@@ -237,7 +237,8 @@ class ServiceRecord:
     autoscaler: AutoscalerState | None = None
     # Who the incarnation belongs to: the canonical principal that created it (an IAM role's ARN
     # without its path for an assumed-role session, an IAM user's ARN, `local:<os-user>` in embedded
-    # mode); "" for services created before ownership existed (only administrators see them).
+    # mode); "" for services created before ownership existed (only administrators see them). Its
+    # hash scopes the replicas' identity (fleetkeeper.identity).
     owner: str = ""
     # More principals the service answers to (fleetkeeper.access), and the revision every change of
     # them is conditioned on.

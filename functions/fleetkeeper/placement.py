@@ -62,7 +62,7 @@ def parse_bound(value: Any, what: str) -> Bound:
     if isinstance(value, bool):
         raise ValueError(f"expected a number of {what} (e.g. 4) or at least one (e.g. 4+)")
     text = f"{value:g}" if isinstance(value, int | float) else str(value).strip() if isinstance(value, str) else ""
-    match = _BOUND.match(text)
+    match = _BOUND.fullmatch(text)
     if not match or float(match.group(1) + (match.group(2) or "")) <= 0:
         raise ValueError(f"expected a number of {what} (e.g. 4) or at least one (e.g. 4+), got {value!r}")
     return Bound(float(match.group(1) + (match.group(2) or "")), bool(match.group(3)))
@@ -146,7 +146,7 @@ def _accelerator_entry(key: Any, count: Any) -> tuple[str, int]:
     else:
         name = text
     name = name.strip()
-    if not _ACCELERATOR.match(name) or ":" in name:
+    if not _ACCELERATOR.fullmatch(name) or ":" in name:
         raise ValueError(f"{name!r} is not an accelerator name (e.g. A10G, L4, H100)")
     if isinstance(count, bool) or not isinstance(count, int | float):
         raise ValueError(f"{name}: the count must be a whole number from 1 to 64, got {count!r}")
@@ -162,7 +162,7 @@ def _accelerator_entry(key: Any, count: Any) -> tuple[str, int]:
 
 def _count_text(name: str, written: str, key: str) -> int | float:
     """A count written after `NAME:`, read as SkyPilot reads it (float(), whole when whole)."""
-    if not _COUNT.match(written):
+    if not _COUNT.fullmatch(written):
         raise ValueError(f"expected NAME or NAME:COUNT (e.g. A10G:1), got {key!r}")
     number = float(written)
     return int(number) if number.is_integer() else number

@@ -342,7 +342,7 @@ class _Placed(_Strict):
     @field_validator("region")
     @classmethod
     def _aws_region(cls, value: str | None) -> str | None:
-        if value is not None and not REGION.match(value):
+        if value is not None and not REGION.fullmatch(value):
             raise ValueError(
                 f"{value!r} is not an AWS region name (e.g. us-east-1): fleetkeeper runs on AWS only, "
                 "in its stack's region"
@@ -369,7 +369,7 @@ class _Placed(_Strict):
             raise ValueError(
                 f"fleetkeeper runs on AWS only: infra {value!r} is not AWS; remove `infra` or set it to aws"
             )
-        if region and region != "*" and not REGION.match(region):
+        if region and region != "*" and not REGION.fullmatch(region):
             raise ValueError(f"{region!r} in {value!r} is not an AWS region name (e.g. aws/us-east-1)")
         if zone:
             _no_zone(zone)
@@ -404,7 +404,7 @@ class _Placed(_Strict):
 
 
 def _no_zone(value: str) -> None:
-    if not ZONE.match(value):
+    if not ZONE.fullmatch(value):
         raise ValueError(
             f"{value!r} is not an AWS availability zone name (e.g. us-east-1a): fleetkeeper runs on AWS only"
         )
@@ -462,7 +462,7 @@ class Resources(_Placed):
     def _image_ec2_may_resolve(cls, value: str | None, info: ValidationInfo) -> str | None:
         if value is None:
             return value
-        if not _IMAGE.match(value):
+        if not _IMAGE.fullmatch(value):
             raise ValueError("expected an AMI id (ami-0123456789abcdef0) or resolve:ssm:<parameter>")
         public = value.startswith("resolve:ssm:" + PUBLIC_PARAMETERS)
         if value.startswith("resolve:ssm:") and not public and not _stored(info):
@@ -629,7 +629,7 @@ class Workdir(_Strict):
     @field_validator("digest")
     @classmethod
     def _sha256(cls, value: str) -> str:
-        if not WORKDIR_DIGEST.match(value):
+        if not WORKDIR_DIGEST.fullmatch(value):
             raise ValueError("expected sha256: and 64 lower-case hex digits (the archive's SHA-256)")
         return value
 
@@ -641,7 +641,7 @@ def _as_strings(value: Any, what: str) -> Any:
         return value
     out: dict[Any, Any] = {}
     for key, item in value.items():
-        if isinstance(key, str) and not _ENV_NAME.match(key):
+        if isinstance(key, str) and not _ENV_NAME.fullmatch(key):
             raise ValueError(
                 f"{what} name {key!r} is not a valid shell name (letters, digits and _, not first a digit)"
             )
@@ -682,7 +682,7 @@ class ServiceSpec(_Strict):
     @field_validator("name")
     @classmethod
     def _name_rule(cls, value: str | None) -> str | None:
-        if value is not None and not re.match(NAME_PATTERN, value):
+        if value is not None and not re.fullmatch(NAME_PATTERN, value):
             raise ValueError(f"{value!r} is not a service name: use {NAME_RULE} (or give one with --name)")
         return value
 
