@@ -28,8 +28,10 @@ resolver keeps the current event on a module-level object, so concurrent calls w
 
 from __future__ import annotations
 
+import getpass
 import json
 import logging
+import os
 import re
 import socket
 import threading
@@ -65,6 +67,17 @@ _REPLICA_LOG = re.compile(r"^replica-(\d+)\.log$")
 _WORKDIR_PATH = re.compile(r"^/_local/workdirs/(?P<hex>[0-9a-f]{64})$")
 
 
+def local_principal() -> str:
+    """The identity every request through the bridge carries: `local:<os-user>`, in the place API
+    Gateway puts a signer's ARN. The embedded mode makes it an administrator (server.py), so its
+    user sees and changes every service, as the only user of the control plane it runs."""
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):  # no name for this uid (a bare container)
+        user = f"uid-{os.getuid()}"
+    return "local:" + (re.sub(r"[^\w.@-]", "-", user) or "user")
+
+
 # After refusing a body: how long and how much of it the bridge reads and drops before it closes.
 _LINGER_SECONDS = 2.0
 _LINGER_MAX_BYTES = 4 * 1024 * 1024
@@ -88,6 +101,7 @@ class ApiBridge(ThreadingHTTPServer):
         api_timeout_seconds: int = 30,
         max_body_bytes: int | None = None,
         workdirs: LocalWorkdirStore | None = None,
+        principal: str | None = None,
     ) -> None:
         if max_body_bytes is None:
             from fleetkeeper.api.handler import MAX_BODY_BYTES  # the api's own limit, not restated
@@ -105,6 +119,7 @@ class ApiBridge(ThreadingHTTPServer):
         self.api_timeout_seconds = api_timeout_seconds
         self.api_lock = threading.Lock()
         self.workdirs = workdirs
+        self.principal = principal or local_principal()
 
     @property
     def url(self) -> str:
@@ -114,7 +129,7 @@ class ApiBridge(ThreadingHTTPServer):
     def call_api(
         self, method: str, target: str, headers: dict[str, str], body: bytes
     ) -> tuple[int, dict[str, str], bytes]:
-        event = rest_event(method, target, headers=headers, body=body or None)
+        event = rest_event(method, target, headers=headers, body=body or None, principal=self.principal)
         with self.api_lock:
             response = self.api_handler(event, LocalContext(API_FUNCTION, self.api_timeout_seconds))
         return response_parts(response)
