@@ -55,6 +55,8 @@ def _moments(
     """When this replica's record or instance is next worth a look: (moment, polled). A polled moment
     is `soon`, for a replica in motion; the others are deadlines, worth a run only while ahead."""
     status = record.status
+    # A refused launch of the target is retried in place; one of another version is dropped.
+    retried = record.version == state.service.target_version
     if status in LEAVING:
         if record.replica_id in live:
             # Terminated by this run, or held for its drain: the next run sees it gone (its item goes,
@@ -78,9 +80,8 @@ def _moments(
     elif status is ReplicaStatus.PENDING and record.instance_id is None:
         # Claimed and not launched (a run cut short): launched by the next run.
         yield (from_iso(record.next_attempt_at), False) if record.next_attempt_at else (soon, True)
-    elif status is ReplicaStatus.FAILED_PROVISION and record.next_attempt_at is not None:
-        if record.version == state.service.target_version:
-            yield from_iso(record.next_attempt_at), False  # its backoff ends: launched again
+    elif status is ReplicaStatus.FAILED_PROVISION and record.next_attempt_at is not None and retried:
+        yield from_iso(record.next_attempt_at), False  # its backoff ends: launched again
     if record.interruption is not None and status is ReplicaStatus.READY:
         deadline = drain_due(record.interruption, state.target, policy)
         if deadline is not None:

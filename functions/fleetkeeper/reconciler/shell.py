@@ -508,9 +508,7 @@ class Reconciler:
             logger.exception("service %s: reconcile failed", name)
             report.errors.append(name)
 
-    def _follow_up(
-        self, applied: _Apply, instances: Sequence[Instance], now: datetime, running: int | None
-    ) -> None:
+    def _follow_up(self, applied: _Apply, instances: Sequence[Instance], now: datetime, running: int | None) -> None:
         """Ask for this service's next run when the state the run left it in changes next, unless a
         follow-up early enough is pending already. The due time is written first (conditioned on the
         one read), then the kick sent: of two runs only the one whose write lands sends, and a kick
