@@ -500,8 +500,8 @@ class Simulation:
         if any(abs(sent_at - then) < gap for then in earlier):
             self.followup_problems.append(f"{name}: the follow-up due {due} was sent twice")
         earlier.append(sent_at)
-        if due - sent_at < self.policy.follow_up_min_gap.total_seconds():
-            self.followup_problems.append(f"{name}: a follow-up due {due - sent_at}s after it was sent")
+        if delay < gap:
+            self.followup_problems.append(f"{name}: a follow-up delayed {delay}s, under the minimum gap")
         self._enqueue("followup", (name, due), delay)
 
     def _enqueue(self, kind: str, payload: Any, delay: float) -> None:

@@ -525,6 +525,10 @@ class Reconciler:
             self.store.record_followup(state.service, wanted.seen, wanted.due)
         except Superseded:
             return  # another run asked for one meanwhile (or the service went): theirs stands
+        except Exception:
+            # The service's run went through; only its follow-up is lost: the schedule comes instead.
+            logger.warning("service %s: could not record its follow-up", state.service.name, exc_info=True)
+            return
         applied.report.actions["FollowUp"] += 1
         self.follow_up(state.service.name, wanted.delay_seconds, wanted.due)
 
