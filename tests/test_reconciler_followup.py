@@ -3,11 +3,22 @@ next run, and whether a run asks for one given the follow-up already pending on 
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import datetime, timedelta
 
 import pytest
 
-from fleetkeeper.model import BalancerState, FailureCause, Interruption, InterruptionKind, Lifecycle, ReplicaRecord
+from fleetkeeper.model import (
+    BalancerState,
+    EndpointConfig,
+    EndpointRecord,
+    FailureCause,
+    Interruption,
+    InterruptionKind,
+    Lifecycle,
+    ReplicaRecord,
+    ServiceState,
+)
 from fleetkeeper.reconciler.followup import MAX_DELAY_SECONDS, FollowUp, follow_up, next_reconcile
 from fleetkeeper.reconciler.plan import Policy
 from tests.test_reconciler_plan import NOW, S, ago, refusal, replica, state, version
@@ -103,3 +114,23 @@ def test_follow_up_decision(
 def test_a_fraction_of_a_second_rounds_the_delay_up() -> None:
     now = NOW + timedelta(milliseconds=300)
     assert follow_up(NOW + timedelta(seconds=10), None, now, POLICY) == FollowUp(10, EPOCH + 10, None)
+
+
+def _balanced(replicas: list[ReplicaRecord], drain_seconds: int = 30) -> ServiceState:
+    plain = state(replicas)
+    config = EndpointConfig(port=8080, policy="round_robin", drain_seconds=drain_seconds, health_path="/health")
+    endpoint = EndpointRecord(url="http://svc.example", config=config, target_group="tg", route="r")
+    return replace(plain, service=replace(plain.service, endpoint=endpoint))
+
+
+@pytest.mark.parametrize(
+    ("record", "expected"),
+    [
+        (replica(0, S.NOT_READY, balancer=BalancerState.DRAINING, drain_started_at=ago(25)), 6),
+        (replica(0, S.SHUTTING_DOWN, balancer=BalancerState.DRAINING, drain_started_at=ago(28)), 3),
+        (replica(0, S.SHUTTING_DOWN, balancer=BalancerState.DRAINING, drain_started_at=ago(5)), 10),
+    ],
+    ids=["drained and staying", "leaving, its drain about to end", "leaving, drain far off: polled"],
+)
+def test_a_drain_ends_at_the_endpoints_drain_time(record: ReplicaRecord, expected: float) -> None:
+    assert next_reconcile(_balanced([record]), {0}, NOW, POLICY) == at(expected)

@@ -62,6 +62,8 @@ def _moments(
             # Terminated by this run, or held for its drain: the next run sees it gone (its item goes,
             # and with it the update's "old replica(s) left"), or finds the drain over.
             yield soon, True
+            if record.balancer is BalancerState.DRAINING:
+                yield from _drain_over(record, state)
         else:
             # Kept while an instance DescribeInstances does not show yet may still appear
             # (plan._may_be_unseen): the item goes once that grace is over.
@@ -70,6 +72,7 @@ def _moments(
         return
     if record.balancer is BalancerState.DRAINING:
         yield soon, True  # the balancer may report it drained before its deadline
+        yield from _drain_over(record, state)
     if status in _IN_MOTION:
         yield soon, True
         version = state.versions.get(record.version)
@@ -86,6 +89,14 @@ def _moments(
         deadline = drain_due(record.interruption, state.target, policy)
         if deadline is not None:
             yield deadline, False  # the warned replica's drain must start
+
+
+def _drain_over(record: ReplicaRecord, state: ServiceState) -> Iterable[tuple[datetime, bool]]:
+    """A draining replica's deadline (the endpoint's drain time after its drain began): its instance
+    is terminated then, drained or not (plan._Balance)."""
+    endpoint = state.service.endpoint
+    if record.drain_started_at is not None and endpoint is not None:
+        yield from_iso(record.drain_started_at) + timedelta(seconds=endpoint.config.drain_seconds + 1), False
 
 
 @dataclass(frozen=True)
