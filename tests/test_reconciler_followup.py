@@ -53,7 +53,12 @@ CASES: list[tuple[str, list[ReplicaRecord], set[int], float | None]] = [
     ),
     ("refused, backoff over: the plan launched or keeps it", [refusal(1, "X", "x", ENV, retry_in=-30)], set(), None),
     ("refused, of an old version: deleted, not retried", [refusal(1, "X", "x", ENV, v=0, retry_in=40)], set(), None),
-    ("shutting down, instance going", [replica(0), replica(1, S.SHUTTING_DOWN)], {0, 1}, 10),
+    (
+        "shutting down, instance terminated by the run: seen gone next",
+        [replica(0), replica(1, S.SHUTTING_DOWN)],
+        {0, 1},
+        0,
+    ),
     ("shutting down, instance unseen: its grace ends", [replica(1, S.SHUTTING_DOWN, launched_at=ago(100))], set(), 200),
     ("shutting down, grace over", [replica(1, S.SHUTTING_DOWN, launched_at=ago(900))], set(), None),
     ("failed, kept for the breaker, instance gone", [replica(0), replica(1, S.FAILED_PROBING)], {0}, None),
@@ -129,8 +134,14 @@ def _balanced(replicas: list[ReplicaRecord], drain_seconds: int = 30) -> Service
         (replica(0, S.NOT_READY, balancer=BalancerState.DRAINING, drain_started_at=ago(25)), 6),
         (replica(0, S.SHUTTING_DOWN, balancer=BalancerState.DRAINING, drain_started_at=ago(28)), 3),
         (replica(0, S.SHUTTING_DOWN, balancer=BalancerState.DRAINING, drain_started_at=ago(5)), 10),
+        (replica(0, S.SHUTTING_DOWN, balancer=BalancerState.DRAINING, drain_started_at=ago(40)), 0),
     ],
-    ids=["drained and staying", "leaving, its drain about to end", "leaving, drain far off: polled"],
+    ids=[
+        "drained and staying",
+        "leaving, its drain about to end",
+        "leaving, drain far off: polled",
+        "leaving, drain over: terminated by the run",
+    ],
 )
 def test_a_drain_ends_at_the_endpoints_drain_time(record: ReplicaRecord, expected: float) -> None:
     assert next_reconcile(_balanced([record]), {0}, NOW, POLICY) == at(expected)

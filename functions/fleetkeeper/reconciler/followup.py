@@ -43,27 +43,33 @@ def next_reconcile(state: ServiceState, live: Set[int], now: datetime, policy: P
     moments = [
         moment
         for record in state.replicas.values()
-        for moment, polled in _moments(record, state, live, soon, policy)
+        for moment, polled in _moments(record, state, live, now, policy)
         if polled or moment > now
     ]
     return min(moments, default=None)
 
 
 def _moments(
-    record: ReplicaRecord, state: ServiceState, live: Set[int], soon: datetime, policy: Policy
+    record: ReplicaRecord, state: ServiceState, live: Set[int], now: datetime, policy: Policy
 ) -> Iterable[tuple[datetime, bool]]:
     """When this replica's record or instance is next worth a look: (moment, polled). A polled moment
-    is `soon`, for a replica in motion; the others are deadlines, worth a run only while ahead."""
+    is `soon` (or `now`), for a replica in motion; the others are deadlines, worth a run only while
+    ahead."""
+    soon = now + policy.follow_up_interval
     status = record.status
     # A refused launch of the target is retried in place; one of another version is dropped.
     retried = record.version == state.service.target_version
     if status in LEAVING:
         if record.replica_id in live:
-            # Terminated by this run, or held for its drain: the next run sees it gone (its item goes,
-            # and with it the update's "old replica(s) left"), or finds the drain over.
-            yield soon, True
-            if record.balancer is BalancerState.DRAINING:
-                yield from _drain_over(record, state)
+            drain = list(_drain_over(record, state)) if record.balancer is BalancerState.DRAINING else []
+            if drain and drain[0][0] > now:
+                # Held for its drain: terminated when the balancer reports it drained, or at its end.
+                yield soon, True
+                yield from drain
+            else:
+                # Terminated by this run: the next run sees it gone, and its item goes (with it the
+                # update's "old replica(s) left"), as soon as the minimum gap allows.
+                yield now, True
         else:
             # Kept while an instance DescribeInstances does not show yet may still appear
             # (plan._may_be_unseen): the item goes once that grace is over.
