@@ -28,6 +28,7 @@ PSEUDO = {
     "AWS::AccountId": ACCOUNT,
     "AWS::Partition": "aws",
     "AWS::StackName": STACK,
+    "AWS::StackId": f"arn:aws:cloudformation:{REGION}:{ACCOUNT}:stack/{STACK}/1a2b3c4d-5e6f-4a8b-9c0d-0123456789ab",
     "AWS::URLSuffix": "amazonaws.com",
 }
 
@@ -157,6 +158,8 @@ class Resolver:
         if kind == "AWS::ElasticLoadBalancingV2::LoadBalancer":
             full_name = self.get_att(name, "LoadBalancerFullName")
             return f"arn:aws:elasticloadbalancing:{REGION}:{ACCOUNT}:loadbalancer/{full_name}"
+        if kind == "AWS::IAM::ManagedPolicy":
+            return f"arn:aws:iam::{ACCOUNT}:policy/{self.physical_id(name)}"
         if kind == "AWS::ElasticLoadBalancingV2::Listener":
             alb = self.get_att("LoadBalancerResource", "LoadBalancerFullName")
             return f"arn:aws:elasticloadbalancing:{REGION}:{ACCOUNT}:listener/{alb}/{name.lower()}"
@@ -184,6 +187,8 @@ class Resolver:
                 f"internal-{STACK}-alb-123456789.{REGION}.elb.amazonaws.com"
             ),
             ("AWS::S3::Bucket", "Arn"): f"arn:aws:s3:::{pid}",
+            ("AWS::Events::Rule", "Arn"): f"arn:aws:events:{REGION}:{ACCOUNT}:rule/{pid}",
+            ("AWS::KMS::Key", "Arn"): f"arn:aws:kms:{REGION}:{ACCOUNT}:key/{pid}",
         }
         if (kind, attribute) in arns:
             return arns[(kind, attribute)]

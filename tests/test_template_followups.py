@@ -63,3 +63,24 @@ def test_the_worker_may_send_its_follow_ups_and_record_them(translated: dict[str
         for s in statements_granting(statements, "sqs:SendMessage")
     )
     assert statements_granting(statements, "dynamodb:UpdateItem")
+
+
+def test_the_instance_state_rule_gets_past_the_kick_queues_deny(translated: dict[str, Any]) -> None:
+    """The queue policy's Deny of senders outside the stack (tests/test_template_kick_queue.py) lets
+    the instance-state rule's deliveries through, and still no other rule's."""
+    from tests.cfn import ACCOUNT, REGION, Resolver
+    from tests.iam_eval import Request, decide
+
+    resolver = Resolver(translated)
+    policy = resolver.resolve(translated["Resources"]["KickQueuePolicy"]["Properties"]["PolicyDocument"])
+    queue = resolver.get_att("KickQueue", "Arn")
+
+    def send(source: str) -> str:
+        request = Request(
+            action="sqs:SendMessage", resource=queue, service="events.amazonaws.com", context={"aws:SourceArn": source}
+        )
+        return decide(policy, request)
+
+    assert send(resolver.get_att("InstanceStateRule", "Arn")) == "Allow"
+    assert send(resolver.get_att("InterruptionRule", "Arn")) == "Allow"
+    assert send(f"arn:aws:events:{REGION}:{ACCOUNT}:rule/someone-elses-rule") != "Allow"

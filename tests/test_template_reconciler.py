@@ -111,6 +111,21 @@ def test_pass_role_only_for_the_replicas_role_and_only_to_ec2(
         assert statement["Condition"] == {"StringEquals": {"iam:PassedToService": "ec2.amazonaws.com"}}
 
 
+def test_the_reconciler_may_create_the_spot_service_linked_role_and_no_other_role(
+    translated: dict[str, Any], statements: list[dict[str, Any]]
+) -> None:
+    """An account's first spot launch makes EC2 create AWSServiceRoleForEC2Spot with the caller's
+    permissions: without the grant it is refused (AuthFailure.ServiceLinkedRoleCreationNotPermitted).
+    The grant names that role and that service only."""
+    [statement] = statements_granting(statements, "iam:CreateServiceLinkedRole")
+    assert resources(translated, statement) == [
+        "arn:aws:iam::123456789012:role/aws-service-role/spot.amazonaws.com/AWSServiceRoleForEC2Spot"
+    ]
+    assert statement["Condition"] == {"StringEquals": {"iam:AWSServiceName": "spot.amazonaws.com"}}
+    others = [s for s in statements if any(str(a).startswith("iam:Create") for a in as_list(s["Action"]))]
+    assert others == [statement]
+
+
 def schedule_of(translated: dict[str, Any]) -> tuple[str, Any]:
     rules = resources_of_type(translated, "AWS::Events::Rule")
     schedules = resources_of_type(translated, "AWS::Scheduler::Schedule")

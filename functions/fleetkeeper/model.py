@@ -226,6 +226,9 @@ class ServiceRecord:
     # seconds (fleetkeeper.reconciler.followup); None: none was ever asked for. Written by the
     # reconciler only when it asks for a new one, so a steady service never writes it.
     followup_at: int | None = None
+    # The canonical principal ARN of the service's creator (contract 2; "" for items written before
+    # ownership existed). Its hash scopes the replicas' identity (fleetkeeper.identity).
+    owner: str = ""
 
 
 @dataclass(frozen=True)

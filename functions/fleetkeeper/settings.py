@@ -24,6 +24,8 @@ DRIVER_ENV = "FLEETKEEPER_DRIVER"
 PROBE_BUDGET_ENV = "FLEETKEEPER_PROBE_BUDGET_SECONDS"
 KICK_QUEUE_URL_ENV = "FLEETKEEPER_KICK_QUEUE_URL"
 KICK_URL_ENV = "FLEETKEEPER_KICK_URL"
+# The embedded mode's API credential, which its kick URL requires (fleetkeeper.local.auth).
+KICK_TOKEN_ENV = "FLEETKEEPER_KICK_TOKEN"
 SUBNET_IDS_ENV = "FLEETKEEPER_SUBNET_IDS"
 SECURITY_GROUP_IDS_ENV = "FLEETKEEPER_SECURITY_GROUP_IDS"
 INSTANCE_PROFILE_ENV = "FLEETKEEPER_INSTANCE_PROFILE_ARN"
@@ -31,6 +33,12 @@ DEFAULT_IMAGE_PARAMETER_ENV = "FLEETKEEPER_DEFAULT_IMAGE_PARAMETER"
 DEFAULT_INSTANCE_TYPE_ENV = "FLEETKEEPER_DEFAULT_INSTANCE_TYPE"
 REPLICA_HOST_ENV = "FLEETKEEPER_REPLICA_HOST"
 REPLICA_LOG_GROUP_ENV = "FLEETKEEPER_REPLICA_LOG_GROUP"
+# Replica identity (fleetkeeper.identity): `owner` (a role per owner, the default in template.yaml) or
+# `shared` (every replica runs with INSTANCE_PROFILE_ENV's profile), and the managed policy that is both
+# the permissions and the permissions boundary of an owner's role.
+REPLICA_IDENTITY_ENV = "FLEETKEEPER_REPLICA_IDENTITY"
+REPLICA_POLICY_ARN_ENV = "FLEETKEEPER_REPLICA_POLICY_ARN"
+STACK_ID_ENV = "FLEETKEEPER_STACK_ID"
 # The scheduled run's fan-out (fleetkeeper.reconciler.dispatch): the dispatcher's queue, its
 # schedule (the period every shard must fit in), the shard size; a worker's reads and margins.
 RECONCILE_QUEUE_URL_ENV = "FLEETKEEPER_RECONCILE_QUEUE_URL"
@@ -56,6 +64,9 @@ CERTIFICATE_ARN_ENV = "FLEETKEEPER_CERTIFICATE_ARN"
 WORKDIR_BUCKET_ENV = "WORKDIR_BUCKET"
 WORKDIR_DIR_ENV = "FLEETKEEPER_WORKDIR_DIR"
 WORKDIR_UPLOAD_URL_ENV = "FLEETKEEPER_WORKDIR_UPLOAD_URL"
+# The KMS key (id or ARN) the api encrypts secret values with: the stack's SecretsKey. Unset (embedded
+# mode, tests): Parameter Store's default, the account's aws/ssm key.
+SECRETS_KEY_ID_ENV = "FLEETKEEPER_SECRETS_KEY_ID"
 
 DEFAULT_IMAGE_PARAMETER = "/aws/service/ami-amazon-linux-latest/al2023-ami-kernel-default-x86_64"
 DEFAULT_INSTANCE_TYPE = "t3.small"
@@ -80,9 +91,16 @@ DEFAULT_ACTION_MARGIN_SECONDS = 5.0
 DEFAULT_METRIC_WINDOW_SECONDS = 60
 DEFAULT_METRIC_LAG_SECONDS = 60
 MAX_METRIC_SECONDS = 3600
+# What a stack id may be (contract 1; branch `stacks` owns it): short, no hyphen. template.yaml gives
+# the last 12 hex digits of the stack's UUID.
+MAX_STACK_ID_LENGTH = 12
+_STACK_ID = re.compile(rf"[a-z0-9]{{1,{MAX_STACK_ID_LENGTH}}}")
+# The id when FLEETKEEPER_STACK_ID is unset (tests, and code run outside a stack).
+DEFAULT_STACK_ID = "fleetkeeper"
 _RATE = re.compile(r"^rate\((?P<count>[1-9][0-9]*) (?P<unit>minute|minutes|hour|hours)\)$")
 
 DriverKind = Literal["ec2", "process"]
+ReplicaIdentityKind = Literal["owner", "shared"]
 # The endpoint's load balancer: none, the stack's ALB, or embedded mode's local one.
 BalancerKind = Literal["none", "alb", "local"]
 # Without a domain name each service gets a listener port of its own on the ALB, from this range
@@ -112,11 +130,20 @@ class Ec2Settings:
     secrets_prefix: str | None = None
     # The stack's CloudWatch Logs group replicas ship their output to (None: they do not).
     replica_log_group: str | None = None
+    # The stack's identity: tagged on every instance, part of every ClientToken, filtered on.
+    stack_id: str = DEFAULT_STACK_ID
+    # Replica identity (fleetkeeper.identity): a role per owner (`owner`) or the one shared profile.
+    replica_identity: ReplicaIdentityKind = "shared"
+    # The managed policy of owners' roles (their permissions and their permissions boundary).
+    replica_policy_arn: str | None = None
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> Ec2Settings:
         table = environ.get(TABLE_NAME_ENV)
         return cls(
+            stack_id=stack_id_of(environ),
+            replica_identity=_replica_identity(environ),
+            replica_policy_arn=environ.get(REPLICA_POLICY_ARN_ENV) or None,
             workdir_bucket=environ.get(WORKDIR_BUCKET_ENV) or None,
             secrets_prefix=f"/fleetkeeper/{table}" if table else None,
             subnet_ids=_list(environ, SUBNET_IDS_ENV),
@@ -177,6 +204,7 @@ class Settings:
     # (embedded mode), else nothing (the schedule picks the change up).
     kick_queue_url: str | None = None
     kick_url: str | None = None
+    kick_token: str | None = field(default=None, repr=False)  # a credential: never logged
     ec2: Ec2Settings = field(default_factory=Ec2Settings)
     # The dispatcher's: where shards go, how often (seconds between scheduled runs), how big.
     reconcile_queue_url: str | None = None
@@ -194,8 +222,11 @@ class Settings:
     workdir_bucket: str | None = None
     workdir_dir: str | None = None
     workdir_upload_url: str | None = None
+    secrets_key_id: str | None = None
     # The stack's region (Lambda sets AWS_REGION): a spec may name only this one.
     region: str | None = None
+    # The stack's identity (STACK_ID_ENV): a short, stable id of the CloudFormation stack.
+    stack_id: str = DEFAULT_STACK_ID
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> Settings:
@@ -208,6 +239,7 @@ class Settings:
             probe_budget_seconds=_probe_budget(environ),
             kick_queue_url=environ.get(KICK_QUEUE_URL_ENV) or None,
             kick_url=environ.get(KICK_URL_ENV) or None,
+            kick_token=environ.get(KICK_TOKEN_ENV) or None,
             ec2=Ec2Settings.from_env(environ),
             reconcile_queue_url=environ.get(RECONCILE_QUEUE_URL_ENV) or None,
             period_seconds=period_of(environ.get(RECONCILE_SCHEDULE_ENV) or DEFAULT_SCHEDULE),
@@ -224,13 +256,42 @@ class Settings:
             workdir_bucket=environ.get(WORKDIR_BUCKET_ENV) or None,
             workdir_dir=environ.get(WORKDIR_DIR_ENV) or None,
             workdir_upload_url=environ.get(WORKDIR_UPLOAD_URL_ENV) or None,
+            secrets_key_id=environ.get(SECRETS_KEY_ID_ENV) or None,
             region=environ.get("AWS_REGION") or environ.get("AWS_DEFAULT_REGION") or None,
+            stack_id=stack_id_of(environ),
         )
+
+
+def stack_id_of(environ: Mapping[str, str]) -> str:
+    """The stack's id from STACK_ID_ENV (DEFAULT_STACK_ID when unset), checked against what the names
+    and tokens it goes into allow."""
+    raw = environ.get(STACK_ID_ENV)
+    if not raw:
+        return DEFAULT_STACK_ID
+    if _STACK_ID.fullmatch(raw) is None:
+        raise SettingsError(
+            f"{STACK_ID_ENV}={raw!r}: expected 1 to {MAX_STACK_ID_LENGTH} lower-case letters and digits "
+            "(template.yaml gives the last 12 hex digits of the stack's id)"
+        )
+    return raw
+
+
+def _replica_identity(environ: Mapping[str, str]) -> ReplicaIdentityKind:
+    raw = environ.get(REPLICA_IDENTITY_ENV) or "shared"
+    if raw == "owner":
+        if not environ.get(REPLICA_POLICY_ARN_ENV):
+            raise SettingsError(
+                f"{REPLICA_IDENTITY_ENV}=owner needs {REPLICA_POLICY_ARN_ENV}: the owners' roles' policy"
+            )
+        return "owner"
+    if raw == "shared":
+        return "shared"
+    raise SettingsError(f"{REPLICA_IDENTITY_ENV}={raw!r}: expected 'owner' or 'shared'")
 
 
 def period_of(schedule: str) -> int:
     """Seconds between the runs of an EventBridge `rate(...)` schedule (template.yaml admits no other)."""
-    match = _RATE.match(schedule.strip())
+    match = _RATE.fullmatch(schedule.strip())
     if match is None:
         raise SettingsError(
             f"{RECONCILE_SCHEDULE_ENV}={schedule!r}: expected a rate such as 'rate(1 minute)' or 'rate(5 minutes)'"

@@ -4,17 +4,23 @@
 bytes, hence the same SHA-256) and asks the api where to put it (POST /v1/workdirs). Two places:
 
     uploads/<sha256>.tar.gz                  what clients upload; kept UPLOAD_DAYS (a lifecycle rule)
-    services/<name>/<uid>/<sha256>.tar.gz    what replicas read; written by the api when a version
+    services/_o/<scope>/<name>/<uid>/<sha256>.tar.gz
+                                             what replicas read; written by the api when a version
                                              that names the digest is created, deleted by the
-                                             cleanup with the incarnation
+                                             cleanup with the incarnation. <scope>: the service
+                                             owner's (fleetkeeper.identity): only that owner's replica
+                                             role may read below it. A service without an owner keeps
+                                             the legacy services/<name>/<uid>/<sha256>.tar.gz.
 
 Keeping a copy per incarnation makes deletion exact: the cleanup deletes one prefix, and no digest
 shared by two services needs counting. A version's digest is checked again where it is used (the api
 checks the upload's SHA-256 before adopting it, a replica checks what it downloaded before unpacking).
 
 Two implementations: S3 (a bucket of the stack; the api hands out presigned PUT URLs whose signed
-`x-amz-checksum-sha256` header makes S3 refuse any other content) and a local directory (the
-embedded mode; the upload URL is the embedded server's `/_local/workdirs/<sha256>`).
+`x-amz-checksum-sha256` header makes S3 refuse any other content, and whose signed `Content-Length`
+makes it refuse any other size than the one declared, itself at most MAX_WORKDIR_BYTES) and a local
+directory (the embedded mode; the upload URL is the embedded server's `/_local/workdirs/<sha256>`,
+which takes exactly the declared size likewise).
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 from fleetkeeper import aws
+from fleetkeeper.identity import owner_scope, scope_prefix
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
@@ -56,6 +63,10 @@ class WorkdirInvalid(Exception):
     """What was uploaded is not what the digest says, or is over the size limit."""
 
 
+class WorkdirSizeMismatch(WorkdirInvalid):
+    """An upload is not the size declared when its URL was asked for (POST /v1/workdirs)."""
+
+
 @dataclass(frozen=True)
 class Upload:
     """Where and how a client uploads an archive: one HTTP request."""
@@ -73,12 +84,17 @@ def upload_key(digest: str) -> str:
     return f"uploads/{hex_of(digest)}.tar.gz"
 
 
-def incarnation_prefix(service: str, uid: str) -> str:
-    return f"services/{service}/{uid}/"
+def incarnation_prefix(service: str, uid: str, owner: str = "") -> str:
+    return f"services/{scope_prefix(owner_scope(owner))}{service}/{uid}/"
 
 
-def service_key(service: str, uid: str, digest: str) -> str:
-    return f"{incarnation_prefix(service, uid)}{hex_of(digest)}.tar.gz"
+def service_key(service: str, uid: str, digest: str, owner: str = "") -> str:
+    return f"{incarnation_prefix(service, uid, owner)}{hex_of(digest)}.tar.gz"
+
+
+def declared_key(digest: str) -> str:
+    """The embedded store's note of the size declared for an upload (S3 signs it into the URL)."""
+    return f"uploads/{hex_of(digest)}.declared"
 
 
 def checksum_header(digest: str) -> str:
@@ -87,19 +103,19 @@ def checksum_header(digest: str) -> str:
 
 
 class WorkdirStore(Protocol):
-    def upload(self, digest: str, size: int, service: str | None, uid: str | None) -> Upload | None:
+    def upload(self, digest: str, size: int, service: str | None, uid: str | None, owner: str = "") -> Upload | None:
         """How to upload `digest`, or None when it is stored already (no upload needed)."""
         ...
 
-    def adopt(self, digest: str, service: str, uid: str) -> None:
+    def adopt(self, digest: str, service: str, uid: str, owner: str = "") -> None:
         """Make `digest` available to the incarnation's replicas. Raises WorkdirMissing/WorkdirInvalid."""
         ...
 
-    def forget(self, service: str, uid: str, digests: Iterable[str]) -> None:
+    def forget(self, service: str, uid: str, digests: Iterable[str], owner: str = "") -> None:
         """Delete the incarnation's copies of these digests (versions that named them were pruned)."""
         ...
 
-    def delete_incarnation(self, service: str, uid: str) -> int:
+    def delete_incarnation(self, service: str, uid: str, owner: str = "") -> int:
         """Delete every copy of one incarnation (the cleanup's part); returns how many."""
         ...
 
@@ -131,21 +147,31 @@ class S3WorkdirStore:
                 return None
             raise
 
-    def upload(self, digest: str, size: int, service: str | None, uid: str | None) -> Upload | None:
-        if service and uid and self._head(service_key(service, uid, digest)) is not None:
+    def upload(self, digest: str, size: int, service: str | None, uid: str | None, owner: str = "") -> Upload | None:
+        if service and uid and self._head(service_key(service, uid, digest, owner)) is not None:
             return None
         head = self._head(upload_key(digest))
         if head is not None and _fresh(head.get("LastModified")):
             return None
+        if not 0 < size <= MAX_WORKDIR_BYTES:  # the api's request model refuses these first
+            raise WorkdirInvalid(f"it is {size} bytes; the limit is {MAX_WORKDIR_BYTES}")
+        # Content-Length is a signed header of the URL: S3 refuses a PUT of any other size
+        # (SignatureDoesNotMatch), so an upload is at most the size the api allowed here.
         url = self.s3.generate_presigned_url(
             "put_object",
-            Params={"Bucket": self.bucket, "Key": upload_key(digest), "ChecksumSHA256": checksum_header(digest)},
+            Params={
+                "Bucket": self.bucket,
+                "Key": upload_key(digest),
+                "ChecksumSHA256": checksum_header(digest),
+                "ContentLength": size,
+            },
             ExpiresIn=UPLOAD_URL_SECONDS,
         )
-        return Upload(url=url, method="PUT", headers={"x-amz-checksum-sha256": checksum_header(digest)})
+        headers = {"x-amz-checksum-sha256": checksum_header(digest), "content-length": str(size)}
+        return Upload(url=url, method="PUT", headers=headers)
 
-    def adopt(self, digest: str, service: str, uid: str) -> None:
-        target = service_key(service, uid, digest)
+    def adopt(self, digest: str, service: str, uid: str, owner: str = "") -> None:
+        target = service_key(service, uid, digest, owner)
         if self._head(target) is not None:
             return
         source = upload_key(digest)
@@ -172,17 +198,20 @@ class S3WorkdirStore:
             digest.update(chunk)
         return digest.hexdigest()
 
-    def forget(self, service: str, uid: str, digests: Iterable[str]) -> None:
-        keys = [{"Key": service_key(service, uid, d)} for d in sorted(set(digests))]
+    def forget(self, service: str, uid: str, digests: Iterable[str], owner: str = "") -> None:
+        keys = [{"Key": service_key(service, uid, d, owner)} for d in sorted(set(digests))]
         for start in range(0, len(keys), 1000):
             self.s3.delete_objects(Bucket=self.bucket, Delete={"Objects": keys[start : start + 1000], "Quiet": True})  # type: ignore[typeddict-item]
 
-    def delete_incarnation(self, service: str, uid: str) -> int:
+    def delete_incarnation(self, service: str, uid: str, owner: str = "") -> int:
         deleted = 0
         paginator = self.s3.get_paginator("list_objects_v2")
+        # The owner's scoped prefix and the legacy one: an incarnation of either kind leaves nothing.
+        prefixes = dict.fromkeys([incarnation_prefix(service, uid, owner), incarnation_prefix(service, uid)])
         keys = [
             obj["Key"]
-            for page in paginator.paginate(Bucket=self.bucket, Prefix=incarnation_prefix(service, uid))
+            for prefix in prefixes
+            for page in paginator.paginate(Bucket=self.bucket, Prefix=prefix)
             for obj in page.get("Contents", [])
             if "Key" in obj
         ]
@@ -212,16 +241,38 @@ class LocalWorkdirStore:
     def path(self, key: str) -> Path:
         return self.root / key
 
-    def upload(self, digest: str, size: int, service: str | None, uid: str | None) -> Upload | None:
-        if service and uid and self.path(service_key(service, uid, digest)).is_file():
+    def upload(self, digest: str, size: int, service: str | None, uid: str | None, owner: str = "") -> Upload | None:
+        if service and uid and self.path(service_key(service, uid, digest, owner)).is_file():
             return None
         uploaded = self.path(upload_key(digest))
         if uploaded.is_file() and time.time() - uploaded.stat().st_mtime < UPLOAD_FRESH_SECONDS:
             return None
-        return Upload(url=f"{self.upload_base_url}/{hex_of(digest)}", method="PUT", headers={})
+        if not 0 < size <= MAX_WORKDIR_BYTES:  # the api's request model refuses these first
+            raise WorkdirInvalid(f"it is {size} bytes; the limit is {MAX_WORKDIR_BYTES}")
+        # The size the upload must have, as S3 has it signed into its URL (`receive` checks it).
+        declared = self.path(declared_key(digest))
+        declared.parent.mkdir(parents=True, exist_ok=True)
+        partial = declared.with_name(f".{declared.name}.{os.getpid()}.{time.monotonic_ns()}")
+        partial.write_text(str(size))
+        partial.replace(declared)
+        headers = {"content-length": str(size)}
+        return Upload(url=f"{self.upload_base_url}/{hex_of(digest)}", method="PUT", headers=headers)
 
-    def receive(self, digest: str, body: Iterable[bytes]) -> int:
-        """Store an upload after checking its size and SHA-256 (what S3 checks on AWS)."""
+    def declared_size(self, digest: str) -> int | None:
+        """The size declared for an upload of `digest` (POST /v1/workdirs), if one was asked for."""
+        try:
+            return int(self.path(declared_key(digest)).read_text())
+        except (FileNotFoundError, ValueError):
+            return None
+
+    def receive(self, digest: str, body: Iterable[bytes], length: int) -> int:
+        """Store an upload of `length` bytes (its Content-Length) after checking that it is the size
+        declared for it, and its SHA-256 (what S3 checks on AWS)."""
+        declared = self.declared_size(digest)
+        if declared is None:
+            raise WorkdirSizeMismatch("no upload of it was asked for: POST /v1/workdirs with its digest and size first")
+        if length != declared:
+            raise WorkdirSizeMismatch(f"its Content-Length is {length} bytes, not the {declared} declared for it")
         target = self.path(upload_key(digest))
         target.parent.mkdir(parents=True, exist_ok=True)
         partial = target.with_name(f".{target.name}.{os.getpid()}.{time.monotonic_ns()}")
@@ -231,20 +282,24 @@ class LocalWorkdirStore:
             with partial.open("wb") as sink:
                 for chunk in body:
                     size += len(chunk)
-                    if size > MAX_WORKDIR_BYTES:
-                        raise WorkdirInvalid(f"it is over the limit of {MAX_WORKDIR_BYTES} bytes")
+                    if size > declared:
+                        raise WorkdirSizeMismatch(f"it is over the {declared} bytes declared for it")
                     hasher.update(chunk)
                     sink.write(chunk)
+            if size != declared:
+                raise WorkdirSizeMismatch(f"it is {size} bytes, not the {declared} declared for it")
             if hasher.hexdigest() != hex_of(digest):
                 raise WorkdirInvalid("its content does not hash to the digest")
             partial.replace(target)
+            with contextlib.suppress(FileNotFoundError):
+                self.path(declared_key(digest)).unlink()
         finally:
             with contextlib.suppress(FileNotFoundError):
                 partial.unlink()
         return size
 
-    def adopt(self, digest: str, service: str, uid: str) -> None:
-        target = self.path(service_key(service, uid, digest))
+    def adopt(self, digest: str, service: str, uid: str, owner: str = "") -> None:
+        target = self.path(service_key(service, uid, digest, owner))
         if target.is_file():
             return
         source = self.path(upload_key(digest))
@@ -255,15 +310,16 @@ class LocalWorkdirStore:
         shutil.copyfile(source, partial)
         partial.replace(target)
 
-    def forget(self, service: str, uid: str, digests: Iterable[str]) -> None:
+    def forget(self, service: str, uid: str, digests: Iterable[str], owner: str = "") -> None:
         for digest in digests:
             with contextlib.suppress(FileNotFoundError):
-                self.path(service_key(service, uid, digest)).unlink()
+                self.path(service_key(service, uid, digest, owner)).unlink()
 
-    def delete_incarnation(self, service: str, uid: str) -> int:
-        folder = self.path(incarnation_prefix(service, uid))
-        if not folder.is_dir():
-            return 0
-        count = sum(1 for p in folder.iterdir() if p.is_file())
-        shutil.rmtree(folder, ignore_errors=True)
+    def delete_incarnation(self, service: str, uid: str, owner: str = "") -> int:
+        count = 0
+        for prefix in dict.fromkeys([incarnation_prefix(service, uid, owner), incarnation_prefix(service, uid)]):
+            folder = self.path(prefix)
+            if folder.is_dir():
+                count += sum(1 for p in folder.iterdir() if p.is_file())
+                shutil.rmtree(folder, ignore_errors=True)
         return count

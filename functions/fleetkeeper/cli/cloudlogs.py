@@ -15,6 +15,7 @@ import time
 from typing import IO, TYPE_CHECKING, Any
 
 from fleetkeeper.cli.http import UsageError
+from fleetkeeper.terminal import printable
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -27,7 +28,7 @@ _UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
 def since_seconds(text: str) -> int:
     """`10m`, `2h`, `30s`, `1d` -> seconds (argparse type)."""
-    match = _SINCE.match(text)
+    match = _SINCE.fullmatch(text)
     if match is None:
         import argparse
 
@@ -65,11 +66,15 @@ def log_group(
     raise UsageError(f"stack {stack!r} has no {LOG_GROUP_OUTPUT} output: was it deployed before replica logs?")
 
 
-def stream_prefix(service: str, uid: str, replica: int | None) -> str:
+def stream_prefix(service: str, uid: str, replica: int | None, owner: str = "") -> str:
     """The streams of one incarnation's replicas (or of one replica). A replica's stream name ends
     with its id and a slash-free suffix is never a prefix of another id: `3` would match `30`, so a
-    single replica is asked for by its exact name."""
-    return f"{service}/{uid}/" if replica is None else f"{service}/{uid}/{replica}"
+    single replica is asked for by its exact name. A service with an owner has its streams under the
+    owner's scope (`_o/<scope>/...`, fleetkeeper.identity), where only its owner's replicas write."""
+    from fleetkeeper.identity import owner_scope, scope_prefix
+
+    base = f"{scope_prefix(owner_scope(owner))}{service}/{uid}/"
+    return base if replica is None else f"{base}{replica}"
 
 
 def _client(service: str) -> Any:
@@ -97,13 +102,14 @@ def print_logs(
     now: Callable[[], float] = time.time,
     sleep: Callable[[float], None] = time.sleep,
     still_there: Callable[[], bool] = lambda: True,
+    owner: str = "",
 ) -> int:
     """Print the replicas' log lines, oldest first (`[replica N] line` unless one replica is asked
     for); with `follow`, keep polling every 2 s until the service is gone. Returns lines printed."""
     start = int((now() - since_seconds) * 1000) if since_seconds is not None else 0
     seen: set[str] = set()
     printed = 0
-    prefix = stream_prefix(service, uid, replica)
+    prefix = stream_prefix(service, uid, replica, owner)
     while True:
         query: dict[str, Any] = {"logGroupName": group, "startTime": start}
         if replica is None:
@@ -129,10 +135,12 @@ def print_logs(
                 if event_id in seen:
                     continue
                 seen.add(event_id)
-                line = str(event["message"]).rstrip("\n")
+                # One event, one printed line, with nothing a terminal would obey (fleetkeeper.terminal):
+                # the text is whatever the service wrote.
+                line = str(event["message"]).rstrip("\n").replace("\n", " ")
                 if replica is None:
                     line = f"[replica {event['logStreamName'].rsplit('/', 1)[-1]}] {line}"
-                out.write(line + "\n")
+                out.write(printable(line) + "\n")
                 printed += 1
             token = page.get("nextToken")
             if not token:

@@ -76,6 +76,9 @@ class LaunchRequest:
     market: Market = Market.ON_DEMAND
     # Where the version's secret values are (fleetkeeper.secret_store): the replica reads them at boot.
     secrets_ref: str | None = None
+    # The service's owner (ServiceRecord.owner): its secrets, workdir copy and log stream are under the
+    # owner's scope, and on AWS the replica runs with the owner's role (fleetkeeper.identity).
+    owner: str = ""
 
     @property
     def client_token(self) -> str:

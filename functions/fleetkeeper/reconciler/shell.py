@@ -231,6 +231,18 @@ class Reconciler:
         if instance is None:
             logger.info("%s for %s: not a managed instance, ignored", interruption.kind, interruption.instance_id)
             return RunReport()
+        if not instance.spot:
+            # EC2 sends both warnings for spot instances only (its InstanceLifecycle, as described now,
+            # is the truth): one about an on-demand replica is forged or misrouted, and acting on it
+            # would drain a healthy replica; repeated, every replica of the service.
+            logger.warning(
+                "%s for %s: replica %d of service %s is not a spot instance, warning ignored",
+                interruption.kind,
+                interruption.instance_id,
+                instance.replica_id,
+                instance.service,
+            )
+            return RunReport()
         stamp = to_iso(self.now())
         for _ in range(_WARNING_WRITE_TRIES):
             report = RunReport()
@@ -420,7 +432,7 @@ class Reconciler:
                 if base_url is not None:
                     key = (state.service.uid, replica_id)
                     try:
-                        probe = secrets.probe(state.service.name, version)
+                        probe = secrets.probe(state.service.name, version, state.service.owner)
                     except _SecretsUnreadable as exc:
                         unprobed[key] = ProbeResult(url=base_url, ok=False, detail=str(exc))
                         continue
@@ -571,7 +583,7 @@ class _ProbeSecrets:
     table_name: str
     _values: dict[tuple[str, str], dict[str, str] | str] = field(default_factory=dict)
 
-    def probe(self, service: str, version: VersionRecord) -> ReadinessProbe:
+    def probe(self, service: str, version: VersionRecord, owner: str = "") -> ReadinessProbe:
         spec = version.spec
         if not spec.probe_needs_secrets or version.secrets_ref is None:
             return spec.probe_for({})
@@ -581,7 +593,7 @@ class _ProbeSecrets:
 
             try:
                 self._values[key] = SecretStore(parameter_prefix(self.table_name)).get(
-                    service, version.uid, version.secrets_ref
+                    service, version.uid, version.secrets_ref, owner
                 )
             except Exception as exc:
                 code = getattr(exc, "response", {}).get("Error", {}).get("Code") or type(exc).__name__
@@ -781,6 +793,7 @@ class _Apply:
             attempt=record.launch_attempts,
             secrets_ref=version.secrets_ref,
             market=record.market,
+            owner=self.state.service.owner,
         )
         # Walk the capacity pools (instance type x subnet) from where the last run stopped, each
         # attempt with its own ClientToken, until one launches or a refusal is about the version.

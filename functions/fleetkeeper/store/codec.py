@@ -129,6 +129,7 @@ def service_item(record: ServiceRecord) -> Item:
         "endpoint": endpoint_item(record.endpoint) if record.endpoint is not None else None,
         "autoscaler": autoscaler_item(record.autoscaler) if record.autoscaler is not None else None,
         "followup_at": record.followup_at,
+        "owner": record.owner,
         "created_at": record.created_at,
         "updated_at": record.updated_at,
     }
@@ -207,6 +208,7 @@ def service_from_item(item: Mapping[str, Any]) -> ServiceRecord:
         endpoint=endpoint_from_item(item["endpoint"]) if item.get("endpoint") else None,
         autoscaler=autoscaler_from_item(item["autoscaler"]) if item.get("autoscaler") else None,
         followup_at=int(item["followup_at"]) if isinstance(item.get("followup_at"), int) else None,
+        owner=str(item.get("owner", "")),
     )
 
 
