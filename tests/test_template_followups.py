@@ -69,18 +69,16 @@ def test_the_instance_state_rule_gets_past_the_kick_queues_deny(translated: dict
     """The queue policy's Deny of senders outside the stack (tests/test_template_kick_queue.py) lets
     the instance-state rule's deliveries through, and still no other rule's."""
     from tests.cfn import ACCOUNT, REGION, Resolver
-    from tests.iam_eval import Request, decide
+    from tests.iam_evaluator import Decision, Request, evaluate
 
     resolver = Resolver(translated)
     policy = resolver.resolve(translated["Resources"]["KickQueuePolicy"]["Properties"]["PolicyDocument"])
     queue = resolver.get_att("KickQueue", "Arn")
 
-    def send(source: str) -> str:
-        request = Request(
-            action="sqs:SendMessage", resource=queue, service="events.amazonaws.com", context={"aws:SourceArn": source}
-        )
-        return decide(policy, request)
+    def send(source: str) -> Decision:
+        request = Request("events.amazonaws.com", "sqs:SendMessage", queue, {"aws:SourceArn": source})
+        return evaluate(request, [], resource=[policy])
 
-    assert send(resolver.get_att("InstanceStateRule", "Arn")) == "Allow"
-    assert send(resolver.get_att("InterruptionRule", "Arn")) == "Allow"
-    assert send(f"arn:aws:events:{REGION}:{ACCOUNT}:rule/someone-elses-rule") != "Allow"
+    assert send(resolver.get_att("InstanceStateRule", "Arn")) is Decision.ALLOW
+    assert send(resolver.get_att("InterruptionRule", "Arn")) is Decision.ALLOW
+    assert send(f"arn:aws:events:{REGION}:{ACCOUNT}:rule/someone-elses-rule") is not Decision.ALLOW
