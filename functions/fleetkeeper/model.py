@@ -235,6 +235,10 @@ class ServiceRecord:
     endpoint: EndpointRecord | None = None
     # Written by the reconciler for a service whose target version autoscales (None: never did).
     autoscaler: AutoscalerState | None = None
+    # When the reconciler's pending follow-up (a delayed kick for this service) is due, in epoch
+    # seconds (fleetkeeper.reconciler.followup); None: none was ever asked for. Written by the
+    # reconciler only when it asks for a new one, so a steady service never writes it.
+    followup_at: int | None = None
     # Who the incarnation belongs to: the canonical principal that created it (an IAM role's ARN
     # without its path for an assumed-role session, an IAM user's ARN, `local:<os-user>` in embedded
     # mode); "" for services created before ownership existed (only administrators see them). Its

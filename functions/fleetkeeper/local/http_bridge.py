@@ -9,7 +9,8 @@ to the api Lambda handler, and its response becomes the HTTP response: status, h
 A few embedded-mode routes live beside the API under /_local:
 
   POST /_local/kick                    {"service": name}: wake the reconciler loop (the kick URL);
-                                       with "delay_seconds": n, n seconds from now (SQS's DelaySeconds)
+                                       with "delay_seconds": n, n seconds from now (SQS's DelaySeconds);
+                                       with "followup": due, the reconciler's follow-up of a service
   GET  /_local/info                    where things are: API URL, logs, in-memory AWS endpoint, table
   GET  /_local/logs/<service>          the service's replica log files; ?uid=U: of that incarnation
                                        (else the newest one's)
@@ -97,6 +98,7 @@ class ApiBridge(ThreadingHTTPServer):
         on_kick: Callable[[str], None],
         logs_dir: Path,
         on_interrupt: Callable[[str, int, str, float], tuple[int, dict[str, Any]]] | None = None,
+        on_delayed_kick: Callable[[str, int, int | None], None] | None = None,
         info: dict[str, Any] | None = None,
         api_timeout_seconds: int = 30,
         max_body_bytes: int | None = None,
@@ -114,6 +116,9 @@ class ApiBridge(ThreadingHTTPServer):
         self.api_handler = api_handler
         self.on_kick = on_kick
         self.on_interrupt = on_interrupt
+        # Takes delayed kicks and follow-ups (the reconcile loop keeps them until due); without it a
+        # timer thread stands in for SQS's DelaySeconds.
+        self.on_delayed_kick = on_delayed_kick
         self.logs_dir = logs_dir
         self.info = dict(info or {})
         self.api_timeout_seconds = api_timeout_seconds
@@ -307,10 +312,16 @@ class _RequestHandler(BaseHTTPRequestHandler):
             asked = None
         service = asked.get("service") if isinstance(asked, dict) else None
         delay = asked.get("delay_seconds", 0) if isinstance(asked, dict) else 0
+        followup = asked.get("followup") if isinstance(asked, dict) else None
         if not isinstance(service, str) or not _SERVICE_NAME.fullmatch(service):
             return _json(400, _error("invalid_request", 'the kick body is {"service": "<name>"}'))
         if isinstance(delay, bool) or not isinstance(delay, int) or not 0 <= delay <= MAX_DELAY_SECONDS:
             return _json(400, _error("invalid_request", f"delay_seconds: a whole number from 0 to {MAX_DELAY_SECONDS}"))
+        if followup is not None and (isinstance(followup, bool) or not isinstance(followup, int)):
+            return _json(400, _error("invalid_request", "followup: the follow-up's due time, in whole epoch seconds"))
+        if (delay or followup is not None) and self.server.on_delayed_kick is not None:
+            self.server.on_delayed_kick(service, delay, followup)
+            return _json(202, {"kicked": service, "delay_seconds": delay})
         if delay:
             # As SQS's DelaySeconds does on AWS: the kick arrives then.
             timer = threading.Timer(delay, self.server.on_kick, args=(service,))

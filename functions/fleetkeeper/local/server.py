@@ -244,6 +244,7 @@ class EmbeddedControlPlane:
             api_handler,
             token=self.token,
             on_kick=self._kick,
+            on_delayed_kick=self._kick_later,
             on_interrupt=self._interrupt,
             logs_dir=self.logs_dir,
             info={
@@ -300,6 +301,11 @@ class EmbeddedControlPlane:
     def _kick(self, service: str) -> None:
         if self._loop is not None:
             self._loop.kick(service)
+
+    def _kick_later(self, service: str, delay: int, followup: int | None) -> None:
+        """A delayed kick or a follow-up: kept by the reconcile loop until due (SQS's DelaySeconds)."""
+        if self._loop is not None:
+            self._loop.kick(service, delay, followup)
 
     def _interrupt(self, service: str, replica_id: int, kind: str, notice_seconds: float) -> tuple[int, dict[str, Any]]:
         """Simulate EC2's warning about a spot replica: the event the stack's InterruptionRule would

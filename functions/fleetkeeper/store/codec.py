@@ -129,6 +129,7 @@ def service_item(record: ServiceRecord) -> Item:
         "replica_seq": record.replica_seq,
         "endpoint": endpoint_item(record.endpoint) if record.endpoint is not None else None,
         "autoscaler": autoscaler_item(record.autoscaler) if record.autoscaler is not None else None,
+        "followup_at": record.followup_at,
         "owner": record.owner,
         "access": access_item(record.access),
         "access_rev": record.access_rev,
@@ -224,6 +225,7 @@ def service_from_item(item: Mapping[str, Any]) -> ServiceRecord:
         replica_seq=int(item.get("replica_seq", 0)),
         endpoint=endpoint_from_item(item["endpoint"]) if item.get("endpoint") else None,
         autoscaler=autoscaler_from_item(item["autoscaler"]) if item.get("autoscaler") else None,
+        followup_at=int(item["followup_at"]) if isinstance(item.get("followup_at"), int) else None,
         # Items written before ownership existed: no owner (administrators only), no grants.
         owner=str(item.get("owner", "")),
         access=access_from_item(item.get("access")),
