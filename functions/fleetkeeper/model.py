@@ -174,6 +174,9 @@ class EndpointRecord:
     # The CloudWatch dimensions of the endpoint's AWS/ApplicationELB RequestCount metric (LoadBalancer,
     # TargetGroup), which both adapters publish: what the autoscaler reads.
     dimensions: tuple[tuple[str, str], ...] = ()
+    # The route forwards to the stack's wake target instead of the target group (fleetkeeper.wake):
+    # set by the reconciler while an autoscaled service has no replica in its endpoint.
+    waking: bool = False
 
 
 @dataclass(frozen=True)
@@ -225,6 +228,9 @@ class ServiceRecord:
     # The canonical principal ARN of the service's creator (contract 2; "" for items written before
     # ownership existed). Its hash scopes the replicas' identity (fleetkeeper.identity).
     owner: str = ""
+    # When the endpoint last received a request it could not serve (no replica in it), written by
+    # the wake target (fleetkeeper.wake), at most once per WAKE_COALESCE_SECONDS; None: never.
+    wake_at: str | None = None
 
 
 @dataclass(frozen=True)

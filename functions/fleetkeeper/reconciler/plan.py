@@ -36,7 +36,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
-from fleetkeeper import autoscale
+from fleetkeeper import autoscale, wake
 from fleetkeeper.model import (
     AutoscalerState,
     BalancerState,
@@ -228,6 +228,16 @@ class RecordAutoscale:
 
 
 @dataclass(frozen=True)
+class RouteEndpoint:
+    """Point the endpoint's route at the stack's wake target (`waking`: an autoscaled service with no
+    replica in its endpoint, fleetkeeper.wake) or back at its target group, then record which.
+    Planned after the registrations: a replica registered in this run serves before the route
+    leaves the wake target, and the route returns to it only once the last one is out."""
+
+    waking: bool
+
+
+@dataclass(frozen=True)
 class RemoveEndpoint:
     """A deleted service's last instance is gone: delete its endpoint before the service item."""
 
@@ -245,6 +255,7 @@ Action = (
     | EnsureEndpoint
     | Register
     | Deregister
+    | RouteEndpoint
     | RemoveEndpoint
     | RecordAutoscale
 )
@@ -478,7 +489,10 @@ def plan_autoscale(state: ServiceState, request_rate: float | None, now: datetim
     before = service.autoscaler
     if policy is None:
         return RecordAutoscale(before, None) if before is not None else None
-    after = autoscale.decide(policy, before, request_rate, now)
+    # Requests the endpoint's wake target answered (no replica served them, so the load balancer's
+    # metric did not count them) are demand too: without them a service at zero never wakes.
+    rate = wake.demand_rate(request_rate, service.wake_at, now)
+    after = autoscale.decide(policy, before, rate, now)
     return None if after is before else RecordAutoscale(before, after)
 
 
@@ -933,7 +947,26 @@ class _Balance:
             moves.append(Register(tuple(register)))
         if deregister:
             moves.append(Deregister(tuple(deregister)))
+        route = self._route(state, work, endpoint is not None or bool(ensure))
+        if route is not None:
+            moves.append(route)
         return ensure, moves
+
+    @staticmethod
+    def _route(state: ServiceState, work: _Work, has_endpoint: bool) -> RouteEndpoint | None:
+        """Wake target or target group: the wake target while an ACTIVE autoscaled service has no
+        replica in its endpoint (after this run's registrations), else the target group. A change
+        only: a steady service plans nothing."""
+        service = state.service
+        if not has_endpoint or service.lifecycle is not Lifecycle.ACTIVE or state.target is None:
+            return None
+        serving = any(
+            record.balancer in (BalancerState.REGISTERING, BalancerState.REGISTERED)
+            for record in work.replicas.values()
+        )
+        waking = autoscale.policy_of(state.target.spec) is not None and not serving
+        recorded = service.endpoint.waking if service.endpoint is not None else False
+        return RouteEndpoint(waking) if waking != recorded else None
 
 
 def _failures(records: Sequence[ReplicaRecord]) -> int:

@@ -47,6 +47,7 @@ from fleetkeeper.reconciler.plan import (
     RecordStatus,
     Register,
     RemoveEndpoint,
+    RouteEndpoint,
     Terminate,
     TripBreaker,
     drain_due,
@@ -644,6 +645,8 @@ class _Apply:
                     logger.exception("service %s: could not make its endpoint; retrying next run", service.name)
                     self.report.errors.append(service.name)
                     return
+                # `ensure` leaves the route where it was (the wake target or the target group).
+                endpoint = replace(endpoint, waking=self.endpoint.waking if self.endpoint is not None else False)
                 self.store.record_endpoint(service, endpoint)
                 if self.endpoint is None or endpoint.url != self.endpoint.url:
                     logger.info("service %s: endpoint %s", service.name, endpoint.url)
@@ -658,6 +661,20 @@ class _Apply:
             case Deregister(replica_ids=ids):
                 if self.endpoint is not None:  # none recorded: nothing was ever registered
                     self.balancer.deregister(self.endpoint, self._targets(ids))
+            case RouteEndpoint(waking=waking):
+                if self.endpoint is None:
+                    return  # making the endpoint failed above: the next run routes it
+                # The route first, then its record: a run that dies between the two routes again
+                # (the change is idempotent); a record never claims a route that was not made.
+                self.balancer.route(self.endpoint, waking=waking)
+                endpoint = replace(self.endpoint, waking=waking)
+                self.store.record_endpoint(service, endpoint)
+                logger.info(
+                    "service %s: endpoint routed to %s",
+                    service.name,
+                    "the wake target (no replica serving)" if waking else "its replicas",
+                )
+                self.endpoint = endpoint
             case RemoveEndpoint():
                 self.balancer.remove(service.name, service.uid, self.endpoint)
 

@@ -146,6 +146,7 @@ def endpoint_item(endpoint: EndpointRecord) -> Item:
         "target_group": endpoint.target_group,
         "route": endpoint.route,
         "dimensions": dict(endpoint.dimensions),
+        "waking": endpoint.waking,
     }
 
 
@@ -163,6 +164,7 @@ def endpoint_from_item(item: Mapping[str, Any]) -> EndpointRecord:
         target_group=str(item["target_group"]),
         route=str(item["route"]),
         dimensions=tuple(sorted((str(k), str(v)) for k, v in dimensions.items())),
+        waking=bool(item.get("waking", False)),
     )
 
 
@@ -207,6 +209,8 @@ def service_from_item(item: Mapping[str, Any]) -> ServiceRecord:
         endpoint=endpoint_from_item(item["endpoint"]) if item.get("endpoint") else None,
         autoscaler=autoscaler_from_item(item["autoscaler"]) if item.get("autoscaler") else None,
         owner=str(item.get("owner", "")),
+        # Written by the wake target only (never by the api's or the reconciler's service writes).
+        wake_at=str(item["wake_at"]) if item.get("wake_at") else None,
     )
 
 
