@@ -174,9 +174,14 @@ class EndpointRecord:
     # The CloudWatch dimensions of the endpoint's AWS/ApplicationELB RequestCount metric (LoadBalancer,
     # TargetGroup), which both adapters publish: what the autoscaler reads.
     dimensions: tuple[tuple[str, str], ...] = ()
-    # The route forwards to the stack's wake target instead of the target group (fleetkeeper.wake):
-    # set by the reconciler while an autoscaled service has no replica in its endpoint.
-    waking: bool = False
+    # Since when the route forwards to the stack's wake target instead of the target group
+    # (fleetkeeper.wake): set by the reconciler while an autoscaled service has no replica in its
+    # endpoint; None: the route forwards to the target group.
+    waking_since: str | None = None
+
+    @property
+    def waking(self) -> bool:
+        return self.waking_since is not None
 
 
 @dataclass(frozen=True)

@@ -47,14 +47,19 @@ WAKE_DEMAND_RATE = round(1 / 60, 3)
 WAKE_ERROR_CODE = "waking"
 
 
-def demand_rate(rate: float | None, wake_at: str | None, now: datetime) -> float | None:
+def demand_rate(rate: float | None, wake_at: str | None, waking_since: str | None, now: datetime) -> float | None:
     """The request rate the autoscaler decides on: the endpoint's metric (`rate`, None when there is
-    no reading), raised to at least WAKE_DEMAND_RATE when the wake target recorded demand in the
-    last WAKE_DEMAND_SECONDS (requests the metric cannot count: no target served them)."""
-    if wake_at is None:
+    no reading), raised to at least WAKE_DEMAND_RATE when the wake target recorded demand while the
+    route was on it (`waking_since`: since when; None: it is not) in the last WAKE_DEMAND_SECONDS
+    (requests the metric cannot count: no target served them). Demand recorded before the route
+    last moved to the wake target is the past's: a service that has just scaled to zero is not woken
+    by the requests that came before."""
+    if wake_at is None or waking_since is None:
         return rate
     try:
         age = now - from_iso(wake_at)
+        if from_iso(wake_at) < from_iso(waking_since):
+            return rate
     except ValueError:
         return rate  # not a time we wrote: ignore it rather than scale on it
     if age > timedelta(seconds=WAKE_DEMAND_SECONDS):
@@ -66,9 +71,7 @@ def demand_rate(rate: float | None, wake_at: str | None, now: datetime) -> float
 
 def wake_message(service: str) -> str:
     """The 503's message while a service wakes."""
-    return (
-        f"service {service} has no replica serving yet; one is being started: retry in {RETRY_AFTER_SECONDS}s"
-    )
+    return f"service {service} has no replica serving yet; one is being started: retry in {RETRY_AFTER_SECONDS}s"
 
 
 def coalesce_before(now: datetime) -> datetime:

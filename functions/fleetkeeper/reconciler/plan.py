@@ -491,7 +491,9 @@ def plan_autoscale(state: ServiceState, request_rate: float | None, now: datetim
         return RecordAutoscale(before, None) if before is not None else None
     # Requests the endpoint's wake target answered (no replica served them, so the load balancer's
     # metric did not count them) are demand too: without them a service at zero never wakes.
-    rate = wake.demand_rate(request_rate, service.wake_at, now)
+    endpoint = service.endpoint
+    waking_since = endpoint.waking_since if endpoint is not None else None
+    rate = wake.demand_rate(request_rate, service.wake_at, waking_since, now)
     after = autoscale.decide(policy, before, rate, now)
     return None if after is before else RecordAutoscale(before, after)
 

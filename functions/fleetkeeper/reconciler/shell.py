@@ -646,7 +646,7 @@ class _Apply:
                     self.report.errors.append(service.name)
                     return
                 # `ensure` leaves the route where it was (the wake target or the target group).
-                endpoint = replace(endpoint, waking=self.endpoint.waking if self.endpoint is not None else False)
+                endpoint = replace(endpoint, waking_since=self.endpoint.waking_since if self.endpoint else None)
                 self.store.record_endpoint(service, endpoint)
                 if self.endpoint is None or endpoint.url != self.endpoint.url:
                     logger.info("service %s: endpoint %s", service.name, endpoint.url)
@@ -667,7 +667,7 @@ class _Apply:
                 # The route first, then its record: a run that dies between the two routes again
                 # (the change is idempotent); a record never claims a route that was not made.
                 self.balancer.route(self.endpoint, waking=waking)
-                endpoint = replace(self.endpoint, waking=waking)
+                endpoint = replace(self.endpoint, waking_since=stamp if waking else None)
                 self.store.record_endpoint(service, endpoint)
                 logger.info(
                     "service %s: endpoint routed to %s",

@@ -146,7 +146,7 @@ def endpoint_item(endpoint: EndpointRecord) -> Item:
         "target_group": endpoint.target_group,
         "route": endpoint.route,
         "dimensions": dict(endpoint.dimensions),
-        "waking": endpoint.waking,
+        "waking_since": endpoint.waking_since,
     }
 
 
@@ -164,7 +164,7 @@ def endpoint_from_item(item: Mapping[str, Any]) -> EndpointRecord:
         target_group=str(item["target_group"]),
         route=str(item["route"]),
         dimensions=tuple(sorted((str(k), str(v)) for k, v in dimensions.items())),
-        waking=bool(item.get("waking", False)),
+        waking_since=str(item["waking_since"]) if item.get("waking_since") else None,
     )
 
 
