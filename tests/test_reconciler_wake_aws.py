@@ -13,6 +13,7 @@ and without requests the service returns to zero and its listener to the wake ta
 
 from __future__ import annotations
 
+import contextlib
 import json
 from dataclasses import replace
 from datetime import timedelta
@@ -221,3 +222,45 @@ def test_the_wake_target_finds_the_service_by_host_with_a_domain(monkeypatch: py
     assert wake_handler.service_of({"host": "svc.example.com"}, environ) is None
     assert wake_handler.service_of({"host": "other.example.org"}, environ) is None
     assert wake_handler.service_of({}, {}) is None
+
+
+@pytest.mark.parametrize("waking", [True, False])
+def test_a_crash_between_moving_the_route_and_recording_it_is_completed_by_the_next_run(
+    stack: Stack, monkeypatch: pytest.MonkeyPatch, waking: bool
+) -> None:
+    """The run that moves the route (to the wake target at first, back to the target group once a
+    replica serves) dies after the ELB call, before its record: the next run (a new reconciler)
+    moves it again, idempotently, and records it; the listener and the record agree."""
+    from tests.reconciler_world import Crash
+
+    world = stack.world
+    world.create(service=to_zero(world.server.port))
+    if not waking:
+        world.converge()
+        stack.get(stack.port())
+        world.run("svc")
+    original = world.reconciler.store.record_endpoint
+    crashed: list[bool] = []
+
+    def crashing(service: Any, endpoint: Any) -> None:
+        if endpoint.waking is waking and not crashed:
+            crashed.append(True)
+            raise Crash("crash after the route moved, before its record")
+        original(service, endpoint)
+
+    monkeypatch.setattr(world.reconciler.store, "record_endpoint", crashing)
+    for _ in range(5):
+        with contextlib.suppress(Crash):
+            world.run()
+        if crashed:
+            break
+    assert crashed
+    recorded = stack.state().service.endpoint
+    assert recorded is None or recorded.waking is not waking  # the record lags the route
+    world.restart()
+    world.converge()
+    endpoint = stack.state().service.endpoint
+    assert endpoint.waking is waking
+    wanted = stack.alb.wake_target_group if waking else endpoint.target_group
+    assert stack.default_action() == wanted
+    assert len(raw_client("elbv2").describe_listeners(LoadBalancerArn=stack.alb.arn)["Listeners"]) == 1
