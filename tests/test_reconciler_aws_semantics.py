@@ -371,7 +371,7 @@ def test_the_process_driver_binds_local_replicas_to_loopback(tmp_path: Any) -> N
     try:
         instance = driver.launch(LaunchRequest("svc", "u1", 1, 0, spec))
         assert instance.client_token == "fk-u1-0"
-        host = driver.work_dir("svc", 0) / "host"
+        host = driver.work_dir("svc", "u1", 0) / "host"
         for _ in range(100):
             if host.exists() and host.read_text():
                 break
