@@ -14,9 +14,7 @@ from typing import Any
 import pytest
 
 from tests.cfn import Resolver, as_list, translate
-from tests.iam_eval import Request, decide
-from tests.iam_evaluator import Request as IamRequest
-from tests.iam_evaluator import allowed
+from tests.iam_evaluator import Decision, Request, allowed, evaluate
 from tests.test_template_endpoints import deployed, props, reconciler_env
 from tests.test_template_iam import parliament_findings
 
@@ -111,7 +109,7 @@ def test_the_wake_role_may_only_record_demand_on_service_items_kick_and_find_a_p
     policy = {"Version": "2012-10-17", "Statement": granted}
 
     def may(action: str, key: str) -> bool:
-        request = IamRequest(role, action, table, {"dynamodb:LeadingKeys": [key]})
+        request = Request(role, action, table, {"dynamodb:LeadingKeys": [key]})
         return allowed(request, [policy])
 
     assert may("dynamodb:UpdateItem", "SVC#api")
@@ -124,10 +122,6 @@ def test_the_wake_role_may_only_record_demand_on_service_items_kick_and_find_a_p
 def test_the_wake_role_may_send_to_the_kick_queue_despite_its_deny(translated: dict[str, Any]) -> None:
     resolver = Resolver(translated)
     policy = resolver.resolve(translated["Resources"]["KickQueuePolicy"]["Properties"]["PolicyDocument"])
-    request = Request(
-        action="sqs:SendMessage",
-        resource=resolver.get_att("KickQueue", "Arn"),
-        principal_arn=resolver.get_att("WakeRole", "Arn"),
-        identity=tuple(statements(translated, "WakeRole")),
-    )
-    assert decide(policy, request) == "Allow"
+    identity = [{"Version": "2012-10-17", "Statement": statements(translated, "WakeRole")}]
+    request = Request(resolver.get_att("WakeRole", "Arn"), "sqs:SendMessage", resolver.get_att("KickQueue", "Arn"))
+    assert evaluate(request, identity, resource=[policy]) is Decision.ALLOW
