@@ -87,3 +87,14 @@ def test_a_failing_demand_record_still_answers_503(demands: list[str]) -> None:
         assert request(endpoint.url)[0] == 503
     finally:
         made.close()
+
+
+def test_the_local_balancer_serves_a_registered_replica_at_once(balancer: LocalBalancer) -> None:
+    backend = Backend("a")
+    try:
+        endpoint = balancer.ensure("svc", "0123456789abcdef", CONFIG, None)
+        assert balancer.serves(endpoint, [backend.target(0)]) is False
+        balancer.register(endpoint, [backend.target(0)])
+        assert balancer.serves(endpoint, [backend.target(0)]) is True
+    finally:
+        backend.close()

@@ -82,7 +82,10 @@ def test_demand_that_is_not_current_wakes_nothing(wake_at: str, endpoint: Any, w
     assert not any(isinstance(action, RecordAutoscale) for action in actions), why
 
 
-def test_the_run_that_registers_the_first_replica_routes_back_to_the_target_group() -> None:
+def test_the_route_goes_back_to_the_target_group_once_the_balancer_serves_a_registered_replica() -> None:
+    """The run that registers the first replica leaves the route on the wake target (the ALB would
+    answer 503 itself while its only target is in its first health checks); a later run, told the
+    balancer serves it, routes back."""
     booting = replica(0, S.STARTING)
     current = at_zero(wake_at=ago(5))
     current = replace(current, replicas={0: booting})
@@ -92,9 +95,24 @@ def test_the_run_that_registers_the_first_replica_routes_back_to_the_target_grou
     assert actions == [
         replace(ready, after=replace(ready.after, balancer=REGING)),
         Register((0,)),
-        RouteEndpoint(waking=False),
         status(ServiceStatus.READY, "1/1 ready"),
     ]
+    registered_now = replace(current, replicas={0: replica(0, balancer=REG)})
+    registered_now = replace(
+        registered_now,
+        service=replace(
+            registered_now.service, status=ServiceStatus.READY, status_message="1/1 ready", observed_generation=1
+        ),
+    )
+    for serves in (None, False):
+        assert plan(registered_now, [instance(0)], {0: OK}, NOW, balanced=True, balancer_serves=serves) == []
+    assert plan(registered_now, [instance(0)], {0: OK}, NOW, balanced=True, balancer_serves=True) == [
+        RouteEndpoint(waking=False)
+    ]
+    # Served, but the replica leaves the endpoint in this very run: the route stays on the wake target.
+    leaving = replace(registered_now, replicas={0: replica(0, S.NOT_READY, balancer=REG)})
+    actions = plan(leaving, [instance(0)], {}, NOW, balanced=True, balancer_serves=True)
+    assert not any(isinstance(action, RouteEndpoint) for action in actions)
 
 
 def test_the_run_that_takes_the_last_replica_out_routes_to_the_wake_target() -> None:

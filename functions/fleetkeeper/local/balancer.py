@@ -213,6 +213,11 @@ class LocalBalancer:
         states: dict[str, DrainState] = self._call(self._drain_states(endpoint, targets))
         return states
 
+    def serves(self, endpoint: EndpointRecord, targets: Sequence[Target]) -> bool:
+        # A registered target gets requests at once (no health check of its own here).
+        found: bool = self._call(self._serves(endpoint, targets))
+        return found
+
     def route(self, endpoint: EndpointRecord, *, waking: bool) -> None:
         self._call(self._route(endpoint, waking))
 
@@ -308,6 +313,10 @@ class LocalBalancer:
             if existing is None or existing.url != target.url:
                 existing = _Target(str(target.url), in_flight=existing.in_flight if existing else 0)
             endpoint.targets[target.instance_id] = existing
+
+    async def _serves(self, record: EndpointRecord, targets: Sequence[Target]) -> bool:
+        endpoint = self._endpoint_of(record)
+        return endpoint is not None and any(target.instance_id in endpoint.targets for target in targets)
 
     async def _route(self, record: EndpointRecord, waking: bool) -> None:
         endpoint = self._endpoint_of(record)

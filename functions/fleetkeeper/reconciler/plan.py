@@ -692,6 +692,7 @@ def plan(
     balanced: bool = False,
     drains: Mapping[int, DrainState] | None = None,
     request_rate: float | None = None,
+    balancer_serves: bool | None = None,
 ) -> list[Action]:
     """The actions that move one service toward its target, in apply order.
 
@@ -699,7 +700,9 @@ def plan(
     the replicas that were probed. `balanced`: the stack gives services an endpoint (a load
     balancer); `drains`: by replica id, what the balancer reported for the DRAINING replicas
     (`drain_targets`); `request_rate`: the service's requests a second over the last metric window
-    (None: no reading this run). Order: the autoscaler's state (the target the rest aims at), the
+    (None: no reading this run); `balancer_serves`: while the endpoint routes to the wake target, whether
+    the balancer would send a request to one of the service's registered replicas now (the ALB: one
+    healthy; None: not asked). Order: the autoscaler's state (the target the rest aims at), the
     endpoint (created before anything is registered), replica records
     (a draining replica leaves READY, and leaves the endpoint, before its instance goes),
     registrations and deregistrations, version marks / breaker, terminations, item deletions, claims
@@ -734,7 +737,7 @@ def plan(
         if record.status in LEAVING and replica_id in live:
             work.terminate[live[replica_id].instance_id] = f"replica {replica_id}: {record.status.value}"
 
-    balance = _Balance(balanced=balanced, drains=drains or {})
+    balance = _Balance(balanced=balanced, drains=drains or {}, serves=balancer_serves)
     if service.lifecycle is Lifecycle.DELETING:
         return _plan_delete(state, mine, live, work, now, balance)
 
@@ -879,6 +882,7 @@ class _Balance:
 
     balanced: bool
     drains: Mapping[int, DrainState]
+    serves: bool | None = None
 
     def plan(
         self, state: ServiceState, live: Mapping[int, Instance], work: _Work, now: datetime
@@ -954,21 +958,39 @@ class _Balance:
             moves.append(route)
         return ensure, moves
 
-    @staticmethod
-    def _route(state: ServiceState, work: _Work, has_endpoint: bool) -> RouteEndpoint | None:
-        """Wake target or target group: the wake target while an ACTIVE autoscaled service has no
-        replica in its endpoint (after this run's registrations), else the target group. A change
-        only: a steady service plans nothing."""
+    def _route(self, state: ServiceState, work: _Work, has_endpoint: bool) -> RouteEndpoint | None:
+        """Wake target or target group. To the wake target once an ACTIVE autoscaled service has no
+        replica in its endpoint (after this run's deregistrations); back to the target group once a
+        replica registered by an earlier run is one the balancer sends requests to (`serves`: the
+        ALB answers 503 itself while its only targets are still in their first health checks, and
+        the wake target's 503 says when to retry). A change only: a steady service plans nothing."""
         service = state.service
         if not has_endpoint or service.lifecycle is not Lifecycle.ACTIVE or state.target is None:
             return None
-        serving = any(
+        in_endpoint = any(
             record.balancer in (BalancerState.REGISTERING, BalancerState.REGISTERED)
             for record in work.replicas.values()
         )
-        waking = autoscale.policy_of(state.target.spec) is not None and not serving
         recorded = service.endpoint.waking if service.endpoint is not None else False
+        if autoscale.policy_of(state.target.spec) is None:
+            waking = False
+        elif recorded:
+            # A replica registered by an earlier run that stays in the endpoint, and the balancer serves.
+            stays = any(
+                work.replicas.get(replica_id, record).balancer is BalancerState.REGISTERED
+                for replica_id, record in state.replicas.items()
+                if record.balancer is BalancerState.REGISTERED and replica_id not in {r.replica_id for r in work.delete}
+            )
+            waking = not (self.serves and stays)
+        else:
+            waking = not in_endpoint
         return RouteEndpoint(waking) if waking != recorded else None
+
+
+def has_registered(state: ServiceState) -> bool:
+    """Some replica is recorded REGISTERED (by an earlier run): what the shell asks the balancer
+    about while the endpoint routes to the wake target."""
+    return any(record.balancer is BalancerState.REGISTERED for record in state.replicas.values())
 
 
 def _failures(records: Sequence[ReplicaRecord]) -> int:

@@ -28,7 +28,16 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from fleetkeeper import autoscale
-from fleetkeeper.model import FailureCause, ReplicaRecord, ReplicaStatus, ServiceState, VersionState, to_iso, utcnow
+from fleetkeeper.model import (
+    BalancerState,
+    FailureCause,
+    ReplicaRecord,
+    ReplicaStatus,
+    ServiceState,
+    VersionState,
+    to_iso,
+    utcnow,
+)
 from fleetkeeper.reconciler.balancer import Target
 from fleetkeeper.reconciler.driver import Instance, LaunchRefused, LaunchRequest
 from fleetkeeper.reconciler.plan import (
@@ -52,6 +61,7 @@ from fleetkeeper.reconciler.plan import (
     TripBreaker,
     drain_due,
     drain_targets,
+    has_registered,
     launched,
     launched_by_fleetkeeper,
     match_instances,
@@ -454,6 +464,7 @@ class Reconciler:
         name = state.service.name
         try:
             drains = self._drain_states(state, instances)
+            serves = self._balancer_serves(state, instances)
             actions = plan(
                 state,
                 instances,
@@ -463,6 +474,7 @@ class Reconciler:
                 balanced=self.balancer is not None,
                 drains=drains,
                 request_rate=request_rate,
+                balancer_serves=serves,
             )
             _Apply(self, state, instances, now, report, budget).all(actions)
         except _OutOfTime:
@@ -489,6 +501,25 @@ class Reconciler:
         targets = [target_of(state, state.replicas[rid], instance, self.driver) for rid, instance in draining.items()]
         reported = self.balancer.drain_states(endpoint, targets)
         return {t.replica_id: reported[t.instance_id] for t in targets if t.instance_id in reported}
+
+    def _balancer_serves(self, state: ServiceState, instances: Sequence[Instance]) -> bool | None:
+        """While the endpoint routes to the wake target and a replica is registered: whether the
+        balancer serves it yet (one DescribeTargetHealth on AWS; only while a service wakes). None:
+        not asked (the route stays where it is), or the question failed (asked again next run)."""
+        endpoint = state.service.endpoint
+        if self.balancer is None or endpoint is None or not endpoint.waking or not has_registered(state):
+            return None
+        live = match_instances(state, instances)
+        targets = [
+            target_of(state, record, live[rid], self.driver)
+            for rid, record in state.replicas.items()
+            if record.balancer is BalancerState.REGISTERED and rid in live
+        ]
+        try:
+            return self.balancer.serves(endpoint, targets)
+        except Exception:
+            logger.exception("service %s: could not ask the load balancer about its replicas", state.service.name)
+            return None
 
 
 def target_of(state: ServiceState, record: ReplicaRecord, instance: Instance | None, driver: ReplicaDriver) -> Target:

@@ -169,6 +169,22 @@ class AlbBalancer:
                 states[target_id] = DrainState.IN_SERVICE
         return states
 
+    def serves(self, endpoint: EndpointRecord, targets: Sequence[Target]) -> bool:
+        """One of them is `healthy`, or all are `unhealthy` (the ALB then fails open and routes to all
+        of them: *Health checks for Application Load Balancer target groups*). A target still in its
+        first health checks (`initial`) is not served."""
+        described = _described(targets)
+        if not described:
+            return False
+        try:
+            health = self.elbv2.describe_target_health(TargetGroupArn=endpoint.target_group, Targets=described)
+        except ClientError as exc:
+            if _code(exc) not in ("TargetGroupNotFound", "InvalidTarget"):
+                raise
+            return False
+        states = [entry.get("TargetHealth", {}).get("State") for entry in health.get("TargetHealthDescriptions", [])]
+        return "healthy" in states or (bool(states) and all(state == "unhealthy" for state in states))
+
     def route(self, endpoint: EndpointRecord, *, waking: bool) -> None:
         """Point the service's route (its host rule, or its own listener's default action) at the
         wake target or at its target group. One Modify call; the same twice changes nothing."""
