@@ -231,8 +231,8 @@ class RecordAutoscale:
 class RouteEndpoint:
     """Point the endpoint's route at the stack's wake target (`waking`: an autoscaled service with no
     replica in its endpoint, fleetkeeper.wake) or back at its target group, then record which.
-    Planned after the registrations: a replica registered in this run serves before the route
-    leaves the wake target, and the route returns to it only once the last one is out."""
+    Planned after the registrations and deregistrations: the route returns to the wake target only
+    once the last replica is out, and leaves it only once the balancer serves a registered one."""
 
     waking: bool
 
