@@ -264,3 +264,52 @@ def test_a_crash_between_moving_the_route_and_recording_it_is_completed_by_the_n
     wanted = stack.alb.wake_target_group if waking else endpoint.target_group
     assert stack.default_action() == wanted
     assert len(raw_client("elbv2").describe_listeners(LoadBalancerArn=stack.alb.arn)["Listeners"]) == 1
+
+
+def test_with_a_domain_the_host_rule_moves_and_the_wake_target_finds_the_service_by_host(
+    aws: None, strict_aws: StrictAws, server: ProbeServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The stack with DomainName: one listener, a host rule per service. The rule (not a listener)
+    forwards to the wake target at zero and back once a replica serves; the function reads the
+    service from the Host header, and another host on the same listener gets the listener's 404."""
+    monkeypatch.setenv("FLEETKEEPER_REPLICA_HOST", "127.0.0.1")
+    server.status = 200
+    elbv2 = raw_client("elbv2")
+    alb = make_alb(domain="svc.example.com")
+    group = elbv2.create_target_group(Name="fkwake-0123456789ab", TargetType="lambda")["TargetGroups"][0]
+    elbv2.register_targets(TargetGroupArn=group["TargetGroupArn"], Targets=[{"Id": FUNCTION}])
+    alb = replace(alb, wake_target_group=group["TargetGroupArn"])
+    world = World(server, balancer=alb, rates=RequestRates(window_seconds=60, lag_seconds=0))
+    monkeypatch.setenv("TABLE_NAME", TABLE)
+    monkeypatch.setenv("FLEETKEEPER_DOMAIN_NAME", "svc.example.com")
+    wake_handler.reset()
+    kicks: list[str] = []
+    wake_handler._recorder = DemandRecorder(
+        Table(TABLE), kicks.append, now=world.clock, monotonic=lambda: world.clock().timestamp()
+    )
+    strict_aws.elbv2.register_lambda(FUNCTION, wake_handler.lambda_handler)
+    try:
+        world.create("api", service=to_zero(server.port))
+        world.converge()
+        state = world.store.load("api")
+        assert state is not None and state.service.endpoint is not None and state.service.endpoint.waking
+        rule = elbv2.describe_rules(RuleArns=[state.service.endpoint.route])["Rules"][0]
+        assert rule["Actions"][0]["TargetGroupArn"] == alb.wake_target_group
+
+        def get(host: str) -> Any:
+            return strict_aws.elbv2.request(alb.arn, 80, world.clock(), host=host)
+
+        assert get("other.svc.example.com").status == 404  # the listener's default: no such service
+        answer = get("api.svc.example.com")
+        assert answer.status == 503 and answer.headers["Retry-After"] == str(wake.RETRY_AFTER_SECONDS)
+        assert kicks == ["api"]
+        world.run("api")
+        world.converge()
+        state = world.store.load("api")
+        assert state is not None and state.service.endpoint is not None and not state.service.endpoint.waking
+        rule = elbv2.describe_rules(RuleArns=[state.service.endpoint.route])["Rules"][0]
+        assert rule["Actions"][0]["TargetGroupArn"] == state.service.endpoint.target_group
+        served = get("api.svc.example.com")
+        assert served.status == 200 and served.counted
+    finally:
+        wake_handler.reset()
