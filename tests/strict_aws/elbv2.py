@@ -185,7 +185,11 @@ class Elbv2Layer:
         if forward is None:
             fixed = next((a["FixedResponseConfig"] for a in actions if a["Type"] == "fixed-response"), {})
             return AlbAnswer(int(fixed.get("StatusCode", 503)), fixed.get("MessageBody", ""))
-        group_arn = forward.get("TargetGroupArn") or forward["ForwardConfig"]["TargetGroups"][0]["TargetGroupArn"]
+        # A weighted forward sends to its heaviest group: a group of weight 0 gets no request (it is
+        # still the load balancer's, health checked and not `unused`).
+        weighted = (forward.get("ForwardConfig") or {}).get("TargetGroups") or []
+        heaviest = max(weighted, key=lambda g: int(g.get("Weight", 1)), default=None)
+        group_arn = heaviest["TargetGroupArn"] if heaviest is not None else forward["TargetGroupArn"]
         group = elbv2.describe_target_groups(TargetGroupArns=[group_arn])["TargetGroups"][0]
         health = elbv2.describe_target_health(TargetGroupArn=group_arn)["TargetHealthDescriptions"]
         targets = [

@@ -135,15 +135,13 @@ class AlbBalancer:
         with _quota_refusals():
             return self._ensure(service, uid, config, known)
 
-    def _ensure(
-        self, service: str, uid: str, config: EndpointConfig, known: EndpointRecord | None
-    ) -> EndpointRecord:
+    def _ensure(self, service: str, uid: str, config: EndpointConfig, known: EndpointRecord | None) -> EndpointRecord:
         tags = _tags(service, uid)
         group = self._target_group(uid, config, tags)
         # A waking route stays on the wake target: only `route` moves it.
-        forward_to = self._forward_target(group, waking=known is not None and known.waking)
+        action = self._route_action(group, waking=known is not None and known.waking)
         if self.domain_name:
-            route = self._host_rule(service, forward_to, tags)
+            route = self._host_rule(service, action, tags)
             url = f"{self.scheme}://{service}.{self.domain_name}"
         else:
             route, port = self._service_listener(group, tags, known.route if known is not None else None)
@@ -250,7 +248,7 @@ class AlbBalancer:
     def route(self, endpoint: EndpointRecord, *, waking: bool) -> None:
         """Point the service's route (its host rule, or its own listener's default action) at the
         wake target or at its target group. One Modify call; the same twice changes nothing."""
-        action = [_forward(self._forward_target(endpoint.target_group, waking=waking))]
+        action = [self._route_action(endpoint.target_group, waking=waking)]
         if self.domain_name:
             self.elbv2.modify_rule(RuleArn=endpoint.route, Actions=action)
         else:
@@ -273,8 +271,23 @@ class AlbBalancer:
                 self._delete(self.elbv2.delete_listener, ListenerArn=listener["ListenerArn"])
         self._delete(self.elbv2.delete_target_group, TargetGroupArn=group)
 
-    def _forward_target(self, group: str, *, waking: bool) -> str:
-        return self.wake_target_group if waking and self.wake_target_group else group
+    def _route_action(self, group: str, *, waking: bool) -> ActionTypeDef:
+        """What the service's route does: forward to its target group, or, while it wakes, to the
+        wake target with the service's own group kept in the same forward at weight 0. An ALB health
+        checks only the target groups a listener or rule forwards to (a group it does not route to
+        has its targets `unused`, `Target.NotInUse`): kept in the forward, the new replica is health
+        checked while the wake target still answers, so `serves` can see it become healthy."""
+        if not (waking and self.wake_target_group):
+            return _forward(group)
+        return {
+            "Type": "forward",
+            "ForwardConfig": {
+                "TargetGroups": [
+                    {"TargetGroupArn": self.wake_target_group, "Weight": 1},
+                    {"TargetGroupArn": group, "Weight": 0},
+                ]
+            },
+        }
 
     # -- target group ----------------------------------------------------------------------------------
 
@@ -394,19 +407,19 @@ class AlbBalancer:
         created = self.elbv2.create_listener(**args)["Listeners"][0]
         return str(created["ListenerArn"]), port
 
-    def _host_rule(self, service: str, group: str, tags: list[TagTypeDef]) -> str:
-        """The service's host rule NAME.<domain> on the shared listener, created or pointed at `group`;
+    def _host_rule(self, service: str, action: ActionTypeDef, tags: list[TagTypeDef]) -> str:
+        """The service's host rule NAME.<domain> on the shared listener, created or given `action`;
         a priority a concurrent worker took between the describe and the create is given up for the
         next free one."""
         for attempt in range(1, _CONFLICT_ATTEMPTS + 1):
             try:
-                return self._find_or_create_rule(service, group, tags)
+                return self._find_or_create_rule(service, action, tags)
             except ClientError as exc:
                 if _code(exc) != "PriorityInUse" or attempt == _CONFLICT_ATTEMPTS:
                     raise
         raise AssertionError("unreachable")
 
-    def _find_or_create_rule(self, service: str, group: str, tags: list[TagTypeDef]) -> str:
+    def _find_or_create_rule(self, service: str, action: ActionTypeDef, tags: list[TagTypeDef]) -> str:
         host = f"{service}.{self.domain_name}"
         rules = list(self._rules())
         mine = [rule for rule in rules if not rule.get("IsDefault") and _hosts(rule) == [host]]
@@ -414,8 +427,8 @@ class AlbBalancer:
             self._delete(self.elbv2.delete_rule, RuleArn=rule["RuleArn"])
         if mine:
             rule = mine[0]
-            if not _forwards_to(rule.get("Actions", []), group):
-                self.elbv2.modify_rule(RuleArn=rule["RuleArn"], Actions=[_forward(group)])
+            if _forward_weights(rule.get("Actions", [])) != _forward_weights([action]):
+                self.elbv2.modify_rule(RuleArn=rule["RuleArn"], Actions=[action])
             return str(rule["RuleArn"])
         taken = {int(rule["Priority"]) for rule in rules if str(rule.get("Priority", "")).isdigit()}
         priority = next(p for p in range(1, 50_001) if p not in taken)
@@ -423,7 +436,7 @@ class AlbBalancer:
             ListenerArn=str(self.listener_arn),
             Priority=priority,
             Conditions=[{"Field": "host-header", "HostHeaderConfig": {"Values": [host]}}],
-            Actions=[_forward(group)],
+            Actions=[action],
             Tags=tags,
         )["Rules"][0]
         return str(created["RuleArn"])
@@ -477,6 +490,20 @@ def _tags(service: str, uid: str) -> list[TagTypeDef]:
 
 def _forward(group: str) -> ActionTypeDef:
     return {"Type": "forward", "TargetGroupArn": group}
+
+
+def _forward_weights(actions: Sequence[Any]) -> dict[str, int]:
+    """The target groups a route's forward sends to, with their weights (a plain forward is weight 1;
+    ELB describes one with both `TargetGroupArn` and a one-group `ForwardConfig`)."""
+    for action in actions:
+        if action.get("Type") != "forward":
+            continue
+        groups = (action.get("ForwardConfig") or {}).get("TargetGroups") or []
+        if groups:
+            return {str(g.get("TargetGroupArn")): int(g.get("Weight", 1)) for g in groups}
+        if action.get("TargetGroupArn"):
+            return {str(action["TargetGroupArn"]): 1}
+    return {}
 
 
 def _forwards_to(actions: Sequence[Any], group: str) -> bool:
