@@ -28,6 +28,7 @@ PSEUDO = {
     "AWS::AccountId": ACCOUNT,
     "AWS::Partition": "aws",
     "AWS::StackName": STACK,
+    "AWS::StackId": f"arn:aws:cloudformation:{REGION}:{ACCOUNT}:stack/{STACK}/1c2fa620-982a-11e3-aff7-50e2416294e0",
     "AWS::URLSuffix": "amazonaws.com",
 }
 

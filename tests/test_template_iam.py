@@ -262,6 +262,9 @@ def test_api_function_only_reads_and_writes_the_table_and_kicks_the_reconciler(
         "ssm:DeleteParameter",
         "ssm:DeleteParameters",
         "ssm:GetParametersByPath",
+        # Tagging what it creates with the stack's id (conditioned on it: tests/test_stacks_isolation_iam.py).
+        "s3:PutObjectTagging",
+        "ssm:AddTagsToResource",
     }
     for statement in role_statements(translated, role):
         assert statement["Effect"] == "Allow"

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from fleetkeeper import aws
+from fleetkeeper.settings import DEFAULT_STACK_ID
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -30,6 +31,8 @@ if TYPE_CHECKING:
 
     from fleetkeeper.settings import Settings
 
+# The stack's id on what it creates (the same key as its instances' tag; fleetkeeper.reconciler.ownership).
+STACK_TAG = "fleetkeeper:stack"
 # DeleteParameters takes at most 10 names per call; GetParametersByPath pages at most 10.
 _DELETE_CHUNK = 10
 
@@ -46,11 +49,14 @@ def parameter_prefix(table_name: str) -> str:
 
 @dataclass(frozen=True)
 class SecretStore:
+    # The stack's path (its table's name is the stack's own): every parameter under it is the stack's.
     prefix: str
+    # Tagged on each parameter (`fleetkeeper:stack`), as on everything else the stack creates.
+    stack_id: str = DEFAULT_STACK_ID
 
     @classmethod
     def from_settings(cls, settings: Settings) -> SecretStore:
-        return cls(parameter_prefix(settings.table_name))
+        return cls(parameter_prefix(settings.table_name), stack_id=settings.stack_id)
 
     @property
     def ssm(self) -> SSMClient:
@@ -71,6 +77,8 @@ class SecretStore:
             Tier="Standard",
             Overwrite=False,
             Description=f"fleetkeeper: secrets of a version of service {service} (incarnation {uid})",
+            # Tagging at creation needs ssm:AddTagsToResource beside ssm:PutParameter (template.yaml).
+            Tags=[{"Key": STACK_TAG, "Value": self.stack_id}],
         )
 
     def get(self, service: str, uid: str, ref: str) -> dict[str, str]:

@@ -20,6 +20,9 @@ if TYPE_CHECKING:
     from collections.abc import Mapping
 
 TABLE_NAME_ENV = "TABLE_NAME"
+# The stack's identity (docs/ARCHITECTURE.md, "Stacks sharing an account"): template.yaml derives it
+# from AWS::StackId; the embedded mode sets its own. Every AWS resource the stack creates carries it.
+STACK_ID_ENV = "FLEETKEEPER_STACK_ID"
 DRIVER_ENV = "FLEETKEEPER_DRIVER"
 PROBE_BUDGET_ENV = "FLEETKEEPER_PROBE_BUDGET_SECONDS"
 KICK_QUEUE_URL_ENV = "FLEETKEEPER_KICK_QUEUE_URL"
@@ -80,6 +83,17 @@ DEFAULT_ACTION_MARGIN_SECONDS = 5.0
 DEFAULT_METRIC_WINDOW_SECONDS = 60
 DEFAULT_METRIC_LAG_SECONDS = 60
 MAX_METRIC_SECONDS = 3600
+# What a stack id may be: it goes into ClientTokens (64 ASCII characters at most) and target group
+# names (`fk-<stack id>-<uid>`: 32 characters at most, alphanumerics and hyphens), so it is short and
+# has no hyphen (a name's prefix `fk-<stack id>-` then belongs to exactly one stack id). template.yaml
+# gives the last 12 hex digits of the stack's UUID.
+MAX_STACK_ID_LENGTH = 12
+_STACK_ID = re.compile(rf"[a-z0-9]{{1,{MAX_STACK_ID_LENGTH}}}")
+# The id when FLEETKEEPER_STACK_ID is unset (tests, and code run outside a stack): template.yaml
+# always sets it, and the embedded mode sets `local`.
+DEFAULT_STACK_ID = "fleetkeeper"
+# The embedded mode's (fleetkeeper.local): one in-memory AWS per process, shared with no other stack.
+LOCAL_STACK_ID = "local"
 _RATE = re.compile(r"^rate\((?P<count>[1-9][0-9]*) (?P<unit>minute|minutes|hour|hours)\)$")
 
 DriverKind = Literal["ec2", "process"]
@@ -112,11 +126,14 @@ class Ec2Settings:
     secrets_prefix: str | None = None
     # The stack's CloudWatch Logs group replicas ship their output to (None: they do not).
     replica_log_group: str | None = None
+    # The stack's identity: tagged on every instance, part of every ClientToken, filtered on.
+    stack_id: str = DEFAULT_STACK_ID
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> Ec2Settings:
         table = environ.get(TABLE_NAME_ENV)
         return cls(
+            stack_id=stack_id_of(environ),
             workdir_bucket=environ.get(WORKDIR_BUCKET_ENV) or None,
             secrets_prefix=f"/fleetkeeper/{table}" if table else None,
             subnet_ids=_list(environ, SUBNET_IDS_ENV),
@@ -142,10 +159,13 @@ class AlbSettings:
     # HTTPS listeners (the per-service ones, without a domain name) use it.
     certificate_arn: str | None = None
     listener_ports: tuple[int, int] = DEFAULT_LISTENER_PORTS
+    # The stack's identity: in its target groups' names, tagged on everything it creates.
+    stack_id: str = DEFAULT_STACK_ID
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> AlbSettings:
         return cls(
+            stack_id=stack_id_of(environ),
             arn=environ.get(ALB_ARN_ENV, ""),
             dns_name=environ.get(ALB_DNS_NAME_ENV, ""),
             vpc_id=environ.get(ALB_VPC_ID_ENV, ""),
@@ -169,6 +189,8 @@ class Settings:
     """Everything the api, reconciler and cleanup functions read from their environment."""
 
     table_name: str
+    # The stack's identity (STACK_ID_ENV): a short, stable id of the CloudFormation stack.
+    stack_id: str = DEFAULT_STACK_ID
     # Replica driver: `ec2` (production) or `process` (local processes, embedded mode only).
     driver: DriverKind = "ec2"
     # The reconciler's whole probe phase; each probe is also bounded by its own timeout.
@@ -204,6 +226,7 @@ class Settings:
             raise SettingsError(f"{TABLE_NAME_ENV} is not set: every fleetkeeper function needs its table")
         return cls(
             table_name=table,
+            stack_id=stack_id_of(environ),
             driver=_driver(environ.get(DRIVER_ENV) or "ec2"),
             probe_budget_seconds=_probe_budget(environ),
             kick_queue_url=environ.get(KICK_QUEUE_URL_ENV) or None,
@@ -226,6 +249,20 @@ class Settings:
             workdir_upload_url=environ.get(WORKDIR_UPLOAD_URL_ENV) or None,
             region=environ.get("AWS_REGION") or environ.get("AWS_DEFAULT_REGION") or None,
         )
+
+
+def stack_id_of(environ: Mapping[str, str]) -> str:
+    """The stack's id from STACK_ID_ENV (DEFAULT_STACK_ID when unset), checked against what the names
+    and tokens it goes into allow."""
+    raw = environ.get(STACK_ID_ENV)
+    if not raw:
+        return DEFAULT_STACK_ID
+    if _STACK_ID.fullmatch(raw) is None:
+        raise SettingsError(
+            f"{STACK_ID_ENV}={raw!r}: expected 1 to {MAX_STACK_ID_LENGTH} lower-case letters and digits "
+            "(template.yaml gives the last 12 hex digits of the stack's id)"
+        )
+    return raw
 
 
 def period_of(schedule: str) -> int:
