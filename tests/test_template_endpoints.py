@@ -157,9 +157,11 @@ def test_every_change_needs_the_managed_tag_and_names_this_stacks_resources(tran
         for resource in as_list(statement["Resource"]):
             assert resource != "*", statement
             resolved = str(Resolver(translated).resolve(resource))
-            assert ":targetgroup/fk-*/" in resolved or ":targetgroup/fk-50e2416294e0-*/" in resolved or f"/{alb}" in resolved, (
-                resolved
-            )
+            assert (
+                ":targetgroup/fk-*/" in resolved
+                or ":targetgroup/fk-50e2416294e0-*/" in resolved
+                or f"/{alb}" in resolved
+            ), resolved
 
 
 def test_tags_are_only_added_when_creating(translated: dict[str, Any]) -> None:
