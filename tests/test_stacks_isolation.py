@@ -347,3 +347,36 @@ def test_an_upgraded_stack_adopts_its_own_replicas_without_a_restart_and_no_othe
     (described,) = instances({"Name": "instance-id", "Values": [leftover]})
     assert described["State"]["Name"] == "running" and STACK_TAG not in tags(described)
     assert tags(described)[UID_TAG] == gone_uid
+
+
+# --- what else a stack creates ----------------------------------------------------------------------
+
+
+def test_aws_refuses_a_client_token_over_64_characters(strict_aws: Any) -> None:
+    from botocore.exceptions import ClientError
+
+    ec2 = aws.ec2()
+    ok = ec2.run_instances(ImageId="ami-12345678", MinCount=1, MaxCount=1, ClientToken="t" * 64)
+    assert ok["Instances"]
+    with pytest.raises(ClientError, match="InvalidParameterValue"):
+        ec2.run_instances(ImageId="ami-12345678", MinCount=1, MaxCount=1, ClientToken="t" * 65)
+
+
+@pytest.mark.usefixtures("aws")
+def test_parameters_and_workdir_copies_carry_the_stack_id() -> None:
+    import hashlib
+
+    from fleetkeeper.secret_store import SecretStore
+    from fleetkeeper.workdir_store import S3WorkdirStore, checksum_header, service_key, upload_key
+
+    SecretStore("/fleetkeeper/t", stack_id="0a1b2c3d4e5f").put("web", "u1", "r1", {"TOKEN": "x"})
+    listed = aws.ssm().list_tags_for_resource(ResourceType="Parameter", ResourceId="/fleetkeeper/t/web/u1/r1")
+    assert listed["TagList"] == [{"Key": STACK_TAG, "Value": "0a1b2c3d4e5f"}]
+
+    aws.s3().create_bucket(Bucket="workdirs")
+    body = b"packed"
+    digest = "sha256:" + hashlib.sha256(body).hexdigest()
+    aws.s3().put_object(Bucket="workdirs", Key=upload_key(digest), Body=body, ChecksumSHA256=checksum_header(digest))
+    S3WorkdirStore("workdirs", stack_id="0a1b2c3d4e5f").adopt(digest, "web", "u1")
+    tagging = aws.s3().get_object_tagging(Bucket="workdirs", Key=service_key("web", "u1", digest))
+    assert tagging["TagSet"] == [{"Key": STACK_TAG, "Value": "0a1b2c3d4e5f"}]

@@ -72,7 +72,7 @@ PROBE_HEADROOM_SECONDS = 5.0
 MIN_PROBE_BUDGET_SECONDS = MAX_PROBE_TIMEOUT_SECONDS + PROBE_HEADROOM_SECONDS
 DEFAULT_SCHEDULE = "rate(1 minute)"
 DEFAULT_SHARD_SIZE = 100  # fleetkeeper.reconciler.dispatch says why
-MAX_SHARD_SIZE = 199  # EC2's 200 filter values a Describe call, less the managed tag's value
+MAX_SHARD_SIZE = 199  # EC2's 200 filter values a Describe call, less the managed tag's value (dispatch.py)
 # Queries in flight per worker: 8 keep a 100-service shard's reads near a second without a burst
 # that an on-demand table's new partition would throttle.
 DEFAULT_READ_CONCURRENCY = 8

@@ -267,8 +267,8 @@ class Simulation:
                 )
                 self.unmanaged = made["Instances"][0]["InstanceId"]
                 self.hooks.attach()
-                aws.ec2().meta.events.register("before-call.ec2.TerminateInstances", self._guard)
-                aws.ec2().meta.events.register("before-call.ec2.CreateTags", self._guard)
+                aws.ec2().meta.events.register("before-parameter-build.ec2.TerminateInstances", self._guard)
+                aws.ec2().meta.events.register("before-parameter-build.ec2.CreateTags", self._guard)
                 if self.stacks > 1:
                     self._neighbour_setup()
                 with self.strict.active():
@@ -767,7 +767,8 @@ class Simulation:
     # -- the neighbouring stack --
 
     def _guard(self, params: dict[str, Any], model: Any, **_: Any) -> None:
-        """Before every TerminateInstances and CreateTags: each instance named must be the acting
+        """Before every TerminateInstances and CreateTags (their parameters as the caller gave them,
+        before serialization): each instance named must be the acting
         stack's (its stack tag), or, for CreateTags, carry none yet and be tagged with the acting
         stack's id only (an adoption). Recorded, checked by `_check`: raising here would be caught."""
         ids = params.get("InstanceIds") or params.get("Resources") or []
