@@ -185,6 +185,8 @@ class Resolver:
                 f"internal-{STACK}-alb-123456789.{REGION}.elb.amazonaws.com"
             ),
             ("AWS::S3::Bucket", "Arn"): f"arn:aws:s3:::{pid}",
+            ("AWS::Events::Rule", "Arn"): f"arn:aws:events:{REGION}:{ACCOUNT}:rule/{pid}",
+            ("AWS::KMS::Key", "Arn"): f"arn:aws:kms:{REGION}:{ACCOUNT}:key/{pid}",
         }
         if (kind, attribute) in arns:
             return arns[(kind, attribute)]

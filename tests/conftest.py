@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import tempfile
 import zlib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -36,6 +37,9 @@ os.environ.update(
 )
 for _var in ("FLEETKEEPER_AWS_ENDPOINT_URL", "FLEETKEEPER_KICK_QUEUE_URL", "FLEETKEEPER_KICK_URL"):
     os.environ.pop(_var, None)
+# Where `fleetkeeper local` lists itself for the CLI (fleetkeeper.local.auth): a directory of this
+# test run's own, so that a developer's running `make local` is never found, nor touched.
+os.environ["FLEETKEEPER_RUNTIME_DIR"] = tempfile.mkdtemp(prefix="fleetkeeper-run-")
 
 # Before any mock starts (moto reads MOTO_AMIS_PATH when its EC2 models are imported): see
 # tests/moto_tuning.py.
@@ -76,6 +80,7 @@ pytest_plugins = ["tests.cfn", "tests.reconciler_world"]
 LONG_FIRST = (
     "tests/test_local_endpoint_e2e.py::",
     "tests/test_local_e2e.py::",
+    "tests/test_local_auth_e2e.py::",
     "tests/test_simulation.py::",  # 200 steps per seed
     "tests/test_reclaim_wave.py::",  # eight simulated minutes of a wave per seed
     "tests/test_reconciler_crash.py::test_a_crash_at_every_aws_call_is_completed_by_the_next_runs[replica-died-",

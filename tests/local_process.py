@@ -8,12 +8,27 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from fleetkeeper.local.auth import (
+    CREDENTIAL_FILE,
+    RUNTIME_DIR_ENV,
+    LocalCredential,
+    new_token,
+    publish,
+    withdraw,
+)
+from fleetkeeper.local.http_bridge import ApiBridge
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
 
 FLEETKEEPER = "from fleetkeeper.cli.main import main; main()"
 
@@ -30,9 +45,9 @@ def clean_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if not k.startswith(("FLEETKEEPER_", "TABLE_NAME"))}
 
 
-def http_get(url: str, timeout: float = 2.0) -> tuple[int, bytes]:
+def http_get(url: str, timeout: float = 2.0, headers: dict[str, str] | None = None) -> tuple[int, bytes]:
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as answer:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers or {}), timeout=timeout) as answer:
             return answer.status, answer.read()
     except urllib.error.HTTPError as exc:
         return exc.code, exc.read()
@@ -71,8 +86,29 @@ class LocalPlane:
     log: Path
     workdir: Path
 
+    @property
+    def state(self) -> Path:
+        return self.workdir / "state"
+
+    @property
+    def env(self) -> dict[str, str]:
+        """What the plane and its CLI runs share: where the user's running planes are listed."""
+        return {RUNTIME_DIR_ENV: str(self.workdir / "run")}
+
+    def credential(self) -> LocalCredential:
+        """The run's credential, as the CLI (or a user's curl) reads it from the state dir."""
+        path = self.state / CREDENTIAL_FILE
+        return LocalCredential.from_json(path.read_text(), path)
+
+    def auth(self) -> dict[str, str]:
+        return {"Authorization": self.credential().authorization}
+
+    def get(self, path: str, timeout: float = 2.0) -> tuple[int, bytes]:
+        """GET <plane>PATH with the run's credential, as the CLI sends it."""
+        return http_get(self.url + path, timeout=timeout, headers=self.auth())
+
     def info(self) -> dict[str, Any]:
-        status, body = http_get(self.url + "/_local/info")
+        status, body = self.get("/_local/info")
         assert status == 200
         info: dict[str, Any] = json.loads(body)
         return info
@@ -85,7 +121,7 @@ class LocalPlane:
             service,
             endpoint_url=self.info()["aws_endpoint"],
             region_name="us-east-1",
-            aws_access_key_id="local",
+            aws_access_key_id=self.credential().aws_access_key_id,
             aws_secret_access_key="local",
         )
 
@@ -104,7 +140,7 @@ class LocalPlane:
             capture_output=True,
             text=True,
             timeout=timeout,
-            env={**clean_env(), **(env or {})},
+            env={**clean_env(), **self.env, **(env or {})},
             cwd=self.workdir,
             check=False,
         )
@@ -144,7 +180,7 @@ def start_local(workdir: Path, *, tick: float = 1.0, timeout: float = 60, extra:
             ],
             stdout=sink,
             stderr=subprocess.STDOUT,
-            env={**clean_env(), "PYTHONUNBUFFERED": "1"},
+            env={**clean_env(), RUNTIME_DIR_ENV: str(workdir / "run"), "PYTHONUNBUFFERED": "1"},
             cwd=workdir,
         )
     plane = LocalPlane(process, f"http://127.0.0.1:{port}", log, workdir)
@@ -152,7 +188,7 @@ def start_local(workdir: Path, *, tick: float = 1.0, timeout: float = 60, extra:
     def up() -> bool:
         if process.poll() is not None:
             raise RuntimeError(f"fleetkeeper local exited with {process.returncode}:\n{plane.output()}")
-        return http_get(plane.url + "/_local/info")[0] == 200
+        return plane.get("/_local/info")[0] == 200
 
     try:
         eventually(up, timeout, what="fleetkeeper local answering")
@@ -160,3 +196,21 @@ def start_local(workdir: Path, *, tick: float = 1.0, timeout: float = 60, extra:
         plane.stop(signal.SIGKILL)
         raise
     return plane
+
+
+@contextmanager
+def serving_bridge(api_handler: Any, state_dir: Path, **options: Any) -> Iterator[ApiBridge]:
+    """An ApiBridge on a free port, serving in a thread, its credential published as `fleetkeeper
+    local` publishes it (so the CLI finds it on its own; tests/conftest.py points the runtime dir at
+    a temporary one)."""
+    token = new_token()
+    server = ApiBridge(("127.0.0.1", 0), api_handler, token=token, **options)
+    published = publish(LocalCredential(server.url, token, os.getpid()), state_dir)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield server
+    finally:
+        withdraw(published)
+        server.shutdown()
+        server.server_close()

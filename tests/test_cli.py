@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 from typing import TYPE_CHECKING, Any
 
 import boto3
@@ -22,9 +23,11 @@ from fleetkeeper.cli.http import (
 )
 from fleetkeeper.cli.main import build_parser, run
 from fleetkeeper.cli.waiting import Goal, Progress, judge, wait_for
+from fleetkeeper.local.auth import RUNTIME_DIR_ENV, LocalCredential, new_token, publish, withdraw
 from fleetkeeper.local.server import parser as local_parser
 
 if TYPE_CHECKING:
+    from collections.abc import Iterator
     from pathlib import Path
 
 # --- a scripted API ------------------------------------------------------------------------------------
@@ -117,6 +120,17 @@ def spec_file(tmp_path: Path) -> Path:
 @pytest.fixture(autouse=True)
 def no_api_url_env(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("FLEETKEEPER_API_URL", raising=False)
+
+
+@pytest.fixture(autouse=True)
+def running_local(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[LocalCredential]:
+    """As if the user's `fleetkeeper local` ran at the default address: the CLI finds it on its own
+    (this process stands in for the server: its pid is alive)."""
+    monkeypatch.setenv(RUNTIME_DIR_ENV, str(tmp_path / "run"))
+    credential = LocalCredential("http://127.0.0.1:8080", new_token(), os.getpid())
+    published = publish(credential, tmp_path / "state")
+    yield credential
+    withdraw(published)
 
 
 # --- arguments and exit code 2 -------------------------------------------------------------------------
@@ -243,7 +257,7 @@ def test_nothing_at_the_default_address_suggests_starting_fleetkeeper_local(monk
     )
     # Another address: no such hint (the user chose it).
     code = run(
-        ["status", "--api-url", "http://127.0.0.1:9"],
+        ["status", "--api-url", "http://127.0.0.1:9", "--local"],
         out=out,
         err=(other := io.StringIO()),
         client_factory=lambda url: ScriptedClient({("GET", "/v1/services?limit=100"): [Unreachable("x")]}),
@@ -528,7 +542,7 @@ def cloudformation_with(outputs: list[dict[str, str]] | None, error: str | None 
 API_GW = "https://abc123.execute-api.eu-west-1.amazonaws.com/api"
 
 
-def test_api_url_order_flag_then_environment_then_stack_then_embedded() -> None:
+def test_api_url_order_flag_then_environment_then_stack_then_embedded(tmp_path: Path) -> None:
     stack = cloudformation_with([{"OutputKey": "ApiUrl", "OutputValue": API_GW}])
     env = {"FLEETKEEPER_API_URL": "https://env.example.com/api/"}
     assert resolve_api_url("https://flag.example.com", "fk", environ=env, cloudformation=stack) == (
@@ -536,7 +550,12 @@ def test_api_url_order_flag_then_environment_then_stack_then_embedded() -> None:
     )
     assert resolve_api_url(None, "fk", environ=env, cloudformation=stack) == "https://env.example.com/api"
     assert resolve_api_url(None, "fk", environ={}, cloudformation=stack) == API_GW
-    assert resolve_api_url(None, None, environ={}) == "http://127.0.0.1:8080"
+    # The user's running `fleetkeeper local` (the fixture's), found on its own; else only with --local.
+    assert resolve_api_url(None, None) == "http://127.0.0.1:8080"
+    nothing_running = {"FLEETKEEPER_RUNTIME_DIR": str(tmp_path / "empty")}
+    with pytest.raises(UsageError, match="no API to talk to"):
+        resolve_api_url(None, None, environ=nothing_running)
+    assert resolve_api_url(None, None, local=True, environ=nothing_running) == "http://127.0.0.1:8080"
 
 
 def test_a_stack_without_the_output_or_that_does_not_exist_is_a_usage_error() -> None:

@@ -7,14 +7,13 @@ from __future__ import annotations
 
 import io
 import json
-import threading
 from typing import TYPE_CHECKING
 
 import pytest
 
 from fleetkeeper.api.handler import lambda_handler
 from fleetkeeper.cli.main import run
-from fleetkeeper.local.http_bridge import ApiBridge
+from tests.local_process import serving_bridge
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -33,12 +32,10 @@ run: python3 -m http.server $PORT
 
 @pytest.fixture
 def api_url(table: str, tmp_path: Path) -> Iterator[str]:
-    server = ApiBridge(("127.0.0.1", 0), lambda_handler, on_kick=lambda _n: None, logs_dir=tmp_path / "logs")
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield server.url
-    server.shutdown()
-    server.server_close()
+    with serving_bridge(
+        lambda_handler, tmp_path / "state", on_kick=lambda _n: None, logs_dir=tmp_path / "logs"
+    ) as server:
+        yield server.url
 
 
 def spec_file(tmp_path: Path, greeting: str = "v1", text: str | None = None) -> str:
@@ -91,7 +88,7 @@ def test_a_spec_with_a_bad_field_exits_2_with_the_apis_message(api_url: str, tmp
     text = SPEC.format(greeting="x") + "file_mounts:\n  /data: s3://bucket\n"
     code, out, err = cli(api_url, "up", spec_file(tmp_path, text=text))
     assert code == 2 and out == ""
-    assert "spec.file_mounts" in err and "file mounts are not supported" in err
+    assert "spec.file_mounts" in err and "file mounts and bucket mounts are not supported" in err
 
 
 def test_a_duplicate_up_exits_2_with_the_apis_message(api_url: str, tmp_path: Path) -> None:
@@ -138,6 +135,16 @@ def test_logs_prints_each_replicas_log_file(api_url: str, tmp_path: Path) -> Non
     (folder / "replica-1.log").write_text("a\nb\nc\n")
     assert cli(api_url, "logs", "web", "1", "--tail", "2")[1] == "b\nc\n"
     assert cli(api_url, "logs", "web", "3")[0] == 2
+
+
+def test_logs_prints_a_replicas_output_without_terminal_escapes(api_url: str, tmp_path: Path) -> None:
+    assert cli(api_url, "up", spec_file(tmp_path))[0] == 0
+    folder = tmp_path / "logs" / "web"
+    folder.mkdir(parents=True)
+    (folder / "replica-1.log").write_bytes(b"\x1b[2J\x1b[Hclean\x1b]0;title\x07\ttab\r\nnext \x1b[1A\x00line\n")
+    code, out, _ = cli(api_url, "logs", "web", "1")
+    assert code == 0
+    assert out == "clean\ttab\nnext line\n"
 
 
 def test_logs_of_a_missing_service_exits_2_with_the_apis_message(api_url: str, tmp_path: Path) -> None:

@@ -120,3 +120,25 @@ def test_the_cli_reads_the_stacks_group_with_the_callers_credentials(
     assert code == 0, err.getvalue()
     assert out.getvalue() == "[replica 0] hello from replica 0\n"
     assert cloudlogs.since_seconds("2h") == 7200
+
+
+def test_printed_lines_carry_no_control_characters(logs: Any) -> None:
+    """A line a service wrote with terminal escapes (clear the screen, set the title, write the
+    clipboard, move the cursor) and other controls is printed as its text only."""
+    now_ms = int(time.time() * 1000)
+    hostile = [
+        "\x1b[2J\x1b[Hall good\x1b[0m",
+        "\x1b]0;owned\x07title\x1b]52;c;ZWNobyBoaQ==\x1b\\ clip",
+        "tab\tkept\rover\x08\x00\x7f \x9b31mc1 \x85nel",
+        "two\nlines",
+    ]
+    _put(logs, "web/u1/0", hostile, now_ms - 1000)
+    out = io.StringIO()
+    printed = cloudlogs.print_logs(logs, GROUP, "web", "u1", replica=None, since_seconds=None, follow=False, out=out)
+    assert printed == 4
+    assert out.getvalue().splitlines() == [
+        "[replica 0] all good",
+        "[replica 0] title clip",
+        "[replica 0] tab\tkeptover c1 nel",
+        "[replica 0] two lines",
+    ]

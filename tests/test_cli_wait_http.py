@@ -73,7 +73,8 @@ def cli(stub: StubApi, *argv: str) -> tuple[int, str, str]:
     out, err = io.StringIO(), io.StringIO()
     # The client's own retries without their back-off sleeps; the wait loop keeps its 1 s interval.
     factory = lambda url: ApiClient(url, sleep=lambda _s: None)  # noqa: E731
-    code = run([*argv, "--api-url", stub.url], out=out, err=err, client_factory=factory)
+    # --local: a stub of our own on loopback, which has no `fleetkeeper local` credential.
+    code = run([*argv, "--api-url", stub.url, "--local"], out=out, err=err, client_factory=factory)
     return code, out.getvalue(), err.getvalue()
 
 

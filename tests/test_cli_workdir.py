@@ -101,6 +101,24 @@ def test_a_workdir_over_the_limit_says_what_to_do(tmp_path: Path) -> None:
     assert not list(tmp_path.glob("fleetkeeper-workdir-*"))
 
 
+def test_a_workdir_a_replica_would_refuse_to_unpack_is_refused_before_upload(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A replica caps the entries and unpacked bytes of a workdir (replica_boot.MAX_MEMBERS,
+    MAX_UNPACKED_BYTES); `fleetkeeper up` says so at once instead of a replica failing at boot."""
+    from fleetkeeper.cli import workdir
+
+    root = tree(tmp_path / "app", {"a.txt": "x" * 3000, "b.txt": "y", "c.txt": "z"})
+    monkeypatch.setattr(workdir, "MAX_MEMBERS", 2)
+    with pytest.raises(UsageError, match=r"more than 2 files, directories and links: .*\.skyignore"):
+        pack(root)
+    monkeypatch.setattr(workdir, "MAX_MEMBERS", 100)
+    monkeypatch.setattr(workdir, "MAX_UNPACKED_BYTES", 2048)
+    with pytest.raises(UsageError, match=r"more than 0 MiB unpacked"):
+        pack(root)
+    assert not list(tmp_path.glob("fleetkeeper-workdir-*"))
+
+
 # --- --env, --env-file, --secret ------------------------------------------------------------------------
 
 

@@ -59,7 +59,7 @@ def ok(result: Any) -> str:
 
 
 def view(plane: LocalPlane) -> dict[str, Any]:
-    status, body = http_get(f"{plane.url}/v1/services/{NAME}")
+    status, body = plane.get(f"/v1/services/{NAME}")
     assert status == 200, body
     shown: dict[str, Any] = json.loads(body)
     return shown
@@ -350,7 +350,7 @@ def test_a_skypilot_shaped_service_runs_with_its_workdir_env_and_secret(plane: L
 
     # The secret is in no answer, no stored item, no log line.
     answers = [ok(sky("status", "sky", "-o", "json")), ok(sky("versions", "sky", "-o", "json")), ok(sky("status"))]
-    answers += [http_get(f"{plane.url}/v1/services/sky")[1].decode(), ok(sky("logs", "sky"))]
+    answers += [plane.get("/v1/services/sky")[1].decode(), ok(sky("logs", "sky"))]
     assert all(SECRET not in answer for answer in answers)
     assert SECRET not in everything_stored(plane)
     assert SECRET not in plane.output()
@@ -395,14 +395,14 @@ def subprocess_in(plane: LocalPlane, cwd: Any, *args: str, env: dict[str, str]) 
         capture_output=True,
         text=True,
         timeout=120,
-        env={**clean_env(), **env},
+        env={**clean_env(), **plane.env, **env},
         cwd=cwd,
         check=False,
     )
 
 
 def view_of(plane: LocalPlane, name: str) -> dict[str, Any]:
-    status, body = http_get(f"{plane.url}/v1/services/{name}")
+    status, body = plane.get(f"/v1/services/{name}")
     assert status == 200, body
     shown: dict[str, Any] = json.loads(body)
     return shown
@@ -446,12 +446,15 @@ def test_the_messages_a_new_user_meets(plane: LocalPlane) -> None:
     ok(plane.cli("down", "fixed-port", "--wait", "--timeout", WAIT))
 
 
-def _post(url: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+def _post(plane: LocalPlane, path: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
     import urllib.error
     import urllib.request
 
     request = urllib.request.Request(
-        url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}, method="POST"
+        plane.url + path,
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json", **plane.auth()},
+        method="POST",
     )
     try:
         with urllib.request.urlopen(request, timeout=30) as response:  # 127.0.0.1 only
@@ -471,27 +474,27 @@ def test_a_simulated_spot_interruption_is_seen_end_to_end(plane: LocalPlane) -> 
     path = plane.workdir / "spot.yaml"
     path.write_text(yaml.safe_dump(spec))
     ok(plane.cli("up", str(path), "--name", name, "--wait", "--timeout", WAIT))
-    _, body = http_get(f"{plane.url}/v1/services/{name}")
+    _, body = plane.get(f"/v1/services/{name}")
     shown = json.loads(body)
     assert [r["market"] for r in shown["replicas"]] == ["spot", "spot"]
     victim = shown["replicas"][0]
     table = ok(plane.cli("status", name))
     assert "[spot]" in table  # the RESOURCES column marks spot replicas
 
-    url = f"{plane.url}/_local/interrupt"
-    assert _post(url, {"service": name})[0] == 400
-    assert _post(url, {"service": name, "replica": 999})[0] == 404
-    code, answer = _post(url, {"service": name, "replica": victim["replica_id"], "notice_seconds": 2})
+    url = "/_local/interrupt"
+    assert _post(plane, url, {"service": name})[0] == 400
+    assert _post(plane, url, {"service": name, "replica": 999})[0] == 404
+    code, answer = _post(plane, url, {"service": name, "replica": victim["replica_id"], "notice_seconds": 2})
     assert code == 202, answer
     assert answer["instance_id"] == victim["instance_id"]
 
     def replaced() -> dict[str, Any] | None:
-        now = json.loads(http_get(f"{plane.url}/v1/services/{name}")[1])
+        now = json.loads(plane.get(f"/v1/services/{name}")[1])
         ids = {r["replica_id"] for r in ready_replicas(now)}
         return now if len(ids) == 2 and victim["replica_id"] not in ids else None
 
     eventually(replaced, timeout=60, what="the warned replica replaced by a READY one")
     eventually(lambda: not process_running(pid_of(victim)), timeout=30, what="the warned replica's process gone")
-    events = json.loads(http_get(f"{plane.url}/v1/services/{name}/events")[1])["events"]
+    events = json.loads(plane.get(f"/v1/services/{name}/events")[1])["events"]
     assert any(e["reason"] == "Interrupted" for e in events), events
     ok(plane.cli("down", name, "--wait", "--timeout", WAIT))

@@ -95,7 +95,7 @@ def ok(result: Any) -> str:
 
 
 def view(plane: LocalPlane) -> dict[str, Any]:
-    status, body = http_get(f"{plane.url}/v1/services/{NAME}")
+    status, body = plane.get(f"/v1/services/{NAME}")
     assert status == 200, body
     shown: dict[str, Any] = json.loads(body)
     return shown
@@ -267,7 +267,7 @@ class Load(threading.Thread):
 
 
 def autoscaling(plane: LocalPlane) -> dict[str, Any]:
-    status, body = http_get(f"{plane.url}/v1/services/{AUTO}")
+    status, body = plane.get(f"/v1/services/{AUTO}")
     assert status == 200, body
     shown: dict[str, Any] = json.loads(body)
     return shown

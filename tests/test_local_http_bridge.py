@@ -13,8 +13,10 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from fleetkeeper.api.handler import MAX_BODY_BYTES, lambda_handler
+from fleetkeeper.local.auth import CREDENTIAL_FILE, LocalCredential
 from fleetkeeper.local.http_bridge import KICK_PATH, ApiBridge
 from tests.conftest import hello_spec
+from tests.local_process import serving_bridge
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -22,9 +24,15 @@ if TYPE_CHECKING:
 
 
 class Bridge:
-    def __init__(self, server: ApiBridge, kicks: list[str]) -> None:
+    def __init__(self, server: ApiBridge, kicks: list[str], credential: LocalCredential) -> None:
         self.server = server
         self.kicks = kicks
+        self.credential = credential
+
+    @property
+    def head(self) -> str:
+        """The header lines every request needs: our Host, and the run's credential."""
+        return f"Host: {self.server.gate.authority}\r\nAuthorization: {self.credential.authorization}"
 
     def call(
         self, method: str, path: str, body: Any = None, headers: dict[str, str] | None = None
@@ -34,7 +42,11 @@ class Bridge:
             self.server.url + path,
             data=data,
             method=method,
-            headers={"Content-Type": "application/json", **(headers or {})},
+            headers={
+                "Content-Type": "application/json",
+                "Authorization": self.credential.authorization,
+                **(headers or {}),
+            },
         )
         try:
             with urllib.request.urlopen(request, timeout=10) as answer:
@@ -46,12 +58,9 @@ class Bridge:
 @pytest.fixture
 def bridge(table: str, tmp_path: Path) -> Iterator[Bridge]:
     kicks: list[str] = []
-    server = ApiBridge(("127.0.0.1", 0), lambda_handler, on_kick=kicks.append, logs_dir=tmp_path / "logs")
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield Bridge(server, kicks)
-    server.shutdown()
-    server.server_close()
+    with serving_bridge(lambda_handler, tmp_path / "state", on_kick=kicks.append, logs_dir=tmp_path / "logs") as server:
+        path = tmp_path / "state" / CREDENTIAL_FILE
+        yield Bridge(server, kicks, LocalCredential.from_json(path.read_text(), path))
 
 
 def test_a_request_reaches_the_handler_and_its_response_comes_back_whole(bridge: Bridge) -> None:
@@ -108,6 +117,7 @@ def test_the_apis_own_kick_after_a_write_arrives_through_the_kick_url(
     bridge: Bridge, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("FLEETKEEPER_KICK_URL", bridge.server.url + KICK_PATH)
+    monkeypatch.setenv("FLEETKEEPER_KICK_TOKEN", bridge.credential.token)
     status, _, _ = bridge.call("POST", "/v1/services", {"name": "kicked", "spec": hello_spec()})
     assert status == 201
     assert bridge.kicks == ["kicked"]
@@ -181,13 +191,13 @@ def error_code(payload: bytes) -> str:
 
 @pytest.mark.parametrize("length", ["abc", "-1", "1.5", ""])
 def test_a_content_length_that_is_not_a_byte_count_is_a_400(bridge: Bridge, length: str) -> None:
-    head = f"POST /v1/services HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {length}"
+    head = f"POST /v1/services HTTP/1.1\r\n{bridge.head}\r\nContent-Type: application/json\r\nContent-Length: {length}"
     status, _, payload, _ = raw(bridge, head.encode(), b"{}")
     assert status == 400 and error_code(payload) == "invalid_request"
 
 
 def test_a_body_over_the_apis_limit_is_refused_unread_and_the_connection_closed(bridge: Bridge) -> None:
-    head = "POST /v1/services HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    head = f"POST /v1/services HTTP/1.1\r\n{bridge.head}\r\nContent-Type: application/json\r\n"
     for length in (MAX_BODY_BYTES + 1, 10**15):
         status, headers, payload, closed = raw(bridge, (head + f"Content-Length: {length}").encode(), b"{}")
         assert status == 413 and error_code(payload) == "payload_too_large"
@@ -199,7 +209,11 @@ def test_a_chunked_body_is_refused_with_411(bridge: Bridge) -> None:
     connection = http.client.HTTPConnection(*bridge.server.server_address[:2], timeout=5)
     body = iter([json.dumps({"name": "web", "spec": hello_spec()}).encode()])
     connection.request(
-        "POST", "/v1/services", body=body, headers={"Content-Type": "application/json"}, encode_chunked=True
+        "POST",
+        "/v1/services",
+        body=body,
+        headers={"Content-Type": "application/json", "Authorization": bridge.credential.authorization},
+        encode_chunked=True,
     )
     answer = connection.getresponse()
     assert answer.status == 411 and error_code(answer.read()) == "length_required"
@@ -210,7 +224,7 @@ def test_a_chunked_body_is_refused_with_411(bridge: Bridge) -> None:
 @pytest.mark.parametrize("method", ["OPTIONS", "HEAD", "TRACE", "PATCH", "FOO"])
 def test_every_method_is_answered_by_the_api_in_its_own_error_shape(bridge: Bridge, method: str) -> None:
     connection = http.client.HTTPConnection(*bridge.server.server_address[:2], timeout=5)
-    connection.request(method, "/v1/services/web")
+    connection.request(method, "/v1/services/web", headers={"Authorization": bridge.credential.authorization})
     answer = connection.getresponse()
     payload = answer.read()
     assert 400 <= answer.status < 500 and answer.getheader("Content-Type") == "application/json"

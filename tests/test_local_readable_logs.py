@@ -110,3 +110,10 @@ def test_the_logging_thread_names_the_function_when_handlers_share_a_logger(
     first, second = stream.getvalue().splitlines()
     assert "ApiFunction" in first
     assert "CleanupFunction" in second and "ApiFunction" not in second
+
+
+def test_rendered_records_carry_no_terminal_escapes() -> None:
+    line = render({"level": "INFO", "message": "\x1b[2Jgone\x1b]0;title\x07", "detail": "a\x1b[1Ab"}, "x")
+    assert "\x1b" not in line and "\x07" not in line
+    assert line.endswith("  gone  detail=ab"), line
+    assert render({"message": "m", "exception": "Traceback\n  line\x9b2J"}).endswith("m\nTraceback\n  line")

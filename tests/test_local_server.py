@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.local_process import eventually, http_get, process_running, start_local
+from tests.local_process import eventually, process_running, start_local
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "hello" / "service.yaml"
 
@@ -26,7 +26,7 @@ def test_local_serves_the_api_and_exits_cleanly_on_a_signal(tmp_path: Path, sig:
         created = plane.cli("up", str(EXAMPLE), "--name", "smoke", "-o", "json")
         assert created.returncode == 0, created.stderr
         assert json.loads(created.stdout)["name"] == "smoke"
-        status, body = http_get(plane.url + "/v1/services/smoke")
+        status, body = plane.get("/v1/services/smoke")
         assert status == 200 and json.loads(body)["target_version"] == 1
     finally:
         code = plane.stop(sig)
@@ -55,7 +55,7 @@ def test_closing_the_terminal_sighup_stops_every_replica(tmp_path: Path) -> None
         assert created.returncode == 0, created.stderr
 
         def replica_pids() -> set[int]:
-            status, body = http_get(plane.url + "/v1/services/hup")
+            status, body = plane.get("/v1/services/hup")
             replicas = json.loads(body)["replicas"] if status == 200 else []
             # The process driver's instance ids end with the replica's pid: local-<n>-pid<pid>.
             pids = {int(r["instance_id"].rsplit("pid", 1)[1]) for r in replicas if r.get("instance_id")}

@@ -120,12 +120,9 @@ def test_choices_aws_cannot_satisfy_are_dropped_with_a_note_each() -> None:
     assert {catalogue.BY_NAME[t].accelerator for t in types} == {"L4", "A10G"}
     assert len(types) == MAX_CANDIDATES
     assert notes == (
-        "dropped: no AWS instance type has A10: did you mean A10G? AWS has T4, A10G, L4, L40S, V100, A100, "
-        "A100-80GB, H100, Inferentia2 and Trainium",
-        "dropped: no AWS instance type has L40: did you mean L40S? AWS has T4, A10G, L4, L40S, V100, A100, "
-        "A100-80GB, H100, Inferentia2 and Trainium",
-        "dropped: no AWS instance type has A40: AWS has T4, A10G, L4, L40S, V100, A100, A100-80GB, H100, "
-        "Inferentia2 and Trainium",
+        "dropped: no AWS instance type has A10",  # A10G is in the set too: A10 is not its typo
+        "dropped: no AWS instance type has L40 (did you mean L40S?)",  # L40S is not in the set
+        "dropped: no AWS instance type has A40",
         "dropped: no AWS instance type has 1 A100; p4d.24xlarge has 8; for one GPU use A10G:1, L4:1 or L40S:1",
         "dropped: no AWS instance type has 1 A100-80GB; p4de.24xlarge has 8; for one GPU use A10G:1, L4:1 or L40S:1",
     )
@@ -143,13 +140,21 @@ def test_choices_aws_cannot_satisfy_are_dropped_with_a_note_each() -> None:
             "no AWS instance type has 2 Inferentia2; inf2.xlarge has 1, inf2.24xlarge has 6, inf2.48xlarge has 12",
         ),
         ("V100:1", "no AWS instance type has 1 V100; p3dn.24xlarge has 8; for one GPU use A10G:1, L4:1 or L40S:1"),
-        ("TPU-v4:8", "no AWS instance type has TPU-v4: AWS has T4, A10G"),
+        ("TPU-v4:8", "no AWS instance type has TPU-v4"),
         ("RTX4090:1", "no AWS instance type has RTX4090"),
+        ("A10:1", "no AWS instance type has A10 (did you mean A10G?)"),
     ],
 )
 def test_a_spec_none_of_whose_choices_aws_has_is_refused_with_what_it_has(accelerators: str, message: str) -> None:
     text = refusal({"accelerators": accelerators})
-    assert f"spec.resources: {message}" in text, text
+    # The field at fault, the reason, and every accelerator AWS has with the counts it comes in.
+    assert f"spec.resources.accelerators: {message}; {AWS_HAS}" in text, text
+
+
+AWS_HAS = (
+    "AWS has T4 (1 or 4), A10G (1, 4 or 8), L4 (1, 4 or 8), L40S (1, 4 or 8), V100 (8), A100 (8), A100-80GB (8), "
+    "H100 (8), Inferentia2 (1, 6 or 12) and Trainium (1 or 16)"
+)
 
 
 def test_requirements_with_no_fitting_size_name_the_nearest() -> None:
@@ -165,9 +170,11 @@ def test_requirements_with_no_fitting_size_name_the_nearest() -> None:
     [
         ("A10G:x", "expected NAME or NAME:COUNT"),
         ({"A10G": 0}, "from 1 to 64"),
-        ({"A10G": "one"}, "valid integer"),
+        ({"A10G": "one"}, "the count must be a whole number from 1 to 64, got 'one'"),
         ({}, "at least one accelerator"),
-        (["A10G:1"], "valid"),
+        ([], "at least one accelerator"),
+        ([["A10G:1"]], "each item of an accelerators list is NAME or NAME:COUNT"),
+        (5, "expected NAME:COUNT (e.g. A10G:1), a set of alternatives ({L4:1, A10G:1}) or a list"),
     ],
 )
 def test_malformed_accelerators_name_the_field(value: Any, problem: str) -> None:
@@ -267,9 +274,9 @@ def test_any_of_entries_are_alternatives_over_the_top_level_fields() -> None:
 def test_any_of_entries_are_checked_field_by_field() -> None:
     text = refusal({"any_of": [{"accelerators": "L4:1", "disk_size": 100}]})
     assert (
-        "spec.resources.any_of[0].disk_size: unsupported field: an `any_of` entry chooses the instance type "
-        "(cloud, region, zone, instance_type, cpus, memory, accelerators); give `disk_size` once, beside "
-        "`any_of` in `resources`"
+        "spec.resources.any_of[0].disk_size: unsupported field: an `any_of` or `ordered` entry chooses the "
+        "instance type (cloud, region, zone, infra, instance_type, cpus, memory, accelerators); give `disk_size` "
+        "once, beside them in `resources`"
     ) in text, text
     text = refusal({"any_of": [{"acelerators": "L4:1"}]})
     assert "spec.resources.any_of[0].acelerators: unknown field; did you mean `accelerators`?" in text, text
@@ -392,8 +399,9 @@ def test_the_api_refuses_a_spec_aws_cannot_satisfy_and_writes_nothing(api: ApiCl
     error = response.body["error"]
     assert error["details"] == [
         {
-            "field": "spec.resources",
-            "problem": "no AWS instance type has 1 A100; p4d.24xlarge has 8; for one GPU use A10G:1, L4:1 or L40S:1",
+            "field": "spec.resources.accelerators",
+            "problem": "no AWS instance type has 1 A100; p4d.24xlarge has 8; for one GPU use A10G:1, L4:1 or L40S:1; "
+            + AWS_HAS,
         }
     ]
     assert api.get("/v1/services/gpu").status == 404

@@ -96,6 +96,22 @@ def test_launch_carries_tags_imdsv2_user_data_spot_and_disk(world: World) -> Non
     assert "systemctl enable --now fleetkeeper-replica.service" in script
 
 
+def test_launch_requires_imdsv2_with_a_hop_limit_of_one(world: World) -> None:
+    """The launch request itself sets the hop limit (an AMI with ImdsSupport v2.0 would default it to
+    2, letting a container on the replica fetch the instance role's credentials)."""
+    from tests.aws_calls import AwsCalls
+
+    world.create(replicas=1)
+    with AwsCalls() as calls:
+        world.run()
+    [launch] = [c.params for c in calls.calls if c.operation == "RunInstances"]
+    assert launch["MetadataOptions"] == {
+        "HttpTokens": "required",
+        "HttpEndpoint": "enabled",
+        "HttpPutResponseHopLimit": 1,
+    }
+
+
 def test_kick_reconciles_one_service_and_filters_ec2_by_its_uid(world: World) -> None:
     world.create("a")
     world.create("b")

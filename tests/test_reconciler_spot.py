@@ -233,3 +233,50 @@ def test_a_spot_interruption_wakes_the_reconciler_when_the_drain_must_start(worl
     world.reconciler.interrupt(Interruption(InterruptionKind.SPOT_INTERRUPTION, record.instance_id, to_iso(sent)))
     assert kicks == [("svc", 120 - 30 - 15 - 5)]
     assert world.store.require("svc").replicas[record.replica_id].status is S.READY  # serving until then
+
+
+@pytest.mark.parametrize("detail_type", [SPOT_WARNING, "EC2 Instance Rebalance Recommendation"])
+def test_a_warning_about_an_on_demand_replica_is_ignored_with_a_log_line(
+    api: ApiClient,
+    server: ProbeServer,
+    monkeypatch: pytest.MonkeyPatch,
+    strict_aws: StrictAws,
+    caplog: pytest.LogCaptureFixture,
+    detail_type: str,
+) -> None:
+    """EC2 warns about spot instances only: a warning naming an on-demand replica (forged on the kick
+    queue, or misrouted) is logged and ignored by the worker; the replica serves on, untouched."""
+    import logging
+
+    from tests.lambda_queues import LambdaQueues
+
+    monkeypatch.setenv("FLEETKEEPER_REPLICA_HOST", "127.0.0.1")
+    queues = LambdaQueues(monkeypatch)
+    spec = spec_dict(server.port)
+    spec["resources"] = {"instance_type": "t3.micro"}
+    assert api.post("/v1/services", {"name": "web", "spec": spec}).status == 201
+    for _ in range(3):
+        queues.tick()
+    before = api.get("/v1/services/web").body["replicas"]
+    assert [(r["status"], r["market"]) for r in before] == [("READY", "on-demand"), ("READY", "on-demand")]
+
+    sent = to_iso(datetime.now(UTC) - timedelta(seconds=90))
+    for replica in before:
+        aws.sqs().send_message(
+            QueueUrl=queues.kicks, MessageBody=_rendered_warning(detail_type, replica["instance_id"], sent)
+        )
+    with caplog.at_level(logging.WARNING):
+        assert queues.drain(queues.kicks) == 2
+
+    after = api.get("/v1/services/web").body["replicas"]
+    assert [(r["replica_id"], r["status"], r.get("interruption")) for r in after] == [
+        (r["replica_id"], "READY", None) for r in before
+    ]
+    live = {
+        i["InstanceId"]: i["State"]["Name"]
+        for r in aws.ec2().describe_instances()["Reservations"]
+        for i in r["Instances"]
+    }
+    assert all(live[r["instance_id"]] == "running" for r in before)
+    ignored = [m for m in caplog.messages if "is not a spot instance, warning ignored" in m]
+    assert len(ignored) == 2, caplog.messages

@@ -52,6 +52,7 @@ def test_every_variable_is_read() -> None:
             "FLEETKEEPER_SERVICE_MARGIN_SECONDS": "12.5",
             "FLEETKEEPER_ACTION_MARGIN_SECONDS": "3",
             "FLEETKEEPER_KICK_URL": "http://127.0.0.1:8080/_local/kick",
+            "FLEETKEEPER_KICK_TOKEN": "t0ken",
             "FLEETKEEPER_SUBNET_IDS": "subnet-a, subnet-b,",  # an empty stack parameter joins to ""
             "FLEETKEEPER_SECURITY_GROUP_IDS": "",
             "FLEETKEEPER_INSTANCE_PROFILE_ARN": "arn:aws:iam::123456789012:instance-profile/replicas",
@@ -83,6 +84,7 @@ def test_every_variable_is_read() -> None:
         service_margin_seconds=12.5,
         action_margin_seconds=3.0,
         kick_url="http://127.0.0.1:8080/_local/kick",
+        kick_token="t0ken",
         ec2=Ec2Settings(
             subnet_ids=("subnet-a", "subnet-b"),
             security_group_ids=(),

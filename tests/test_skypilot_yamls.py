@@ -16,7 +16,6 @@ from __future__ import annotations
 import io
 import json
 import re
-import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -25,8 +24,8 @@ import yaml
 
 from fleetkeeper.api.handler import lambda_handler
 from fleetkeeper.cli.main import run
-from fleetkeeper.local.http_bridge import ApiBridge
 from fleetkeeper.workdir_store import LocalWorkdirStore
+from tests.local_process import serving_bridge
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -34,8 +33,11 @@ if TYPE_CHECKING:
 FIXTURES = Path(__file__).parent / "fixtures" / "skypilot"
 
 ONE_A100 = "no AWS instance type has 1 A100; p4d.24xlarge has 8; for one GPU use A10G:1, L4:1 or L40S:1"
-# llm/qwen/serve-7b.yaml's set {L4, A10g, A10, L40, A40, A100, A100-80GB}: what AWS has not is dropped.
-QWEN_NOTES = 5
+# A set of accelerators is candidates: what AWS has not is dropped with a note each, the rest kept.
+# llm/qwen/serve-7b.yaml's {L4, A10g, A10, L40, A40, A100, A100-80GB} drops A10, L40, A40 (no AWS
+# type has them), A100:1 and A100-80GB:1 (AWS has them by 8); llm/vllm's {L4:1, A10G:1, A10:1, A100:1,
+# A100-80GB:1} (keys "L4:1" with null values, as YAML reads them) drops A10, A100:1, A100-80GB:1.
+DROPPED = {"llm/qwen/serve-7b.yaml": 5, "llm/vllm/service.yaml": 3, "llm/vllm/service-with-auth.yaml": 3}
 
 # Each YAML, the flags its README tells SkyPilot users to pass, and the first candidate instance type
 # it gets, or (None) the refusal of an accelerator AWS has no instance type for.
@@ -49,6 +51,11 @@ CASES: dict[str, tuple[list[str], str | None]] = {
     # memory: 32+, T4:1, disk_size 1024, disk_tier best
     "examples/serve/llama2/llama2.yaml": (["--env", "HF_TOKEN"], "g4dn.2xlarge"),
     "llm/qwen/serve-7b.yaml": ([], "g6.xlarge"),
+    "llm/vllm/service.yaml": ([], "g6.xlarge"),
+    "llm/vllm/service-with-auth.yaml": (
+        ["--secret", "HF_TOKEN", "--secret", "AUTH_TOKEN=auth_test_token"],
+        "g6.xlarge",
+    ),
     "examples/serve/gorilla/gorilla.yaml": ([], None),  # A100:1
     "examples/serve/tgi_coder.yaml": ([], None),
     "examples/serve/vllm.yaml": ([], None),
@@ -60,16 +67,11 @@ CASES: dict[str, tuple[list[str], str | None]] = {
 def api_url(table: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     """The api over HTTP with the embedded mode's workdir store (uploads through the bridge)."""
     store = LocalWorkdirStore(tmp_path / "workdirs", "")
-    server = ApiBridge(
-        ("127.0.0.1", 0), lambda_handler, on_kick=lambda _n: None, logs_dir=tmp_path / "logs", workdirs=store
-    )
-    monkeypatch.setenv("FLEETKEEPER_WORKDIR_DIR", str(store.root))
-    monkeypatch.setenv("FLEETKEEPER_WORKDIR_UPLOAD_URL", server.url + "/_local/workdirs")
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield server.url
-    server.shutdown()
-    server.server_close()
+    options = {"on_kick": lambda _n: None, "logs_dir": tmp_path / "logs", "workdirs": store}
+    with serving_bridge(lambda_handler, tmp_path / "state", **options) as server:
+        monkeypatch.setenv("FLEETKEEPER_WORKDIR_DIR", str(store.root))
+        monkeypatch.setenv("FLEETKEEPER_WORKDIR_UPLOAD_URL", server.url + "/_local/workdirs")
+        yield server.url
 
 
 def cli(api_url: str, *argv: str) -> tuple[int, str, str]:
@@ -95,6 +97,8 @@ def assert_the_rest_is_kept(original: dict[str, Any], spec: dict[str, Any], err:
     for env, value in (original.get("envs") or {}).items():
         assert spec["envs"][env] == ("hf_test_token" if value is None else str(value))
     for field, value in original.get("resources", {}).items():
+        if field == "ports" and value == [spec["resources"][field]]:
+            continue  # `ports: [8000]` is SkyPilot's list of one: a replica serves on one port
         assert spec["resources"][field] == value, field  # as written: candidates are shown beside it
 
 
@@ -115,14 +119,17 @@ def test_a_real_skypilot_yaml_is_accepted_or_refused_only_for_an_accelerator_aws
         assert_the_rest_is_kept(original, view["spec"], err)
         assert view["placement"]["instance_types"][0] == first
         notes = view["placement"]["notes"]
-        if path == "llm/qwen/serve-7b.yaml":
-            assert len(notes) == QWEN_NOTES and all(n.startswith("dropped: no AWS instance type has") for n in notes)
+        dropped = [n for n in notes if n.startswith("dropped: no AWS instance type has")]
+        assert len(dropped) == DROPPED.get(path, 0), notes
+        if path in DROPPED:  # the rest of the set: L4 and A10G, smallest first
+            kept = view["placement"]["instance_types"]
+            assert kept[:2] == ["g6.xlarge", "g5.xlarge"], kept
         return
 
     # One A100: AWS has none (p4d.24xlarge has eight). Refused for that alone, saying what AWS has.
     assert code == 2, err
-    assert refused_fields(err) == {"resources"}, err
-    assert f"spec.resources: {ONE_A100}" in err, err
+    assert refused_fields(err) == {"resources.accelerators"}, err
+    assert f"spec.resources.accelerators: {ONE_A100}" in err, err
     # With an accelerator the message suggests, the rest is accepted as is.
     suggested = FIXTURES / Path(path).with_name(f".suggested-{Path(path).name}")
     suggested.write_text(yaml.safe_dump({**original, "resources": {**original["resources"], "accelerators": "L40S:1"}}))
@@ -158,3 +165,16 @@ def test_an_env_left_empty_is_a_400_that_says_how_to_fill_it(api_url: str, monke
     assert err == (
         "fleetkeeper: --env HF_TOKEN: HF_TOKEN is not set in your environment; set it, or pass --env HF_TOKEN=VALUE\n"
     )
+
+
+@pytest.mark.parametrize("workdir", ["https://github.com/org/app", {"url": "https://github.com/org/app", "ref": "v1"}])
+def test_a_remote_workdir_is_not_packed_and_the_api_says_what_to_do(
+    workdir: Any, api_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    path = tmp_path / "service.yaml"
+    path.write_text(yaml.safe_dump({"workdir": workdir, "service": {"readiness_probe": "/"}, "run": "x"}))
+    code, _, err = cli(api_url, "up", "-n", "remote", str(path))
+    assert code == 2, err
+    assert "spec.workdir: a remote workdir (https://github.com/org/app) is not supported: clone it in `setup`" in err
+    assert "does not exist" not in err  # the URL is not taken for a directory

@@ -76,7 +76,7 @@ def test_probe_path_shorthand_and_defaults() -> None:
         ({"file_mounts": {"/a": "b"}}, "spec.file_mounts", "not supported"),
         ({"workdir": "."}, "spec.workdir", "is a local directory: `fleetkeeper up`"),
         ({"num_nodes": 2}, "spec.num_nodes", "multi-node"),
-        ({"resources": {"accelerators": "A100:1"}}, "spec.resources", "no AWS instance type has 1 A100"),
+        ({"resources": {"accelerators": "A100:1"}}, "spec.resources.accelerators", "no AWS instance type has 1 A100"),
         ({"resources": {"cloud": "gcp"}}, "spec.resources.cloud", "AWS only"),
         ({"resources": {"cpus": "four"}}, "spec.resources.cpus", "expected a number of vCPUs"),
         ({"resources": {"region": "us-central1"}}, "spec.resources.region", "not an AWS region"),

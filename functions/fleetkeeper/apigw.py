@@ -41,7 +41,7 @@ def rest_event(
     query = parse_qs(split.query, keep_blank_values=True)
     resource, path_parameters = "/{proxy+}", None
     for candidate, pattern in _COMPILED:
-        match = pattern.match(path)
+        match = pattern.fullmatch(path)
         if match:
             # API Gateway hands path parameters over percent-decoded.
             resource, path_parameters = candidate, {k: unquote(v) for k, v in match.groupdict().items()} or None

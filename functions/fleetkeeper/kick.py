@@ -15,7 +15,7 @@ import json
 import logging
 import time
 import urllib.request
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -34,10 +34,12 @@ class ReconcilerKick:
 
     queue_url: str | None = None
     url: str | None = None
+    # The embedded API's bearer token, which its kick URL requires (never part of the repr: logs).
+    token: str | None = field(default=None, repr=False)
 
     @classmethod
     def from_settings(cls, settings: Settings) -> ReconcilerKick:
-        return cls(queue_url=settings.kick_queue_url, url=settings.kick_url)
+        return cls(queue_url=settings.kick_queue_url, url=settings.kick_url, token=settings.kick_token)
 
     def __call__(self, name: str, delay_seconds: int = 0) -> None:
         """Kick `name` now, or `delay_seconds` from now (at most MAX_DELAY_SECONDS). A delayed kick
@@ -54,9 +56,10 @@ class ReconcilerKick:
 
                 aws.sqs_for_kick().send_message(QueueUrl=self.queue_url, MessageBody=body, DelaySeconds=delay)
             elif self.url:
-                request = urllib.request.Request(
-                    self.url, data=body.encode(), method="POST", headers={"Content-Type": "application/json"}
-                )
+                headers = {"Content-Type": "application/json"}
+                if self.token:
+                    headers["Authorization"] = f"Bearer {self.token}"
+                request = urllib.request.Request(self.url, data=body.encode(), method="POST", headers=headers)
                 with urllib.request.urlopen(request, timeout=KICK_URL_TIMEOUT_SECONDS):
                     pass
         except Exception:  # a kick must never fail the write it follows

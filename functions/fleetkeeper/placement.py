@@ -1,21 +1,24 @@
 """SkyPilot's resource requirements as EC2 instance types and root volumes: pure, no AWS call.
 
 `cpus` (`4`, `"4+"`), `memory` (`32`, `"32+"`, GB as SkyPilot writes it, matched against GiB as AWS
-states it), `accelerators` (`A10G:1`, `{L4: 1, A10G: 1}`, `{L4, A10g}`) and `any_of` become an ordered
-list of candidate instance types from fleetkeeper.catalogue, resolved when the api accepts the spec:
+states it), `accelerators` (`A10G:1`; a set `{L4:1, A10G:1}`, `{L4: 1, A10G: 1}`, `{L4, A10g}`; a list
+`[L4:1, A10G:1]`), `any_of` and `ordered` become an ordered list of candidate instance types from
+fleetkeeper.catalogue, resolved when the api accepts the spec:
 
-- each alternative (an `any_of` entry over the top-level fields, and each accelerator of a set) is a
-  choice; a choice with `instance_type` is that type alone (it wins over requirements beside it, with
-  a note when the catalogue knows it does not meet them);
+- each alternative (an `any_of` or `ordered` entry over the top-level fields, and each accelerator
+  of a set or list) is a choice; a choice with `instance_type` is that type alone (it wins over
+  requirements beside it, with a note when the catalogue knows it does not meet them);
 - a count is exact (`A10G:1` is one A10G, not at least one), as in SkyPilot; `4` vCPUs is exactly 4,
   `4+` at least 4; without `memory`, a CPU-only choice gets at least 2 GiB per vCPU asked for;
-- candidates are ordered smallest first (catalogue.rank: accelerators, vCPUs, memory, family price);
-  explicit instance types come first, in the order written; at most MAX_CANDIDATES are kept;
+- choices are tried in turn where SkyPilot tries them in turn (`ordered` entries, the items of a list
+  of accelerators: `Choice.preference`); within one preference (a set, `any_of`), candidates are
+  ordered smallest first (catalogue.rank: accelerators, vCPUs, memory, family price), explicit
+  instance types first, in the order written; at most MAX_CANDIDATES are kept;
 - a choice AWS cannot satisfy is dropped with a note; when none is left, `Unsatisfiable` says why and
-  what AWS has instead.
+  what AWS has instead (for accelerators: every one AWS has, with the counts it comes in).
 
-The reconciler launches the first candidate (fleetkeeper.reconciler.drivers.ec2); walking the others
-on capacity refusals is a later slice (docs/ARCHITECTURE.md, "Placement").
+The reconciler launches the first candidate and walks the others on capacity refusals
+(fleetkeeper.reconciler.drivers.ec2; docs/ARCHITECTURE.md, "Placement").
 """
 
 from __future__ import annotations
@@ -29,14 +32,15 @@ from fleetkeeper import catalogue
 from fleetkeeper.catalogue import CATALOGUE, GPU, InstanceType
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable, Sequence
+    from collections.abc import Collection, Iterable, Sequence
 
 MAX_CANDIDATES = 10
 # Without `memory`, a CPU-only choice gets at least this much per vCPU (what compute optimized
 # instances carry): `cpus: 2+` is then a c6i.large, not a 0.5 GiB t3.nano.
 MIN_GIB_PER_VCPU = 2.0
 _BOUND = re.compile(r"^([0-9]{1,5})(\.[0-9]{1,3})?(\+?)$")
-_ACCELERATOR = re.compile(r"^([A-Za-z0-9][A-Za-z0-9_-]{0,39})(?::([0-9]{1,3}))?$")
+_ACCELERATOR = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,39}$")
+_COUNT = re.compile(r"^[0-9]{1,3}(\.[0-9]{1,3})?$")
 
 
 @dataclass(frozen=True)
@@ -58,46 +62,123 @@ def parse_bound(value: Any, what: str) -> Bound:
     if isinstance(value, bool):
         raise ValueError(f"expected a number of {what} (e.g. 4) or at least one (e.g. 4+)")
     text = f"{value:g}" if isinstance(value, int | float) else str(value).strip() if isinstance(value, str) else ""
-    match = _BOUND.match(text)
+    match = _BOUND.fullmatch(text)
     if not match or float(match.group(1) + (match.group(2) or "")) <= 0:
         raise ValueError(f"expected a number of {what} (e.g. 4) or at least one (e.g. 4+), got {value!r}")
     return Bound(float(match.group(1) + (match.group(2) or "")), bool(match.group(3)))
 
 
 def parse_accelerators(value: Any) -> list[tuple[str, int]]:
-    """`A10G:1`, `A10G` (one), `{L4: 1, A10G: 2}` or `{L4: null, A10g: null}` (YAML's `{L4, A10g}`):
-    the accelerators, each an alternative, with their counts (1 when not given)."""
+    """SkyPilot's `accelerators`, in every spelling its docs show, as (name, count) alternatives in the
+    order written (duplicates dropped), each name in the catalogue's spelling when AWS has it.
+
+    Mirrors `Resources.from_yaml_config` and `Resources._set_accelerators` (sky/resources.py):
+
+    - a string is one accelerator, `NAME` (count 1) or `NAME:COUNT`;
+    - a mapping is a set, each entry `f"{key}:{value}"`, or the key alone when its value is null: so
+      YAML's `{L4:1, A10G:1}` (keys "L4:1" with null values), `{L4: 1, A10G: 1}` and `{L4, A10G}` (null
+      values: one each) are all {L4:1, A10G:1};
+    - a list is alternatives in order of preference, each item a string as above (`[L4:1, A10G:1]`,
+      `[L4, A10G]`); a one-entry mapping item (YAML's `[L4: 1]` or `- A10G: 1`), which SkyPilot's
+      schema refuses, is taken as NAME: COUNT, what it plainly means;
+    - a count is a number SkyPilot reads with float() and keeps whole when it is whole: `L4:1.0` is
+      one L4; a fractional count (SkyPilot's Kubernetes GPU sharing) has no AWS instance type.
+
+    Raises ValueError naming the entry at fault. Where SkyPilot answers an empty set with a crash
+    (`list(accelerators.items())[0]`), this says to give one.
+    """
     if isinstance(value, str):
-        match = _ACCELERATOR.match(value.strip())
-        if not match:
-            raise ValueError(f"expected NAME or NAME:COUNT (e.g. A10G:1), got {value!r}")
-        pairs: list[tuple[str, Any]] = [(match.group(1), int(match.group(2) or 1))]
+        entries: list[tuple[Any, Any]] = [(value, None)]
     elif isinstance(value, dict):
-        pairs = list(value.items())
+        entries = list(value.items())
+    elif isinstance(value, list | tuple):
+        entries = [_list_item(item) for item in value]
     else:
-        raise ValueError("expected NAME:COUNT (e.g. A10G:1) or a set of them ({L4: 1, A10G: 1})")
-    if not pairs:
+        raise ValueError(
+            "expected NAME:COUNT (e.g. A10G:1), a set of alternatives ({L4:1, A10G:1}) or a list in order of "
+            f"preference ([L4:1, A10G:1]), got {value!r}"
+        )
+    if not entries:
         raise ValueError("give at least one accelerator, e.g. A10G:1")
     out: list[tuple[str, int]] = []
-    for name, count in pairs:
-        if not isinstance(name, str) or not _ACCELERATOR.match(name) or ":" in name:
-            raise ValueError(f"{name!r} is not an accelerator name (e.g. A10G, L4, H100)")
-        if count is None:
-            count = 1
-        if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= 64:
-            raise ValueError(f"{name}: the count must be a whole number from 1 to 64, got {count!r}")
-        out.append((name, count))
+    for key, count in entries:
+        name, parsed = _accelerator_entry(key, count)
+        device = catalogue.accelerator(name)
+        pair = (device.name if device is not None else name, parsed)
+        if pair not in out:
+            out.append(pair)
     return out
+
+
+def accelerators_in_order(value: Any) -> bool:
+    """Whether `accelerators` is SkyPilot's list (tried in the order written) rather than a set."""
+    return isinstance(value, list | tuple) and len(value) > 1
+
+
+def _list_item(item: Any) -> tuple[Any, Any]:
+    if isinstance(item, dict) and len(item) == 1:
+        ((key, count),) = item.items()
+        return key, count
+    if isinstance(item, str):
+        return item, None
+    raise ValueError(f"each item of an accelerators list is NAME or NAME:COUNT (e.g. [L4:1, A10G:1]), got {item!r}")
+
+
+def _accelerator_entry(key: Any, count: Any) -> tuple[str, int]:
+    """One entry: `NAME:COUNT` or `NAME` with a null value, or `NAME` with a numeric value."""
+    if not isinstance(key, str):
+        raise ValueError(f"{key!r} is not an accelerator name (e.g. A10G, L4, H100)")
+    text = key.strip()
+    if "," in text:
+        raise ValueError(
+            f"{key!r} is several accelerators in one string: write a set, {{{text}}}, or a list in order of "
+            f"preference, [{text}]"
+        )
+    if count is None:
+        name, colon, written = text.partition(":")
+        if not colon:
+            written = "1"
+        elif ":" in written:
+            raise ValueError(f"expected NAME or NAME:COUNT (e.g. A10G:1), got {key!r}")
+        count = _count_text(name, written.strip(), key)
+    elif ":" in text:
+        raise ValueError(f"{key}: {count!r} gives the count twice; write {text} or {text.partition(':')[0]}: {count}")
+    else:
+        name = text
+    name = name.strip()
+    if not _ACCELERATOR.fullmatch(name) or ":" in name:
+        raise ValueError(f"{name!r} is not an accelerator name (e.g. A10G, L4, H100)")
+    if isinstance(count, bool) or not isinstance(count, int | float):
+        raise ValueError(f"{name}: the count must be a whole number from 1 to 64, got {count!r}")
+    if count != int(count):
+        raise ValueError(
+            f"{name}: {count:g} is a fraction of an accelerator (SkyPilot shares GPUs only on Kubernetes); "
+            "an AWS instance type has whole ones: give a whole number from 1 to 64"
+        )
+    if not 1 <= count <= 64:
+        raise ValueError(f"{name}: the count must be a whole number from 1 to 64, got {count:g}")
+    return name, int(count)
+
+
+def _count_text(name: str, written: str, key: str) -> int | float:
+    """A count written after `NAME:`, read as SkyPilot reads it (float(), whole when whole)."""
+    if not _COUNT.fullmatch(written):
+        raise ValueError(f"expected NAME or NAME:COUNT (e.g. A10G:1), got {key!r}")
+    number = float(written)
+    return int(number) if number.is_integer() else number
 
 
 @dataclass(frozen=True)
 class Choice:
-    """One alternative a spec gives: an instance type, or requirements."""
+    """One alternative a spec gives: an instance type, or requirements. `preference` orders the
+    alternatives SkyPilot tries in turn (`ordered` entries, a list of accelerators): every candidate
+    of preference 0 comes before those of 1; alternatives of one preference are a set, smallest first."""
 
     instance_type: str | None = None
     cpus: Bound | None = None
     memory: Bound | None = None
     accelerator: tuple[str, int] | None = None
+    preference: int = 0
 
     @property
     def has_requirements(self) -> bool:
@@ -116,7 +197,14 @@ class Choice:
 
 
 class Unsatisfiable(ValueError):
-    """No choice of a spec exists on AWS: the message names each and says what AWS has."""
+    """No choice of a spec exists on AWS: the message names each and says what AWS has.
+
+    `field` is the resources field at fault: `accelerators` when every choice refused asks for one
+    (the message then lists the accelerators AWS has, with their counts), else "" (the resources)."""
+
+    def __init__(self, message: str, field: str = "") -> None:
+        super().__init__(message)
+        self.field = field
 
 
 @dataclass(frozen=True)
@@ -132,31 +220,52 @@ def resolve(choices: Sequence[Choice]) -> Placement:
 
     Raises Unsatisfiable when choices with requirements are given and none can be satisfied.
     """
-    wanted = [c for c in choices if c.has_requirements]
+    wanted = list(dict.fromkeys(c for c in choices if c.has_requirements))
     if not wanted:
         return Placement()
     explicit: list[str] = []
-    matched: list[InstanceType] = []
-    refusals: list[str] = []
-    for choice in dict.fromkeys(wanted):
+    # name -> its place: (preference, explicit first, in the order written, else smallest first)
+    places: dict[str, tuple[int, int, int, tuple[Any, ...]]] = {}
+    refused: list[tuple[Choice, str]] = []
+    asked = {c.accelerator[0] for c in wanted if c.accelerator is not None}
+    for index, choice in enumerate(wanted):
+        found: list[tuple[str, tuple[int, int, int, tuple[Any, ...]]]]
         if choice.instance_type is not None:
             explicit.append(choice.instance_type)
-            continue
-        found, reason = _match(choice)
-        if found:
-            matched.extend(found)
+            found = [(choice.instance_type, (choice.preference, 0, index, ()))]
         else:
-            refusals.append(reason)
-    names = list(dict.fromkeys([*explicit, *(t.name for t in sorted(set(matched), key=catalogue.rank))]))
+            matched, reason = _match(choice, asked)
+            if not matched:
+                refused.append((choice, reason))
+            found = [(t.name, (choice.preference, 1, 0, catalogue.rank(t))) for t in matched]
+        for name, place in found:
+            places[name] = min(place, places.get(name, place))
+    names = sorted(places, key=places.__getitem__)
     if not names:
-        raise Unsatisfiable("; ".join(refusals))
-    notes = [f"dropped: {reason}" for reason in refusals] + _overruled(wanted, explicit)
+        accelerated = all(choice.accelerator is not None for choice, _ in refused)
+        reasons = "; ".join(reason for _, reason in refused)
+        if accelerated:
+            raise Unsatisfiable(f"{reasons}; {accelerators_aws_has()}", "accelerators")
+        raise Unsatisfiable(reasons)
+    notes = [f"dropped: {reason}" for _, reason in refused] + _overruled(wanted, explicit)
     if len(names) > MAX_CANDIDATES:
+        which = "smallest" if len({c.preference for c in wanted}) == 1 else "first, in the order asked,"
         notes.append(
-            f"{len(names)} instance types match; the {MAX_CANDIDATES} smallest are the candidates "
+            f"{len(names)} instance types match; the {MAX_CANDIDATES} {which} are the candidates "
             f"(up to {names[MAX_CANDIDATES - 1]}): narrow cpus or memory to choose others"
         )
     return Placement(tuple(names[:MAX_CANDIDATES]), tuple(notes))
+
+
+def accelerators_aws_has() -> str:
+    """`AWS has T4 (1 or 4), A10G (1, 4 or 8), ...`: every accelerator of the catalogue, with the
+    counts its instance types carry (what a spec may ask for instead)."""
+    counts: dict[str, set[int]] = {a.name: set() for a in catalogue.ACCELERATORS}
+    for t in CATALOGUE:
+        if t.accelerator is not None:
+            counts[t.accelerator].add(t.accelerator_count)
+    listed = [f"{name} ({_listed([str(n) for n in sorted(found)], 'or')})" for name, found in counts.items() if found]
+    return f"AWS has {_listed(listed, 'and')}"
 
 
 def _fits(choice: Choice, t: InstanceType) -> bool:
@@ -198,8 +307,10 @@ def _has(t: InstanceType) -> str:
     return f"{t.vcpus} vCPUs, {t.memory_gib:g} GiB and {accelerators}"
 
 
-def _match(choice: Choice) -> tuple[list[InstanceType], str]:
-    """The catalogue's instance types that satisfy a choice, or none and the reason, for people."""
+def _match(choice: Choice, asked: Collection[str] = ()) -> tuple[list[InstanceType], str]:
+    """The catalogue's instance types that satisfy a choice, or none and the reason, for people.
+    An unknown name gets a did-you-mean, unless the name meant is `asked` beside it (a set with A10
+    and A10G means both: A10 is another cloud's GPU, not a typo)."""
     if choice.accelerator is None:
         found = [t for t in CATALOGUE if t.accelerator is None and _fits(choice, t)]
         if found:
@@ -211,8 +322,9 @@ def _match(choice: Choice) -> tuple[list[InstanceType], str]:
     if device is None:
         known = [a.name for a in catalogue.ACCELERATORS]
         close = difflib.get_close_matches(name.upper(), [k.upper() for k in known], n=1, cutoff=0.6)
-        hint = f"did you mean {known[[k.upper() for k in known].index(close[0])]}? " if close else ""
-        return [], f"no AWS instance type has {name}: {hint}AWS has {_listed(known, 'and')}"
+        meant = known[[k.upper() for k in known].index(close[0])] if close else None
+        hint = f" (did you mean {meant}?)" if meant is not None and meant not in asked else ""
+        return [], f"no AWS instance type has {name}{hint}"
     carrying = [t for t in CATALOGUE if t.accelerator == device.name]
     counted = [t for t in carrying if t.accelerator_count == count]
     if not counted:

@@ -1,12 +1,14 @@
 """Where a version's secret values live: one SSM Parameter Store SecureString per set of values.
 
 A version item holds the secrets' names and a `secrets_ref`, never a value. The values are one JSON
-object in the SecureString `/fleetkeeper/<table>/<service>/<uid>/<ref>`, encrypted with the account's
-`aws/ssm` key: the api writes it before the version's transaction, a replica reads it at boot with its
-own role (the ec2 user data, or the embedded mode's process driver), the reconciler reads it to fill
-`$NAME`s of a readiness probe, and the cleanup deletes every parameter under the incarnation's uid
-with its items. A ref is random per set of values (a lost race cannot overwrite the winner's
-parameter); an update whose values equal the target's reuses the target's ref.
+object in the SecureString `/fleetkeeper/<table>/<service>/<uid>/<ref>`, encrypted with the stack's
+own KMS key (template.yaml's SecretsKey, whose key policy names the roles that may use it; the
+account's `aws/ssm` key where none is configured, as in embedded mode): the api writes it before
+the version's transaction, a replica reads it at boot with its own role (the ec2 user data, or the
+embedded mode's process driver), the reconciler reads it to fill `$NAME`s of a readiness probe, and
+the cleanup deletes every parameter under the incarnation's uid with its items. A ref is random per
+set of values (a lost race cannot overwrite the winner's parameter); an update whose values equal
+the target's reuses the target's ref.
 
 Why Parameter Store rather than Secrets Manager: the values belong to one version and are written
 and deleted with it by fleetkeeper (no rotation, no cross-account sharing, which is what Secrets
@@ -28,6 +30,7 @@ if TYPE_CHECKING:
     from collections.abc import Mapping
 
     from mypy_boto3_ssm import SSMClient
+    from mypy_boto3_ssm.type_defs import PutParameterRequestTypeDef
 
     from fleetkeeper.settings import Settings
 
@@ -51,12 +54,14 @@ def parameter_prefix(table_name: str) -> str:
 class SecretStore:
     # The stack's path (its table's name is the stack's own): every parameter under it is the stack's.
     prefix: str
+    # The KMS key values are written with (reads need none: Parameter Store knows each value's key).
+    key_id: str | None = None
     # Tagged on each parameter (`fleetkeeper:stack`), as on everything else the stack creates.
     stack_id: str = DEFAULT_STACK_ID
 
     @classmethod
     def from_settings(cls, settings: Settings) -> SecretStore:
-        return cls(parameter_prefix(settings.table_name), stack_id=settings.stack_id)
+        return cls(parameter_prefix(settings.table_name), settings.secrets_key_id, stack_id=settings.stack_id)
 
     @property
     def ssm(self) -> SSMClient:
@@ -70,16 +75,19 @@ class SecretStore:
 
     def put(self, service: str, uid: str, ref: str, values: Mapping[str, str]) -> None:
         """Store a set of values under a fresh ref (never overwrites: a ref is written once)."""
-        self.ssm.put_parameter(
-            Name=self.parameter_name(service, uid, ref),
-            Value=json.dumps(dict(sorted(values.items())), separators=(",", ":")),
-            Type="SecureString",
-            Tier="Standard",
-            Overwrite=False,
-            Description=f"fleetkeeper: secrets of a version of service {service} (incarnation {uid})",
+        request: PutParameterRequestTypeDef = {
+            "Name": self.parameter_name(service, uid, ref),
+            "Value": json.dumps(dict(sorted(values.items())), separators=(",", ":")),
+            "Type": "SecureString",
+            "Tier": "Standard",
+            "Overwrite": False,
+            "Description": f"fleetkeeper: secrets of a version of service {service} (incarnation {uid})",
             # Tagging at creation needs ssm:AddTagsToResource beside ssm:PutParameter (template.yaml).
-            Tags=[{"Key": STACK_TAG, "Value": self.stack_id}],
-        )
+            "Tags": [{"Key": STACK_TAG, "Value": self.stack_id}],
+        }
+        if self.key_id:
+            request["KeyId"] = self.key_id
+        self.ssm.put_parameter(**request)
 
     def get(self, service: str, uid: str, ref: str) -> dict[str, str]:
         answer = self.ssm.get_parameter(Name=self.parameter_name(service, uid, ref), WithDecryption=True)

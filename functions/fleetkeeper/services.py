@@ -533,17 +533,14 @@ def _check_spec(name: str, spec: ServiceSpec, verb: str, region: str | None) -> 
 
 
 def _in_the_region(spec: ServiceSpec, region: str | None) -> None:
-    """A spec's `region` (any_of's too) must be the stack's: replicas run in its subnets. Whether it is
-    an AWS region name at all is the spec's own rule (spec.py)."""
-    resources = spec.resources
-    asked = [("spec.resources.region", resources.region)] + [
-        (f"spec.resources.any_of[{i}].region", entry.region) for i, entry in enumerate(resources.any_of or [])
-    ]
+    """A spec's `region` (`infra`'s, any_of's and ordered's too) must be the stack's: replicas run in its
+    subnets. Whether it is an AWS region name at all is the spec's own rule (spec.py)."""
+    asked = spec.resources.regions_asked()
     details = [
         {
             "field": field,
             "problem": f"the stack runs in {region}: replicas run in its region only; "
-            f"remove `region` or set it to {region}",
+            f"remove `{field.rsplit('.', 1)[-1]}` or set its region to {region}",
         }
         for field, value in asked
         if value is not None and region and value != region

@@ -27,6 +27,8 @@ DRIVER_ENV = "FLEETKEEPER_DRIVER"
 PROBE_BUDGET_ENV = "FLEETKEEPER_PROBE_BUDGET_SECONDS"
 KICK_QUEUE_URL_ENV = "FLEETKEEPER_KICK_QUEUE_URL"
 KICK_URL_ENV = "FLEETKEEPER_KICK_URL"
+# The embedded mode's API credential, which its kick URL requires (fleetkeeper.local.auth).
+KICK_TOKEN_ENV = "FLEETKEEPER_KICK_TOKEN"
 SUBNET_IDS_ENV = "FLEETKEEPER_SUBNET_IDS"
 SECURITY_GROUP_IDS_ENV = "FLEETKEEPER_SECURITY_GROUP_IDS"
 INSTANCE_PROFILE_ENV = "FLEETKEEPER_INSTANCE_PROFILE_ARN"
@@ -59,6 +61,9 @@ CERTIFICATE_ARN_ENV = "FLEETKEEPER_CERTIFICATE_ARN"
 WORKDIR_BUCKET_ENV = "WORKDIR_BUCKET"
 WORKDIR_DIR_ENV = "FLEETKEEPER_WORKDIR_DIR"
 WORKDIR_UPLOAD_URL_ENV = "FLEETKEEPER_WORKDIR_UPLOAD_URL"
+# The KMS key (id or ARN) the api encrypts secret values with: the stack's SecretsKey. Unset (embedded
+# mode, tests): Parameter Store's default, the account's aws/ssm key.
+SECRETS_KEY_ID_ENV = "FLEETKEEPER_SECRETS_KEY_ID"
 
 DEFAULT_IMAGE_PARAMETER = "/aws/service/ami-amazon-linux-latest/al2023-ami-kernel-default-x86_64"
 DEFAULT_INSTANCE_TYPE = "t3.small"
@@ -199,6 +204,7 @@ class Settings:
     # (embedded mode), else nothing (the schedule picks the change up).
     kick_queue_url: str | None = None
     kick_url: str | None = None
+    kick_token: str | None = field(default=None, repr=False)  # a credential: never logged
     ec2: Ec2Settings = field(default_factory=Ec2Settings)
     # The dispatcher's: where shards go, how often (seconds between scheduled runs), how big.
     reconcile_queue_url: str | None = None
@@ -216,6 +222,7 @@ class Settings:
     workdir_bucket: str | None = None
     workdir_dir: str | None = None
     workdir_upload_url: str | None = None
+    secrets_key_id: str | None = None
     # The stack's region (Lambda sets AWS_REGION): a spec may name only this one.
     region: str | None = None
 
@@ -231,6 +238,7 @@ class Settings:
             probe_budget_seconds=_probe_budget(environ),
             kick_queue_url=environ.get(KICK_QUEUE_URL_ENV) or None,
             kick_url=environ.get(KICK_URL_ENV) or None,
+            kick_token=environ.get(KICK_TOKEN_ENV) or None,
             ec2=Ec2Settings.from_env(environ),
             reconcile_queue_url=environ.get(RECONCILE_QUEUE_URL_ENV) or None,
             period_seconds=period_of(environ.get(RECONCILE_SCHEDULE_ENV) or DEFAULT_SCHEDULE),
@@ -247,6 +255,7 @@ class Settings:
             workdir_bucket=environ.get(WORKDIR_BUCKET_ENV) or None,
             workdir_dir=environ.get(WORKDIR_DIR_ENV) or None,
             workdir_upload_url=environ.get(WORKDIR_UPLOAD_URL_ENV) or None,
+            secrets_key_id=environ.get(SECRETS_KEY_ID_ENV) or None,
             region=environ.get("AWS_REGION") or environ.get("AWS_DEFAULT_REGION") or None,
         )
 
@@ -267,7 +276,7 @@ def stack_id_of(environ: Mapping[str, str]) -> str:
 
 def period_of(schedule: str) -> int:
     """Seconds between the runs of an EventBridge `rate(...)` schedule (template.yaml admits no other)."""
-    match = _RATE.match(schedule.strip())
+    match = _RATE.fullmatch(schedule.strip())
     if match is None:
         raise SettingsError(
             f"{RECONCILE_SCHEDULE_ENV}={schedule!r}: expected a rate such as 'rate(1 minute)' or 'rate(5 minutes)'"

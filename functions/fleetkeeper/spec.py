@@ -22,8 +22,9 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+from pydantic_core import PydanticCustomError
 
-from fleetkeeper import images, task_variables
+from fleetkeeper import images, skypilot_fields, task_variables
 from fleetkeeper import placement as placing
 from fleetkeeper.catalogue import REGION, ZONE
 from fleetkeeper.errors import InvalidRequest
@@ -91,20 +92,6 @@ WORKDIR_DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
 MAX_SECRETS_BYTES = 4096
 # `$NAME` and `${NAME}` in a readiness probe's path, headers and post_data (SkyPilot's substitution).
 _VARIABLE = re.compile(r"\$(?:\{([A-Za-z_][A-Za-z0-9_]*)\}|([A-Za-z_][A-Za-z0-9_]*))")
-
-# Fields that SkyPilot accepts but fleetkeeper cannot honour: each gets a specific reason.
-_UNSUPPORTED: dict[str, str] = {
-    "file_mounts": (
-        "file mounts are not supported; put the files in `workdir`, bake them into the image or fetch them in `setup`"
-    ),
-    "num_nodes": "multi-node replicas are not supported",
-    "resources.ordered": "ordered alternatives are not supported; give them as `any_of` (tried smallest first)",
-    "service.tls": (
-        "fleetkeeper terminates TLS at the stack's load balancer (its CertificateArn parameter); "
-        "replicas serve plain HTTP behind it"
-    ),
-}
-
 
 _STORED = "fleetkeeper.stored"
 
@@ -240,6 +227,16 @@ class ReplicaPolicy(_Strict):
     base_ondemand_fallback_replicas: Annotated[int, Field(ge=0, le=1000)] | None = None
     dynamic_ondemand_fallback: bool | None = None
 
+    @field_validator("target_qps_per_replica", mode="before")
+    @classmethod
+    def _one_target(cls, value: Any) -> Any:
+        if isinstance(value, dict):
+            raise ValueError(
+                "a target per accelerator ({H100: 5, A100: 2}) is not supported: the endpoint's rate is shared by "
+                "every replica, so give one number (the rate one replica of your smallest candidate serves)"
+            )
+        return value
+
     @model_validator(mode="after")
     def _skypilot_rules(self, info: ValidationInfo) -> ReplicaPolicy:
         if self.max_replicas is not None:
@@ -323,11 +320,15 @@ class _Placed(_Strict):
     cloud: str | None = None
     region: str | None = None
     zone: str | None = None
+    # SkyPilot's `cloud[/region[/zone]]` in one field (`aws`, `aws/us-east-1`), held to the same rules.
+    infra: str | None = None
     instance_type: Annotated[str, Field(pattern=_INSTANCE_TYPE)] | None = None
     cpus: Cpus | None = None
     memory: Cpus | None = None
-    # `A10G:1`, `{L4: 1, A10G: 1}` or `{L4, A10g}` (YAML's keys with null values: one each).
-    accelerators: str | dict[str, int | None] | None = None
+    # Kept as written (a stored spec reads back as it came): `A10G:1`; a set `{L4:1, A10G:1}` (YAML's
+    # keys "L4:1" with null values), `{L4: 1, A10G: 1}` or `{L4, A10g}`; a list in order of preference
+    # `[L4:1, A10G:1]`. placement.parse_accelerators reads every form.
+    accelerators: str | dict[str, int | float | None] | list[str | dict[str, int | float | None]] | None = None
 
     @field_validator("cloud")
     @classmethod
@@ -341,7 +342,7 @@ class _Placed(_Strict):
     @field_validator("region")
     @classmethod
     def _aws_region(cls, value: str | None) -> str | None:
-        if value is not None and not REGION.match(value):
+        if value is not None and not REGION.fullmatch(value):
             raise ValueError(
                 f"{value!r} is not an AWS region name (e.g. us-east-1): fleetkeeper runs on AWS only, "
                 "in its stack's region"
@@ -353,11 +354,32 @@ class _Placed(_Strict):
     def _aws_zone(cls, value: str | None) -> str | None:
         if value is None:
             return value
-        if not ZONE.match(value):
+        _no_zone(value)
+        return value
+
+    @field_validator("infra")
+    @classmethod
+    def _aws_infra(cls, value: str | None) -> str | None:
+        """SkyPilot's `infra: aws/us-east-1` is `cloud: aws` and `region: us-east-1` (a `*` is any)."""
+        if value is None:
+            return value
+        cloud, _, rest = value.strip().partition("/")
+        region, _, zone = rest.partition("/")
+        if cloud != "*" and cloud.strip().lower() != "aws":
             raise ValueError(
-                f"{value!r} is not an AWS availability zone name (e.g. us-east-1a): fleetkeeper runs on AWS only"
+                f"fleetkeeper runs on AWS only: infra {value!r} is not AWS; remove `infra` or set it to aws"
             )
-        raise ValueError("zones come from the stack's subnets (replicas are spread over them); remove `zone`")
+        if region and region != "*" and not REGION.fullmatch(region):
+            raise ValueError(f"{region!r} in {value!r} is not an AWS region name (e.g. aws/us-east-1)")
+        if zone:
+            _no_zone(zone)
+        return value
+
+    @property
+    def infra_region(self) -> str | None:
+        """The region `infra` names (`aws/us-east-1`), if any."""
+        region = (self.infra or "").partition("/")[2].partition("/")[0]
+        return region if region and region != "*" else None
 
     @field_validator("cpus", "memory", mode="before")
     @classmethod
@@ -373,16 +395,31 @@ class _Placed(_Strict):
             placing.parse_bound(value, "vCPUs" if info.field_name == "cpus" else "GB of memory")
         return value
 
-    @field_validator("accelerators")
+    @field_validator("accelerators", mode="before")
     @classmethod
-    def _accelerators(cls, value: str | dict[str, int | None] | None) -> str | dict[str, int | None] | None:
+    def _accelerators(cls, value: Any) -> Any:
         if value is not None:
-            placing.parse_accelerators(value)
+            placing.parse_accelerators(value)  # every form's own message, before the union's
         return value
 
 
+def _no_zone(value: str) -> None:
+    if not ZONE.fullmatch(value):
+        raise ValueError(
+            f"{value!r} is not an AWS availability zone name (e.g. us-east-1a): fleetkeeper runs on AWS only"
+        )
+    raise ValueError("zones come from the stack's subnets (replicas are spread over them); remove the zone")
+
+
+def _refused(field: str, reason: str) -> PydanticCustomError:
+    """A model-level refusal that names one of the model's fields, `accelerators` or `any_of.0.accelerators`
+    (describe_validation_errors appends `ctx.field` to the error's location): pydantic's model
+    validators can only name the model."""
+    return PydanticCustomError("field_refused", "{reason}", {"reason": reason, "field": field})
+
+
 class ResourceChoice(_Placed):
-    """One entry of `any_of`: an alternative, its fields over the top-level ones."""
+    """One entry of `any_of` or `ordered`: an alternative, its fields over the top-level ones."""
 
 
 class Resources(_Placed):
@@ -392,6 +429,8 @@ class Resources(_Placed):
     disk_size: Annotated[int, Field(ge=8, le=16_384)] | None = None
     disk_tier: Literal["low", "medium", "high", "ultra", "best"] | None = None
     any_of: Annotated[list[ResourceChoice], Field(min_length=1, max_length=16)] | None = None
+    # SkyPilot's `ordered`: alternatives tried in the order written (any_of's are a set, smallest first).
+    ordered: Annotated[list[ResourceChoice], Field(min_length=1, max_length=16)] | None = None
 
     @field_validator("ports", mode="before")
     @classmethod
@@ -403,12 +442,27 @@ class Resources(_Placed):
     def _port_range(cls, value: int | None, info: ValidationInfo) -> int | None:
         return _unprivileged(value, info)
 
+    @field_validator("image_id", mode="before")
+    @classmethod
+    def _one_ec2_image(cls, value: Any) -> Any:
+        if isinstance(value, dict):
+            raise ValueError(
+                "images per region are not supported: the stack runs in one region; give that region's AMI id"
+            )
+        if isinstance(value, str) and value.strip().startswith("docker:"):
+            raise ValueError(
+                f"{value.strip()} is a container image: fleetkeeper boots EC2 images (AMIs); run the container in "
+                f"`run` (docker run --gpus all -p $PORT:... {value.strip().removeprefix('docker:')}; GPU types boot "
+                "AWS's Deep Learning AMI, which has docker), or give an AMI id"
+            )
+        return value
+
     @field_validator("image_id")
     @classmethod
     def _image_ec2_may_resolve(cls, value: str | None, info: ValidationInfo) -> str | None:
         if value is None:
             return value
-        if not _IMAGE.match(value):
+        if not _IMAGE.fullmatch(value):
             raise ValueError("expected an AMI id (ami-0123456789abcdef0) or resolve:ssm:<parameter>")
         public = value.startswith("resolve:ssm:" + PUBLIC_PARAMETERS)
         if value.startswith("resolve:ssm:") and not public and not _stored(info):
@@ -461,6 +515,31 @@ class Resources(_Placed):
         return self
 
     @model_validator(mode="after")
+    def _alternatives_skypilot_takes(self) -> Resources:
+        """SkyPilot's rules between `any_of`, `ordered` and several accelerators (Resources.from_yaml_config,
+        sky/resources.py): a set of alternatives has no order to merge with `ordered`, and a list (an
+        order) none to keep inside `any_of`. An `any_of` entry's own set is a union, an `ordered` entry's
+        own set or list is tried at that entry's turn (SkyPilot's schema takes one accelerator there)."""
+        if self.any_of is not None and self.ordered is not None:
+            raise _refused("ordered", "give either `any_of` (a set, smallest first) or `ordered` (in turn), not both")
+        several = self.accelerators is not None and len(placing.parse_accelerators(self.accelerators)) > 1
+        if several and self.ordered is not None:
+            raise _refused(
+                "accelerators",
+                "several accelerators beside `ordered` have no place in its order: give each its own `ordered` "
+                "entry (`- accelerators: L4:1`), or use a set with `any_of`",
+            )
+        if self.any_of is not None:
+            for where, entry in [("", self), *((f"any_of.{i}.", e) for i, e in enumerate(self.any_of))]:
+                if entry.accelerators is not None and placing.accelerators_in_order(entry.accelerators):
+                    raise _refused(
+                        f"{where}accelerators",
+                        "a list of accelerators is an order, and `any_of` has none: write them as a set "
+                        "({L4:1, A10G:1}), or use `ordered` to try them in turn",
+                    )
+        return self
+
+    @model_validator(mode="after")
     def _exists_on_aws(self, info: ValidationInfo) -> Resources:
         """A spec none of whose choices AWS has is refused with what AWS has instead; a stored one
         keeps loading (the reconciler refuses its launch, fleetkeeper.reconciler.drivers.ec2)."""
@@ -469,25 +548,52 @@ class Resources(_Placed):
         try:
             placing.resolve(self.choices())
         except placing.Unsatisfiable as exc:
+            if exc.field:
+                raise _refused(exc.field, str(exc)) from None
             raise ValueError(str(exc)) from None
         return self
 
     def choices(self) -> list[placing.Choice]:
-        """The alternatives this asks for: each `any_of` entry over the top-level fields, and each
-        accelerator of a set. `instance_type` wins over the requirements beside it."""
-        top = {f: getattr(self, f) for f in ("instance_type", "cpus", "memory", "accelerators")}
-        entries = [top] if not self.any_of else [
-            {**top, **{f: v for f in top if (v := getattr(entry, f)) is not None}} for entry in self.any_of
+        """The alternatives this asks for, as SkyPilot's Resources.from_yaml_config expands them: each
+        `any_of` or `ordered` entry over the top-level fields, and each accelerator of a set or list.
+        `instance_type` wins over the requirements beside it. Preferences: `ordered` entries and the
+        items of a list of accelerators are tried in turn; everything else is one set."""
+        fields = ("instance_type", "cpus", "memory", "accelerators")
+        top = {f: getattr(self, f) for f in fields}
+        entries = [top] if not (self.any_of or self.ordered) else [
+            {**top, **{f: v for f in fields if (v := getattr(entry, f)) is not None}}
+            for entry in (self.any_of or self.ordered or [])
         ]  # fmt: skip
         out: list[placing.Choice] = []
+        preference = 0
         for entry in entries:
             cpus = None if entry["cpus"] is None else placing.parse_bound(entry["cpus"], "vCPUs")
             memory = None if entry["memory"] is None else placing.parse_bound(entry["memory"], "GB of memory")
             accelerators: list[tuple[str, int] | None] = [None]
+            in_turn = False
             if entry["accelerators"] is not None:
                 accelerators = [*placing.parse_accelerators(entry["accelerators"])]
-            out.extend(placing.Choice(entry["instance_type"], cpus, memory, a) for a in accelerators)
+                in_turn = placing.accelerators_in_order(entry["accelerators"])
+            for accelerator in accelerators:
+                out.append(placing.Choice(entry["instance_type"], cpus, memory, accelerator, preference))
+                preference += in_turn
+            preference += self.ordered is not None and not in_turn
         return out
+
+    def regions_asked(self) -> list[tuple[str, str]]:
+        """Each region this asks for, by the field that names it (`region`, `infra`, and any_of's and
+        ordered's): the api holds them to the stack's region."""
+        asked: list[tuple[str, str]] = []
+        for path, placed in [
+            ("spec.resources", self),
+            *((f"spec.resources.any_of[{i}]", e) for i, e in enumerate(self.any_of or [])),
+            *((f"spec.resources.ordered[{i}]", e) for i, e in enumerate(self.ordered or [])),
+        ]:
+            if placed.region is not None:
+                asked.append((f"{path}.region", placed.region))
+            if placed.infra_region is not None:
+                asked.append((f"{path}.infra", placed.infra_region))
+        return asked
 
     @property
     def placement(self) -> placing.Placement:
@@ -523,7 +629,7 @@ class Workdir(_Strict):
     @field_validator("digest")
     @classmethod
     def _sha256(cls, value: str) -> str:
-        if not WORKDIR_DIGEST.match(value):
+        if not WORKDIR_DIGEST.fullmatch(value):
             raise ValueError("expected sha256: and 64 lower-case hex digits (the archive's SHA-256)")
         return value
 
@@ -535,7 +641,7 @@ def _as_strings(value: Any, what: str) -> Any:
         return value
     out: dict[Any, Any] = {}
     for key, item in value.items():
-        if isinstance(key, str) and not _ENV_NAME.match(key):
+        if isinstance(key, str) and not _ENV_NAME.fullmatch(key):
             raise ValueError(
                 f"{what} name {key!r} is not a valid shell name (letters, digits and _, not first a digit)"
             )
@@ -560,6 +666,8 @@ def _unfilled(names: list[str], flag: str) -> str:
 
 class ServiceSpec(_Strict):
     name: str | None = None
+    # SkyPilot's nodes per replica: a replica is one instance here, so only 1 (kept as written).
+    num_nodes: int | None = None
     service: ServiceSection
     resources: Resources = Field(default_factory=Resources)
     workdir: Workdir | None = None
@@ -574,13 +682,32 @@ class ServiceSpec(_Strict):
     @field_validator("name")
     @classmethod
     def _name_rule(cls, value: str | None) -> str | None:
-        if value is not None and not re.match(NAME_PATTERN, value):
+        if value is not None and not re.fullmatch(NAME_PATTERN, value):
             raise ValueError(f"{value!r} is not a service name: use {NAME_RULE} (or give one with --name)")
+        return value
+
+    @field_validator("num_nodes", mode="before")
+    @classmethod
+    def _one_node(cls, value: Any) -> Any:
+        if (value is not None and value != 1) or isinstance(value, bool):
+            raise ValueError(
+                f"a replica is one instance: multi-node replicas (num_nodes {value!r}) are not supported; remove "
+                "num_nodes, or ask for more accelerators on one instance (e.g. A100:8, a p4d.24xlarge)"
+            )
         return value
 
     @field_validator("workdir", mode="before")
     @classmethod
     def _workdir_is_uploaded(cls, value: Any) -> Any:
+        remote = value.get("url") if isinstance(value, dict) else value if isinstance(value, str) else None
+        if isinstance(remote, str) and skypilot_fields.remote_workdir(remote):
+            ref = value.get("ref") if isinstance(value, dict) else None
+            branch = f" --branch {ref}" if isinstance(ref, str) else ""
+            raise ValueError(
+                f"a remote workdir ({remote.strip()}) is not supported: clone it in `setup` "
+                f"(git clone{branch} {remote.strip()} app; a private one with a token from `secrets`), or check it "
+                "out and give its local directory to `fleetkeeper up`"
+            )
         if isinstance(value, str):
             raise ValueError(
                 f"{value!r} is a local directory: `fleetkeeper up` and `fleetkeeper update` pack and upload it; "
@@ -756,11 +883,12 @@ def describe_validation_errors(errors: Sequence[Any], prefix: str = "") -> list[
         where = ""
         if loc and loc[0] in _LOCATIONS:
             where, loc = _LOCATIONS[str(loc[0])], loc[1:]
-        field = _dotted(((prefix,) if prefix else ()) + loc) or "body"
+        named = str((item.get("ctx") or {}).get("field") or "")  # a model's refusal naming one of its fields
+        inner = tuple(int(p) if p.isdigit() else p for p in named.split(".")) if named else ()
+        field = _dotted(((prefix,) if prefix else ()) + loc + inner) or "body"
         kind = item.get("type", "")
         if kind == "extra_forbidden":
-            reason = _UNSUPPORTED.get(field.removeprefix("spec."))
-            problem = f"unsupported field: {reason}" if reason else _unknown_field(loc, prefix)
+            problem = _unknown_field(loc, prefix)
         elif kind == "missing":
             problem = "required field is missing"
         elif kind == "json_invalid":
@@ -797,24 +925,54 @@ def _model_in(annotation: Any) -> type[BaseModel] | None:
 
 
 def _unknown_field(loc: tuple[int | str, ...], prefix: str) -> str:
-    """An unknown field's problem: a typo gets `did you mean ...?`, from the fields of its section."""
+    """An unknown field's problem, most specific first: SkyPilot's fields fleetkeeper does not take say
+    what to do instead (skypilot_fields); a field of another section says where it belongs; a typo
+    gets `did you mean ...?`, from its own section's fields, else from every section's."""
     parts = [p for p in loc if not (isinstance(p, str) and ("[" in p or p.startswith("function-")))]
     if parts and parts[0] in {prefix, "spec"}:  # parse_spec's prefix, or the api body's `spec`
         parts = parts[1:]
     if not parts or not isinstance(parts[-1], str):
         return "unknown field; fleetkeeper does not support it"
+    name = parts[-1]
+    reason = skypilot_fields.unsupported(_dotted(tuple(parts)))
+    if reason is not None:
+        return f"unsupported field: {reason}"
     model = _model_at(parts[:-1])
-    known = list(model.model_fields) if model is not None else []
-    close = difflib.get_close_matches(parts[-1], known, n=1, cutoff=0.7)
-    if close:
-        return f"unknown field; did you mean `{close[0]}`?"
-    if model is ResourceChoice and parts[-1] in Resources.model_fields:
+    if model is ResourceChoice and name in Resources.model_fields:
         fields = ", ".join(ResourceChoice.model_fields)
         return (
-            f"unsupported field: an `any_of` entry chooses the instance type ({fields}); "
-            f"give `{parts[-1]}` once, beside `any_of` in `resources`"
+            f"unsupported field: an `any_of` or `ordered` entry chooses the instance type ({fields}); "
+            f"give `{name}` once, beside them in `resources`"
         )
+    section = ".".join(str(p) for p in parts[:-1] if isinstance(p, str))
+    homes = [home for home in _HOMES.get(name, ()) if home != section]
+    if homes:
+        where = " or ".join(f"under `{home}`" if home else "at the top level" for home in homes)
+        return f"misplaced field: `{name}` belongs {where}; move it there"
+    known = list(model.model_fields) if model is not None else []
+    close = difflib.get_close_matches(name, known, n=1, cutoff=0.7)
+    if close:
+        return f"unknown field; did you mean `{close[0]}`?"
+    elsewhere = difflib.get_close_matches(name, list(_HOMES), n=1, cutoff=0.8)
+    if elsewhere:
+        found = _HOMES[elsewhere[0]]
+        return f"unknown field; did you mean `{'.'.join(filter(None, (found[0], elsewhere[0])))}`?"
     return "unknown field; fleetkeeper does not support it"
+
+
+def _sections(model: type[BaseModel], path: str) -> dict[str, list[str]]:
+    """Every field name of the spec's sections, with the sections it belongs in (`""`: the top)."""
+    homes: dict[str, list[str]] = {}
+    for name, info in model.model_fields.items():
+        homes.setdefault(name, []).append(path)
+        inner = _model_in(info.annotation)
+        if inner is not None and inner not in {ResourceChoice, Workdir}:  # entries repeat resources'
+            for field, where in _sections(inner, f"{path}.{name}".lstrip(".")).items():
+                homes.setdefault(field, []).extend(where)
+    return homes
+
+
+_HOMES = _sections(ServiceSpec, "")
 
 
 def parse_spec(data: Any, *, prefix: str = "spec") -> ServiceSpec:

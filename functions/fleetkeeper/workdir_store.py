@@ -13,8 +13,10 @@ shared by two services needs counting. A version's digest is checked again where
 checks the upload's SHA-256 before adopting it, a replica checks what it downloaded before unpacking).
 
 Two implementations: S3 (a bucket of the stack; the api hands out presigned PUT URLs whose signed
-`x-amz-checksum-sha256` header makes S3 refuse any other content) and a local directory (the
-embedded mode; the upload URL is the embedded server's `/_local/workdirs/<sha256>`).
+`x-amz-checksum-sha256` header makes S3 refuse any other content, and whose signed `Content-Length`
+makes it refuse any other size than the one declared, itself at most MAX_WORKDIR_BYTES) and a local
+directory (the embedded mode; the upload URL is the embedded server's `/_local/workdirs/<sha256>`,
+which takes exactly the declared size likewise).
 """
 
 from __future__ import annotations
@@ -27,8 +29,8 @@ import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import urlencode
 from typing import TYPE_CHECKING, Protocol
+from urllib.parse import urlencode
 
 from fleetkeeper import aws
 from fleetkeeper.settings import DEFAULT_STACK_ID
@@ -60,6 +62,10 @@ class WorkdirInvalid(Exception):
     """What was uploaded is not what the digest says, or is over the size limit."""
 
 
+class WorkdirSizeMismatch(WorkdirInvalid):
+    """An upload is not the size declared when its URL was asked for (POST /v1/workdirs)."""
+
+
 @dataclass(frozen=True)
 class Upload:
     """Where and how a client uploads an archive: one HTTP request."""
@@ -83,6 +89,11 @@ def incarnation_prefix(service: str, uid: str) -> str:
 
 def service_key(service: str, uid: str, digest: str) -> str:
     return f"{incarnation_prefix(service, uid)}{hex_of(digest)}.tar.gz"
+
+
+def declared_key(digest: str) -> str:
+    """The embedded store's note of the size declared for an upload (S3 signs it into the URL)."""
+    return f"uploads/{hex_of(digest)}.declared"
 
 
 def checksum_header(digest: str) -> str:
@@ -143,12 +154,22 @@ class S3WorkdirStore:
         head = self._head(upload_key(digest))
         if head is not None and _fresh(head.get("LastModified")):
             return None
+        if not 0 < size <= MAX_WORKDIR_BYTES:  # the api's request model refuses these first
+            raise WorkdirInvalid(f"it is {size} bytes; the limit is {MAX_WORKDIR_BYTES}")
+        # Content-Length is a signed header of the URL: S3 refuses a PUT of any other size
+        # (SignatureDoesNotMatch), so an upload is at most the size the api allowed here.
         url = self.s3.generate_presigned_url(
             "put_object",
-            Params={"Bucket": self.bucket, "Key": upload_key(digest), "ChecksumSHA256": checksum_header(digest)},
+            Params={
+                "Bucket": self.bucket,
+                "Key": upload_key(digest),
+                "ChecksumSHA256": checksum_header(digest),
+                "ContentLength": size,
+            },
             ExpiresIn=UPLOAD_URL_SECONDS,
         )
-        return Upload(url=url, method="PUT", headers={"x-amz-checksum-sha256": checksum_header(digest)})
+        headers = {"x-amz-checksum-sha256": checksum_header(digest), "content-length": str(size)}
+        return Upload(url=url, method="PUT", headers=headers)
 
     def adopt(self, digest: str, service: str, uid: str) -> None:
         target = service_key(service, uid, digest)
@@ -226,10 +247,32 @@ class LocalWorkdirStore:
         uploaded = self.path(upload_key(digest))
         if uploaded.is_file() and time.time() - uploaded.stat().st_mtime < UPLOAD_FRESH_SECONDS:
             return None
-        return Upload(url=f"{self.upload_base_url}/{hex_of(digest)}", method="PUT", headers={})
+        if not 0 < size <= MAX_WORKDIR_BYTES:  # the api's request model refuses these first
+            raise WorkdirInvalid(f"it is {size} bytes; the limit is {MAX_WORKDIR_BYTES}")
+        # The size the upload must have, as S3 has it signed into its URL (`receive` checks it).
+        declared = self.path(declared_key(digest))
+        declared.parent.mkdir(parents=True, exist_ok=True)
+        partial = declared.with_name(f".{declared.name}.{os.getpid()}.{time.monotonic_ns()}")
+        partial.write_text(str(size))
+        partial.replace(declared)
+        headers = {"content-length": str(size)}
+        return Upload(url=f"{self.upload_base_url}/{hex_of(digest)}", method="PUT", headers=headers)
 
-    def receive(self, digest: str, body: Iterable[bytes]) -> int:
-        """Store an upload after checking its size and SHA-256 (what S3 checks on AWS)."""
+    def declared_size(self, digest: str) -> int | None:
+        """The size declared for an upload of `digest` (POST /v1/workdirs), if one was asked for."""
+        try:
+            return int(self.path(declared_key(digest)).read_text())
+        except (FileNotFoundError, ValueError):
+            return None
+
+    def receive(self, digest: str, body: Iterable[bytes], length: int) -> int:
+        """Store an upload of `length` bytes (its Content-Length) after checking that it is the size
+        declared for it, and its SHA-256 (what S3 checks on AWS)."""
+        declared = self.declared_size(digest)
+        if declared is None:
+            raise WorkdirSizeMismatch("no upload of it was asked for: POST /v1/workdirs with its digest and size first")
+        if length != declared:
+            raise WorkdirSizeMismatch(f"its Content-Length is {length} bytes, not the {declared} declared for it")
         target = self.path(upload_key(digest))
         target.parent.mkdir(parents=True, exist_ok=True)
         partial = target.with_name(f".{target.name}.{os.getpid()}.{time.monotonic_ns()}")
@@ -239,13 +282,17 @@ class LocalWorkdirStore:
             with partial.open("wb") as sink:
                 for chunk in body:
                     size += len(chunk)
-                    if size > MAX_WORKDIR_BYTES:
-                        raise WorkdirInvalid(f"it is over the limit of {MAX_WORKDIR_BYTES} bytes")
+                    if size > declared:
+                        raise WorkdirSizeMismatch(f"it is over the {declared} bytes declared for it")
                     hasher.update(chunk)
                     sink.write(chunk)
+            if size != declared:
+                raise WorkdirSizeMismatch(f"it is {size} bytes, not the {declared} declared for it")
             if hasher.hexdigest() != hex_of(digest):
                 raise WorkdirInvalid("its content does not hash to the digest")
             partial.replace(target)
+            with contextlib.suppress(FileNotFoundError):
+                self.path(declared_key(digest)).unlink()
         finally:
             with contextlib.suppress(FileNotFoundError):
                 partial.unlink()

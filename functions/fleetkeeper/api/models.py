@@ -9,6 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from fleetkeeper import autoscale
 from fleetkeeper.model import to_iso, utcnow
 from fleetkeeper.spec import NAME_PATTERN, WORKDIR_DIGEST, ServiceSpec
+from fleetkeeper.workdir_store import MAX_WORKDIR_BYTES
 
 if TYPE_CHECKING:
     from datetime import datetime
@@ -44,7 +45,15 @@ class RollbackRequest(_Request):
 
 class WorkdirUploadRequest(_Request):
     digest: Annotated[str, Field(pattern=WORKDIR_DIGEST.pattern, description="sha256:<64 hex digits> of the archive")]
-    size: Annotated[int, Field(ge=1, le=MAX_CLIENT_INTEGER, description="the archive's size in bytes")]
+    # Signed into the upload URL as its Content-Length: the upload must be exactly this size.
+    size: Annotated[
+        int,
+        Field(
+            ge=1,
+            le=MAX_WORKDIR_BYTES,
+            description=f"the archive's size in bytes (at most {MAX_WORKDIR_BYTES}); the upload must be exactly this",
+        ),
+    ]
     service: ServiceName | None = Field(
         default=None, description="the service it is for: a digest its current incarnation has needs no upload"
     )

@@ -15,6 +15,7 @@ import time
 from typing import IO, TYPE_CHECKING, Any
 
 from fleetkeeper.cli.http import UsageError
+from fleetkeeper.terminal import printable
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -27,7 +28,7 @@ _UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
 def since_seconds(text: str) -> int:
     """`10m`, `2h`, `30s`, `1d` -> seconds (argparse type)."""
-    match = _SINCE.match(text)
+    match = _SINCE.fullmatch(text)
     if match is None:
         import argparse
 
@@ -129,10 +130,12 @@ def print_logs(
                 if event_id in seen:
                     continue
                 seen.add(event_id)
-                line = str(event["message"]).rstrip("\n")
+                # One event, one printed line, with nothing a terminal would obey (fleetkeeper.terminal):
+                # the text is whatever the service wrote.
+                line = str(event["message"]).rstrip("\n").replace("\n", " ")
                 if replica is None:
                     line = f"[replica {event['logStreamName'].rsplit('/', 1)[-1]}] {line}"
-                out.write(line + "\n")
+                out.write(printable(line) + "\n")
                 printed += 1
             token = page.get("nextToken")
             if not token:

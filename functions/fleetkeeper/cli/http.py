@@ -2,7 +2,10 @@
 
 Against API Gateway every request is SigV4-signed for `execute-api` with botocore's signer and the
 standard credential chain (environment, profile, SSO, instance role...): the CLI has no
-credentials of its own. Against a loopback URL (embedded mode) nothing is signed.
+credentials of its own. Against a loopback URL (embedded mode) nothing is signed: requests carry the
+bearer token of the user's running `fleetkeeper local`, found on its own (fleetkeeper.local.auth);
+without one, the CLI sends nothing to a loopback port unless told to with --local, for a port on a
+shared machine may be anyone's.
 """
 
 from __future__ import annotations
@@ -18,6 +21,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
+from fleetkeeper.local import auth
+
 if TYPE_CHECKING:
     from collections.abc import Callable
     from pathlib import Path
@@ -25,7 +30,7 @@ if TYPE_CHECKING:
 API_URL_ENV = "FLEETKEEPER_API_URL"
 DEFAULT_API_URL = "http://127.0.0.1:8080"
 STACK_OUTPUT = "ApiUrl"
-_EXECUTE_API_HOST = re.compile(r"\.execute-api\.(?P<region>[a-z0-9-]+)\.amazonaws\.com(?:\.cn)?$")
+_EXECUTE_API_HOST = re.compile(r"\.execute-api\.(?P<region>[a-z0-9-]+)\.amazonaws\.com(?:\.cn)?\Z")
 # Answers worth asking again: throttling and the gateway's transient failures.
 RETRYABLE = frozenset({429, 502, 503, 504})
 
@@ -71,17 +76,28 @@ def is_loopback(url: str) -> bool:
         return False
 
 
+NO_API = (
+    "no API to talk to: point at a deployed stack with --stack NAME or --api-url URL (or $FLEETKEEPER_API_URL), "
+    "or start `fleetkeeper local` (in another terminal): the CLI then finds it on its own"
+)
+
+
 def resolve_api_url(
     api_url: str | None,
     stack: str | None,
     *,
+    local: bool = False,
     environ: dict[str, str] | None = None,
     cloudformation: Callable[[], Any] | None = None,
 ) -> str:
-    """--api-url, else $FLEETKEEPER_API_URL, else the --stack's ApiUrl output, else embedded mode's URL."""
+    """--api-url, else $FLEETKEEPER_API_URL, else the --stack's ApiUrl output, else the user's running
+    `fleetkeeper local` (its credential names its URL), else with --local embedded mode's default URL.
+    There is no silent default: a port on this machine may be anyone's."""
     env = os.environ if environ is None else environ
     chosen = api_url or env.get(API_URL_ENV) or (stack_api_url(stack, cloudformation) if stack else None)
-    url = (chosen or DEFAULT_API_URL).rstrip("/")
+    if not chosen:
+        chosen = _running_plane(env, local=local)
+    url = chosen.rstrip("/")
     parts = urlsplit(url)
     if parts.scheme not in {"http", "https"} or not parts.hostname:
         raise UsageError(f"the API URL must be http(s)://host[:port][/stage], got {url!r}")
@@ -91,7 +107,48 @@ def resolve_api_url(
         raise UsageError(f"the API URL's port must be a number from 0 to 65535, got {url!r}") from None
     if parts.scheme == "http" and not is_loopback(url):
         raise UsageError(f"refusing to send requests over plain http to {parts.hostname}: use https")
+    if local and not is_loopback(url):
+        raise UsageError(f"--local is the embedded mode on this machine, but the API URL is {url}")
     return url
+
+
+def _running_plane(environ: dict[str, str] | os._Environ[str], *, local: bool) -> str:
+    """The URL of the user's one running `fleetkeeper local`; with --local and none, the default URL."""
+    try:
+        planes = auth.running(environ)
+    except auth.CredentialProblem as exc:
+        raise UsageError(str(exc)) from None
+    if len(planes) == 1:
+        return planes[0].api_url
+    if len(planes) > 1:
+        urls = ", ".join(sorted(p.api_url for p in planes))
+        raise UsageError(f"several `fleetkeeper local` of yours are running ({urls}): choose one with --api-url")
+    if local:
+        return DEFAULT_API_URL
+    raise UsageError(NO_API)
+
+
+def local_token(url: str, *, local: bool = False, environ: dict[str, str] | None = None) -> str | None:
+    """The bearer token for a loopback `url`: the user's running `fleetkeeper local` there has one.
+
+    None for an AWS URL (signed instead), or, with --local, for a loopback API without a credential
+    (one of the user's own, e.g. `sam local start-api`). Otherwise a UsageError: the CLI does not send
+    a spec (and its secrets) to whatever process holds a loopback port."""
+    if not is_loopback(url):
+        return None
+    try:
+        credential = auth.credential_for(url, environ)
+    except auth.CredentialProblem as exc:
+        raise UsageError(str(exc)) from None
+    if credential is not None:
+        return credential.token
+    if local:
+        return None
+    raise UsageError(
+        f"no running `fleetkeeper local` of yours answers at {url} (no credential for it in "
+        f"{auth.runtime_dir(environ)}): start it with `fleetkeeper local`, "
+        "or pass --local to send requests there without one"
+    )
 
 
 def stack_api_url(stack: str, cloudformation: Callable[[], Any] | None = None) -> str:
@@ -159,19 +216,22 @@ class ApiClient:
         base_url: str,
         *,
         signer: SigV4Signer | None = None,
+        token: str | None = None,
         timeout: float = 30.0,
         retries: int = 3,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self.signer = signer
+        # The embedded mode's bearer token (fleetkeeper.local.auth); sent to base_url's origin only.
+        self.token = token
         self.timeout = timeout
         self.retries = retries
         self.sleep = sleep
 
     @classmethod
-    def for_url(cls, base_url: str) -> ApiClient:
-        return cls(base_url, signer=None if is_loopback(base_url) else SigV4Signer.for_url(base_url))
+    def for_url(cls, base_url: str, token: str | None = None) -> ApiClient:
+        return cls(base_url, signer=None if is_loopback(base_url) else SigV4Signer.for_url(base_url), token=token)
 
     @property
     def embedded(self) -> bool:
@@ -201,10 +261,11 @@ class ApiClient:
         if parts.scheme != "https" and not is_loopback(url):
             raise Unreachable(f"refusing to upload over plain http to {parts.hostname}")
         size = path.stat().st_size
+        headers = {**headers, "Content-Length": str(size)}
+        if self.token and _same_origin(url, self.base_url):  # the embedded store's URL: the API's own
+            headers["Authorization"] = f"{auth.BEARER} {self.token}"
         with path.open("rb") as body:
-            request = urllib.request.Request(
-                url, data=body, method=method, headers={**headers, "Content-Length": str(size)}
-            )
+            request = urllib.request.Request(url, data=body, method=method, headers=headers)
             try:
                 with urllib.request.urlopen(request, timeout=max(self.timeout, 600.0)) as answer:
                     answer.read()
@@ -221,6 +282,8 @@ class ApiClient:
             headers["Content-Type"] = "application/json"
         if self.signer is not None:
             headers = self.signer.sign(method, url, headers, data)
+        elif self.token:
+            headers["Authorization"] = f"{auth.BEARER} {self.token}"
         request = urllib.request.Request(url, data=data, method=method, headers=headers)
         try:
             with urllib.request.urlopen(request, timeout=self.timeout) as answer:
@@ -234,6 +297,11 @@ class ApiClient:
             reason = getattr(exc, "reason", exc)
             raise Unreachable(f"cannot reach the fleetkeeper API at {self.base_url}: {reason}") from None
         return Response(status, answer_headers, payload.decode(errors="replace") if raw else _decode(payload))
+
+
+def _same_origin(url: str, other: str) -> bool:
+    a, b = urlsplit(url), urlsplit(other)
+    return (a.scheme, (a.hostname or "").lower(), a.port) == (b.scheme, (b.hostname or "").lower(), b.port)
 
 
 def _upload_error(payload: bytes) -> str:

@@ -19,6 +19,7 @@ from typing import IO, TYPE_CHECKING, Any, NoReturn
 
 import yaml
 
+from fleetkeeper import yaml_errors
 from fleetkeeper.cli import cloudlogs, render
 from fleetkeeper.cli.cloudlogs import since_seconds
 from fleetkeeper.cli.http import (
@@ -27,10 +28,13 @@ from fleetkeeper.cli.http import (
     ApiError,
     Unreachable,
     UsageError,
+    local_token,
     resolve_api_url,
 )
 from fleetkeeper.cli.waiting import EXIT_FAILED, EXIT_OK, Goal, Progress, wait_for
 from fleetkeeper.local.options import add_arguments, options_from, seconds
+from fleetkeeper.skypilot_fields import remote_workdir
+from fleetkeeper.terminal import printable
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
@@ -146,8 +150,16 @@ def _spec_inputs(parser: argparse.ArgumentParser) -> None:
 def build_parser() -> argparse.ArgumentParser:
     common = _Parser(add_help=False)
     where = common.add_argument_group("where the API is")
-    where.add_argument("--api-url", help="the API's base URL (else $FLEETKEEPER_API_URL, --stack, or embedded mode)")
+    where.add_argument(
+        "--api-url", help="the API's base URL (else $FLEETKEEPER_API_URL, --stack, or your running `fleetkeeper local`)"
+    )
     where.add_argument("--stack", help="a deployed fleetkeeper stack: use its ApiUrl output")
+    where.add_argument(
+        "--local",
+        action="store_true",
+        help="the embedded mode on this machine: your running `fleetkeeper local` (found on its own), else "
+        f"{DEFAULT_API_URL} (or --api-url) even without its credential",
+    )
     output = _Parser(add_help=False)
     output.add_argument("--output", "-o", choices=["table", "json"], default="table", help="output format")
     waiting = _Parser(add_help=False)
@@ -273,7 +285,7 @@ class Cli:
         and uploaded (its digest in its place)."""
         spec = apply_values(spec, self.args.env_file, self.args.env, self.args.secret, source=str(self.args.spec))
         workdir = spec.get("workdir")
-        if isinstance(workdir, str):
+        if isinstance(workdir, str) and not remote_workdir(workdir):  # a URL: the API says what to do
             spec["workdir"] = {"digest": self._upload_workdir(Path(workdir), name if existing else None)}
         return spec
 
@@ -397,6 +409,8 @@ class Cli:
                 if self.args.replica is None and headed != replica_id:
                     self.out.write(f"==> replica {replica_id} ({path}) <==\n")
                     headed = replica_id
+                # The replica's output as its service wrote it: nothing a terminal would obey.
+                text = printable(text, keep_newlines=True)
                 self.out.write(text if text.endswith("\n") else text + "\n")
             self.out.flush()
             if not self.args.follow:
@@ -523,10 +537,7 @@ def load_spec(path: Path) -> dict[str, Any]:
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f", line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        raise UsageError(f"{path}{where}: not valid YAML: {problem}") from exc
+        raise UsageError(yaml_errors.describe(exc, str(path), text)) from exc
     if not isinstance(data, dict):
         raise UsageError(f"{path}: a spec is a mapping with `service`, `resources`, `run`...")
     return data
@@ -628,8 +639,11 @@ def run(
             from fleetkeeper.local.server import serve  # moto and the handlers: only for `local`
 
             return serve(options_from(args), quiet=args.quiet)
-        url = resolve_api_url(args.api_url, args.stack)
+        url = resolve_api_url(args.api_url, args.stack, local=args.local)
+        token = local_token(url, local=args.local)
         client = client_factory(url)
+        if token is not None:
+            client.token = token
         return _COMMANDS[args.command](Cli(args, client, out, err))
     except UsageError as exc:
         print(f"fleetkeeper: {exc}", file=err)

@@ -28,6 +28,7 @@ from typing import IO
 from pathspec import GitIgnoreSpec
 
 from fleetkeeper.cli.http import UsageError
+from fleetkeeper.reconciler.replica_boot import MAX_MEMBERS, MAX_UNPACKED_BYTES
 from fleetkeeper.workdir_store import MAX_WORKDIR_BYTES
 
 SKYIGNORE = ".skyignore"
@@ -133,7 +134,7 @@ def pack(directory: Path, *, limit: int = MAX_WORKDIR_BYTES) -> Packed:
     handle, name = tempfile.mkstemp(prefix="fleetkeeper-workdir-", suffix=".tar.gz")
     os.close(handle)
     path = Path(name)
-    files = 0
+    files = entries = unpacked = 0
     try:
         with path.open("wb") as raw:
             gz = gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0, compresslevel=6)
@@ -146,6 +147,10 @@ def pack(directory: Path, *, limit: int = MAX_WORKDIR_BYTES) -> Packed:
                         if content is not None:
                             content.close()
                     files += info.isfile()
+                    entries += 1
+                    unpacked += info.size
+                    if entries > MAX_MEMBERS or unpacked > MAX_UNPACKED_BYTES:
+                        raise UsageError(_too_many(directory, entries, unpacked, rules))
                     if raw.tell() > limit:
                         raise UsageError(_too_big(directory, raw.tell(), limit, rules))
         size = path.stat().st_size
@@ -167,6 +172,16 @@ def _too_big(directory: Path, size: int, limit: int, rules: str | None) -> str:
         f"workdir {directory} packs to more than {limit // (1024 * 1024)} MiB ({size // (1024 * 1024)} MiB so far): "
         f"leave large files out with {where}, or fetch them in `setup`"
     )
+
+
+def _too_many(directory: Path, entries: int, unpacked: int, rules: str | None) -> str:
+    """A replica refuses to unpack more than this (reconciler/replica_boot.py): say so before uploading."""
+    where = rules or SKYIGNORE
+    if entries > MAX_MEMBERS:
+        what = f"more than {MAX_MEMBERS} files, directories and links"
+    else:
+        what = f"more than {MAX_UNPACKED_BYTES // (1024 * 1024)} MiB unpacked ({unpacked // (1024 * 1024)} MiB so far)"
+    return f"workdir {directory} has {what}: leave some out with {where}, or fetch them in `setup`"
 
 
 def listing(data: bytes) -> list[str]:

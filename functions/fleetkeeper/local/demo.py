@@ -33,9 +33,10 @@ def say(text: str) -> None:
     print(text, flush=True)
 
 
-def first_answer(api_url: str) -> str:
+def first_answer(api_url: str, token: str) -> str:
     """Two GET / through the service's endpoint (its load balancer spreads them over the replicas)."""
-    with urllib.request.urlopen(f"{api_url}/v1/services/{SERVICE}", timeout=5) as answer:
+    request = urllib.request.Request(f"{api_url}/v1/services/{SERVICE}", headers={"Authorization": f"Bearer {token}"})
+    with urllib.request.urlopen(request, timeout=5) as answer:
         view = json.load(answer)
     endpoint = view.get("endpoint")
     if not endpoint:
@@ -50,7 +51,7 @@ def first_answer(api_url: str) -> str:
 def tour(plane: EmbeddedControlPlane) -> None:
     url = plane.api_url
     api = ["--api-url", url]
-    cli_hint = "fleetkeeper" if url.endswith(f":{DEFAULT_PORT}") else f"FLEETKEEPER_API_URL={url} fleetkeeper"
+    cli_hint = "fleetkeeper"  # it finds this plane on its own (fleetkeeper.local.auth)
     shown = EXAMPLE.relative_to(Path.cwd()) if EXAMPLE.is_relative_to(Path.cwd()) else EXAMPLE
     say(f"\n$ fleetkeeper up {shown} --wait")
     if cli(["up", str(EXAMPLE), "--wait", "--timeout", "300", *api]) != 0:
@@ -59,7 +60,7 @@ def tour(plane: EmbeddedControlPlane) -> None:
     say(f"\n$ fleetkeeper status {SERVICE}")
     cli(["status", SERVICE, *api])
     say("\n$ curl <its endpoint>/   (twice)")
-    say(first_answer(url))
+    say(first_answer(url, plane.token))
     say(
         "\nThe control plane keeps running. In another terminal (source .venv/bin/activate first):\n"
         f"  {cli_hint} status {SERVICE}\n"

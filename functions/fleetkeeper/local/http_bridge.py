@@ -1,5 +1,9 @@
 """Real HTTP in front of the api handler: each request becomes the event API Gateway would send.
 
+Every request, /v1 and /_local alike, must first pass the run's `ApiGate` (fleetkeeper.local.auth):
+`Host: 127.0.0.1:<port>`, no foreign Origin, `Authorization: Bearer <token>`, and a JSON body on a
+write; else 403, 401 or 415 in the api's error shape, before any of the body is read.
+
 Every request under /v1 is turned into an API Gateway REST proxy event (`fleetkeeper.apigw`), given
 to the api Lambda handler, and its response becomes the HTTP response: status, headers and body.
 A few embedded-mode routes live beside the API under /_local:
@@ -35,6 +39,7 @@ from urllib.parse import parse_qs
 
 from fleetkeeper.apigw import response_parts, rest_event
 from fleetkeeper.kick import MAX_DELAY_SECONDS
+from fleetkeeper.local.auth import ApiGate
 from fleetkeeper.local.context import LocalContext
 from fleetkeeper.spec import NAME_PATTERN
 from fleetkeeper.workdir_store import MAX_WORKDIR_BYTES, WorkdirInvalid
@@ -73,6 +78,7 @@ class ApiBridge(ThreadingHTTPServer):
         address: tuple[str, int],
         api_handler: ApiHandler,
         *,
+        token: str,
         on_kick: Callable[[str], None],
         logs_dir: Path,
         on_interrupt: Callable[[str, int, str, float], tuple[int, dict[str, Any]]] | None = None,
@@ -86,6 +92,8 @@ class ApiBridge(ThreadingHTTPServer):
 
             max_body_bytes = MAX_BODY_BYTES
         super().__init__(address, _RequestHandler)
+        host, port = self.server_address[:2]
+        self.gate = ApiGate(token, str(host), int(port))
         self.max_body_bytes = max_body_bytes
         self.api_handler = api_handler
         self.on_kick = on_kick
@@ -154,21 +162,22 @@ class _RequestHandler(BaseHTTPRequestHandler):
     def _handle(self, method: str) -> None:
         started = time.perf_counter()
         try:
-            refusal = self._refuse_body()
+            refusal = self._refuse_request(method) or self._refuse_body()
             if refusal is not None:
                 # The body is left unread, so the connection cannot carry another request; it is
                 # drained after the answer (`finish`) so the client can read that answer.
                 self.close_connection = True
                 self._unread_body = True
                 status, headers, payload = refusal
-            elif (upload := _WORKDIR_PATH.match(self.path)) and method == "PUT":
+            elif (upload := _WORKDIR_PATH.fullmatch(self.path)) and method == "PUT":
                 status, headers, payload = self._receive_workdir(upload["hex"])
             elif self.path.startswith("/_local/"):
                 body = self._read_body()
                 status, headers, payload = self._local(method, body)
             else:
                 body = self._read_body()
-                headers_in = dict(self.headers.items())
+                # The credential is the bridge's business: it never reaches the handler (nor its logs).
+                headers_in = {k: v for k, v in self.headers.items() if k.lower() != "authorization"}
                 status, headers, payload = self.server.call_api(method, self.path, headers_in, body)
         except Exception:  # the bridge must answer; the handler's own errors are already responses
             logger.exception("embedded api bridge failed on %s %s", method, self.path)
@@ -177,6 +186,23 @@ class _RequestHandler(BaseHTTPRequestHandler):
         elapsed = (time.perf_counter() - started) * 1000
         level = logging.DEBUG if method == "GET" or self.path == KICK_PATH else logging.INFO
         logger.log(level, "%s %s -> %d (%.1f ms)", method, self.path, status, elapsed)
+
+    def _refuse_request(self, method: str) -> tuple[int, dict[str, str], bytes] | None:
+        """The gate's answer to a request this server must not serve (fleetkeeper.local.auth), else None."""
+        declared = (self.headers.get("Content-Length") or "").strip()
+        chunked = "chunked" in self.headers.get("Transfer-Encoding", "").lower()
+        refusal = self.server.gate.refuse(
+            method,
+            host=self.headers.get_all("Host") or [],
+            origin=self.headers.get_all("Origin") or [],
+            authorization=self.headers.get_all("Authorization") or [],
+            content_type=self.headers.get("Content-Type"),
+            has_body=chunked or declared not in ("", "0"),
+            json_body=not (method == "PUT" and _WORKDIR_PATH.match(self.path)),
+        )
+        if refusal is None:
+            return None
+        return refusal.status, refusal.headers(), json.dumps(refusal.body()).encode()
 
     def _refuse_body(self) -> tuple[int, dict[str, str], bytes] | None:
         """An answer for a body the bridge will not read, before reading any of it; else None."""
@@ -187,7 +213,7 @@ class _RequestHandler(BaseHTTPRequestHandler):
             return None
         if not (declared.strip().isascii() and declared.strip().isdigit()):  # int() takes "-1", "+1", "1_0"
             return _json(400, _error("invalid_request", f"Content-Length {declared!r} is not a byte count"))
-        limit = MAX_WORKDIR_BYTES if _WORKDIR_PATH.match(self.path) else self.server.max_body_bytes
+        limit = MAX_WORKDIR_BYTES if _WORKDIR_PATH.fullmatch(self.path) else self.server.max_body_bytes
         if int(declared) > limit:
             message = f"request body is {int(declared)} bytes; the limit is {limit}"
             return _json(413, _error("payload_too_large", message))
@@ -212,7 +238,7 @@ class _RequestHandler(BaseHTTPRequestHandler):
                 yield chunk
 
         try:
-            size = store.receive(f"sha256:{hex_digest}", chunks())
+            size = store.receive(f"sha256:{hex_digest}", chunks(), length)
         except WorkdirInvalid as exc:
             self._unread_body = True  # what is left of the body is drained after the answer
             self.close_connection = True
@@ -244,7 +270,7 @@ class _RequestHandler(BaseHTTPRequestHandler):
         if path == "/_local/info" and method == "GET":
             extra = {key: value() if callable(value) else value for key, value in self.server.info.items()}
             return _json(200, {**extra, "api_url": self.server.url, "logs_dir": str(self.server.logs_dir)})
-        match = _LOG_PATH.match(path)
+        match = _LOG_PATH.fullmatch(path)
         if match and method == "GET":
             query = parse_qs(self.path.split("?", 1)[1] if "?" in self.path else "")
             return self._logs(match["service"], match["replica"], _number(query, "offset"), _number(query, "tail"))
@@ -257,7 +283,7 @@ class _RequestHandler(BaseHTTPRequestHandler):
             asked = None
         service = asked.get("service") if isinstance(asked, dict) else None
         delay = asked.get("delay_seconds", 0) if isinstance(asked, dict) else 0
-        if not isinstance(service, str) or not _SERVICE_NAME.match(service):
+        if not isinstance(service, str) or not _SERVICE_NAME.fullmatch(service):
             return _json(400, _error("invalid_request", 'the kick body is {"service": "<name>"}'))
         if isinstance(delay, bool) or not isinstance(delay, int) or not 0 <= delay <= MAX_DELAY_SECONDS:
             return _json(400, _error("invalid_request", f"delay_seconds: a whole number from 0 to {MAX_DELAY_SECONDS}"))
@@ -285,7 +311,7 @@ class _RequestHandler(BaseHTTPRequestHandler):
         kind = asked.get("kind", "spot-interruption")
         notice = asked.get("notice_seconds", 120)
         problems = []
-        if not isinstance(service, str) or not _SERVICE_NAME.match(service):
+        if not isinstance(service, str) or not _SERVICE_NAME.fullmatch(service):
             problems.append("service: a service name")
         if isinstance(replica, bool) or not isinstance(replica, int) or replica < 0:
             problems.append("replica: a replica id (a whole number)")
@@ -303,11 +329,12 @@ class _RequestHandler(BaseHTTPRequestHandler):
     def _logs(
         self, service: str, replica: str | None, offset: int | None = None, tail: int | None = None
     ) -> tuple[int, dict[str, str], bytes]:
-        if not _SERVICE_NAME.match(service):
+        if not _SERVICE_NAME.fullmatch(service):
             return _json(400, _error("invalid_request", f"service name {service!r} is invalid"))
         folder = self.server.logs_dir / service
         if replica is None:
-            found = sorted((int(m[1]), p) for p in folder.glob("replica-*.log") if (m := _REPLICA_LOG.match(p.name)))
+            logs_found = ((p, _REPLICA_LOG.fullmatch(p.name)) for p in folder.glob("replica-*.log"))
+            found = sorted((int(m[1]), p) for p, m in logs_found if m)
             logs = [{"replica_id": n, "path": str(p), "bytes": p.stat().st_size} for n, p in found]
             return _json(200, {"service": service, "logs": logs})
         path = folder / f"replica-{int(replica)}.log"

@@ -78,7 +78,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         dest="local_dir",
         type=Path,
         default=Path(".fleetkeeper"),
-        help="where replica logs go (default ./.fleetkeeper)",
+        help="the run's state, yours only (0700): its credential, workdirs, replica logs (default ./.fleetkeeper)",
     )
     p.add_argument(
         "--idle-timeout",

@@ -14,6 +14,8 @@ import sys
 from datetime import datetime
 from typing import Any
 
+from fleetkeeper.terminal import printable
+
 # Fields every Powertools record carries that say nothing new at a terminal.
 _NOISE = {
     "timestamp",
@@ -51,7 +53,9 @@ def render(data: dict[str, Any], fallback_name: str = "") -> str:
     line = f"{moment} {level:<5} {source:<18}  {message}" + (f"  {extras}" if extras else "")
     if data.get("exception"):
         line += "\n" + str(data["exception"])
-    return line
+    # A record can carry text from elsewhere (a replica's error, a request's field): nothing in it
+    # may drive the terminal.
+    return printable(line, keep_newlines=True)
 
 
 class PlainFormatter(logging.Formatter):

@@ -1,7 +1,10 @@
 """`fleetkeeper local`: the whole control plane in one process, on 127.0.0.1 only.
 
-    in-memory AWS     moto's threaded server on a free port; the table built from template.yaml
-    api               ApiBridge: real HTTP on --port -> API Gateway events -> the api handler
+    in-memory AWS     moto's server app on a free port, behind this run's access key (InMemoryAws);
+                      the table built from template.yaml
+    api               ApiBridge: real HTTP on --port -> API Gateway events -> the api handler; every
+                      request needs this run's credential (fleetkeeper.local.auth, published in
+                      <--dir>/local-api.json, 0600, where the CLI finds it on its own)
     reconciler        ReconcileLoop: the dispatcher every --tick seconds, its shards through the
                       in-memory reconcile queue to the worker handler, and the worker on each kick
     cleanup           StreamPump: the table's stream -> template's filter -> the cleanup handler
@@ -23,9 +26,11 @@ import threading
 from typing import TYPE_CHECKING, Any
 
 from fleetkeeper import aws
+from fleetkeeper.local import auth
 from fleetkeeper.local.balancer import LocalBalancer
 from fleetkeeper.local.context import LocalContext
 from fleetkeeper.local.http_bridge import KICK_PATH, ApiBridge
+from fleetkeeper.local.in_memory_aws import InMemoryAws
 from fleetkeeper.local.options import MAX_TICK, Options, add_arguments, options_from
 from fleetkeeper.local.process_driver import LOCAL_DIR_ENV, LOOPBACK, ProcessDriver
 from fleetkeeper.local.reconcile_loop import ReconcileLoop
@@ -35,6 +40,7 @@ from fleetkeeper.reconciler.drivers import EMBEDDED_DRIVER, register_driver
 from fleetkeeper.settings import (
     BALANCER_ENV,
     DRIVER_ENV,
+    KICK_TOKEN_ENV,
     LOCAL_STACK_ID,
     METRIC_LAG_ENV,
     METRIC_WINDOW_ENV,
@@ -56,12 +62,13 @@ logger = logging.getLogger("local.server")
 Handler = Any  # a Lambda handler: (event, context) -> response
 
 
-def configure_environment(options: Options) -> None:
+def configure_environment(options: Options, aws_access_key_id: str = "local") -> None:
     """The settings the handlers read, pointed at this process's in-memory AWS and nothing else."""
     os.environ.update(
         {
-            # Fake credentials: embedded mode must never sign anything with a real identity.
-            "AWS_ACCESS_KEY_ID": "local",
+            # Credentials of this run only: embedded mode must never sign anything with a real
+            # identity, and its in-memory AWS serves requests signed with this key id only.
+            "AWS_ACCESS_KEY_ID": aws_access_key_id,
             "AWS_SECRET_ACCESS_KEY": "local",
             "AWS_SESSION_TOKEN": "local",
             "AWS_REGION": "us-east-1",
@@ -112,7 +119,12 @@ class EmbeddedControlPlane:
             metrics_interval=options.metrics_interval,
         )
         self.aws_endpoint = ""
-        self._moto: Any = None
+        # This run's credentials: the API's bearer token, and the in-memory AWS's access key id.
+        self.token = auth.new_token()
+        self.aws_access_key_id = auth.new_access_key_id()
+        self.published: auth.Published | None = None
+        self._serving = False  # whether the bridge's serve_forever runs (shutdown() waits for it)
+        self._moto: InMemoryAws | None = None
         self._bridge: ApiBridge | None = None
         self._loop: ReconcileLoop | None = None
         self._pump: StreamPump | None = None
@@ -131,17 +143,16 @@ class EmbeddedControlPlane:
         return self.options.local_dir / "logs"
 
     def start(self) -> None:
-        from moto.server import ThreadedMotoServer
-
-        configure_environment(self.options)
-        self.logs_dir.mkdir(parents=True, exist_ok=True)
+        # The state dir holds the credential, the workdirs and the replicas' logs: its user's only
+        # (0700; a dir of another user's is refused: auth.CredentialProblem).
+        auth.private_dir(self.options.local_dir)
+        configure_environment(self.options, self.aws_access_key_id)
+        self.logs_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         template = load_template()
 
         logging.getLogger("werkzeug").setLevel(logging.WARNING)  # moto's server logs every AWS call
-        self._moto = ThreadedMotoServer(ip_address=LOOPBACK, port=0, verbose=False)
-        self._moto.start()
-        host, port = self._moto.get_host_and_port()
-        self.aws_endpoint = f"http://{host}:{port}"
+        self._moto = InMemoryAws(LOOPBACK, self.aws_access_key_id)
+        self.aws_endpoint = self._moto.start()
         os.environ["FLEETKEEPER_AWS_ENDPOINT_URL"] = self.aws_endpoint
         aws.reset_clients()
         create_table(aws.dynamodb(), self.options.table, template)
@@ -171,6 +182,7 @@ class EmbeddedControlPlane:
         self._bridge = ApiBridge(
             (LOOPBACK, self.options.port),
             api_handler,
+            token=self.token,
             on_kick=self._kick,
             on_interrupt=self._interrupt,
             logs_dir=self.logs_dir,
@@ -184,8 +196,14 @@ class EmbeddedControlPlane:
             workdirs=LocalWorkdirStore(self.options.local_dir / "workdirs", ""),
         )
         os.environ["FLEETKEEPER_KICK_URL"] = self._bridge.url + KICK_PATH
+        os.environ[KICK_TOKEN_ENV] = self.token
         os.environ[WORKDIR_UPLOAD_URL_ENV] = self._bridge.url + "/_local/workdirs"
+        credential = auth.LocalCredential(
+            self._bridge.url, self.token, os.getpid(), self.aws_endpoint, self.aws_access_key_id
+        )
+        self.published = auth.publish(credential, self.options.local_dir)
         self._spawn("api-server", self._bridge.serve_forever)
+        self._serving = True
         if self._loop is not None:
             self._loop.start()
         if self._pump is not None:
@@ -195,8 +213,12 @@ class EmbeddedControlPlane:
 
     def stop(self) -> None:
         """Stop taking requests, stop the loops, then stop every replica and the in-memory AWS."""
+        if self.published is not None:
+            auth.withdraw(self.published)
+            self.published = None
         if self._bridge is not None:
-            self._bridge.shutdown()
+            if self._serving:
+                self._bridge.shutdown()
             self._bridge.server_close()
         if self._loop is not None:
             self._loop.stop()
@@ -209,6 +231,7 @@ class EmbeddedControlPlane:
             self._moto.stop()
             self._moto = None
         os.environ.pop("FLEETKEEPER_KICK_URL", None)
+        os.environ.pop(KICK_TOKEN_ENV, None)
         os.environ.pop(RECONCILE_QUEUE_URL_ENV, None)
         os.environ.pop(WORKDIR_UPLOAD_URL_ENV, None)
         os.environ.pop("FLEETKEEPER_AWS_ENDPOINT_URL", None)
@@ -271,15 +294,13 @@ def _streams_client(endpoint: str) -> Any:
 
 
 def banner(plane: EmbeddedControlPlane) -> str:
-    from fleetkeeper.cli.http import DEFAULT_API_URL
-
-    if plane.api_url == DEFAULT_API_URL:
-        reach = "(the CLI's default: plain `fleetkeeper status` talks to it)"
-    else:
-        reach = f"(not the CLI's default: export FLEETKEEPER_API_URL={plane.api_url}, or pass --api-url)"
+    published = plane.published
+    where = published.path if published is not None else plane.options.local_dir / auth.CREDENTIAL_FILE
+    reach = "(the CLI finds it on its own: `fleetkeeper status`)"
     lines = [
         "fleetkeeper local: the control plane is running on this machine",
         f"  API            {plane.api_url}   {reach}",
+        f"  credential     {where}   (yours only; curl: Authorization: Bearer <its token>)",
         f"  replica logs   {plane.logs_dir}/<service>/replica-<id>.log   (fleetkeeper logs NAME)",
         f"  in-memory AWS  {plane.aws_endpoint}   table {plane.options.table}",
         f"  reconciler     every {plane.options.tick:g}s and after every write",
@@ -309,8 +330,27 @@ def serve(
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, lambda _signum, _frame: stop.set())
     plane = EmbeddedControlPlane(options, log_level=logging.WARNING if quiet else logging.INFO)
+    # Everything this process creates (the state dir's files, the replicas' logs and workdirs) is its
+    # user's only; the replicas inherit it.
+    umask = os.umask(auth.PRIVATE_UMASK)
+    try:
+        return _run(plane, options, stop, on_started)
+    finally:
+        os.umask(umask)
+
+
+def _run(
+    plane: EmbeddedControlPlane,
+    options: Options,
+    stop: threading.Event,
+    on_started: Callable[[EmbeddedControlPlane], None] | None,
+) -> int:
     try:
         plane.start()
+    except auth.CredentialProblem as exc:
+        plane.stop()
+        print(f"fleetkeeper local: {exc}", file=sys.stderr)
+        return 2
     except OSError as exc:
         plane.stop()
         print(f"fleetkeeper local: cannot start on 127.0.0.1:{options.port}: {exc}", file=sys.stderr)

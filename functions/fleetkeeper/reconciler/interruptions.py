@@ -39,9 +39,9 @@ def interruption_of(event: Any) -> Interruption | None:
     detail = event.get("detail")
     instance_id = detail.get("instance-id") if isinstance(detail, dict) else None
     at = event.get("time")
-    if not isinstance(instance_id, str) or not _INSTANCE_ID.match(instance_id):
+    if not isinstance(instance_id, str) or not _INSTANCE_ID.fullmatch(instance_id):
         return None
-    if not isinstance(at, str) or not _TIME.match(at):
+    if not isinstance(at, str) or not _TIME.fullmatch(at):
         return None
     return Interruption(kind=DETAIL_TYPES[str(event["detail-type"])], instance_id=instance_id, at=at)
 

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING
 from urllib.parse import quote, urlsplit
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterator
+    from collections.abc import Callable
 
 IMDS = os.environ.get("FLEETKEEPER_BOOT_IMDS", "http://169.254.169.254")
 ATTEMPTS = 6
@@ -175,33 +175,101 @@ def get_parameter(name: str, region: str, creds: dict[str, str], endpoint: str |
     return {str(k): str(v) for k, v in values.items()}
 
 
-def _safe_members(archive: tarfile.TarFile, dest: str) -> Iterator[tarfile.TarInfo]:
-    root = os.path.realpath(dest)
-    for member in archive.getmembers():
-        target = os.path.realpath(Path(root) / member.name)
-        if not (target == root or target.startswith(root + os.sep)) or not (
-            member.isfile() or member.isdir() or member.issym()
-        ):
-            raise BootError(f"the workdir archive has an entry outside its directory: {member.name!r}")
-        if member.issym():
-            link = os.path.realpath(Path(target).parent / member.linkname)
-            if not (link == root or link.startswith(root + os.sep)):
-                raise BootError(f"the workdir archive links out of its directory: {member.name!r}")
-        yield member
+# What one workdir may unpack to. The packed archive is at most 256 MiB (MAX_WORKDIR_BYTES, checked
+# by the api); compressed, zeros take a thousandth of that, so the unpacked size and the number of
+# entries are capped on their own: a gzip bomb fills the replica's disk (or its inodes) otherwise.
+# `fleetkeeper up` refuses a workdir over either limit before uploading it (cli/workdir.py).
+MAX_UNPACKED_BYTES = 4 * 1024 * 1024 * 1024
+MAX_MEMBERS = 100_000
+# The "data" filter's refusals (absent with the filters: nothing to catch then).
+_FILTER_ERROR: type[Exception] | tuple[()] = getattr(tarfile, "FilterError", ())
+
+
+def _inside(path: str, root: str) -> bool:
+    return path == root or path.startswith(root + os.sep)
+
+
+def _real(base: str, name: str) -> str:
+    """Where `name` under `base` is now, every symbolic link on the way followed."""
+    return os.path.realpath(Path(base) / name)
+
+
+def _kind(member: tarfile.TarInfo) -> str:
+    if member.islnk():
+        return "a hard link"
+    if member.ischr() or member.isblk():
+        return "a device file"
+    if member.isfifo():
+        return "a FIFO"
+    return "not a file, directory or symbolic link"
+
+
+def _check(member: tarfile.TarInfo, root: str) -> None:
+    """Refuse `member` unless it lands, and (a link) points, inside `root` as the directory is now,
+    with the members before it unpacked: a link unpacked earlier may redirect a later path, which a
+    check of the names alone (before anything is unpacked) cannot see."""
+    name = member.name
+    if not (member.isfile() or member.isdir() or member.issym()) or member.issparse():
+        raise BootError(f"the workdir archive has an entry that is {_kind(member)}: {name!r}")
+    if Path(name).is_absolute() or ".." in Path(name).parts:
+        raise BootError(f"the workdir archive has an entry outside its directory: {name!r}")
+    target = _real(root, name)
+    if not _inside(target, root):
+        raise BootError(f"the workdir archive has an entry outside its directory: {name!r}")
+    if member.issym():
+        link = _real(str(Path(target).parent), member.linkname)
+        if Path(member.linkname).is_absolute() or not _inside(link, root):
+            raise BootError(f"the workdir archive links out of its directory: {name!r}")
+
+
+def _extract(archive: tarfile.TarFile, member: tarfile.TarInfo, root: str) -> None:
+    if member.isdir():
+        # Made here rather than by tarfile: its mode would apply at once (a 0555 directory would refuse
+        # its own entries); 0755 like every directory `fleetkeeper up` packs.
+        Path(_real(root, member.name)).mkdir(mode=0o755, parents=True, exist_ok=True)
+    elif hasattr(tarfile, "data_filter"):
+        archive.extract(member, root, filter="data")
+    else:
+        # A Python without the extraction filters (before 3.8.17, 3.9.17, 3.10.12, 3.11.4): what the
+        # "data" filter does, by hand: no owner from the archive, no setuid/setgid or group/other
+        # write bits. The paths were checked by _check.
+        archive.extract(member, root, set_attrs=False)
+        if member.isfile():
+            (Path(root) / member.name).chmod(member.mode & 0o755)
 
 
 def unpack(data: bytes, digest: str, dest: str | Path) -> None:
-    """Check `data` hashes to `digest` (sha256:<hex>), then unpack it into `dest`."""
+    """Check `data` hashes to `digest` (sha256:<hex>), then unpack it into `dest`, member by member.
+
+    Each member is checked against the directory as it is then (fleetkeeper's own checks, with or
+    without Python's "data" filter, which also runs where it exists), and the real path of what it
+    made is checked again once it is there. Only files, directories and symbolic links inside the
+    directory; at most MAX_MEMBERS entries and MAX_UNPACKED_BYTES of files.
+    """
     actual = "sha256:" + hashlib.sha256(data).hexdigest()
     if actual != digest:
         raise BootError(f"the workdir archive is {actual}, not {digest}: refusing to unpack it")
     Path(dest).mkdir(parents=True, exist_ok=True)
+    root = os.path.realpath(dest)
+    count = total = 0
     with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as archive:
-        members = list(_safe_members(archive, str(dest)))
-        if hasattr(tarfile, "data_filter"):
-            archive.extractall(dest, members=members, filter="data")
-        else:  # pragma: no cover - Python without the extraction filters; the members are checked
-            archive.extractall(dest, members=members)
+        for member in archive:
+            count += 1
+            if count > MAX_MEMBERS:
+                raise BootError(f"the workdir archive has more than {MAX_MEMBERS} entries: refusing to unpack it")
+            total += member.size if member.isfile() else 0
+            if total > MAX_UNPACKED_BYTES:
+                raise BootError(
+                    f"the workdir archive unpacks to more than {MAX_UNPACKED_BYTES} bytes: refusing to unpack it"
+                )
+            _check(member, root)
+            try:
+                _extract(archive, member, root)
+            except _FILTER_ERROR as exc:  # Python's own filter saw what ours did not
+                raise BootError(f"the workdir archive has an unsafe entry {member.name!r}: {exc}") from exc
+            made = _real(root, member.name)
+            if not _inside(made, root):
+                raise BootError(f"the workdir archive's entry {member.name!r} resolves outside its directory")
 
 
 def _systemd_quote(value: str) -> str:

@@ -228,6 +228,18 @@ class Reconciler:
         if instance.stack and instance.stack != self.driver.stack_id:
             logger.info("%s for %s: another stack's instance, ignored", interruption.kind, interruption.instance_id)
             return RunReport()
+        if not instance.spot:
+            # EC2 sends both warnings for spot instances only (its InstanceLifecycle, as described now,
+            # is the truth): one about an on-demand replica is forged or misrouted, and acting on it
+            # would drain a healthy replica; repeated, every replica of the service.
+            logger.warning(
+                "%s for %s: replica %d of service %s is not a spot instance, warning ignored",
+                interruption.kind,
+                interruption.instance_id,
+                instance.replica_id,
+                instance.service,
+            )
+            return RunReport()
         stamp = to_iso(self.now())
         for _ in range(_WARNING_WRITE_TRIES):
             report = RunReport()

@@ -142,7 +142,7 @@ def decode_event_token(token: str) -> tuple[str, str]:
     if not isinstance(key, dict) or set(key) != {"t", "k"}:
         raise MalformedPageToken("unknown token")
     moment, fold = key["t"], key["k"]
-    if not isinstance(moment, str) or not isinstance(fold, str) or not _FOLD_KEY.match(fold):
+    if not isinstance(moment, str) or not isinstance(fold, str) or not _FOLD_KEY.fullmatch(fold):
         raise MalformedPageToken("unknown token")
     try:
         from_iso(moment)

@@ -266,7 +266,10 @@ class Ec2Driver:
             # Bytes as they are: botocore base64-encodes them; a str would be re-encoded as UTF-8,
             # which corrupts gzipped user data.
             "UserData": cast("str", user_data(request.spec, self._boot_source(request), task)),
-            "MetadataOptions": {"HttpTokens": "required", "HttpEndpoint": "enabled"},
+            # IMDSv2 only, and a hop limit of 1: the token's PUT answer dies at the first network hop,
+            # so a container or a forwarding process on the replica cannot fetch the instance role's
+            # credentials (AL2023's AMIs default to 2, docs/ARCHITECTURE.md "Instance metadata").
+            "MetadataOptions": {"HttpTokens": "required", "HttpEndpoint": "enabled", "HttpPutResponseHopLimit": 1},
             "TagSpecifications": [
                 {"ResourceType": "instance", "Tags": tags},
                 {"ResourceType": "volume", "Tags": tags},
