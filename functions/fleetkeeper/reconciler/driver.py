@@ -149,7 +149,8 @@ class ReplicaDriver(Protocol):
         ...
 
     def launch(self, request: LaunchRequest) -> Instance:
-        """Start the replica's instance. Idempotent per `request.client_token`. Raises LaunchRefused."""
+        """Start the replica's instance. Idempotent per its ClientToken (`request.client_token(stack_id)`).
+        Raises LaunchRefused."""
         ...
 
     def terminate(self, instance_ids: Sequence[str]) -> None:

@@ -157,6 +157,9 @@ class Reconciler:
 
         A service that cannot be loaded is logged, reported and skipped; the others and the sweep
         go on (its instances are spared: the sweep cannot tell they are not orphans).
+
+        The listing is the sweep's (instances tagged with this stack's id): replicas from before
+        stacks had ids are adopted by the workers' runs (`run_shard`, `run_one`), which list by uid.
         """
         now = self.now()
         report = RunReport()
