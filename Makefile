@@ -29,11 +29,13 @@ SAM_STAMP       := $(TOOLS)/sam/.installed-$(SAM_CLI_VERSION)
 OFFLINE         := $(shell unshare -rn true 2>/dev/null && echo unshare -rn)
 CFN_TEMPLATES   := template.yaml $(wildcard infra/*.yaml)
 
-$(STAMP): pyproject.toml
+# The Lambda bundle's pins (functions/requirements.txt: boto3 and botocore) constrain the dev install,
+# so the suite runs the SDK release the functions ship with.
+$(STAMP): pyproject.toml functions/requirements.txt
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "fleetkeeper needs Python 3.11 or newer")'
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	$(BIN)/python -m pip install --quiet -e '.[dev]' -c functions/requirements.txt
 	@touch $(STAMP)
 
 local: $(STAMP)
@@ -119,7 +121,7 @@ MUTATE_STAMP   := $(VENV)/.installed-mutate
 comma          := ,
 
 $(MUTATE_STAMP): $(STAMP)
-	$(BIN)/python -m pip install --quiet -e '.[dev,mutate]'
+	$(BIN)/python -m pip install --quiet -e '.[dev,mutate]' -c functions/requirements.txt
 	@touch $@
 
 mutate: $(MUTATE_STAMP)

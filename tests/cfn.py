@@ -28,7 +28,7 @@ PSEUDO = {
     "AWS::AccountId": ACCOUNT,
     "AWS::Partition": "aws",
     "AWS::StackName": STACK,
-    "AWS::StackId": f"arn:aws:cloudformation:{REGION}:{ACCOUNT}:stack/{STACK}/1c2fa620-982a-11e3-aff7-50e2416294e0",
+    "AWS::StackId": f"arn:aws:cloudformation:{REGION}:{ACCOUNT}:stack/{STACK}/1a2b3c4d-5e6f-4a8b-9c0d-0123456789ab",
     "AWS::URLSuffix": "amazonaws.com",
 }
 
@@ -158,6 +158,8 @@ class Resolver:
         if kind == "AWS::ElasticLoadBalancingV2::LoadBalancer":
             full_name = self.get_att(name, "LoadBalancerFullName")
             return f"arn:aws:elasticloadbalancing:{REGION}:{ACCOUNT}:loadbalancer/{full_name}"
+        if kind == "AWS::IAM::ManagedPolicy":
+            return f"arn:aws:iam::{ACCOUNT}:policy/{self.physical_id(name)}"
         if kind == "AWS::ElasticLoadBalancingV2::Listener":
             alb = self.get_att("LoadBalancerResource", "LoadBalancerFullName")
             return f"arn:aws:elasticloadbalancing:{REGION}:{ACCOUNT}:listener/{alb}/{name.lower()}"

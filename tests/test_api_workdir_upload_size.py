@@ -110,13 +110,17 @@ def test_the_limit_itself_is_accepted(api: ApiClient, bucket: str) -> None:
 
 # --- embedded mode: the local upload endpoint takes exactly the declared size --------------------------
 
+TOKEN = "upload-size-test-token"
+
 
 @pytest.fixture
 def bridge(table: str, tmp_path: Path) -> Iterator[tuple[str, LocalWorkdirStore]]:
     from fleetkeeper.api.handler import lambda_handler
     from fleetkeeper.local.http_bridge import ApiBridge
 
-    server = ApiBridge(("127.0.0.1", 0), lambda_handler, on_kick=lambda _n: None, logs_dir=tmp_path / "logs")
+    server = ApiBridge(
+        ("127.0.0.1", 0), lambda_handler, token=TOKEN, on_kick=lambda _n: None, logs_dir=tmp_path / "logs"
+    )
     store = LocalWorkdirStore(tmp_path / "workdirs", server.url + "/_local/workdirs")
     server.workdirs = store
     thread = threading.Thread(target=server.serve_forever, daemon=True)
@@ -132,6 +136,7 @@ def _put(url: str, body: bytes) -> int:
     try:
         connection.putrequest("PUT", parts.path)
         connection.putheader("Content-Length", str(len(body)))
+        connection.putheader("Authorization", f"Bearer {TOKEN}")  # the run's credential (local/auth.py)
         connection.endheaders()
         connection.send(body)
         answer = connection.getresponse()

@@ -320,3 +320,46 @@ def test_the_collector_is_on_again_only_when_the_last_thread_is_done_and_after_a
     with pytest.raises(RuntimeError), pause.paused():
         raise RuntimeError("a parse that fails")
     assert gc.isenabled()
+
+
+# --- the botocore the functions run is the botocore this suite checked ---------------------------------
+
+
+def _pins() -> dict[str, str]:
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "functions" / "requirements.txt").read_text(encoding="utf-8")
+    pins = {}
+    for line in text.splitlines():
+        requirement = line.split("#", 1)[0].strip()
+        if "==" in requirement:
+            name, version = requirement.split("==", 1)
+            pins[name.strip().lower()] = version.strip()
+    return pins
+
+
+def test_the_lambda_bundle_pins_the_botocore_this_suite_runs_and_checked() -> None:
+    """Lambda's runtime SDK changes under the functions whenever AWS upgrades it: the bundle pins boto3
+    and botocore, the dev install is constrained to the same pins (Makefile), and the parsing shortcuts
+    name the release they were compared against. A botocore upgrade changes all three together."""
+    import boto3
+    import botocore
+
+    pins = _pins()
+    assert pins["botocore"] == botocore.__version__ == aws_parsing.CHECKED_BOTOCORE
+    assert pins["boto3"] == boto3.__version__
+
+
+def test_another_botocore_keeps_its_own_parsers(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a botocore the shortcuts were not checked against, clients parse with botocore's own code."""
+    import botocore
+
+    clients.reset_clients()
+    monkeypatch.setattr(botocore, "__version__", "0.0.1")
+    client = clients._client("dynamodb")
+    assert not isinstance(client._endpoint._response_parser_factory, ResponseParsers)
+    clients.reset_clients()
+    monkeypatch.undo()
+    client = clients._client("dynamodb")
+    assert isinstance(client._endpoint._response_parser_factory, ResponseParsers)
+    clients.reset_clients()

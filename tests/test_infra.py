@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from fleetkeeper.template import load_template
-from tests.cfn import as_list, resources_of_type
+from tests.cfn import PSEUDO, Resolver, as_list, parameter_values, resources_of_type
 
 INFRA = Path(__file__).resolve().parents[1] / "infra"
 
@@ -69,6 +69,30 @@ def test_network_reaches_the_apis_the_reconciler_calls(network: dict[str, Any]) 
     for name in ("ec2", "elasticloadbalancing", "monitoring", "ssm", "logs", "sqs"):
         assert "Condition" not in services[name], f"the {name} endpoint must always exist"
         assert services[name]["Properties"]["PrivateDnsEnabled"] is True
+
+
+def test_no_arn_hard_codes_the_aws_partition() -> None:
+    """GovCloud (aws-us-gov) and China (aws-cn) stacks: every ARN is built with ${AWS::Partition}."""
+    for path in [INFRA.parent / "template.yaml", *sorted(INFRA.glob("*.yaml"))]:
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            if line.lstrip().startswith("#") or "<region>" in line:
+                continue  # comments, and the placeholders of documentation strings
+            assert "arn:aws:" not in line, f"{path}:{number}: {line.strip()}"
+
+
+def test_nat_less_replicas_reach_the_amazon_linux_repositories(network: dict[str, Any]) -> None:
+    """A replica's setup runs `dnf install`: AL2023's repositories are S3 buckets of AWS's own account,
+    which the own-account statement alone would refuse through the gateway endpoint."""
+    resolver = Resolver({**network, "__parameter_values__": {**PSEUDO, **parameter_values(network)}})
+    policy = network["Resources"]["S3Endpoint"]["Properties"]["PolicyDocument"]
+    by_sid = {s["Sid"]: s for s in policy["Statement"]}
+    repos = [str(resolver.resolve(r)) for r in by_sid["AmazonLinuxRepositories"]["Resource"]]
+    assert repos == [
+        "arn:aws:s3:::al2023-repos-us-east-1-de612dc2/*",
+        "arn:aws:s3:::amazonlinux-2-repos-us-east-1/*",
+    ]
+    assert by_sid["AmazonLinuxRepositories"]["Action"] == "s3:GetObject"
+    assert "Condition" not in by_sid["AmazonLinuxRepositories"]
 
 
 def test_nothing_connects_to_the_reconciler(network: dict[str, Any]) -> None:

@@ -13,7 +13,16 @@ from typing import Any
 
 import pytest
 
-from fleetkeeper.model import Interruption, InterruptionKind, Market, ReplicaRecord, ServiceStatus, to_iso
+from fleetkeeper.model import (
+    FailureCause,
+    Interruption,
+    InterruptionKind,
+    Market,
+    ReplicaRecord,
+    ServiceStatus,
+    to_iso,
+)
+from fleetkeeper.reconciler import plan as plan_module
 from fleetkeeper.reconciler.plan import Claim, Launch, Policy, plan, wanted_by_market, warned
 from fleetkeeper.spec import MarketPolicy, ServiceSpec
 from tests.conftest import hello_spec
@@ -297,3 +306,20 @@ def test_warned_replicas_never_count_toward_the_breaker_nor_pile_up() -> None:
         *claims(1, (1,), (1,)),
         status(ServiceStatus.REPLICA_INIT, "0/1 ready; replica 1 PENDING"),
     ]
+
+
+@pytest.mark.parametrize(
+    ("code", "cause"),
+    [
+        # The account's doing, or about one ClientToken, never the version's (issue 24's findings).
+        ("AuthFailure.ServiceLinkedRoleCreationNotPermitted", FailureCause.ENVIRONMENT),
+        ("IdempotentInstanceTerminated", FailureCause.ENVIRONMENT),
+        ("IdempotentParameterMismatch", FailureCause.ENVIRONMENT),
+        ("InsufficientInstanceCapacity", FailureCause.ENVIRONMENT),
+        # A missing image, a bad parameter, a denied permission: the version's.
+        ("InvalidAMIID.NotFound", FailureCause.VERSION),
+        ("UnauthorizedOperation", FailureCause.VERSION),
+    ],
+)
+def test_whose_fault_a_refused_launch_is(code: str, cause: FailureCause) -> None:
+    assert plan_module.refusal_cause(code) is cause

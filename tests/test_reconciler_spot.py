@@ -99,6 +99,30 @@ def test_spot_refused_everywhere_then_back(
     assert any("on-demand fallback retired: 2 spot replica(s) READY" in m for m in events)
 
 
+def test_a_fresh_account_without_the_spot_role_never_fails_a_good_version(
+    world: World, strict_aws: StrictAws, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An account whose spot service-linked role cannot be created (an SCP, or a stack role without
+    the grant) refuses every spot launch with AuthFailure.ServiceLinkedRoleCreationNotPermitted: that
+    is the account's doing, so the replicas back off in place and the breaker never trips; once the
+    role exists (an administrator made it) the same version's spot replicas come up."""
+    _subnets(world, monkeypatch)
+    refusal = strict_aws.ec2.spot_refused("AuthFailure.ServiceLinkedRoleCreationNotPermitted")
+    _spot_service(world, 2)
+    for _ in range(6):
+        world.run()
+        world.clock.advance(5 * 60)
+    state = world.store.require("svc")
+    assert state.versions[1].state.value == "NEW"  # not FAILED: nothing counted toward the breaker
+    assert {(r.status, r.failure_code) for r in state.replicas.values()} == {
+        (S.FAILED_PROVISION, "AuthFailure.ServiceLinkedRoleCreationNotPermitted")
+    }
+    refusal.clear()
+    world.clock.advance(30 * 60)
+    world.converge()
+    assert sorted(r.status for r in world.store.require("svc").replicas.values()) == [S.READY, S.READY]
+
+
 def test_a_refused_pool_is_followed_by_the_next_in_the_same_run(
     world: World, strict_aws: StrictAws, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -125,3 +125,87 @@ def test_shipping_logs_fits_in_the_user_data_or_is_left_out() -> None:
     assert len(user_data(big)) <= USER_DATA_LIMIT  # fits alone (the api accepts it)
     with_logs = user_data(big, BootSource(log_group=GROUP, log_stream=log_stream("web", "u1", 3)))
     assert len(with_logs) <= USER_DATA_LIMIT and b"replica_logs.py" not in gzip.decompress(with_logs)
+
+
+# --- PutLogEvents' refusals and the bounded buffer (issue 24's log shipper findings) -------------------
+
+
+def test_a_batch_never_spans_more_than_24_hours() -> None:
+    """PutLogEvents refuses a batch whose events span more than 24 hours: a journal resumed from an old
+    cursor holds days of lines, in one PutLogEvents-sized group by count and bytes."""
+    day = 24 * 3600 * 1000
+    events = [{"timestamp": t, "message": "m"} for t in (0, day - 1, day, 2 * day + 5, 3 * day)]
+    spans = [[e["timestamp"] for e in batch] for batch in replica_logs.batches(events)]
+    assert spans == [[0, day - 1], [day], [2 * day + 5, 3 * day]]
+    assert all(b[-1] - b[0] <= replica_logs.MAX_BATCH_SPAN_MS for b in spans)
+
+
+def test_requeued_lines_keep_the_newest_when_the_buffer_is_full() -> None:
+    from collections import deque
+
+    pending: deque[dict[str, object]] = deque(({"timestamp": t, "message": "new"} for t in (10, 11, 12)), maxlen=4)
+    replica_logs.requeue(pending, [{"timestamp": t, "message": "old"} for t in (1, 2, 3)])
+    # The buffer holds 4: the two oldest unsent lines go, every newer line stays, in time order.
+    assert [e["timestamp"] for e in pending] == [3, 10, 11, 12]
+
+
+class _Answers:
+    """CloudWatch Logs' answers to each call, in order: bytes for a 200, (status, body) for an error."""
+
+    def __init__(self, answers: list[Any]) -> None:
+        self.answers = answers
+        self.calls: list[tuple[str, dict[str, Any]]] = []
+
+    def __call__(
+        self, url: str, method: str = "GET", headers: Any = None, data: Any = None, timeout: float = 0
+    ) -> bytes:
+        import urllib.error
+
+        lowered = {str(name).lower(): value for name, value in (headers or {}).items()}
+        target = str(lowered.get("x-amz-target", "")).rsplit(".", 1)[-1]
+        self.calls.append((target, json.loads(data or b"{}")))
+        answer = self.answers.pop(0) if self.answers else b"{}"
+        if isinstance(answer, tuple):
+            status, body = answer
+            raise urllib.error.HTTPError(url, status, "error", {}, io.BytesIO(body))  # type: ignore[arg-type]
+        return bytes(answer)
+
+
+def _shipper(monkeypatch: pytest.MonkeyPatch, answers: _Answers) -> replica_logs.Shipper:
+    monkeypatch.setattr(replica_boot, "_request", answers)
+    monkeypatch.setattr(
+        replica_boot, "instance_identity", lambda: ("us-east-1", {"key": "a", "secret": "b", "token": "c"})
+    )
+    monkeypatch.setattr(replica_logs.time, "sleep", lambda seconds: None)
+    shipper = replica_logs.Shipper(GROUP, "web/u1/0", endpoint="http://127.0.0.1:9")
+    shipper.stream_made = True
+    return shipper
+
+
+def test_a_batch_refused_for_what_it_holds_is_dropped_not_retried_forever(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A 400 about the batch (InvalidParameterException) would fail the same way every time: dropped
+    with a message, and the lines after it are still shipped."""
+    message = b"Log events in a single PutLogEvents request must be in chronological order."
+    refused = (400, b'{"__type":"InvalidParameterException","message":"' + message + b'"}')
+    answers = _Answers([refused, b"{}"])
+    shipper = _shipper(monkeypatch, answers)
+    base = 1_700_000_000_000_000
+    day_micros = 25 * 3600 * 1_000_000
+    lines = [entry("old", micros=base), entry("new", micros=base + day_micros)]
+    assert replica_logs.ship(iter(lines), shipper, flush_seconds=0.01) == 1
+    assert [[e["message"] for e in call["logEvents"]] for _, call in answers.calls] == [["old"], ["new"]]
+
+
+def test_a_throttled_or_missing_stream_batch_is_kept_and_sent_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    throttled = (400, b'{"__type":"ThrottlingException","message":"Rate exceeded"}')
+    gone = (400, b'{"__type":"ResourceNotFoundException","message":"The specified log stream does not exist."}')
+    answers = _Answers([throttled, gone, b"{}", b"{}"])
+    shipper = _shipper(monkeypatch, answers)
+    assert replica_logs.ship(iter([entry("serving")]), shipper, flush_seconds=0.01) == 1
+    # Throttled: sent again; the stream gone: made again, then sent.
+    assert [target for target, _ in answers.calls] == [
+        "PutLogEvents",
+        "PutLogEvents",
+        "CreateLogStream",
+        "PutLogEvents",
+    ]

@@ -179,6 +179,9 @@ def test_the_key_policy_names_these_principals_and_no_other(translated: dict[str
         "SecretsWrittenAndComparedByTheApi": {"AWS": {"Fn::GetAtt": ["ApiFunctionRole", "Arn"]}},
         "SecretsReadByTheReconciler": {"AWS": {"Fn::GetAtt": ["ReconcilerRole", "Arn"]}},
         "SecretsReadByReplicas": {"AWS": {"Ref": "ReplicaRoleArn"}},
+        # The owners' replica roles (issue 23): the account, narrowed to the stack's role path by
+        # aws:PrincipalArn (tests/test_template_replica_identity.py evaluates it).
+        "SecretsReadByOwnersReplicas": {"AWS": {"Fn::Sub": "arn:${AWS::Partition}:iam::${AWS::AccountId}:root"}},
     }
     assert all(s["Effect"] == "Allow" for s in policy["Statement"])
     for statement in policy["Statement"]:

@@ -17,7 +17,7 @@ from fleetkeeper.reconciler.ownership import Ownership, ownership
 from fleetkeeper.settings import STACK_ID_ENV, SettingsError, stack_id_of
 from tests.cfn import Resolver, as_list, function_role, role_statements, translate
 
-STACK_KEY = "50e2416294e0"  # tests/cfn.py's AWS::StackId, as template.yaml derives it
+STACK_KEY = "0123456789ab"  # tests/cfn.py's AWS::StackId, as template.yaml derives it
 STACK = "fleetkeeper:stack"
 MANAGED = "fleetkeeper:managed"
 

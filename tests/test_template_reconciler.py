@@ -31,7 +31,7 @@ MANAGED_TAG = "fleetkeeper:managed"
 RESOURCE_TAG = f"aws:ResourceTag/{MANAGED_TAG}"
 REQUEST_TAG = f"aws:RequestTag/{MANAGED_TAG}"
 # The stack's id as template.yaml derives it from the (test) AWS::StackId: its UUID's last group.
-STACK_KEY = "50e2416294e0"
+STACK_KEY = "0123456789ab"
 STACK_REQUEST_TAG = "aws:RequestTag/fleetkeeper:stack"
 STACK_RESOURCE_TAG = "aws:ResourceTag/fleetkeeper:stack"
 # What Lambda itself does with the function's role to attach it to its VPC (hyperplane ENIs);
@@ -117,6 +117,21 @@ def test_pass_role_only_for_the_replicas_role_and_only_to_ec2(
         for arn in resources(translated, statement):
             assert re.fullmatch(r"arn:aws:iam::\d{12}:role/[\w+=,.@/-]+", arn), f"not a role ARN: {arn}"
         assert statement["Condition"] == {"StringEquals": {"iam:PassedToService": "ec2.amazonaws.com"}}
+
+
+def test_the_reconciler_may_create_the_spot_service_linked_role_and_no_other_role(
+    translated: dict[str, Any], statements: list[dict[str, Any]]
+) -> None:
+    """An account's first spot launch makes EC2 create AWSServiceRoleForEC2Spot with the caller's
+    permissions: without the grant it is refused (AuthFailure.ServiceLinkedRoleCreationNotPermitted).
+    The grant names that role and that service only."""
+    [statement] = statements_granting(statements, "iam:CreateServiceLinkedRole")
+    assert resources(translated, statement) == [
+        "arn:aws:iam::123456789012:role/aws-service-role/spot.amazonaws.com/AWSServiceRoleForEC2Spot"
+    ]
+    assert statement["Condition"] == {"StringEquals": {"iam:AWSServiceName": "spot.amazonaws.com"}}
+    others = [s for s in statements if any(str(a).startswith("iam:Create") for a in as_list(s["Action"]))]
+    assert others == [statement]
 
 
 def schedule_of(translated: dict[str, Any]) -> tuple[str, Any]:

@@ -69,10 +69,11 @@ def _client(service: str, *, kick: bool = False) -> Any:
         if client is None:
             # botocore directly, imported on first use: boto3's session adds ~40 ms of imports
             # (s3transfer, resources) that no fleetkeeper function needs.
+            import botocore
             import botocore.session
             from botocore.config import Config
 
-            from fleetkeeper.aws_parsing import ResponseParsers
+            from fleetkeeper.aws_parsing import ResponseParsers, checked_against
 
             if kick:
                 config = Config(
@@ -99,8 +100,11 @@ def _client(service: str, *, kick: bool = False) -> Any:
             else:
                 session.register_component("data_loader", _loader)
             # The same responses as botocore's own parsers give, at a fraction of their CPU for
-            # DescribeInstances and DynamoDB items (fleetkeeper.aws_parsing says how).
-            session.register_component("response_parser_factory", ResponseParsers())
+            # DescribeInstances and DynamoDB items (fleetkeeper.aws_parsing says how): only on the
+            # botocore release they were checked against (the one the Lambda bundle pins); any other
+            # keeps botocore's own parsers, whose private handlers the shortcuts override.
+            if checked_against(botocore.__version__):
+                session.register_component("response_parser_factory", ResponseParsers())
             client = session.create_client(service, region_name=region, endpoint_url=endpoint, config=config)
             _clients[key] = client
         return client
@@ -145,6 +149,11 @@ def ssm() -> SSMClient:
 def s3() -> S3Client:
     client: S3Client = _client("s3")
     return client
+
+
+def iam() -> Any:
+    """IAM (the owners' replica roles: fleetkeeper.identity). Untyped: the stubs are not installed."""
+    return _client("iam")
 
 
 def reset_clients() -> None:

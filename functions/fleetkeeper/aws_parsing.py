@@ -205,6 +205,18 @@ class _EC2Parser(_Handlers, EC2QueryParser):
         return members
 
 
+# The botocore release these overrides were compared with botocore's own parsers on
+# (tests/test_aws_parsing.py), and the one functions/requirements.txt bundles into every function (a
+# test holds the three equal). Lambda's runtime brings a botocore of its own, upgraded by AWS at any
+# time: the bundle pins ours so the functions run the code that was tested.
+CHECKED_BOTOCORE = "1.44.8"
+
+
+def checked_against(version: str) -> bool:
+    """Whether botocore `version` is the one the overrides were checked against."""
+    return version == CHECKED_BOTOCORE
+
+
 class ResponseParsers(ResponseParserFactory):
     """The session component botocore makes each response's parser with (`response_parser_factory`)."""
 

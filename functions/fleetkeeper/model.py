@@ -222,6 +222,9 @@ class ServiceRecord:
     endpoint: EndpointRecord | None = None
     # Written by the reconciler for a service whose target version autoscales (None: never did).
     autoscaler: AutoscalerState | None = None
+    # The canonical principal ARN of the service's creator (contract 2; "" for items written before
+    # ownership existed). Its hash scopes the replicas' identity (fleetkeeper.identity).
+    owner: str = ""
 
 
 @dataclass(frozen=True)

@@ -1,9 +1,11 @@
 """Where a version's secret values live: one SSM Parameter Store SecureString per set of values.
 
 A version item holds the secrets' names and a `secrets_ref`, never a value. The values are one JSON
-object in the SecureString `/fleetkeeper/<table>/<service>/<uid>/<ref>`, encrypted with the stack's
-own KMS key (template.yaml's SecretsKey, whose key policy names the roles that may use it; the
-account's `aws/ssm` key where none is configured, as in embedded mode): the api writes it before
+object in the SecureString `/fleetkeeper/<table>/_o/<scope>/<service>/<uid>/<ref>` (`<scope>`: the
+service owner's, fleetkeeper.identity: only that owner's replica role may read below it; a service
+without an owner keeps the legacy `/fleetkeeper/<table>/<service>/<uid>/<ref>`), encrypted with the
+stack's own KMS key (template.yaml's SecretsKey, whose key policy names the roles that may use it;
+the account's `aws/ssm` key where none is configured, as in embedded mode): the api writes it before
 the version's transaction, a replica reads it at boot with its own role (the ec2 user data, or the
 embedded mode's process driver), the reconciler reads it to fill `$NAME`s of a readiness probe, and
 the cleanup deletes every parameter under the incarnation's uid with its items. A ref is random per
@@ -24,6 +26,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from fleetkeeper import aws
+from fleetkeeper.identity import owner_scope, scope_prefix
 from fleetkeeper.settings import DEFAULT_STACK_ID
 
 if TYPE_CHECKING:
@@ -67,16 +70,16 @@ class SecretStore:
     def ssm(self) -> SSMClient:
         return aws.ssm()
 
-    def incarnation_path(self, service: str, uid: str) -> str:
-        return f"{self.prefix}/{service}/{uid}"
+    def incarnation_path(self, service: str, uid: str, owner: str = "") -> str:
+        return f"{self.prefix}/{scope_prefix(owner_scope(owner))}{service}/{uid}"
 
-    def parameter_name(self, service: str, uid: str, ref: str) -> str:
-        return f"{self.incarnation_path(service, uid)}/{ref}"
+    def parameter_name(self, service: str, uid: str, ref: str, owner: str = "") -> str:
+        return f"{self.incarnation_path(service, uid, owner)}/{ref}"
 
-    def put(self, service: str, uid: str, ref: str, values: Mapping[str, str]) -> None:
+    def put(self, service: str, uid: str, ref: str, values: Mapping[str, str], owner: str = "") -> None:
         """Store a set of values under a fresh ref (never overwrites: a ref is written once)."""
         request: PutParameterRequestTypeDef = {
-            "Name": self.parameter_name(service, uid, ref),
+            "Name": self.parameter_name(service, uid, ref, owner),
             "Value": json.dumps(dict(sorted(values.items())), separators=(",", ":")),
             "Type": "SecureString",
             "Tier": "Standard",
@@ -89,31 +92,34 @@ class SecretStore:
             request["KeyId"] = self.key_id
         self.ssm.put_parameter(**request)
 
-    def get(self, service: str, uid: str, ref: str) -> dict[str, str]:
-        answer = self.ssm.get_parameter(Name=self.parameter_name(service, uid, ref), WithDecryption=True)
+    def get(self, service: str, uid: str, ref: str, owner: str = "") -> dict[str, str]:
+        answer = self.ssm.get_parameter(Name=self.parameter_name(service, uid, ref, owner), WithDecryption=True)
         values = json.loads(answer["Parameter"].get("Value", "{}"))
         return {str(k): str(v) for k, v in values.items()}
 
-    def delete(self, service: str, uid: str, refs: list[str]) -> None:
+    def delete(self, service: str, uid: str, refs: list[str], owner: str = "") -> None:
         """Delete these refs' parameters; absent ones are no error."""
-        names = [self.parameter_name(service, uid, ref) for ref in refs]
+        names = [self.parameter_name(service, uid, ref, owner) for ref in refs]
         for start in range(0, len(names), _DELETE_CHUNK):
             self.ssm.delete_parameters(Names=names[start : start + _DELETE_CHUNK])
 
-    def delete_incarnation(self, service: str, uid: str) -> int:
+    def delete_incarnation(self, service: str, uid: str, owner: str = "") -> int:
         """Delete every parameter of one incarnation (the cleanup's part); returns how many."""
         deleted = 0
-        path = self.incarnation_path(service, uid)
         # Deleting while paging would shift the pages: collect the names first (a few per version).
         names: list[str] = []
-        token: str | None = None
-        while True:
-            kwargs = {"Path": path, "Recursive": True, "WithDecryption": False, "MaxResults": 10}
-            page = self.ssm.get_parameters_by_path(**kwargs, **({"NextToken": token} if token else {}))  # type: ignore[arg-type]
-            names.extend(p["Name"] for p in page.get("Parameters", []) if "Name" in p)
-            token = page.get("NextToken")
-            if not token:
-                break
+        # An owned incarnation's parameters are under its owner's scope; the legacy path is swept
+        # too, so an incarnation of either kind leaves nothing behind.
+        paths = dict.fromkeys([self.incarnation_path(service, uid, owner), self.incarnation_path(service, uid)])
+        for path in paths:
+            token: str | None = None
+            while True:
+                kwargs = {"Path": path, "Recursive": True, "WithDecryption": False, "MaxResults": 10}
+                page = self.ssm.get_parameters_by_path(**kwargs, **({"NextToken": token} if token else {}))  # type: ignore[arg-type]
+                names.extend(p["Name"] for p in page.get("Parameters", []) if "Name" in p)
+                token = page.get("NextToken")
+                if not token:
+                    break
         for start in range(0, len(names), _DELETE_CHUNK):
             answer = self.ssm.delete_parameters(Names=names[start : start + _DELETE_CHUNK])
             deleted += len(answer.get("DeletedParameters", []))

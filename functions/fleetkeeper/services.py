@@ -146,7 +146,7 @@ class ServiceCommands:
 
     # -- writes --
 
-    def create(self, name: str, spec: ServiceSpec) -> ServiceState:
+    def create(self, name: str, spec: ServiceSpec, owner: str = "") -> ServiceState:
         _check_spec(name, spec, "creates", self.region)
         waiting = f"waiting for the reconciler to launch {spec.target_replicas} replica(s)"
         # The incarnation's uid is chosen here: its workdir copy and secrets are stored under it
@@ -154,17 +154,24 @@ class ServiceCommands:
         uid = keys.new_uid()
         stored = spec.without_secret_values()
         try:
-            self._adopt_workdir(spec, name, uid)
-            ref, _ = self._store_secrets(spec, name, uid, reuse=None)
+            self._adopt_workdir(spec, name, uid, owner)
+            ref, _ = self._store_secrets(spec, name, uid, reuse=None, owner=owner)
             with _as_api_errors("create"):
                 state = self._contended(
                     lambda: self.store.create_service(
-                        name, stored, spec.update.mode, self.now(), status_message=waiting, uid=uid, secrets_ref=ref
+                        name,
+                        stored,
+                        spec.update.mode,
+                        self.now(),
+                        status_message=waiting,
+                        uid=uid,
+                        secrets_ref=ref,
+                        owner=owner,
                     )
                 )
         except BaseException:
             # No service item: no cleanup will ever come for this uid. Undo what was stored for it.
-            self._forget_incarnation(name, uid)
+            self._forget_incarnation(name, uid, owner)
             raise
         self.kick(name)
         return state
@@ -172,11 +179,12 @@ class ServiceCommands:
     def workdir_upload(self, digest: str, size: int, service: str | None) -> Upload | None:
         """Where to upload a packed workdir (None: stored already, for this service or recently)."""
         store = self._workdir_store()
-        uid = None
+        uid, owner = None, ""
         if service is not None:
             with _as_api_errors("get"), contextlib.suppress(ServiceMissing):  # a new service: nothing stored
-                uid = self._contended(lambda: self.store.service(service)).uid
-        return store.upload(digest, size, service, uid)
+                found = self._contended(lambda: self.store.service(service))
+                uid, owner = found.uid, found.owner
+        return store.upload(digest, size, service, uid, owner)
 
     def update(self, name: str, spec: ServiceSpec, *, mode: str | None, expected_generation: int | None) -> Written:
         """A new version, unless the spec (workdir digest and secret values included) is the target's:
@@ -194,11 +202,11 @@ class ServiceCommands:
             same_values = self._same_secrets(spec, state)
             if target is not None and same_values and _unchanged(target, stored):
                 return None
-            uid = state.service.uid
-            self._adopt_workdir(spec, name, uid)
+            uid, owner = state.service.uid, state.service.owner
+            self._adopt_workdir(spec, name, uid, owner)
             if "ref" not in secrets:
                 reuse = target.secrets_ref if target is not None and same_values else None
-                secrets["ref"] = self._store_secrets(spec, name, uid, reuse=reuse)
+                secrets["ref"] = self._store_secrets(spec, name, uid, reuse=reuse, owner=owner)
             updated = self.store.add_version(
                 state,
                 stored,
@@ -217,8 +225,8 @@ class ServiceCommands:
             ref, created = secrets.get("ref", (None, False))
             if ref is not None and created and self.secrets is not None:
                 with contextlib.suppress(Exception):
-                    uid = self.store.service(name).uid
-                    self.secrets.delete(name, uid, [ref])
+                    service = self.store.service(name)
+                    self.secrets.delete(name, service.uid, [ref], service.owner)
             raise
         return Written(state, changed)
 
@@ -304,14 +312,14 @@ class ServiceCommands:
             )
         return self.workdirs
 
-    def _adopt_workdir(self, spec: ServiceSpec, name: str, uid: str) -> None:
+    def _adopt_workdir(self, spec: ServiceSpec, name: str, uid: str, owner: str = "") -> None:
         if spec.workdir is None:
             return
         from fleetkeeper.workdir_store import MAX_WORKDIR_BYTES, WorkdirInvalid, WorkdirMissing
 
         digest = spec.workdir.digest
         try:
-            self._workdir_store().adopt(digest, name, uid)
+            self._workdir_store().adopt(digest, name, uid, owner)
         except WorkdirMissing as exc:
             raise InvalidRequest(
                 f"workdir {digest} was not uploaded (or its upload expired): `fleetkeeper up` and `update` "
@@ -325,7 +333,9 @@ class ServiceCommands:
                 details=[{"field": "spec.workdir.digest", "problem": str(exc)}],
             ) from exc
 
-    def _store_secrets(self, spec: ServiceSpec, name: str, uid: str, *, reuse: str | None) -> tuple[str | None, bool]:
+    def _store_secrets(
+        self, spec: ServiceSpec, name: str, uid: str, *, reuse: str | None, owner: str = ""
+    ) -> tuple[str | None, bool]:
         """The ref the version's secret values are under, and whether it is new: `reuse` (the
         target's, same values), or a new parameter. (None, False) when the spec has no secrets."""
         values = spec.secret_values()
@@ -336,7 +346,7 @@ class ServiceCommands:
         from fleetkeeper.secret_store import new_ref
 
         ref = new_ref()
-        self._secret_store().put(name, uid, ref, values)
+        self._secret_store().put(name, uid, ref, values, owner)
         return ref, True
 
     def _secret_store(self) -> SecretStore:
@@ -356,18 +366,19 @@ class ServiceCommands:
         from botocore.exceptions import ClientError
 
         try:
-            stored = self._secret_store().get(state.service.name, state.service.uid, target.secrets_ref)
+            service = state.service
+            stored = self._secret_store().get(service.name, service.uid, target.secrets_ref, service.owner)
         except ClientError:
             logger.warning("service %s: could not read the target's secrets; writing a new version", state.service.name)
             return False
         return stored == values
 
-    def _forget_incarnation(self, name: str, uid: str) -> None:
+    def _forget_incarnation(self, name: str, uid: str, owner: str = "") -> None:
         """Best-effort: a create that wrote no service item leaves nothing under its uid."""
         for store in (self.secrets, self.workdirs):
             if store is not None:
                 try:
-                    store.delete_incarnation(name, uid)
+                    store.delete_incarnation(name, uid, owner)
                 except Exception:
                     logger.warning("service %s: could not delete what a failed create stored under %s", name, uid)
 
@@ -378,16 +389,16 @@ class ServiceCommands:
         if not pruned:
             return
         kept = list(after.versions.values())
-        name, uid = after.service.name, after.service.uid
+        name, uid, owner = after.service.name, after.service.uid, after.service.owner
         refs = {v.secrets_ref for v in pruned if v.secrets_ref} - {v.secrets_ref for v in kept}
         digests = {v.spec.workdir.digest for v in pruned if v.spec.workdir} - {
             v.spec.workdir.digest for v in kept if v.spec.workdir
         }
         try:
             if refs and self.secrets is not None:
-                self.secrets.delete(name, uid, sorted(r for r in refs if r))
+                self.secrets.delete(name, uid, sorted(r for r in refs if r), owner)
             if digests and self.workdirs is not None:
-                self.workdirs.forget(name, uid, digests)
+                self.workdirs.forget(name, uid, digests, owner)
         except Exception:
             logger.warning("service %s: could not delete what pruned versions stored; the cleanup will", name)
 

@@ -36,6 +36,11 @@ DEFAULT_IMAGE_PARAMETER_ENV = "FLEETKEEPER_DEFAULT_IMAGE_PARAMETER"
 DEFAULT_INSTANCE_TYPE_ENV = "FLEETKEEPER_DEFAULT_INSTANCE_TYPE"
 REPLICA_HOST_ENV = "FLEETKEEPER_REPLICA_HOST"
 REPLICA_LOG_GROUP_ENV = "FLEETKEEPER_REPLICA_LOG_GROUP"
+# Replica identity (fleetkeeper.identity): `owner` (a role per owner, the default in template.yaml) or
+# `shared` (every replica runs with INSTANCE_PROFILE_ENV's profile), and the managed policy that is both
+# the permissions and the permissions boundary of an owner's role.
+REPLICA_IDENTITY_ENV = "FLEETKEEPER_REPLICA_IDENTITY"
+REPLICA_POLICY_ARN_ENV = "FLEETKEEPER_REPLICA_POLICY_ARN"
 # The scheduled run's fan-out (fleetkeeper.reconciler.dispatch): the dispatcher's queue, its
 # schedule (the period every shard must fit in), the shard size; a worker's reads and margins.
 RECONCILE_QUEUE_URL_ENV = "FLEETKEEPER_RECONCILE_QUEUE_URL"
@@ -102,6 +107,7 @@ LOCAL_STACK_ID = "local"
 _RATE = re.compile(r"^rate\((?P<count>[1-9][0-9]*) (?P<unit>minute|minutes|hour|hours)\)$")
 
 DriverKind = Literal["ec2", "process"]
+ReplicaIdentityKind = Literal["owner", "shared"]
 # The endpoint's load balancer: none, the stack's ALB, or embedded mode's local one.
 BalancerKind = Literal["none", "alb", "local"]
 # Without a domain name each service gets a listener port of its own on the ALB, from this range
@@ -133,12 +139,18 @@ class Ec2Settings:
     replica_log_group: str | None = None
     # The stack's identity: tagged on every instance, part of every ClientToken, filtered on.
     stack_id: str = DEFAULT_STACK_ID
+    # Replica identity (fleetkeeper.identity): a role per owner (`owner`) or the one shared profile.
+    replica_identity: ReplicaIdentityKind = "shared"
+    # The managed policy of owners' roles (their permissions and their permissions boundary).
+    replica_policy_arn: str | None = None
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> Ec2Settings:
         table = environ.get(TABLE_NAME_ENV)
         return cls(
             stack_id=stack_id_of(environ),
+            replica_identity=_replica_identity(environ),
+            replica_policy_arn=environ.get(REPLICA_POLICY_ARN_ENV) or None,
             workdir_bucket=environ.get(WORKDIR_BUCKET_ENV) or None,
             secrets_prefix=f"/fleetkeeper/{table}" if table else None,
             subnet_ids=_list(environ, SUBNET_IDS_ENV),
@@ -272,6 +284,19 @@ def stack_id_of(environ: Mapping[str, str]) -> str:
             "(template.yaml gives the last 12 hex digits of the stack's id)"
         )
     return raw
+
+
+def _replica_identity(environ: Mapping[str, str]) -> ReplicaIdentityKind:
+    raw = environ.get(REPLICA_IDENTITY_ENV) or "shared"
+    if raw == "owner":
+        if not environ.get(REPLICA_POLICY_ARN_ENV):
+            raise SettingsError(
+                f"{REPLICA_IDENTITY_ENV}=owner needs {REPLICA_POLICY_ARN_ENV}: the owners' roles' policy"
+            )
+        return "owner"
+    if raw == "shared":
+        return "shared"
+    raise SettingsError(f"{REPLICA_IDENTITY_ENV}={raw!r}: expected 'owner' or 'shared'")
 
 
 def period_of(schedule: str) -> int:

@@ -4,9 +4,13 @@
 bytes, hence the same SHA-256) and asks the api where to put it (POST /v1/workdirs). Two places:
 
     uploads/<sha256>.tar.gz                  what clients upload; kept UPLOAD_DAYS (a lifecycle rule)
-    services/<name>/<uid>/<sha256>.tar.gz    what replicas read; written by the api when a version
+    services/_o/<scope>/<name>/<uid>/<sha256>.tar.gz
+                                             what replicas read; written by the api when a version
                                              that names the digest is created, deleted by the
-                                             cleanup with the incarnation
+                                             cleanup with the incarnation. <scope>: the service
+                                             owner's (fleetkeeper.identity): only that owner's replica
+                                             role may read below it. A service without an owner keeps
+                                             the legacy services/<name>/<uid>/<sha256>.tar.gz.
 
 Keeping a copy per incarnation makes deletion exact: the cleanup deletes one prefix, and no digest
 shared by two services needs counting. A version's digest is checked again where it is used (the api
@@ -33,6 +37,7 @@ from typing import TYPE_CHECKING, Protocol
 from urllib.parse import urlencode
 
 from fleetkeeper import aws
+from fleetkeeper.identity import owner_scope, scope_prefix
 from fleetkeeper.settings import DEFAULT_STACK_ID
 
 if TYPE_CHECKING:
@@ -83,12 +88,12 @@ def upload_key(digest: str) -> str:
     return f"uploads/{hex_of(digest)}.tar.gz"
 
 
-def incarnation_prefix(service: str, uid: str) -> str:
-    return f"services/{service}/{uid}/"
+def incarnation_prefix(service: str, uid: str, owner: str = "") -> str:
+    return f"services/{scope_prefix(owner_scope(owner))}{service}/{uid}/"
 
 
-def service_key(service: str, uid: str, digest: str) -> str:
-    return f"{incarnation_prefix(service, uid)}{hex_of(digest)}.tar.gz"
+def service_key(service: str, uid: str, digest: str, owner: str = "") -> str:
+    return f"{incarnation_prefix(service, uid, owner)}{hex_of(digest)}.tar.gz"
 
 
 def declared_key(digest: str) -> str:
@@ -102,19 +107,19 @@ def checksum_header(digest: str) -> str:
 
 
 class WorkdirStore(Protocol):
-    def upload(self, digest: str, size: int, service: str | None, uid: str | None) -> Upload | None:
+    def upload(self, digest: str, size: int, service: str | None, uid: str | None, owner: str = "") -> Upload | None:
         """How to upload `digest`, or None when it is stored already (no upload needed)."""
         ...
 
-    def adopt(self, digest: str, service: str, uid: str) -> None:
+    def adopt(self, digest: str, service: str, uid: str, owner: str = "") -> None:
         """Make `digest` available to the incarnation's replicas. Raises WorkdirMissing/WorkdirInvalid."""
         ...
 
-    def forget(self, service: str, uid: str, digests: Iterable[str]) -> None:
+    def forget(self, service: str, uid: str, digests: Iterable[str], owner: str = "") -> None:
         """Delete the incarnation's copies of these digests (versions that named them were pruned)."""
         ...
 
-    def delete_incarnation(self, service: str, uid: str) -> int:
+    def delete_incarnation(self, service: str, uid: str, owner: str = "") -> int:
         """Delete every copy of one incarnation (the cleanup's part); returns how many."""
         ...
 
@@ -148,8 +153,8 @@ class S3WorkdirStore:
                 return None
             raise
 
-    def upload(self, digest: str, size: int, service: str | None, uid: str | None) -> Upload | None:
-        if service and uid and self._head(service_key(service, uid, digest)) is not None:
+    def upload(self, digest: str, size: int, service: str | None, uid: str | None, owner: str = "") -> Upload | None:
+        if service and uid and self._head(service_key(service, uid, digest, owner)) is not None:
             return None
         head = self._head(upload_key(digest))
         if head is not None and _fresh(head.get("LastModified")):
@@ -171,8 +176,8 @@ class S3WorkdirStore:
         headers = {"x-amz-checksum-sha256": checksum_header(digest), "content-length": str(size)}
         return Upload(url=url, method="PUT", headers=headers)
 
-    def adopt(self, digest: str, service: str, uid: str) -> None:
-        target = service_key(service, uid, digest)
+    def adopt(self, digest: str, service: str, uid: str, owner: str = "") -> None:
+        target = service_key(service, uid, digest, owner)
         if self._head(target) is not None:
             return
         source = upload_key(digest)
@@ -201,17 +206,20 @@ class S3WorkdirStore:
             digest.update(chunk)
         return digest.hexdigest()
 
-    def forget(self, service: str, uid: str, digests: Iterable[str]) -> None:
-        keys = [{"Key": service_key(service, uid, d)} for d in sorted(set(digests))]
+    def forget(self, service: str, uid: str, digests: Iterable[str], owner: str = "") -> None:
+        keys = [{"Key": service_key(service, uid, d, owner)} for d in sorted(set(digests))]
         for start in range(0, len(keys), 1000):
             self.s3.delete_objects(Bucket=self.bucket, Delete={"Objects": keys[start : start + 1000], "Quiet": True})  # type: ignore[typeddict-item]
 
-    def delete_incarnation(self, service: str, uid: str) -> int:
+    def delete_incarnation(self, service: str, uid: str, owner: str = "") -> int:
         deleted = 0
         paginator = self.s3.get_paginator("list_objects_v2")
+        # The owner's scoped prefix and the legacy one: an incarnation of either kind leaves nothing.
+        prefixes = dict.fromkeys([incarnation_prefix(service, uid, owner), incarnation_prefix(service, uid)])
         keys = [
             obj["Key"]
-            for page in paginator.paginate(Bucket=self.bucket, Prefix=incarnation_prefix(service, uid))
+            for prefix in prefixes
+            for page in paginator.paginate(Bucket=self.bucket, Prefix=prefix)
             for obj in page.get("Contents", [])
             if "Key" in obj
         ]
@@ -241,8 +249,8 @@ class LocalWorkdirStore:
     def path(self, key: str) -> Path:
         return self.root / key
 
-    def upload(self, digest: str, size: int, service: str | None, uid: str | None) -> Upload | None:
-        if service and uid and self.path(service_key(service, uid, digest)).is_file():
+    def upload(self, digest: str, size: int, service: str | None, uid: str | None, owner: str = "") -> Upload | None:
+        if service and uid and self.path(service_key(service, uid, digest, owner)).is_file():
             return None
         uploaded = self.path(upload_key(digest))
         if uploaded.is_file() and time.time() - uploaded.stat().st_mtime < UPLOAD_FRESH_SECONDS:
@@ -298,8 +306,8 @@ class LocalWorkdirStore:
                 partial.unlink()
         return size
 
-    def adopt(self, digest: str, service: str, uid: str) -> None:
-        target = self.path(service_key(service, uid, digest))
+    def adopt(self, digest: str, service: str, uid: str, owner: str = "") -> None:
+        target = self.path(service_key(service, uid, digest, owner))
         if target.is_file():
             return
         source = self.path(upload_key(digest))
@@ -310,15 +318,16 @@ class LocalWorkdirStore:
         shutil.copyfile(source, partial)
         partial.replace(target)
 
-    def forget(self, service: str, uid: str, digests: Iterable[str]) -> None:
+    def forget(self, service: str, uid: str, digests: Iterable[str], owner: str = "") -> None:
         for digest in digests:
             with contextlib.suppress(FileNotFoundError):
-                self.path(service_key(service, uid, digest)).unlink()
+                self.path(service_key(service, uid, digest, owner)).unlink()
 
-    def delete_incarnation(self, service: str, uid: str) -> int:
-        folder = self.path(incarnation_prefix(service, uid))
-        if not folder.is_dir():
-            return 0
-        count = sum(1 for p in folder.iterdir() if p.is_file())
-        shutil.rmtree(folder, ignore_errors=True)
+    def delete_incarnation(self, service: str, uid: str, owner: str = "") -> int:
+        count = 0
+        for prefix in dict.fromkeys([incarnation_prefix(service, uid, owner), incarnation_prefix(service, uid)]):
+            folder = self.path(prefix)
+            if folder.is_dir():
+                count += sum(1 for p in folder.iterdir() if p.is_file())
+                shutil.rmtree(folder, ignore_errors=True)
         return count

@@ -23,11 +23,14 @@ import itertools
 import json
 import random
 import threading
+import uuid
 from collections import Counter
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from functools import cache
 from typing import TYPE_CHECKING, Any
+
+import time_machine
 
 from fleetkeeper import aws
 from fleetkeeper.model import Interruption, InterruptionKind, ReplicaStatus, ServiceStatus, VersionState, to_iso
@@ -249,6 +252,11 @@ class Simulation:
         share_stream_records()
         saved_random = random.getstate()
         random.seed(self.seed)  # botocore's retry jitter draws from the global RNG
+        # botocore fills idempotency tokens (TransactWriteItems' ClientRequestToken) with uuid4, from
+        # the OS's entropy: drawn from the seed instead, so the requests replay byte for byte.
+        saved_uuid4 = uuid.uuid4
+        tokens = random.Random(self.seed)
+        uuid.uuid4 = lambda: uuid.UUID(int=tokens.getrandbits(128), version=4)
         mock_random.seed(self.seed)
         os.environ["TABLE_NAME"] = TABLE
         os.environ.pop("FLEETKEEPER_REPLICA_HOST", None)
@@ -258,6 +266,15 @@ class Simulation:
         try:
             # moto's full set of AMIs: each draws ids from moto's RNG (tests/moto_tuning.py).
             with default_amis(), mock_aws():
+                # moto re-creates a region's backend when a mock stops, drawing its default VPC's ids
+                # then (issue getmoto/moto#6592: the backends stay cached), so the backend a later
+                # seed starts with was drawn outside its seed. Made here, then made again from the seed.
+                from moto.core import DEFAULT_ACCOUNT_ID
+                from moto.ec2.models import ec2_backends
+
+                ec2_backends[DEFAULT_ACCOUNT_ID][REGION]
+                mock_random.seed(self.seed)
+                ec2_backends[DEFAULT_ACCOUNT_ID][REGION].reset()
                 # Set up on plain moto: the layer's RNG is drawn only by the simulation's steps.
                 import boto3
 
@@ -266,18 +283,28 @@ class Simulation:
                     ImageId="ami-12345678", MinCount=1, MaxCount=1
                 )
                 self.unmanaged = made["Instances"][0]["InstanceId"]
-                self.hooks.attach()
-                aws.ec2().meta.events.register("before-parameter-build.ec2.TerminateInstances", self._guard)
-                aws.ec2().meta.events.register("before-parameter-build.ec2.CreateTags", self._guard)
                 if self.stacks > 1:
-                    self._neighbour_setup()
-                with self.strict.active():
-                    yield
+                    self._neighbour_setup()  # on plain moto too, as the simulated stack's table
+                # The process's wall clock is the simulation's too: the api's timestamps, Powertools'
+                # idempotency expiry, moto's own dates and botocore's adaptive rate limiter (its token
+                # bucket refills by `time.time()`) read it, so a seed replays call for call. The
+                # clients are made inside, so their limiters start on that clock.
+                with time_machine.travel(self.now(), tick=False) as traveller, self.strict.active():
+                    self.hooks.attach()
+                    aws.ec2().meta.events.register("before-parameter-build.ec2.TerminateInstances", self._guard)
+                    aws.ec2().meta.events.register("before-parameter-build.ec2.CreateTags", self._guard)
+                    moved = lambda seconds: traveller.move_to(BASE + timedelta(seconds=seconds))  # noqa: E731
+                    self.strict.clock.listeners.append(moved)
+                    try:
+                        yield
+                    finally:
+                        self.strict.clock.listeners.remove(moved)
         finally:
             aws.reset_clients()
             moto_instances.utcnow = saved_utcnow  # type: ignore[attr-defined]
             keys.new_uid = saved_uid  # type: ignore[assignment]
             random.setstate(saved_random)
+            uuid.uuid4 = saved_uuid4
             for key, value in saved_env.items():
                 if value is None:
                     os.environ.pop(key, None)

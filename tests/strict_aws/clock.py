@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import threading
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 
 class VirtualClock:
@@ -17,6 +21,9 @@ class VirtualClock:
     def __init__(self, start: float = 0.0) -> None:
         self._now = float(start)
         self._lock = threading.Lock()
+        # Called with the new time after each move (a simulation moves the process's wall clock
+        # with it, so code that reads `datetime.now()` or `time.time()` reads this clock too).
+        self.listeners: list[Callable[[float], None]] = []
 
     def time(self) -> float:
         with self._lock:
@@ -28,7 +35,10 @@ class VirtualClock:
             raise ValueError(f"a clock does not go back: advance({seconds})")
         with self._lock:
             self._now += seconds
-            return self._now
+            now = self._now
+        for listener in self.listeners:
+            listener(now)
+        return now
 
     def sleep(self, seconds: float) -> None:
         self.advance(max(0.0, seconds))

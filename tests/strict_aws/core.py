@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import hashlib
 import random
 import threading
 import time
@@ -45,12 +46,14 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from tests.strict_aws import model_validation
 from tests.strict_aws.clock import VirtualClock
 from tests.strict_aws.cloudwatch import CloudWatchLayer
 from tests.strict_aws.context import LambdaContext
 from tests.strict_aws.dynamodb import DynamoDBLayer
 from tests.strict_aws.ec2 import Ec2Layer
 from tests.strict_aws.elbv2 import Elbv2Layer
+from tests.strict_aws.iam import IamLayer
 from tests.strict_aws.wire import Call, Response, aws_response, error_for, normalise
 
 if TYPE_CHECKING:
@@ -128,7 +131,7 @@ class StrictAws:
         backoff    botocore's retry pauses, in seconds (taken on `clock`)
         rate_limited   adaptive mode's client-side waits for a token, in seconds (taken on `clock`)
         clock      the layer's VirtualClock; `call_latency` seconds are added per attempt
-        dynamodb / ec2 / elbv2 / cloudwatch   the per-service layers
+        dynamodb / ec2 / elbv2 / cloudwatch / iam   the per-service layers
     """
 
     def __init__(
@@ -146,9 +149,16 @@ class StrictAws:
         self.faults = faults or FaultRates()
         self.attempts: Counter[tuple[str, str]] = Counter()
         self.faults_injected: list[Fault] = []
+        # Every attempt in order, (service, operation, digest of its body), when `record_calls` is set:
+        # a seeded simulation replays call for call (tests/test_simulation_replay.py).
+        self.record_calls = False
+        self.call_log: list[tuple[str, str, str]] = []
+        # Requests refused for breaking their service model's constraints (model_validation), in order.
+        self.violations: list[model_validation.Violation] = []
         self.backoff: list[float] = []
         self.dynamodb = DynamoDBLayer(self)
         self.ec2 = Ec2Layer(self)
+        self.iam = IamLayer(self)
         self.elbv2 = Elbv2Layer(self)
         self.cloudwatch = CloudWatchLayer(self)
         self._lock = threading.RLock()
@@ -263,7 +273,15 @@ class StrictAws:
             raise invocation.kill()
         with self._lock:
             self.attempts[(call.service, call.operation)] += 1
+            if self.record_calls:
+                digest = hashlib.sha256(call.body_bytes()).hexdigest()[:16]
+                self.call_log.append((call.service, call.operation, digest))
         try:
+            violation = model_validation.take()
+            if violation is not None:
+                self.record_fault(call.service, call.operation, f"model:{violation.path}")
+                self.violations.append(violation)
+                return model_validation.refusal(violation)
             code = self._take_throttle(call.service, call.operation)
             if code is not None:
                 self.record_fault(call.service, call.operation, code)
@@ -280,6 +298,8 @@ class StrictAws:
                 return self.elbv2.send(call)
             if call.service == "cloudwatch":
                 return self.cloudwatch.send(call)
+            if call.service == "iam":
+                return self.iam.send(call)
             return call.send()
         finally:
             if self.call_latency:
@@ -425,4 +445,5 @@ def install_hooks() -> None:
                 break
         else:  # pragma: no cover - moto changed how it hooks into botocore
             raise RuntimeError("moto's before-send handler is not among botocore's BUILTIN_HANDLERS")
+        model_validation.install()
         _installed = True

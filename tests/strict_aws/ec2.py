@@ -61,6 +61,12 @@ SPOT_REFUSALS = {
     "InsufficientInstanceCapacity": "",  # the message is the on-demand one, naming the zone
     "MaxSpotInstanceCountExceeded": "Max spot instance count exceeded",
     "SpotMaxPriceTooLow": "Your Spot request price is lower than the minimum required Spot request fulfillment price.",
+    # An account's first spot launch: EC2 creates its spot service-linked role with the caller's
+    # permissions, and a caller without iam:CreateServiceLinkedRole for spot.amazonaws.com gets this
+    # (https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/service-linked-roles-spot-instance-requests.html).
+    "AuthFailure.ServiceLinkedRoleCreationNotPermitted": (
+        "The provided credentials do not have permission to create the service-linked role for EC2 Spot Instances."
+    ),
 }
 
 
@@ -221,6 +227,15 @@ class Ec2Layer:
         refusal = self._capacity_refusal(call)
         if refusal is not None:
             return refusal
+        # IAM is eventually consistent: a profile made seconds ago is "invalid" to EC2 (tests/strict_aws/iam.py).
+        profile = call.param("IamInstanceProfile.Name") or call.param("IamInstanceProfile.Arn")
+        if profile and not self._strict.iam.usable(profile):
+            kind = "name" if call.param("IamInstanceProfile.Name") else "arn"
+            return ec2_error(
+                "InvalidParameterValue",
+                f"Value ({profile}) for parameter iamInstanceProfile.{kind} is invalid. "
+                f"Invalid IAM Instance Profile {kind}",
+            )
         request = call.request
         image = call.param("ImageId") or ""
         if image.startswith("resolve:ssm:"):

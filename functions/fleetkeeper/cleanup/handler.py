@@ -66,7 +66,7 @@ def record_handler(
         # Then what the incarnation keeps outside the table: its versions' secrets (Parameter Store)
         # and workdir copies (the workdir store). Deleting is idempotent, so a redelivery redoes it.
         for what, store in stores:
-            log[f"{what}_deleted"] = store.delete_incarnation(incarnation.name, incarnation.uid)
+            log[f"{what}_deleted"] = store.delete_incarnation(incarnation.name, incarnation.uid, incarnation.owner)
     except Exception as exc:
         # Any failure fails this record only; the stream delivers it again (then to the failure queue).
         deleted = cleaner.progress.deleted if cleaner else 0

@@ -43,7 +43,7 @@ class ChildKeysPort(Protocol):
 class IncarnationStore(Protocol):
     """What an incarnation keeps outside the table (its secrets, its workdir copies): deleted with it."""
 
-    def delete_incarnation(self, service: str, uid: str) -> int: ...
+    def delete_incarnation(self, service: str, uid: str, owner: str = "") -> int: ...
 
 
 @dataclass(frozen=True)
@@ -52,6 +52,9 @@ class Incarnation:
 
     name: str
     uid: str
+    # Its owner (""; before ownership existed): its secrets and workdir copies are under the owner's
+    # scope (fleetkeeper.identity).
+    owner: str = ""
 
     @classmethod
     def from_old_image(cls, image: Mapping[str, Any]) -> Incarnation:
@@ -59,7 +62,8 @@ class Incarnation:
         if not isinstance(name, str) or not name or not isinstance(uid, str) or not uid:
             # Without the uid we cannot tell this incarnation's children from a newer one's: never guess.
             raise MalformedRecord(f"the removed service item has no name and uid: {sorted(image)}")
-        return cls(name=name, uid=uid)
+        owner = image.get("owner")
+        return cls(name=name, uid=uid, owner=owner if isinstance(owner, str) else "")
 
 
 @dataclass(frozen=True)

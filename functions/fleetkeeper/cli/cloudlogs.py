@@ -66,11 +66,15 @@ def log_group(
     raise UsageError(f"stack {stack!r} has no {LOG_GROUP_OUTPUT} output: was it deployed before replica logs?")
 
 
-def stream_prefix(service: str, uid: str, replica: int | None) -> str:
+def stream_prefix(service: str, uid: str, replica: int | None, owner: str = "") -> str:
     """The streams of one incarnation's replicas (or of one replica). A replica's stream name ends
     with its id and a slash-free suffix is never a prefix of another id: `3` would match `30`, so a
-    single replica is asked for by its exact name."""
-    return f"{service}/{uid}/" if replica is None else f"{service}/{uid}/{replica}"
+    single replica is asked for by its exact name. A service with an owner has its streams under the
+    owner's scope (`_o/<scope>/...`, fleetkeeper.identity), where only its owner's replicas write."""
+    from fleetkeeper.identity import owner_scope, scope_prefix
+
+    base = f"{scope_prefix(owner_scope(owner))}{service}/{uid}/"
+    return base if replica is None else f"{base}{replica}"
 
 
 def _client(service: str) -> Any:
@@ -98,13 +102,14 @@ def print_logs(
     now: Callable[[], float] = time.time,
     sleep: Callable[[float], None] = time.sleep,
     still_there: Callable[[], bool] = lambda: True,
+    owner: str = "",
 ) -> int:
     """Print the replicas' log lines, oldest first (`[replica N] line` unless one replica is asked
     for); with `follow`, keep polling every 2 s until the service is gone. Returns lines printed."""
     start = int((now() - since_seconds) * 1000) if since_seconds is not None else 0
     seen: set[str] = set()
     printed = 0
-    prefix = stream_prefix(service, uid, replica)
+    prefix = stream_prefix(service, uid, replica, owner)
     while True:
         query: dict[str, Any] = {"logGroupName": group, "startTime": start}
         if replica is None:

@@ -449,6 +449,8 @@ class Cli:
             follow=self.args.follow,
             out=self.out,
             still_there=still_there,
+            # Its streams are under its owner's scope (the view names the owner once ownership exists).
+            owner=str(view.get("owner") or ""),
         )
         if not printed and not self.args.follow:
             self.note(f"no log lines of {self.args.name} in {group} yet")

@@ -420,7 +420,7 @@ class ProcessDriver:
         from fleetkeeper.workdir_store import service_key
 
         archive = (self.workdirs or self.local_dir / "workdirs") / service_key(
-            request.service, request.uid, workdir.digest
+            request.service, request.uid, workdir.digest, request.owner
         )
         try:
             unpack(archive.read_bytes(), workdir.digest, work_dir)
@@ -434,7 +434,9 @@ class ProcessDriver:
         from fleetkeeper.secret_store import SecretStore
 
         try:
-            return SecretStore(self.secrets_prefix).get(request.service, request.uid, request.secrets_ref)
+            return SecretStore(self.secrets_prefix).get(
+                request.service, request.uid, request.secrets_ref, request.owner
+            )
         except Exception as exc:
             code = getattr(exc, "response", {}).get("Error", {}).get("Code") or type(exc).__name__
             raise LaunchRefused(SECRETS_UNAVAILABLE, f"the version's secrets could not be read ({code})") from exc

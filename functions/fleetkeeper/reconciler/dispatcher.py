@@ -3,7 +3,8 @@
 It lists the services from the index (one paginated Query), sends them to the reconcile queue in
 shards (fleetkeeper.reconciler.dispatch), then runs the orphan sweep: the one step that needs every
 managed instance (a full DescribeInstances) and every live uid, so it runs here, once a period,
-and never in the workers, which describe only their shard's instances.
+and never in the workers, which describe only their shard's instances. For the same reason it
+removes the replica identities (fleetkeeper.identity) of owners with no service left.
 """
 
 from __future__ import annotations
@@ -15,8 +16,12 @@ from typing import TYPE_CHECKING, Any
 from fleetkeeper.reconciler.dispatch import make_shards, run_index
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from fleetkeeper.identity import ReplicaIdentities
     from fleetkeeper.reconciler.queue import ShardQueue
     from fleetkeeper.reconciler.shell import Reconciler, RunReport
+    from fleetkeeper.store.reconciler import Listed
 
 logger = logging.getLogger(__name__)
 
@@ -33,9 +38,11 @@ class DispatchReport:
     unsent: list[int] = field(default_factory=list)  # shard indices SQS would not take
     unsent_services: int = 0
     sweep: dict[str, Any] = field(default_factory=dict)
+    identities_removed: list[str] = field(default_factory=list)  # owners' scopes
 
     def as_dict(self) -> dict[str, Any]:
         return {
+            "identities_removed": self.identities_removed,
             "services": self.services,
             "shards": self.shards,
             "send_calls": self.send_calls,
@@ -51,6 +58,8 @@ class Dispatcher:
     queue: ShardQueue
     shard_size: int
     period_seconds: int
+    # Replica identity "owner": the owners' roles, removed here once their owner has no service.
+    identities: ReplicaIdentities | None = None
 
     def run(self) -> DispatchReport:
         now = self.reconciler.now()
@@ -79,4 +88,19 @@ class Dispatcher:
             for key, value in sweep.as_dict().items()
             if key in ("orphans_terminated", "errors", "foreign_instances", "unloadable")
         }
+        if self.identities is not None:
+            report.identities_removed = self._sweep_identities(listed)
         return report
+
+    def _sweep_identities(self, listed: Sequence[Listed]) -> list[str]:
+        """Remove the roles of owners none of the listed services has. A listing with an unreadable
+        item removes nothing (that item's owner is unknown); a failure is logged, and the next
+        period tries again."""
+        if any(entry.uid is None for entry in listed):
+            return []
+        assert self.identities is not None
+        try:
+            return self.identities.sweep(entry.owner for entry in listed)
+        except Exception:
+            logger.exception("the sweep of owners' replica identities failed; the next dispatch retries")
+            return []

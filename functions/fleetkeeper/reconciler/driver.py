@@ -83,6 +83,9 @@ class LaunchRequest:
     market: Market = Market.ON_DEMAND
     # Where the version's secret values are (fleetkeeper.secret_store): the replica reads them at boot.
     secrets_ref: str | None = None
+    # The service's owner (ServiceRecord.owner): its secrets, workdir copy and log stream are under the
+    # owner's scope, and on AWS the replica runs with the owner's role (fleetkeeper.identity).
+    owner: str = ""
 
     def client_token(self, stack: str) -> str:
         """Idempotency token for the launch by `stack`: unique per (stack, incarnation, replica, refusal)."""

@@ -95,11 +95,18 @@ def build_dispatcher(settings: Settings) -> Dispatcher:
 
     if settings.reconcile_queue_url is None:
         raise SettingsError("FLEETKEEPER_RECONCILE_QUEUE_URL is not set: the dispatcher has nowhere to send shards")
+    from fleetkeeper.identity import ReplicaIdentities
+
+    ec2 = settings.ec2
+    identities = None
+    if settings.driver == "ec2" and ec2.replica_identity == "owner" and ec2.replica_policy_arn:
+        identities = ReplicaIdentities(ec2.stack_id, ec2.replica_policy_arn)
     return Dispatcher(
         reconciler=build_reconciler(settings),
         queue=ShardQueue(settings.reconcile_queue_url),
         shard_size=settings.shard_size,
         period_seconds=settings.period_seconds,
+        identities=identities,
     )
 
 

@@ -302,9 +302,22 @@ ENVIRONMENT_REFUSALS = frozenset(
         "ServiceUnavailable",
         "Unavailable",
         "InternalError",
+        # The first spot launch of an account needs EC2's spot service-linked role; the stack may
+        # create it (template.yaml, SpotServiceLinkedRole), and an account whose SCP forbids that
+        # needs an administrator to create it once: the account's fault, never the version's.
+        "AuthFailure.ServiceLinkedRoleCreationNotPermitted",
+        # A retried launch's ClientToken names an instance that has ended, or a request with other
+        # parameters: about that token, not the version (the next attempt carries a new token).
+        "IdempotentInstanceTerminated",
+        "IdempotentParameterMismatch",
         # The process driver's (embedded mode): the laptop ran out of ports or could not start bash.
         "NoFreePort",
         "ProcessLaunchFailed",
+        # The ec2 driver's (fleetkeeper.identity.PROFILE_NOT_READY): an owner's instance profile made
+        # seconds ago, which EC2 refuses until IAM has propagated it.
+        "Fleetkeeper.InstanceProfileNotReady",
+        # ...and for an owner's role IAM would not make (denied, or the account's role quota is full).
+        "Fleetkeeper.IdentityUnavailable",
     }
 )
 # StateReason codes of an instance AWS took back because it was spot. Only these make a preemption a

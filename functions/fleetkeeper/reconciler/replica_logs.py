@@ -4,11 +4,14 @@ The user data writes this file beside replica_boot.py (whose IMDSv2 credentials 
 uses) and runs it as the `fleetkeeper-logs` unit, started before setup so that setup's output is
 shipped too. It follows `journalctl -o json -u fleetkeeper-setup -u fleetkeeper-replica`, resuming
 from a cursor file after a restart, and sends what it reads with PutLogEvents to the stack's log
-group, in the stream `<service>/<uid>/<replica id>` (created if missing), at most every 2 seconds.
+group, in the stream its user data names (`_o/<owner scope>/<service>/<uid>/<replica id>`, or
+`<service>/<uid>/<replica id>` for a service without an owner: fleetkeeper.identity), created if
+missing, at most every 2 seconds.
 
 It needs python3, journalctl (systemd 242+: `--cursor-file`) and a route to CloudWatch Logs: in the
 NAT-less network (infra/network.yaml) the `logs` interface endpoint. No agent, no AWS CLI. The
-role needs logs:CreateLogStream and logs:PutLogEvents on the group (ReplicaAccessPolicy). When it
+role needs logs:CreateLogStream and logs:PutLogEvents on its stream (an owner's role: its own
+scope's streams, ReplicaOwnerPolicy; the shared role: ReplicaAccessPolicy). When it
 cannot send (no endpoint, no permission) it keeps retrying with a bounded buffer, dropping the
 oldest lines first, and never touches the units it reads: a replica serves the same without it.
 
@@ -42,6 +45,22 @@ MAX_EVENTS = 10_000
 MAX_BATCH_BYTES = 1_048_576
 MAX_EVENT_BYTES = 256 * 1024 - 26
 EVENT_OVERHEAD = 26
+# "A batch of log events in a single request cannot span more than 24 hours" (PutLogEvents): a
+# journal that resumes from an old cursor can hold days of lines.
+MAX_BATCH_SPAN_MS = 24 * 3600 * 1000 - 1
+# PutLogEvents answers these 400s for a request that may succeed when sent again (throttled, the
+# stream or its sequence moved, credentials rotated): the batch is kept. Any other 400 is about the
+# batch itself (InvalidParameterException, a malformed event): sending it again would fail forever
+# and block every later line, so it is dropped with a message.
+RETRIED_ERRORS = (
+    b"ThrottlingException",
+    b"ServiceUnavailableException",
+    b"ResourceNotFoundException",
+    b"ExpiredToken",
+    b"UnrecognizedClientException",
+    b"InvalidSignatureException",
+    b"AccessDenied",
+)
 BUFFER_LINES = 50_000
 FLUSH_SECONDS = 2.0
 CREDENTIALS_SECONDS = 900.0
@@ -71,20 +90,47 @@ def log_event(line: str) -> dict[str, object] | None:
     return {"timestamp": timestamp, "message": message}
 
 
+def _timestamp(event: dict[str, object]) -> int:
+    return int(str(event["timestamp"]))
+
+
 def batches(events: Iterable[dict[str, object]]) -> Iterator[list[dict[str, object]]]:
-    """Events in PutLogEvents-sized batches, each in time order (as the API requires)."""
-    ordered = sorted(events, key=lambda event: int(str(event["timestamp"])))
+    """Events in PutLogEvents-sized batches, each in time order and spanning at most 24 hours (as
+    the API requires)."""
+    ordered = sorted(events, key=_timestamp)
     batch: list[dict[str, object]] = []
     size = 0
     for event in ordered:
         cost = len(str(event["message"]).encode("utf-8")) + EVENT_OVERHEAD
-        if batch and (len(batch) >= MAX_EVENTS or size + cost > MAX_BATCH_BYTES):
+        too_long = batch and _timestamp(event) - _timestamp(batch[0]) > MAX_BATCH_SPAN_MS
+        if batch and (len(batch) >= MAX_EVENTS or size + cost > MAX_BATCH_BYTES or too_long):
             yield batch
             batch, size = [], 0
         batch.append(event)
         size += cost
     if batch:
         yield batch
+
+
+class BatchRefused(Exception):
+    """CloudWatch Logs refused a batch for what it holds: sending it again cannot succeed."""
+
+
+def refused_for_good(status: int, body: bytes) -> bool:
+    """Whether an HTTP error answer to PutLogEvents is about the batch itself (drop it) rather than
+    a moment of the service, the stream or the credentials (keep it and try again)."""
+    if status >= 500 or status in (408, 429):
+        return False
+    return not any(code in body for code in RETRIED_ERRORS)
+
+
+def requeue(pending: deque[dict[str, object]], unsent: list[dict[str, object]]) -> None:
+    """Put `unsent` back before what came since, in time order, keeping the newest lines when the
+    buffer is full (a `deque(maxlen)` drops from the end it is extended at: `extendleft` on a full
+    buffer would drop the newest lines instead of the oldest)."""
+    kept = unsent + list(pending)
+    pending.clear()
+    pending.extend(kept)  # extends on the right: a full buffer drops the oldest, on the left
 
 
 class Shipper:
@@ -117,7 +163,17 @@ class Shipper:
                 if b"ResourceAlreadyExistsException" not in exc.read():
                     raise
             self.stream_made = True
-        self._call("PutLogEvents", {"logGroupName": self.group, "logStreamName": self.stream, "logEvents": batch})
+        try:
+            self._call("PutLogEvents", {"logGroupName": self.group, "logStreamName": self.stream, "logEvents": batch})
+        except urllib.error.HTTPError as exc:
+            body = exc.read()
+            if b"ResourceNotFoundException" in body:
+                self.stream_made = False  # the stream went (deleted, retention): made again next send
+            if b"ExpiredToken" in body or b"UnrecognizedClient" in body:
+                self.creds = {}  # fetched again from IMDS on the next call
+            if refused_for_good(exc.code, body):
+                raise BatchRefused(f"HTTP {exc.code}: {body[:300].decode(errors='replace')}") from None
+            raise
 
 
 def ship(lines: Iterable[str], shipper: Shipper, *, flush_seconds: float = FLUSH_SECONDS) -> int:
@@ -149,12 +205,13 @@ def ship(lines: Iterable[str], shipper: Shipper, *, flush_seconds: float = FLUSH
                 shipper.send(batch)
                 sent += len(batch)
                 failures = 0
+            except BatchRefused as exc:
+                print(f"fleetkeeper-logs: dropped {len(batch)} line(s) refused: {exc}", file=sys.stderr, flush=True)
             except (OSError, ValueError, KeyError, replica_boot.BootError) as exc:
                 failures += 1
                 print(f"fleetkeeper-logs: could not send {len(batch)} line(s): {exc}", file=sys.stderr, flush=True)
                 with lock:  # kept (the oldest go first when the buffer is full), tried again later
-                    rest = [event for later in ready[number:] for event in later]
-                    pending.extendleft(reversed(rest))
+                    requeue(pending, [event for later in ready[number:] for event in later])
                 time.sleep(min(60.0, 2.0**failures))
                 break
         if finished and not pending:

@@ -458,7 +458,7 @@ class Reconciler:
                 if base_url is not None:
                     key = (state.service.uid, replica_id)
                     try:
-                        probe = secrets.probe(state.service.name, version)
+                        probe = secrets.probe(state.service.name, version, state.service.owner)
                     except _SecretsUnreadable as exc:
                         unprobed[key] = ProbeResult(url=base_url, ok=False, detail=str(exc))
                         continue
@@ -582,7 +582,7 @@ class _ProbeSecrets:
     table_name: str
     _values: dict[tuple[str, str], dict[str, str] | str] = field(default_factory=dict)
 
-    def probe(self, service: str, version: VersionRecord) -> ReadinessProbe:
+    def probe(self, service: str, version: VersionRecord, owner: str = "") -> ReadinessProbe:
         spec = version.spec
         if not spec.probe_needs_secrets or version.secrets_ref is None:
             return spec.probe_for({})
@@ -592,7 +592,7 @@ class _ProbeSecrets:
 
             try:
                 self._values[key] = SecretStore(parameter_prefix(self.table_name)).get(
-                    service, version.uid, version.secrets_ref
+                    service, version.uid, version.secrets_ref, owner
                 )
             except Exception as exc:
                 code = getattr(exc, "response", {}).get("Error", {}).get("Code") or type(exc).__name__
@@ -792,6 +792,7 @@ class _Apply:
             attempt=record.launch_attempts,
             secrets_ref=version.secrets_ref,
             market=record.market,
+            owner=self.state.service.owner,
         )
         # Walk the capacity pools (instance type x subnet) from where the last run stopped, each
         # attempt with its own ClientToken, until one launches or a refusal is about the version.

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from fleetkeeper import task_variables
+from fleetkeeper.identity import owner_scope, scope_prefix
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -52,19 +53,21 @@ class BootSource:
     log_stream: str | None = None
 
 
-def log_stream(service: str, uid: str, replica_id: int) -> str:
-    """The replica's CloudWatch Logs stream: `fleetkeeper logs` lists an incarnation's by prefix."""
-    return f"{service}/{uid}/{replica_id}"
+def log_stream(service: str, uid: str, replica_id: int, owner: str = "") -> str:
+    """The replica's CloudWatch Logs stream: `fleetkeeper logs` lists an incarnation's by prefix.
+    Under the owner's scope (`_o/<scope>/...`, fleetkeeper.identity): only the owner's replica role may
+    create or write it."""
+    return f"{scope_prefix(owner_scope(owner))}{service}/{uid}/{replica_id}"
 
 
 # The largest source a replica is launched with (tests measure the user data with it): a workdir,
 # secrets and logs, with names as long as the stack's can be.
 LARGEST_SOURCE = BootSource(
     bucket="b" * 63,
-    workdir_key="services/" + "n" * 63 + "/" + "u" * 16 + "/" + "d" * 64 + ".tar.gz",
-    parameter="/fleetkeeper/" + "t" * 128 + "/" + "n" * 63 + "/" + "u" * 16 + "/" + "r" * 32,
+    workdir_key="services/_o/" + "o" * 16 + "/" + "n" * 63 + "/" + "u" * 16 + "/" + "d" * 64 + ".tar.gz",
+    parameter="/fleetkeeper/" + "t" * 128 + "/_o/" + "o" * 16 + "/" + "n" * 63 + "/" + "u" * 16 + "/" + "r" * 32,
     log_group="/fleetkeeper/" + "s" * 128 + "/replicas",
-    log_stream=log_stream("n" * 63, "u" * 16, 10**9),
+    log_stream=log_stream("n" * 63, "u" * 16, 10**9, owner="o"),
 )
 
 

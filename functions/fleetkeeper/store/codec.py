@@ -128,6 +128,7 @@ def service_item(record: ServiceRecord) -> Item:
         "replica_seq": record.replica_seq,
         "endpoint": endpoint_item(record.endpoint) if record.endpoint is not None else None,
         "autoscaler": autoscaler_item(record.autoscaler) if record.autoscaler is not None else None,
+        "owner": record.owner,
         "created_at": record.created_at,
         "updated_at": record.updated_at,
     }
@@ -205,6 +206,7 @@ def service_from_item(item: Mapping[str, Any]) -> ServiceRecord:
         replica_seq=int(item.get("replica_seq", 0)),
         endpoint=endpoint_from_item(item["endpoint"]) if item.get("endpoint") else None,
         autoscaler=autoscaler_from_item(item["autoscaler"]) if item.get("autoscaler") else None,
+        owner=str(item.get("owner", "")),
     )
 
 

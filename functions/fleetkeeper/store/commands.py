@@ -128,6 +128,7 @@ class CommandStore:
         status_message: str,
         uid: str | None = None,
         secrets_ref: str | None = None,
+        owner: str = "",
     ) -> ServiceState:
         """Service item + version 1 in ONE transaction: neither can exist without the other.
 
@@ -146,6 +147,7 @@ class CommandStore:
             observed_generation=0,
             created_at=now,
             updated_at=now,
+            owner=owner,
         )
         version = VersionRecord(
             name=name, uid=uid, version=1, spec=spec, mode=mode, created_at=now, secrets_ref=secrets_ref

@@ -45,6 +45,8 @@ class Listed:
 
     name: str
     uid: str | None
+    # Its owner ("" for an item written before ownership existed): whose replica identity it keeps.
+    owner: str = ""
 
 
 # A claim's transaction: the service's replica_seq update, its event, and as many replica puts as fit.
@@ -75,15 +77,17 @@ class ReconcilerStore:
             ExpressionAttributeValues=expression_values(lpk=keys.LIST_PK_VALUE),
             # Only what is read here: the rest of each item would be parsed for nothing (the read
             # units are the same either way: DynamoDB counts the items it reads, not what it returns).
-            ProjectionExpression="#name, #uid",
-            ExpressionAttributeNames={"#name": keys.LIST_SK_ATTR, "#uid": "uid"},
+            ProjectionExpression="#name, #uid, #owner",
+            ExpressionAttributeNames={"#name": keys.LIST_SK_ATTR, "#uid": "uid", "#owner": "owner"},
         ):
             for raw in page["Items"]:
                 item = from_raw(raw)
                 name = item.get(keys.LIST_SK_ATTR)
-                uid = item.get("uid")
+                uid, owner = item.get("uid"), item.get("owner")
                 if isinstance(name, str):
-                    yield Listed(name, uid if isinstance(uid, str) and uid else None)
+                    yield Listed(
+                        name, uid if isinstance(uid, str) and uid else None, owner if isinstance(owner, str) else ""
+                    )
 
     # -- writes --
 

@@ -14,6 +14,14 @@ from botocore.exceptions import ClientError
 
 from fleetkeeper import aws, images, task_variables
 from fleetkeeper.aws_parsing import only
+from fleetkeeper.identity import (
+    IDENTITY_UNAVAILABLE,
+    PROFILE_NOT_READY,
+    IdentityError,
+    Profile,
+    ReplicaIdentities,
+    owner_scope,
+)
 from fleetkeeper.model import Market, to_iso
 from fleetkeeper.reconciler.driver import (
     MANAGED_TAG,
@@ -106,6 +114,9 @@ class Ec2Driver:
     secrets_prefix: str | None = None
     replica_log_group: str | None = None
     stack_id: str = DEFAULT_STACK_ID
+    # Replica identity "owner": the owners' roles (fleetkeeper.identity). None: every replica runs with
+    # `instance_profile_arn` (identity "shared", and services without an owner in either mode).
+    identities: ReplicaIdentities | None = None
     # Per run (a driver lives for one run): AMI id -> root device name.
     _root_devices: dict[str, str] = field(default_factory=dict, repr=False)
 
@@ -122,6 +133,11 @@ class Ec2Driver:
             secrets_prefix=settings.secrets_prefix,
             replica_log_group=settings.replica_log_group,
             stack_id=settings.stack_id,
+            identities=(
+                ReplicaIdentities(settings.stack_id, settings.replica_policy_arn)
+                if settings.replica_identity == "owner" and settings.replica_policy_arn
+                else None
+            ),
         )
 
     @property
@@ -231,17 +247,48 @@ class Ec2Driver:
         return types[(attempt // len(subnets)) % len(types)], subnet
 
     def launch(self, request: LaunchRequest) -> Instance:
+        profile = self._owner_profile(request)
         try:
-            response = self.ec2.run_instances(**self._run_instances_args(request))
+            response = self.ec2.run_instances(**self._run_instances_args(request, profile))
         except ClientError as exc:
             error = exc.response.get("Error", {})
             code = str(error.get("Code", "Unknown"))
             if code in _TRANSIENT:
                 raise
+            if code == "InvalidParameterValue" and profile is not None and profile.young(self._now()):
+                # IAM is eventually consistent: EC2 refuses a profile made seconds ago as invalid.
+                # The profile's age decides (a fact), not the message; a later refusal is the version's.
+                raise LaunchRefused(
+                    PROFILE_NOT_READY,
+                    f"instance profile {profile.name} was just made and is not usable yet; the next run "
+                    f"retries ({error.get('Message', '')})",
+                ) from exc
             raise LaunchRefused(code, str(error.get("Message", ""))) from exc
         return _instance(response["Instances"][0])
 
-    def _run_instances_args(self, request: LaunchRequest) -> RunInstancesRequestTypeDef:
+    def _owner_profile(self, request: LaunchRequest) -> Profile | None:
+        """The owner's instance profile (made on first use), None for the shared one."""
+        scope = owner_scope(request.owner)
+        if self.identities is None or scope is None:
+            return None
+        try:
+            return self.identities.profile(scope, request.owner)
+        except ClientError as exc:
+            error = exc.response.get("Error", {})
+            code = str(error.get("Code", "Unknown"))
+            if code in _TRANSIENT:
+                raise
+            raise LaunchRefused(
+                IDENTITY_UNAVAILABLE,
+                f"IAM would not make the replica role of owner {request.owner}: {code}: {error.get('Message', '')}",
+            ) from exc
+        except IdentityError as exc:
+            raise LaunchRefused(IDENTITY_UNAVAILABLE, str(exc)) from exc
+
+    def _now(self) -> float:
+        return self.identities.now() if self.identities is not None else 0.0
+
+    def _run_instances_args(self, request: LaunchRequest, profile: Profile | None = None) -> RunInstancesRequestTypeDef:
         resources = request.spec.resources
         tags: list[TagTypeDef] = [
             {"Key": MANAGED_TAG, "Value": MANAGED_VALUE},
@@ -279,7 +326,9 @@ class Ec2Driver:
             args["SubnetId"] = subnet
         if self.security_group_ids:
             args["SecurityGroupIds"] = self.security_group_ids
-        if self.instance_profile_arn:
+        if profile is not None:
+            args["IamInstanceProfile"] = {"Name": profile.name}
+        elif self.instance_profile_arn:
             args["IamInstanceProfile"] = {"Arn": self.instance_profile_arn}
         if request.market is Market.SPOT:
             args["InstanceMarketOptions"] = {
@@ -313,14 +362,21 @@ class Ec2Driver:
 
     def _boot_source(self, request: LaunchRequest) -> BootSource:
         """Where this replica's workdir and secrets are (read at boot with the replica's own role)."""
+        from fleetkeeper.secret_store import SecretStore
         from fleetkeeper.workdir_store import service_key
 
         spec = request.spec
-        key = service_key(request.service, request.uid, spec.workdir.digest) if spec.workdir else None
+        key = service_key(request.service, request.uid, spec.workdir.digest, request.owner) if spec.workdir else None
         parameter = None
         if request.secrets_ref and self.secrets_prefix:
-            parameter = f"{self.secrets_prefix}/{request.service}/{request.uid}/{request.secrets_ref}"
-        stream = log_stream(request.service, request.uid, request.replica_id) if self.replica_log_group else None
+            parameter = SecretStore(self.secrets_prefix).parameter_name(
+                request.service, request.uid, request.secrets_ref, request.owner
+            )
+        stream = (
+            log_stream(request.service, request.uid, request.replica_id, request.owner)
+            if self.replica_log_group
+            else None
+        )
         return BootSource(
             bucket=self.workdir_bucket,
             workdir_key=key,

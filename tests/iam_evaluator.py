@@ -1,0 +1,332 @@
+"""A small IAM policy evaluator: the subset of AWS's policy language this stack's policies use.
+
+Why our own: the maintained Python tools are auditors (parliament, already a dev dependency, and
+cloudsplaining look at a policy without a request) or compute an entity's effective action set from
+account authorization details without a request context (iam-ape, judged from its description); none
+decides one request with its condition keys, policy variables and a permissions boundary. So this
+module does, for what the stack uses, and tests/test_iam_evaluator.py checks it against the
+evaluation examples of AWS's IAM documentation before any stack policy is judged with it.
+
+Semantics, from AWS's IAM User Guide:
+
+- evaluation: an explicit Deny in any applicable policy wins; otherwise a request within one account is
+  allowed when an identity-based policy *or* a resource-based policy allows it, and a permissions
+  boundary, when the principal has one, must allow it too (identity policy AND boundary); anything
+  else is an implicit deny.
+  https://docs.aws.amazon.com/IAM/latest/UserGuide/reference_policies_evaluation-logic.html
+  https://docs.aws.amazon.com/IAM/latest/UserGuide/reference_policies_evaluation-logic_policy-eval-basics.html
+  https://docs.aws.amazon.com/IAM/latest/UserGuide/access_policies_boundaries.html
+  (Simplification: a resource-based policy's allow is also capped by the boundary; AWS exempts only
+  grants naming a role *session* ARN, which no policy of this stack does.)
+- Action / NotAction match case-insensitively with `*` and `?`; Resource / NotResource match
+  case-sensitively with `*` (any run of characters, `/` and `:` included) and `?`.
+  https://docs.aws.amazon.com/IAM/latest/UserGuide/reference_policies_elements_resource.html
+- policy variables `${key}` in Resource and in condition values are replaced by the request's value
+  of `key`; `${*}`, `${?}` and `${$}` are the literal characters. A variable whose key the request does
+  not carry (or carries multi-valued) makes the element match nothing.
+  https://docs.aws.amazon.com/IAM/latest/UserGuide/reference_policies_variables.html
+- Condition: every operator block and every key in it must hold (AND); a key's several values are
+  alternatives (OR) for positive operators, and for negated ones (StringNotEquals, StringNotLike,
+  ArnNotEquals, ArnNotLike) the key must match none of them. A key the request does not carry fails a
+  positive operator and satisfies a negated one; `...IfExists` is true for a missing key. `Null: true`
+  holds when the key is missing. ForAnyValue: some request value matches (false when missing);
+  ForAllValues: every request value matches (true when missing or empty). ArnEquals/ArnLike compare
+  the six colon-separated parts of an ARN one by one.
+  https://docs.aws.amazon.com/IAM/latest/UserGuide/reference_policies_elements_condition_operators.html
+  https://docs.aws.amazon.com/IAM/latest/UserGuide/reference_policies_condition-single-vs-multi-valued-context-keys.html
+
+Anything else (an operator, a prefix or a policy element it does not know) raises Unsupported:
+a policy this evaluator cannot read is never judged "denied" by accident.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+
+class Unsupported(Exception):
+    """A policy uses something this evaluator does not implement."""
+
+
+class Decision(StrEnum):
+    ALLOW = "Allow"
+    EXPLICIT_DENY = "ExplicitDeny"
+    IMPLICIT_DENY = "ImplicitDeny"
+
+
+@dataclass(frozen=True)
+class Request:
+    """One request: who (principal ARN), what (action), on what (resource ARN), and its context keys.
+
+    `context` maps condition keys (any case) to a string or a list of strings (a multivalued key).
+    """
+
+    principal: str
+    action: str
+    resource: str
+    context: dict[str, str | list[str]] = field(default_factory=dict)
+
+    def value(self, key: str) -> str | list[str] | None:
+        lowered = key.lower()
+        for name, value in self.context.items():
+            if name.lower() == lowered:
+                return value
+        if lowered == "aws:principalarn":
+            return self.principal
+        return None
+
+
+_KNOWN_ELEMENTS = {"Sid", "Effect", "Action", "NotAction", "Resource", "NotResource", "Condition", "Principal"}
+_VARIABLE = re.compile(r"\$\{([^}]+)\}")
+
+
+def as_list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else [value]
+
+
+def statements(policy: dict[str, Any]) -> list[dict[str, Any]]:
+    found = as_list(policy.get("Statement", []))
+    for statement in found:
+        unknown = set(statement) - _KNOWN_ELEMENTS
+        if unknown:
+            raise Unsupported(f"statement elements {sorted(unknown)}")
+        if statement.get("Effect") not in ("Allow", "Deny"):
+            raise Unsupported(f"Effect {statement.get('Effect')!r}")
+    return found
+
+
+def _glob(pattern: str, *, ignore_case: bool) -> re.Pattern[str]:
+    parts = []
+    for char in pattern:
+        parts.append(".*" if char == "*" else "." if char == "?" else re.escape(char))
+    return re.compile("".join(parts), re.DOTALL | (re.IGNORECASE if ignore_case else 0))
+
+
+def glob_match(pattern: str, value: str, *, ignore_case: bool = False) -> bool:
+    return _glob(pattern, ignore_case=ignore_case).fullmatch(value) is not None
+
+
+def substitute(text: str, request: Request) -> str | None:
+    """`text` with its policy variables replaced; None when one has no (single) value."""
+    missing = False
+
+    def replace(match: re.Match[str]) -> str:
+        nonlocal missing
+        name = match.group(1)
+        if name in ("*", "?", "$"):
+            # A literal, escaped with a marker the glob cannot confuse with a wildcard.
+            return {"*": "\x00STAR\x00", "?": "\x00QMARK\x00", "$": "$"}[name]
+        value = request.value(name)
+        if not isinstance(value, str):
+            missing = True
+            return ""
+        # A value stands for itself: its own * and ? are not wildcards.
+        return value.replace("*", "\x00STAR\x00").replace("?", "\x00QMARK\x00")
+
+    result = _VARIABLE.sub(replace, text)
+    return None if missing else result
+
+
+def _literal_glob(pattern: str, value: str, *, ignore_case: bool) -> bool:
+    """glob_match where \\x00STAR\\x00 / \\x00QMARK\\x00 are the literal characters."""
+    regex = []
+    index = 0
+    while index < len(pattern):
+        if pattern.startswith("\x00STAR\x00", index):
+            regex.append(re.escape("*"))
+            index += 6
+        elif pattern.startswith("\x00QMARK\x00", index):
+            regex.append(re.escape("?"))
+            index += 7
+        else:
+            char = pattern[index]
+            regex.append(".*" if char == "*" else "." if char == "?" else re.escape(char))
+            index += 1
+    flags = re.DOTALL | (re.IGNORECASE if ignore_case else 0)
+    return re.compile("".join(regex), flags).fullmatch(value) is not None
+
+
+def _resource_matches(patterns: list[Any], request: Request) -> bool:
+    for raw in patterns:
+        pattern = substitute(str(raw), request)
+        if pattern is not None and _literal_glob(pattern, request.resource, ignore_case=False):
+            return True
+    return False
+
+
+def _action_matches(patterns: list[Any], action: str) -> bool:
+    return any(glob_match(str(p), action, ignore_case=True) for p in patterns)
+
+
+# --- conditions ---------------------------------------------------------------------------------
+
+_ARN_PARTS = 6
+
+
+def _arn_like(pattern: str, value: str) -> bool:
+    pattern_parts = pattern.split(":", _ARN_PARTS - 1)
+    value_parts = value.split(":", _ARN_PARTS - 1)
+    if len(pattern_parts) != _ARN_PARTS or len(value_parts) != _ARN_PARTS:
+        return False
+    return all(_literal_glob(p, v, ignore_case=False) for p, v in zip(pattern_parts, value_parts, strict=True))
+
+
+def _compare(base: str, pattern: str, value: str) -> bool:
+    if base == "StringEquals":
+        return pattern.replace("\x00STAR\x00", "*").replace("\x00QMARK\x00", "?") == value
+    if base == "StringEqualsIgnoreCase":
+        return pattern.replace("\x00STAR\x00", "*").replace("\x00QMARK\x00", "?").lower() == value.lower()
+    if base == "StringLike":
+        return _literal_glob(pattern, value, ignore_case=False)
+    if base in ("ArnEquals", "ArnLike"):
+        return _arn_like(pattern, value)
+    if base == "Bool":
+        return pattern.lower() == value.lower()
+    raise Unsupported(f"condition operator {base}")
+
+
+_NEGATED = {
+    "StringNotEquals": "StringEquals",
+    "StringNotEqualsIgnoreCase": "StringEqualsIgnoreCase",
+    "StringNotLike": "StringLike",
+    "ArnNotEquals": "ArnEquals",
+    "ArnNotLike": "ArnLike",
+}
+_POSITIVE = {"StringEquals", "StringEqualsIgnoreCase", "StringLike", "ArnEquals", "ArnLike", "Bool"}
+
+
+def _condition_holds(operator: str, key: str, wanted: Any, request: Request) -> bool:
+    qualifier = None
+    if ":" in operator:
+        qualifier, operator = operator.split(":", 1)
+        if qualifier not in ("ForAnyValue", "ForAllValues"):
+            raise Unsupported(f"condition qualifier {qualifier}")
+    if_exists = operator.endswith("IfExists")
+    base = operator.removesuffix("IfExists")
+    value = request.value(key)
+    if base == "Null":
+        if qualifier or if_exists:
+            raise Unsupported(f"{qualifier or ''}{operator}")
+        return any((value is None) == (str(w).lower() == "true") for w in as_list(wanted))
+    negated = base in _NEGATED
+    positive = _NEGATED.get(base, base)
+    if positive not in _POSITIVE:
+        raise Unsupported(f"condition operator {operator}")
+    patterns = []
+    for raw in as_list(wanted):
+        pattern = substitute(str(raw), request)
+        if pattern is not None:
+            patterns.append(pattern)
+    if value is None:
+        if qualifier == "ForAllValues":
+            return True
+        if qualifier == "ForAnyValue":
+            return False
+        return True if if_exists else negated
+    values = as_list(value)
+    if qualifier is None and len(values) != 1:
+        raise Unsupported(f"single-valued operator {operator} on multivalued key {key}")
+
+    def matches(one: str) -> bool:
+        hit = any(_compare(positive, p, one) for p in patterns)
+        return not hit if negated else hit
+
+    if qualifier == "ForAllValues":
+        return all(matches(v) for v in values)
+    return any(matches(v) for v in values)
+
+
+def conditions_hold(condition: dict[str, Any] | None, request: Request) -> bool:
+    for operator, block in (condition or {}).items():
+        for key, wanted in block.items():
+            if not _condition_holds(operator, key, wanted, request):
+                return False
+    return True
+
+
+# --- statements and policies --------------------------------------------------------------------
+
+
+def principal_match(principal: Any, request: Request) -> str | None:
+    """How a statement's Principal names the caller: "direct" (the caller, or everyone), "account"
+    (the caller's account: a grant to the account delegates to its IAM policies, so the caller's own
+    identity policy must allow too), or None."""
+    if principal is None or principal == "*":
+        return "direct"  # None: an identity-based policy, whose principal is whoever holds it
+    found = None
+    for kind, names in principal.items():
+        if kind != "AWS":
+            continue
+        for name in as_list(names):
+            if name == "*" or name == request.principal:
+                return "direct"
+            account = request.principal.split(":")[4] if request.principal.count(":") >= 5 else None
+            if account and name in (account, f"arn:aws:iam::{account}:root"):
+                found = "account"
+    return found
+
+
+def statement_applies(statement: dict[str, Any], request: Request) -> bool:
+    if "Action" in statement:
+        action_hit = _action_matches(as_list(statement["Action"]), request.action)
+    elif "NotAction" in statement:
+        action_hit = not _action_matches(as_list(statement["NotAction"]), request.action)
+    else:
+        raise Unsupported("a statement without Action or NotAction")
+    if not action_hit:
+        return False
+    if "Resource" in statement and not _resource_matches(as_list(statement["Resource"]), request):
+        return False
+    if "NotResource" in statement and _resource_matches(as_list(statement["NotResource"]), request):
+        return False
+    if principal_match(statement.get("Principal"), request) is None:
+        return False
+    return conditions_hold(statement.get("Condition"), request)
+
+
+def policy_effects(policy: dict[str, Any], request: Request) -> set[str]:
+    """The Effects of the policy's statements that apply to the request."""
+    return {s["Effect"] for s in statements(policy) if statement_applies(s, request)}
+
+
+def evaluate(
+    request: Request,
+    identity: list[dict[str, Any]],
+    *,
+    boundary: dict[str, Any] | None = None,
+    resource: list[dict[str, Any]] | None = None,
+    key_policy: bool = False,
+) -> Decision:
+    """The decision for a request within one account (no SCPs, no session policies).
+
+    `resource`: resource-based policies. A statement naming the caller allows by itself; one naming
+    the caller's account allows only with the caller's identity policy allowing too. `key_policy`:
+    `resource` is a KMS key's policy, which must allow: an identity policy alone never does (KMS:
+    "no principal has any permission to a KMS key unless the key policy allows it",
+    https://docs.aws.amazon.com/kms/latest/developerguide/key-policies.html).
+    """
+    identity_effects = set().union(*(policy_effects(p, request) for p in identity)) if identity else set()
+    boundary_effects = policy_effects(boundary, request) if boundary is not None else {"Allow"}
+    resource_grants = [
+        (s["Effect"], principal_match(s.get("Principal"), request))
+        for p in resource or []
+        for s in statements(p)
+        if statement_applies(s, request)
+    ]
+    if "Deny" in identity_effects | boundary_effects | {effect for effect, _ in resource_grants}:
+        return Decision.EXPLICIT_DENY
+    if "Allow" not in boundary_effects:
+        return Decision.IMPLICIT_DENY
+    identity_allows = "Allow" in identity_effects
+    direct = any(effect == "Allow" and how == "direct" for effect, how in resource_grants)
+    via_account = identity_allows and any(effect == "Allow" and how == "account" for effect, how in resource_grants)
+    if direct or via_account or (identity_allows and not key_policy):
+        return Decision.ALLOW
+    return Decision.IMPLICIT_DENY
+
+
+def allowed(request: Request, identity: list[dict[str, Any]], **kwargs: Any) -> bool:
+    return evaluate(request, identity, **kwargs) is Decision.ALLOW
