@@ -255,8 +255,8 @@ class _BeforeStackIds(ec2_driver_module.Ec2Driver):
         if not self._old:
             super().adopt(instance_ids)
 
-    def _run_instances_args(self, request: LaunchRequest) -> RunInstancesRequestTypeDef:
-        args = super()._run_instances_args(request)
+    def _run_instances_args(self, request: LaunchRequest, *rest: Any) -> RunInstancesRequestTypeDef:
+        args = super()._run_instances_args(request, *rest)
         if self._old:
             args["ClientToken"] = client_token(request.uid, request.replica_id, request.attempt)
             for spec in args["TagSpecifications"]:
