@@ -5,7 +5,10 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
-PORT   ?= 8080
+# The embedded API's port: one no app's example takes (SkyPilot YAMLs hard-code 8080, 8000, 8081).
+PORT   ?= 8470
+# Seconds between the local endpoints' request-count datapoints, which the autoscaler reads.
+METRICS_INTERVAL ?= 5
 # Tests get both cores; override with PYTEST_WORKERS=1 to debug. Each worker takes the next test as
 # it finishes one (xdist's default hands each worker an eighth of the suite up front), longest
 # first (tests/conftest.py, LONG_FIRST): both workers end within a short test of each other.
@@ -38,8 +41,9 @@ $(STAMP): pyproject.toml functions/requirements.txt
 	$(BIN)/python -m pip install --quiet -e '.[dev]' -c functions/requirements.txt
 	@touch $(STAMP)
 
+# `make local VERBOSE=1` also prints the handlers' INFO logs, every reconciler run's included.
 local: $(STAMP)
-	$(BIN)/python -m fleetkeeper.local.demo --port $(PORT)
+	$(BIN)/python -m fleetkeeper.local.demo --port $(PORT) --metrics-interval $(METRICS_INTERVAL) $(if $(VERBOSE),--verbose)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

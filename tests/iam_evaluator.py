@@ -18,6 +18,18 @@ Semantics, from AWS's IAM User Guide:
   https://docs.aws.amazon.com/IAM/latest/UserGuide/access_policies_boundaries.html
   (Simplification: a resource-based policy's allow is also capped by the boundary; AWS exempts only
   grants naming a role *session* ARN, which no policy of this stack does.)
+- a resource-based policy's Principal: "*" and {"AWS": "*"} are everyone, {"AWS": <account id or
+  arn:aws:iam::<account>:root>} the account (it delegates to the account's IAM policies, which must
+  allow too), {"AWS": <role or user ARN>} that principal, {"Service": <name>} that service principal.
+  An identity-based policy has no Principal. A KMS key policy must allow by itself or delegate to
+  the account: "Unless the key policy explicitly allows it, you cannot use IAM policies to allow
+  access to a KMS key."
+  https://docs.aws.amazon.com/IAM/latest/UserGuide/reference_policies_elements_principal.html
+  https://docs.aws.amazon.com/kms/latest/developerguide/key-policies.html
+- the global keys AWS derives from the caller (aws:PrincipalArn, aws:PrincipalAccount,
+  aws:PrincipalServiceName, aws:PrincipalIsAWSService) and aws:SecureTransport, always present
+  ("true" unless the request says otherwise); see Request.
+  https://docs.aws.amazon.com/IAM/latest/UserGuide/reference_policies_condition-keys.html
 - Action / NotAction match case-insensitively with `*` and `?`; Resource / NotResource match
   case-sensitively with `*` (any run of characters, `/` and `:` included) and `?`.
   https://docs.aws.amazon.com/IAM/latest/UserGuide/reference_policies_elements_resource.html
@@ -57,11 +69,30 @@ class Decision(StrEnum):
     IMPLICIT_DENY = "ImplicitDeny"
 
 
+# A service principal's name (events.amazonaws.com, and the China partition's .amazonaws.com.cn).
+_SERVICE_PRINCIPAL = re.compile(r"[a-z0-9][a-z0-9.-]*\.amazonaws\.com(\.cn)?")
+
+
 @dataclass(frozen=True)
 class Request:
-    """One request: who (principal ARN), what (action), on what (resource ARN), and its context keys.
+    """One request: who (principal), what (action), on what (resource ARN), and its context keys.
 
-    `context` maps condition keys (any case) to a string or a list of strings (a multivalued key).
+    `principal` is an IAM principal's ARN (a role, a user, an account's root) or an AWS service
+    principal's name (``events.amazonaws.com``: a service acting on its own, as EventBridge does when
+    it delivers to a target). `context` maps condition keys (any case) to a string or a list of
+    strings (a multivalued key).
+
+    The global keys AWS derives from the principal are in the request context whatever `context`
+    says (a caller cannot claim another's), reference_policies_condition-keys.html:
+    - an IAM principal: aws:PrincipalArn (its ARN; "for all signed requests", for roles, users and
+      the root user), aws:PrincipalAccount (its account), aws:PrincipalIsAWSService false;
+    - a service principal: aws:PrincipalServiceName (its name; "present ... when the call is made by
+      an AWS service principal", and in no other case), aws:PrincipalIsAWSService true, and no
+      aws:PrincipalArn (not one of the principal types that key carries) nor aws:PrincipalAccount
+      (the page does not say what it holds for a service principal).
+    aws:SecureTransport is "always included in the request context": "true" (the SDKs' HTTPS)
+    unless `context` gives it.
+    https://docs.aws.amazon.com/IAM/latest/UserGuide/reference_policies_condition-keys.html
     """
 
     principal: str
@@ -69,13 +100,48 @@ class Request:
     resource: str
     context: dict[str, str | list[str]] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        if not (self.is_service or (self.principal.startswith("arn:") and self.principal.count(":") >= 5)):
+            raise ValueError(f"principal {self.principal!r} is neither an IAM principal ARN nor a service principal")
+
+    @property
+    def is_service(self) -> bool:
+        return _SERVICE_PRINCIPAL.fullmatch(self.principal) is not None
+
+    @property
+    def account(self) -> str | None:
+        """The caller's account (None for a service principal)."""
+        return None if self.is_service else self.principal.split(":")[4]
+
+    @property
+    def account_root(self) -> str | None:
+        """The ARN a Principal element names the caller's account by (its partition's root)."""
+        if self.is_service:
+            return None
+        partition, account = self.principal.split(":")[1], self.principal.split(":")[4]
+        return f"arn:{partition}:iam::{account}:root"
+
+    def _derived(self) -> dict[str, str]:
+        if self.is_service:
+            return {"aws:principalservicename": self.principal, "aws:principalisawsservice": "true"}
+        return {
+            "aws:principalarn": self.principal,
+            "aws:principalaccount": self.principal.split(":")[4],
+            "aws:principalisawsservice": "false",
+        }
+
     def value(self, key: str) -> str | list[str] | None:
         lowered = key.lower()
+        derived = self._derived()
+        if lowered in derived:
+            return derived[lowered]
+        if lowered in ("aws:principalarn", "aws:principalaccount", "aws:principalservicename"):
+            return None  # of the other kind of principal: absent, whatever `context` says
         for name, value in self.context.items():
             if name.lower() == lowered:
                 return value
-        if lowered == "aws:principalarn":
-            return self.principal
+        if lowered == "aws:securetransport":
+            return "true"
         return None
 
 
@@ -251,25 +317,43 @@ def conditions_hold(condition: dict[str, Any] | None, request: Request) -> bool:
 
 
 def principal_match(principal: Any, request: Request) -> str | None:
-    """How a statement's Principal names the caller: "direct" (the caller, or everyone), "account"
-    (the caller's account: a grant to the account delegates to its IAM policies, so the caller's own
-    identity policy must allow too), or None."""
-    if principal is None or principal == "*":
-        return "direct"  # None: an identity-based policy, whose principal is whoever holds it
+    """How a resource-based statement's Principal names the caller: "direct" (the caller, or
+    everyone), "account" (the caller's account: a grant to the account delegates to its IAM policies,
+    so the caller's own identity policy must allow too), or None.
+
+    "*" and {"AWS": "*"} are everyone; {"AWS": <account id or its root ARN>} the account;
+    {"AWS": <role or user ARN>} that principal; {"Service": <name>} that service principal.
+    https://docs.aws.amazon.com/IAM/latest/UserGuide/reference_policies_elements_principal.html
+    """
+    if principal == "*":
+        return "direct"
+    if not isinstance(principal, dict):
+        raise Unsupported(f"Principal {principal!r}")
     found = None
     for kind, names in principal.items():
-        if kind != "AWS":
-            continue
-        for name in as_list(names):
-            if name == "*" or name == request.principal:
+        if kind not in ("AWS", "Service"):
+            raise Unsupported(f"Principal type {kind}")
+        for raw in as_list(names):
+            name = str(raw)
+            if kind == "Service":
+                if request.is_service and name == request.principal:
+                    return "direct"
+            elif name == "*" or name == request.principal:
                 return "direct"
-            account = request.principal.split(":")[4] if request.principal.count(":") >= 5 else None
-            if account and name in (account, f"arn:aws:iam::{account}:root"):
+            elif request.account is not None and name in (request.account, request.account_root):
                 found = "account"
     return found
 
 
-def statement_applies(statement: dict[str, Any], request: Request) -> bool:
+def statement_applies(statement: dict[str, Any], request: Request, *, resource_based: bool = False) -> bool:
+    """Whether the statement's Action, Resource, Principal (of a resource-based policy; an
+    identity-based policy or a boundary has none) and Condition all match the request."""
+    if resource_based != ("Principal" in statement):
+        raise Unsupported(
+            "a resource-based statement without Principal"
+            if resource_based
+            else "Principal in an identity-based policy or a boundary"
+        )
     if "Action" in statement:
         action_hit = _action_matches(as_list(statement["Action"]), request.action)
     elif "NotAction" in statement:
@@ -282,7 +366,7 @@ def statement_applies(statement: dict[str, Any], request: Request) -> bool:
         return False
     if "NotResource" in statement and _resource_matches(as_list(statement["NotResource"]), request):
         return False
-    if principal_match(statement.get("Principal"), request) is None:
+    if resource_based and principal_match(statement["Principal"], request) is None:
         return False
     return conditions_hold(statement.get("Condition"), request)
 
@@ -302,19 +386,23 @@ def evaluate(
 ) -> Decision:
     """The decision for a request within one account (no SCPs, no session policies).
 
-    `resource`: resource-based policies. A statement naming the caller allows by itself; one naming
-    the caller's account allows only with the caller's identity policy allowing too. `key_policy`:
-    `resource` is a KMS key's policy, which must allow: an identity policy alone never does (KMS:
-    "no principal has any permission to a KMS key unless the key policy allows it",
-    https://docs.aws.amazon.com/kms/latest/developerguide/key-policies.html).
+    `identity`: the caller's identity-based policies (a service principal has none). `resource`:
+    resource-based policies (a queue policy, a key policy); their statements must have a Principal.
+    A statement naming the caller (its ARN, its service principal name, or everyone) allows by
+    itself; one naming the caller's account allows only with the caller's identity policy allowing
+    too. `key_policy`: `resource` is a KMS key's policy, which must allow: "Unless the key policy
+    explicitly allows it, you cannot use IAM policies to allow access to a KMS key. Without
+    permission from the key policy, IAM policies that allow permissions have no effect." An IAM
+    policy's Deny still denies.
+    https://docs.aws.amazon.com/kms/latest/developerguide/key-policies.html
     """
     identity_effects = set().union(*(policy_effects(p, request) for p in identity)) if identity else set()
     boundary_effects = policy_effects(boundary, request) if boundary is not None else {"Allow"}
     resource_grants = [
-        (s["Effect"], principal_match(s.get("Principal"), request))
+        (s["Effect"], principal_match(s["Principal"], request))
         for p in resource or []
         for s in statements(p)
-        if statement_applies(s, request)
+        if statement_applies(s, request, resource_based=True)
     ]
     if "Deny" in identity_effects | boundary_effects | {effect for effect, _ in resource_grants}:
         return Decision.EXPLICIT_DENY

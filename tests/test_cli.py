@@ -127,7 +127,7 @@ def running_local(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[L
     """As if the user's `fleetkeeper local` ran at the default address: the CLI finds it on its own
     (this process stands in for the server: its pid is alive)."""
     monkeypatch.setenv(RUNTIME_DIR_ENV, str(tmp_path / "run"))
-    credential = LocalCredential("http://127.0.0.1:8080", new_token(), os.getpid())
+    credential = LocalCredential("http://127.0.0.1:8470", new_token(), os.getpid())
     published = publish(credential, tmp_path / "state")
     yield credential
     withdraw(published)
@@ -142,7 +142,8 @@ def running_local(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[L
         [],
         ["frobnicate"],
         ["up"],
-        ["status", "--output", "yaml"],
+        ["status", "--output", "xml"],
+        ["status", "--count", "0"],
         ["rollback", "web", "--to", "two"],
         ["update", "web"],
     ],
@@ -202,10 +203,18 @@ def test_a_spec_that_is_not_a_yaml_mapping_exits_2(tmp_path: Path, text: str, pr
     assert code == 2 and problem in err
 
 
-def test_up_needs_a_name_from_the_flag_or_the_spec(tmp_path: Path) -> None:
-    path = tmp_path / "anon.yaml"
+def test_up_names_a_spec_without_a_name_after_its_file(tmp_path: Path) -> None:
+    path = tmp_path / "My_App.v2.yaml"
     path.write_text("service:\n  readiness_probe: /\nrun: x\n")
-    code, _, err = cli(["up", str(path)], ScriptedClient({}))
+    client = ScriptedClient({("POST", "/v1/services"): [view("NO_REPLICA", observed=0)]})
+    code, _, err = cli(["up", str(path)], client)
+    assert code == 0
+    assert err.startswith(f"no name in {path}: the service is my-app-v2 (--name NAME chooses another)")
+    (_, _, body), *_ = client.sent
+    assert body["name"] == "my-app-v2"
+    nameless = tmp_path / "___.yaml"
+    nameless.write_text("service:\n  readiness_probe: /\nrun: x\n")
+    code, _, err = cli(["up", str(nameless)], ScriptedClient({}))
     assert code == 2 and "--name" in err
 
 
@@ -551,11 +560,11 @@ def test_api_url_order_flag_then_environment_then_stack_then_embedded(tmp_path: 
     assert resolve_api_url(None, "fk", environ=env, cloudformation=stack) == "https://env.example.com/api"
     assert resolve_api_url(None, "fk", environ={}, cloudformation=stack) == API_GW
     # The user's running `fleetkeeper local` (the fixture's), found on its own; else only with --local.
-    assert resolve_api_url(None, None) == "http://127.0.0.1:8080"
+    assert resolve_api_url(None, None) == "http://127.0.0.1:8470"
     nothing_running = {"FLEETKEEPER_RUNTIME_DIR": str(tmp_path / "empty")}
     with pytest.raises(UsageError, match="no API to talk to"):
         resolve_api_url(None, None, environ=nothing_running)
-    assert resolve_api_url(None, None, local=True, environ=nothing_running) == "http://127.0.0.1:8080"
+    assert resolve_api_url(None, None, local=True, environ=nothing_running) == "http://127.0.0.1:8470"
 
 
 def test_a_stack_without_the_output_or_that_does_not_exist_is_a_usage_error() -> None:
@@ -585,7 +594,7 @@ def test_loopback_urls_are_not_signed_and_aws_urls_are(monkeypatch: pytest.Monke
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIDEXAMPLE")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "secret")
     monkeypatch.setenv("AWS_SESSION_TOKEN", "token")
-    assert ApiClient.for_url("http://127.0.0.1:8080").signer is None
+    assert ApiClient.for_url("http://127.0.0.1:8470").signer is None
     client = ApiClient.for_url(API_GW)
     assert client.signer is not None and client.signer.region == "eu-west-1"
 
@@ -657,7 +666,7 @@ def test_the_first_progress_line_of_an_update_never_shows_the_old_status_as_the_
     assert progress_line(goal, before) == "web: v3 submitted; waiting for the reconciler to act on it"
     assert judge(goal, before) is None
     after = view("UPDATING", target=3, observed=3, generation=3, ready=0)
-    assert progress_line(goal, after).startswith("web: UPDATING v3, 0/2 ready")
+    assert progress_line(goal, after).startswith("web: UPDATING to v3: 0/2 ready")
 
 
 def test_an_unchanged_update_says_so_and_exits_0(spec_file: Path) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import io
 import json
+import time
 from typing import TYPE_CHECKING
 
 import pytest
@@ -114,7 +115,12 @@ def test_status_of_a_missing_service_exits_2(api_url: str) -> None:
 
 def test_logs_prints_each_replicas_log_file(api_url: str, tmp_path: Path) -> None:
     assert cli(api_url, "up", spec_file(tmp_path))[0] == 0
-    folder = tmp_path / "logs" / "web"
+    uid = json.loads(cli(api_url, "status", "web", "-o", "json")[1])["uid"]
+    # A deleted incarnation of the same name left its own logs: never shown for this one.
+    stale = tmp_path / "logs" / "web" / "0000old"
+    stale.mkdir(parents=True)
+    (stale / "replica-1.log").write_text("the old run's line\n")
+    folder = tmp_path / "logs" / "web" / uid
     folder.mkdir(parents=True)
     (folder / "replica-1.log").write_text("one\n")
     (folder / "replica-2.log").write_text("two")
@@ -135,11 +141,18 @@ def test_logs_prints_each_replicas_log_file(api_url: str, tmp_path: Path) -> Non
     (folder / "replica-1.log").write_text("a\nb\nc\n")
     assert cli(api_url, "logs", "web", "1", "--tail", "2")[1] == "b\nc\n"
     assert cli(api_url, "logs", "web", "3")[0] == 2
+    # --since: from where the log was at the last mark (the driver's, once a second) before then.
+    now = int(time.time())
+    (folder / "replica-1.log.times").write_text(f"{now - 3600} 2\n{now - 700} 4\n")
+    assert cli(api_url, "logs", "web", "1", "--since", "10m")[1] == "c\n"
+    assert cli(api_url, "logs", "web", "1", "--since", "2h")[1] == "a\nb\nc\n"
+    assert "the old run's line" not in cli(api_url, "logs", "web", "--all")[1]
 
 
 def test_logs_prints_a_replicas_output_without_terminal_escapes(api_url: str, tmp_path: Path) -> None:
     assert cli(api_url, "up", spec_file(tmp_path))[0] == 0
-    folder = tmp_path / "logs" / "web"
+    uid = json.loads(cli(api_url, "status", "web", "-o", "json")[1])["uid"]
+    folder = tmp_path / "logs" / "web" / uid
     folder.mkdir(parents=True)
     (folder / "replica-1.log").write_bytes(b"\x1b[2J\x1b[Hclean\x1b]0;title\x07\ttab\r\nnext \x1b[1A\x00line\n")
     code, out, _ = cli(api_url, "logs", "web", "1")

@@ -324,3 +324,152 @@ def test_a_key_policy_must_allow_and_a_grant_to_the_account_delegates_to_iam() -
     # Naming the account delegates to IAM: the identity policy decides.
     assert evaluate(request, [decrypt_anything], resource=[enables_iam], key_policy=True) is Decision.ALLOW
     assert evaluate(request, [], resource=[enables_iam], key_policy=True) is Decision.IMPLICIT_DENY
+
+
+# --- resource-based policies: principals, the keys derived from the caller (once tests/iam_eval.py's) ---
+
+
+def test_the_evaluator_follows_iams_documented_rules() -> None:
+    """Negated operators and NOR on a queue policy's Deny, as the kick queue's policy relies on them.
+
+    reference_policies_elements_condition_operators.html: a negated operator is true when the key is
+    absent (a positive one false); reference_policies_multi-value-conditions.html: the several values
+    of a negated operator's key are a NOR (the key must match none)."""
+    arn = "arn:aws:sqs:us-east-1:123456789012:q"
+    role = f"arn:aws:iam::{ACCOUNT}:role/r"
+    allow_all = {"Statement": [{"Effect": "Allow", "Action": "sqs:*", "Resource": "*"}]}
+
+    def deny_unless(operator: str) -> dict[str, Any]:
+        condition = {operator: {"aws:SourceArn": "arn:aws:events:us-east-1:123456789012:rule/x"}}
+        statement = {"Effect": "Deny", "Principal": "*", "Action": "sqs:SendMessage", "Resource": arn}
+        return {"Statement": [{**statement, "Condition": condition}]}
+
+    send = Request(role, "sqs:SendMessage", arn)
+    # A negated operator is true when the key is absent; a positive one is false.
+    assert evaluate(send, [allow_all], resource=[deny_unless("ArnNotEquals")]) is Decision.EXPLICIT_DENY
+    assert evaluate(send, [allow_all], resource=[deny_unless("ArnEquals")]) is Decision.ALLOW
+    # Several values of a negated operator: NOR.
+    two = {"ArnNotEquals": {"aws:PrincipalArn": [role, f"arn:aws:iam::{ACCOUNT}:role/other"]}}
+    statement = {"Effect": "Deny", "Principal": "*", "Action": "sqs:SendMessage", "Resource": arn, "Condition": two}
+    assert evaluate(send, [allow_all], resource=[{"Statement": [statement]}]) is Decision.ALLOW
+    stranger = Request(f"arn:aws:iam::{ACCOUNT}:role/stranger", "sqs:SendMessage", arn)
+    assert evaluate(stranger, [allow_all], resource=[{"Statement": [statement]}]) is Decision.EXPLICIT_DENY
+    # No Allow anywhere: implicitly denied; an operator it cannot judge fails loudly.
+    assert evaluate(send, [], resource=[{"Statement": []}]) is Decision.IMPLICIT_DENY
+    unknown = {**statement, "Condition": {"DateGreaterThan": {"aws:CurrentTime": "2020-01-01T00:00:00Z"}}}
+    with pytest.raises(Unsupported, match="DateGreaterThan"):
+        evaluate(send, [allow_all], resource=[{"Statement": [unknown]}])
+
+
+# https://docs.aws.amazon.com/eventbridge/latest/userguide/eb-use-resource-based.html#eb-sqs-permissions (Amazon SQS
+# permissions): a queue policy lets EventBridge's service principal deliver a rule's events, the rule
+# named by aws:SourceArn.
+RULE = f"arn:aws:events:us-east-1:{ACCOUNT}:rule/ruleName"
+QUEUE = f"arn:aws:sqs:us-east-1:{ACCOUNT}:queueName"
+EVENTBRIDGE_TO_SQS = {
+    "Statement": [
+        {
+            "Sid": "events-policy",
+            "Effect": "Allow",
+            "Principal": {"Service": "events.amazonaws.com"},
+            "Action": "sqs:SendMessage",
+            "Resource": QUEUE,
+            "Condition": {"ArnEquals": {"aws:SourceArn": RULE}},
+        }
+    ]
+}
+
+
+def test_a_service_principal_is_allowed_by_its_name_in_a_resource_policy() -> None:
+    def deliver(principal: str, source: str | None) -> Decision:
+        context: dict[str, str | list[str]] = {} if source is None else {"aws:SourceArn": source}
+        return evaluate(Request(principal, "sqs:SendMessage", QUEUE, context), [], resource=[EVENTBRIDGE_TO_SQS])
+
+    assert deliver("events.amazonaws.com", RULE) is Decision.ALLOW
+    assert deliver("events.amazonaws.com", f"arn:aws:events:us-east-1:{ACCOUNT}:rule/other") is Decision.IMPLICIT_DENY
+    assert deliver("events.amazonaws.com", None) is Decision.IMPLICIT_DENY
+    assert deliver("sns.amazonaws.com", RULE) is Decision.IMPLICIT_DENY
+    # {"Service": ...} names the service, not an IAM principal that claims the same source.
+    assert deliver(f"arn:aws:iam::{ACCOUNT}:role/events", RULE) is Decision.IMPLICIT_DENY
+
+
+def test_the_keys_aws_derives_from_the_caller() -> None:
+    """reference_policies_condition-keys.html: aws:PrincipalArn and aws:PrincipalAccount for an IAM
+    principal; aws:PrincipalServiceName only for a service principal (which has no aws:PrincipalArn);
+    aws:PrincipalIsAWSService either way; aws:SecureTransport always present. A request cannot claim
+    another principal's keys through its context."""
+    role = Request(f"arn:aws:iam::{ACCOUNT}:role/r", "sqs:SendMessage", QUEUE, {"aws:PrincipalArn": "x"})
+    assert role.value("AWS:PrincipalArn") == f"arn:aws:iam::{ACCOUNT}:role/r"
+    assert role.value("aws:PrincipalAccount") == ACCOUNT
+    assert role.value("aws:PrincipalIsAWSService") == "false"
+    assert role.value("aws:PrincipalServiceName") is None
+    assert role.value("aws:SecureTransport") == "true"
+    service = Request("cloudtrail.amazonaws.com", "s3:PutObject", "arn:aws:s3:::b/k", {"aws:SecureTransport": "false"})
+    assert service.value("aws:PrincipalServiceName") == "cloudtrail.amazonaws.com"
+    assert service.value("aws:PrincipalIsAWSService") == "true"
+    assert service.value("aws:PrincipalArn") is None
+    assert service.value("aws:SecureTransport") == "false"
+    # The same page's example: deny writes into the logs prefix unless from the VPC or by CloudTrail.
+    # (Both keys of the IfExists block must hold for the Deny: an absent key holds.)
+    bucket_policy = {
+        "Statement": [
+            {
+                "Effect": "Allow",
+                "Principal": "*",
+                "Action": "s3:PutObject",
+                "Resource": f"arn:aws:s3:::amzn-s3-demo-bucket1/AWSLogs/{ACCOUNT}/*",
+            },
+            {
+                "Sid": "ExpectedNetworkServicePrincipal",
+                "Effect": "Deny",
+                "Principal": "*",
+                "Action": "s3:PutObject",
+                "Resource": f"arn:aws:s3:::amzn-s3-demo-bucket1/AWSLogs/{ACCOUNT}/*",
+                "Condition": {
+                    "StringNotEqualsIfExists": {
+                        "aws:SourceVpc": "vpc-111bbb22",
+                        "aws:PrincipalServiceName": "cloudtrail.amazonaws.com",
+                    }
+                },
+            },
+        ]
+    }
+    key = f"arn:aws:s3:::amzn-s3-demo-bucket1/AWSLogs/{ACCOUNT}/log.gz"
+
+    def put(principal: str, context: dict[str, str | list[str]]) -> Decision:
+        return evaluate(Request(principal, "s3:PutObject", key, context), [], resource=[bucket_policy])
+
+    assert put("cloudtrail.amazonaws.com", {}) is Decision.ALLOW
+    assert put(CARLOS, {"aws:SourceVpc": "vpc-111bbb22"}) is Decision.ALLOW
+    assert put(CARLOS, {"aws:SourceVpc": "vpc-999"}) is Decision.EXPLICIT_DENY
+    assert put(CARLOS, {}) is Decision.EXPLICIT_DENY
+
+
+def test_principal_forms_of_a_resource_policy() -> None:
+    """reference_policies_elements_principal.html: {"AWS": "*"} is everyone, an account id is the
+    account as its root ARN is (delegating to the account's IAM policies), another account is not
+    this one; a resource-based statement must name a Principal and an identity-based one must not."""
+    key = f"arn:aws:kms:us-east-1:{ACCOUNT}:key/k"
+    decrypt = Request(CARLOS, "kms:Decrypt", key)
+    may_decrypt = {"Statement": [{"Effect": "Allow", "Action": "kms:Decrypt", "Resource": "*"}]}
+
+    def grant(principal: Any) -> dict[str, Any]:
+        return {"Statement": [{"Effect": "Allow", "Principal": principal, "Action": "kms:Decrypt", "Resource": "*"}]}
+
+    assert evaluate(decrypt, [], resource=[grant({"AWS": "*"})], key_policy=True) is Decision.ALLOW
+    assert evaluate(decrypt, [], resource=[grant({"AWS": [ACCOUNT]})], key_policy=True) is Decision.IMPLICIT_DENY
+    assert evaluate(decrypt, [may_decrypt], resource=[grant({"AWS": ACCOUNT})], key_policy=True) is Decision.ALLOW
+    other = grant({"AWS": "arn:aws:iam::999999999999:root"})
+    assert evaluate(decrypt, [may_decrypt], resource=[other], key_policy=True) is Decision.IMPLICIT_DENY
+    # An IAM policy's Deny denies without the key policy (key-policies.html).
+    deny = {"Statement": [{"Effect": "Deny", "Action": "kms:*", "Resource": "*"}]}
+    assert evaluate(decrypt, [deny], resource=[grant("*")], key_policy=True) is Decision.EXPLICIT_DENY
+    with pytest.raises(Unsupported, match="Principal type Federated"):
+        evaluate(decrypt, [], resource=[grant({"Federated": "cognito-identity.amazonaws.com"})])
+    no_principal = {"Statement": [{"Effect": "Allow", "Action": "kms:Decrypt", "Resource": "*"}]}
+    with pytest.raises(Unsupported, match="without Principal"):
+        evaluate(decrypt, [], resource=[no_principal])
+    with pytest.raises(Unsupported, match="identity-based"):
+        evaluate(decrypt, [grant("*")])
+    with pytest.raises(ValueError, match="neither"):
+        Request("carlossalazar", "kms:Decrypt", key)

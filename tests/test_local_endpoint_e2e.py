@@ -35,6 +35,8 @@ import http.server, os, time
 
 PORT = int(os.environ["PORT"])
 GREETING = os.environ["GREETING"]
+# Which replica answered (each may have the same $PORT, each in a network namespace of its own).
+REPLICA = os.environ["FLEETKEEPER_REPLICA_ID"]
 
 class Handler(http.server.BaseHTTPRequestHandler):
     def do_GET(self):
@@ -43,11 +45,11 @@ class Handler(http.server.BaseHTTPRequestHandler):
             self.send_header("Content-Type", "text/plain")
             self.end_headers()
             for n in range(int(os.environ["CHUNKS"])):
-                self.wfile.write(f"{GREETING} {PORT} chunk {n}\\n".encode())
+                self.wfile.write(f"{GREETING} {REPLICA} chunk {n}\\n".encode())
                 self.wfile.flush()
                 time.sleep(0.2)
             return
-        text = "ok" if self.path == "/health" else f"{GREETING} {PORT} {self.path}"
+        text = "ok" if self.path == "/health" else f"{GREETING} {REPLICA} {self.path}"
         body = (text + "\\n").encode()
         self.send_response(200)
         self.send_header("Content-Length", str(len(body)))
@@ -145,7 +147,7 @@ class Stream(threading.Thread):
         self.error: BaseException | None = None
 
     @property
-    def replica_port(self) -> int:
+    def replica_id(self) -> int:
         return int(self.first.split()[1])
 
     def run(self) -> None:
@@ -163,7 +165,7 @@ class Stream(threading.Thread):
 def drained_under_stream(plane: LocalPlane, stream: Stream) -> bool:
     """True once the API shows the stream's replica DRAINING (or gone) while the stream still runs."""
     replicas = view(plane)["replicas"]
-    mine = [r for r in replicas if r.get("url") and port_of(r["url"]) == stream.replica_port]
+    mine = [r for r in replicas if r["replica_id"] == stream.replica_id]
     return stream.is_alive() and (not mine or mine[0]["endpoint_state"] == "DRAINING")
 
 
@@ -195,7 +197,7 @@ def test_the_endpoint_balances_drains_and_closes(plane: LocalPlane) -> None:
     assert f"service {NAME}: endpoint {endpoint} (round_robin)" in plane.output()  # printed as it opens
 
     # Spread over every READY replica (round robin), path and query unchanged.
-    ready = {port_of(r["url"]) for r in shown["replicas"] if r["status"] == "READY"}
+    ready = {int(r["replica_id"]) for r in shown["replicas"] if r["status"] == "READY"}
     assert len(ready) == 2
     answers = [http_get(f"{endpoint}/a/b?c=d%20e")[1].decode().split() for _ in range(10)]
     assert {a[0] for a in answers} == {"v1"} and {a[2] for a in answers} == {"/a/b?c=d%20e"}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import os
 import socket
 import threading
 import urllib.error
@@ -126,17 +127,29 @@ def test_the_apis_own_kick_after_a_write_arrives_through_the_kick_url(
 
 
 def test_replica_logs_are_listed_and_served(bridge: Bridge, tmp_path: Path) -> None:
-    folder = tmp_path / "logs" / "web"
+    old = tmp_path / "logs" / "web" / "uid-old"
+    old.mkdir(parents=True)
+    (old / "replica-0.log").write_text("an older incarnation's\n")
+    os.utime(old, (1000, 1000))
+    folder = tmp_path / "logs" / "web" / "uid-new"
     folder.mkdir(parents=True)
     (folder / "replica-10.log").write_text("ten\n")
     (folder / "replica-2.log").write_text("two\n")
     (folder / "notes.txt").write_text("not a replica log")
 
-    status, _, body = bridge.call("GET", "/_local/logs/web")
+    status, _, body = bridge.call("GET", "/_local/logs/web")  # no uid: the newest incarnation's
     assert status == 200
     assert [entry["replica_id"] for entry in json.loads(body)["logs"]] == [2, 10]
-    status, headers, body = bridge.call("GET", "/_local/logs/web/10")
+    status, _, body = bridge.call("GET", "/_local/logs/web?uid=uid-old")
+    assert [entry["replica_id"] for entry in json.loads(body)["logs"]] == [0]
+    assert bridge.call("GET", "/_local/logs/web?uid=..")[0] == 400
+    status, headers, body = bridge.call("GET", "/_local/logs/web/10?uid=uid-new")
     assert (status, body) == (200, b"ten\n") and headers["Content-Type"].startswith("text/plain")
+    # ?since=EPOCH: from the size the log had at the last mark before then (the driver's .times file).
+    (folder / "replica-10.log").write_text("ten\neleven\n")
+    (folder / "replica-10.log.times").write_text("100 4\n200 11\n")
+    assert bridge.call("GET", "/_local/logs/web/10?uid=uid-new&since=150")[2] == b"eleven\n"
+    assert bridge.call("GET", "/_local/logs/web/10?uid=uid-new&since=50")[2] == b"ten\neleven\n"
     assert bridge.call("GET", "/_local/logs/web/3")[0] == 404
     assert bridge.call("GET", "/_local/logs/..%2Fetc")[0] == 400
     assert bridge.call("GET", "/_local/logs/Bad_Name/1")[0] == 400

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from fleetkeeper.local.process_driver import PROCESS_EXITED, ProcessDriver
+from fleetkeeper.local.process_driver import NETNS, PROCESS_EXITED, ProcessDriver
 from fleetkeeper.model import FailureCause
 from fleetkeeper.reconciler.driver import InstanceState, LaunchRequest
 from fleetkeeper.reconciler.plan import termination_cause
@@ -95,22 +95,24 @@ def test_a_replica_runs_setup_then_run_with_envs_and_its_own_port(driver: Proces
     url = driver.base_url(instance, 8080)
     assert url is not None and url.startswith("http://127.0.0.1:")
     port = url.rsplit(":", 1)[1]
-    assert port != "8080"  # the replica's own free port, not the spec's
-    assert eventually(lambda: fetch(url + "/")) == f"hi {port} setup-done\n"
+    assert port != "8080"  # reached on a free port of 127.0.0.1, not the spec's
+    # In a network namespace of its own the app gets the spec's port, as on EC2; else that free port.
+    expected = "8080" if driver.isolation == NETNS else port
+    assert eventually(lambda: fetch(url + "/")) == f"hi {expected} setup-done\n"
     assert instance.state is InstanceState.RUNNING
     assert (instance.service, instance.uid, instance.version, instance.replica_id) == ("web", "uid1", 1, 1)
     assert instance.instance_id.endswith(f"pid{driver.pids()[0]}")
-    log = driver.log_path("web", 1).read_text()
-    assert "listening" in log and f"PORT={port}" in log
+    log = driver.log_path("web", "uid1", 1).read_text()
+    assert "listening" in log and f"PORT={expected}" in log
 
 
 def test_each_replica_runs_in_its_own_working_directory(driver: ProcessDriver) -> None:
     for replica_id in (1, 2):
         driver.launch(request(replica_id, run="pwd > where.txt", setup=None))
-    first = eventually(lambda: (driver.work_dir("web", 1) / "where.txt").read_text().strip())
-    second = eventually(lambda: (driver.work_dir("web", 2) / "where.txt").read_text().strip())
+    first = eventually(lambda: (driver.work_dir("web", "uid1", 1) / "where.txt").read_text().strip())
+    second = eventually(lambda: (driver.work_dir("web", "uid1", 2) / "where.txt").read_text().strip())
     assert first != second
-    assert first == str(driver.work_dir("web", 1))
+    assert first == str(driver.work_dir("web", "uid1", 1))
 
 
 def test_launch_is_idempotent_per_client_token(driver: ProcessDriver) -> None:
@@ -140,7 +142,7 @@ def test_a_replica_that_exits_is_terminated_with_its_exit_code(driver: ProcessDr
     # The app ended on its own: that counts against its version, and it is no spot reclaim.
     assert termination_cause(PROCESS_EXITED) is FailureCause.VERSION
     assert driver.base_url(ended, 8080) is None
-    assert "bye" in driver.log_path("web", 1).read_text()
+    assert "bye" in driver.log_path("web", "uid1", 1).read_text()
 
 
 def test_a_failing_setup_ends_the_replica_before_run(driver: ProcessDriver) -> None:
@@ -148,7 +150,7 @@ def test_a_failing_setup_ends_the_replica_before_run(driver: ProcessDriver) -> N
     ended = eventually(lambda: (i := state_of(driver, instance)).state is InstanceState.TERMINATED and i)
     assert ended.state_reason_code == PROCESS_EXITED
     assert "exited with code 7" in (ended.state_reason or "")
-    assert "run-started" not in driver.log_path("web", 1).read_text()
+    assert "run-started" not in driver.log_path("web", "uid1", 1).read_text()
 
 
 def test_a_killed_replica_is_reported_terminated(driver: ProcessDriver) -> None:
@@ -215,7 +217,9 @@ def test_shared_is_one_driver_per_process_logging_under_the_local_dir(
     try:
         shared = ProcessDriver.shared()
         assert ProcessDriver.shared() is shared
-        assert shared.log_path("web", 2) == (tmp_path / "here" / "logs" / "web" / "replica-2.log").resolve()
+        assert (
+            shared.log_path("web", "u1", 2) == (tmp_path / "here" / "logs" / "web" / "u1" / "replica-2.log").resolve()
+        )
     finally:
         ProcessDriver.reset_shared()
 

@@ -379,7 +379,7 @@ def test_the_process_driver_binds_local_replicas_to_loopback(tmp_path: Any) -> N
     try:
         instance = driver.launch(LaunchRequest("svc", "u1", 1, 0, spec))
         assert instance.client_token == "fk-local-u1-0"  # the embedded mode's own stack id
-        host = driver.work_dir("svc", 0) / "host"
+        host = driver.work_dir("svc", "u1", 0) / "host"
         for _ in range(100):
             if host.exists() and host.read_text():
                 break

@@ -3,8 +3,10 @@ account's aws/ssm key: the api writes each SecureString with that KeyId, and the
 only the roles that use the key (the api, the reconciler, the replicas), each for what it does and
 only through Parameter Store, with the account's administrators keeping the key's administration.
 
-The key policy is evaluated with tests/iam_eval.py (a KMS key policy must allow: IAM policies count
-only where it delegates to the account, which it does here for administration only).
+The key policy is evaluated with tests/iam_evaluator.py (a KMS key policy must allow: IAM policies
+count only where it delegates to the account, which it does here for administration, and for the
+owners' replica roles narrowed by aws:PrincipalArn).
+https://docs.aws.amazon.com/kms/latest/developerguide/key-policies.html
 https://docs.aws.amazon.com/kms/latest/developerguide/key-policy-default.html
 https://docs.aws.amazon.com/kms/latest/developerguide/conditions-kms.html#conditions-kms-via-service
 https://docs.aws.amazon.com/kms/latest/developerguide/services-parameter-store.html
@@ -22,14 +24,14 @@ from fleetkeeper.settings import SECRETS_KEY_ID_ENV
 from tests.aws_calls import AwsCalls
 from tests.cfn import ACCOUNT, REGION, Resolver
 from tests.conftest import hello_spec
-from tests.iam_eval import Request, decide
+from tests.iam_evaluator import Decision, Request, evaluate
 
 if TYPE_CHECKING:
     from tests.conftest import ApiClient
 
 VIA_SSM = {"kms:ViaService": f"ssm.{REGION}.amazonaws.com"}
-ADMIN = {"Effect": "Allow", "Action": "*", "Resource": "*"}
-KMS_ANYWHERE = {"Effect": "Allow", "Action": ["kms:Decrypt", "kms:Encrypt"], "Resource": "*"}
+ADMIN = {"Statement": [{"Effect": "Allow", "Action": "*", "Resource": "*"}]}
+KMS_ANYWHERE = {"Statement": [{"Effect": "Allow", "Action": ["kms:Decrypt", "kms:Encrypt"], "Resource": "*"}]}
 
 
 # --- the api writes with the stack's key -------------------------------------------------------------------
@@ -81,12 +83,8 @@ def key(translated: dict[str, Any]) -> dict[str, Any]:
     resources = translated["Resources"]
     parameter = f"arn:aws:ssm:{REGION}:{ACCOUNT}:parameter/fleetkeeper/{resolver.ref('Table')}/web/u1/r1"
 
-    def statements(*policy_ids: str) -> tuple[dict[str, Any], ...]:
-        return tuple(
-            s
-            for lid in policy_ids
-            for s in resolver.resolve(resources[lid]["Properties"]["PolicyDocument"])["Statement"]
-        )
+    def policies(*policy_ids: str) -> list[dict[str, Any]]:
+        return [resolver.resolve(resources[lid]["Properties"]["PolicyDocument"]) for lid in policy_ids]
 
     return {
         "policy": resolver.resolve(resources["SecretsKey"]["Properties"]["KeyPolicy"]),
@@ -98,23 +96,26 @@ def key(translated: dict[str, Any]) -> dict[str, Any]:
         "cleanup": resolver.get_att("CleanupRole", "Arn"),
         "context": {**VIA_SSM, "kms:EncryptionContext:PARAMETER_ARN": parameter},
         "identity": {
-            "api": statements("ApiSecretsKeyPolicy"),
-            "reconciler": statements("ReconcilerSecretsKeyPolicy"),
-            "replica": statements("ReplicaAccessPolicy"),
+            "api": policies("ApiSecretsKeyPolicy"),
+            "reconciler": policies("ReconcilerSecretsKeyPolicy"),
+            "replica": policies("ReplicaAccessPolicy"),
         },
     }
 
 
-def _use(key: dict[str, Any], action: str, who: str, *, context: dict[str, str] | None = None, **caller: Any) -> str:
-    identity = caller.pop("identity", key["identity"].get(who, ()))
-    request = Request(
-        action=action,
-        resource=key["arn"],
-        principal_arn=key.get(who, who),
-        context=key["context"] if context is None else context,
-        identity=identity,
-    )
-    return decide(key["policy"], request, key_policy=True)
+def _use(
+    key: dict[str, Any],
+    action: str,
+    who: str,
+    *,
+    context: dict[str, str] | None = None,
+    identity: list[dict[str, Any]] | None = None,
+) -> Decision:
+    """`action` on the key by `who` (a role of the stack by name, or an ARN), with `who`'s own
+    policies unless `identity` gives others."""
+    request = Request(key.get(who, who), action, key["arn"], dict(key["context"] if context is None else context))
+    policies = key["identity"].get(who, []) if identity is None else identity
+    return evaluate(request, policies, resource=[key["policy"]], key_policy=True)
 
 
 @pytest.mark.parametrize(
@@ -122,7 +123,7 @@ def _use(key: dict[str, Any], action: str, who: str, *, context: dict[str, str] 
     [("api", "kms:Encrypt"), ("api", "kms:Decrypt"), ("reconciler", "kms:Decrypt"), ("replica", "kms:Decrypt")],
 )
 def test_each_role_may_do_what_it_does_through_parameter_store(key: dict[str, Any], who: str, action: str) -> None:
-    assert _use(key, action, who) == "Allow"
+    assert _use(key, action, who) is Decision.ALLOW
 
 
 @pytest.mark.parametrize(
@@ -137,19 +138,20 @@ def test_each_role_may_do_what_it_does_through_parameter_store(key: dict[str, An
     ],
 )
 def test_nothing_more(key: dict[str, Any], who: str, action: str) -> None:
-    assert _use(key, action, who, identity=(KMS_ANYWHERE,)) != "Allow"
+    assert _use(key, action, who, identity=[KMS_ANYWHERE]) is not Decision.ALLOW
 
 
 def test_not_outside_parameter_store_nor_for_another_stacks_parameters(key: dict[str, Any]) -> None:
     # Called directly (no kms:ViaService): a role's own Decrypt of a ciphertext it got elsewhere.
-    assert _use(key, "kms:Decrypt", "replica", context={"kms:EncryptionContext:PARAMETER_ARN": "x"}) != "Allow"
+    direct = _use(key, "kms:Decrypt", "replica", context={"kms:EncryptionContext:PARAMETER_ARN": "x"})
+    assert direct is not Decision.ALLOW
     # Through SSM, but another parameter than this stack's.
     other = f"arn:aws:ssm:{REGION}:{ACCOUNT}:parameter/someone/else"
     context = {**VIA_SSM, "kms:EncryptionContext:PARAMETER_ARN": other}
-    assert _use(key, "kms:Decrypt", "replica", context=context) != "Allow"
+    assert _use(key, "kms:Decrypt", "replica", context=context) is not Decision.ALLOW
     # Through SSM in another region.
     context = {**key["context"], "kms:ViaService": "ssm.eu-west-1.amazonaws.com"}
-    assert _use(key, "kms:Decrypt", "api", context=context) != "Allow"
+    assert _use(key, "kms:Decrypt", "api", context=context) is not Decision.ALLOW
 
 
 @pytest.mark.parametrize(
@@ -159,16 +161,17 @@ def test_other_principals_of_the_account_cannot_decrypt_whatever_their_iam_polic
     key: dict[str, Any], who: str
 ) -> None:
     """The finding: with aws/ssm, ssm:GetParameter on the path was enough to read the values."""
-    for identity in ((ADMIN,), (KMS_ANYWHERE,)):
-        assert _use(key, "kms:Decrypt", who, identity=identity) == "ImplicitDeny"
+    for identity in ([ADMIN], [KMS_ANYWHERE]):
+        assert _use(key, "kms:Decrypt", who, identity=identity) is Decision.IMPLICIT_DENY
 
 
 def test_the_accounts_administrators_administer_the_key(key: dict[str, Any]) -> None:
     admin = f"arn:aws:iam::{ACCOUNT}:role/Admin"
     for action in ("kms:DescribeKey", "kms:PutKeyPolicy", "kms:ScheduleKeyDeletion", "kms:EnableKeyRotation"):
-        assert _use(key, action, admin, identity=(ADMIN,)) == "Allow", action
+        assert _use(key, action, admin, identity=[ADMIN]) is Decision.ALLOW, action
     # Only with their own IAM permission: the key policy delegates administration to IAM.
-    assert _use(key, "kms:PutKeyPolicy", f"arn:aws:iam::{ACCOUNT}:role/nobody", identity=()) == "ImplicitDeny"
+    nobody = _use(key, "kms:PutKeyPolicy", f"arn:aws:iam::{ACCOUNT}:role/nobody", identity=[])
+    assert nobody is Decision.IMPLICIT_DENY
 
 
 def test_the_key_policy_names_these_principals_and_no_other(translated: dict[str, Any]) -> None:

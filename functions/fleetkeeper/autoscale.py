@@ -225,8 +225,9 @@ def _reason(policy: ScalingPolicy, rate: float, target: int, sign: str) -> str:
 
 
 def _number(value: float) -> str:
-    text = f"{value:.2f}".rstrip("0").rstrip(".")
-    return text or "0"
+    """A rate as every rate is printed (here and by the CLI): one decimal, without a trailing `.0`."""
+    text = f"{value:.1f}".removesuffix(".0")
+    return "0" if text == "-0" else text
 
 
 def _when(at: datetime, now: datetime) -> str:

@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from pathlib import Path
 
 API_URL_ENV = "FLEETKEEPER_API_URL"
-DEFAULT_API_URL = "http://127.0.0.1:8080"
+DEFAULT_API_URL = "http://127.0.0.1:8470"  # `fleetkeeper local`'s default port (local/options.py)
 STACK_OUTPUT = "ApiUrl"
 _EXECUTE_API_HOST = re.compile(r"\.execute-api\.(?P<region>[a-z0-9-]+)\.amazonaws\.com(?:\.cn)?\Z")
 # Answers worth asking again: throttling and the gateway's transient failures.

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -41,6 +42,11 @@ if TYPE_CHECKING:
 
 EXIT_USAGE = 2
 DEFAULT_TIMEOUT = 900.0
+# -o: the API's objects as JSON or YAML (stdout holds the document only), or tables for people.
+STRUCTURED = ("json", "yaml")
+DEFAULT_WATCH_INTERVAL = 2.0
+# Spec file names that say nothing about the service (`sky serve up task.yaml`): the folder names it.
+GENERIC_SPEC_NAMES = frozenset({"task", "service", "serve", "spec", "sky", "skypilot", "config", "fleetkeeper"})
 # The newest events `status NAME` shows under the service.
 STATUS_EVENTS = 5
 
@@ -80,15 +86,21 @@ _HELP: dict[str, tuple[str, str]] = {
         "  fleetkeeper update web web.yaml --mode blue_green --env-file prod.env",
     ),
     "status": (
-        "Show one service (its replicas), or every service.",
-        "  fleetkeeper status\n  fleetkeeper status web -o json",
+        "Show one service (its replicas), or every service; --endpoint prints a service's URL alone,\n"
+        "--watch refreshes until Ctrl-C.",
+        "  fleetkeeper status\n  fleetkeeper status web -o json\n  curl $(fleetkeeper status web --endpoint)/\n"
+        "  fleetkeeper status --watch\n  fleetkeeper status web --watch --interval 5",
     ),
     "versions": ("List a service's versions, oldest first (* marks the target).", "  fleetkeeper versions web"),
     "rollback": (
         "Go back to an earlier version (default: the newest earlier one that did not fail).",
         "  fleetkeeper rollback web --wait\n  fleetkeeper rollback web --to 3",
     ),
-    "down": ("Delete a service: every replica is terminated.", "  fleetkeeper down web --wait"),
+    "down": (
+        "Delete services: every replica is terminated, then the service and its history are gone.\n"
+        "--all deletes every service (it asks first; -y skips the question, and is needed without a terminal).",
+        "  fleetkeeper down web --wait\n  fleetkeeper down web api\n  fleetkeeper down --all -y",
+    ),
     "events": (
         "Show what the control plane decided and saw about a service, oldest first (newest 100 kept;\n"
         "repeats folded with a count): why it is not READY.",
@@ -102,11 +114,21 @@ _HELP: dict[str, tuple[str, str]] = {
         "  fleetkeeper logs web --stack fleetkeeper --since 10m",
     ),
     "local": (
-        "Run the whole control plane on this machine: the API, the reconciler, the cleanup, an in-memory\n"
-        "AWS, and replicas as local processes (each gets its own $PORT).",
-        "  fleetkeeper local\n  fleetkeeper local --port 9090 --dir /tmp/fk",
+        "Run the whole control plane on this machine: the API, the reconciler, the cleanup and an in-memory\n"
+        "AWS. Replicas are local processes, each in a network namespace of its own where Linux allows it\n"
+        "(a fixed port such as 8080 works on every replica), else each with a $PORT of its own.",
+        "  fleetkeeper local\n  fleetkeeper local --port 9090 --dir /tmp/fk\n"
+        "  fleetkeeper local --metrics-interval 2 -v",
     ),
 }
+
+
+def summary(description: str) -> str:
+    """A command's line in the top-level --help: its description's first sentence, whole (the
+    descriptions are wrapped for their own --help; a line break is not the end of a sentence)."""
+    text = " ".join(description.split())
+    end = re.search(r"\.(\s|$)", text)
+    return text[: end.start()] if end else text
 
 
 def _command(commands: Any, name: str, parents: list[argparse.ArgumentParser]) -> argparse.ArgumentParser:
@@ -114,7 +136,7 @@ def _command(commands: Any, name: str, parents: list[argparse.ArgumentParser]) -
     return commands.add_parser(  # type: ignore[no-any-return]
         name,
         parents=parents,
-        help=description.split("\n")[0].rstrip("."),
+        help=summary(description),
         description=description,
         epilog=f"examples:\n{examples}",
     )
@@ -161,11 +183,22 @@ def build_parser() -> argparse.ArgumentParser:
         f"{DEFAULT_API_URL} (or --api-url) even without its credential",
     )
     output = _Parser(add_help=False)
-    output.add_argument("--output", "-o", choices=["table", "json"], default="table", help="output format")
+    output.add_argument(
+        "--output",
+        "-o",
+        choices=["table", *STRUCTURED],
+        default="table",
+        help="table (for people), or the API's objects as json or yaml",
+    )
     waiting = _Parser(add_help=False)
-    waiting.add_argument("--wait", action="store_true", help="wait until the service is READY (or gone)")
+    waiting.add_argument("--wait", action="store_true", help="wait until the service is READY at the new version")
     waiting.add_argument(
         "--timeout", type=seconds(), default=DEFAULT_TIMEOUT, help="seconds --wait waits (default 900)"
+    )
+    waiting_gone = _Parser(add_help=False)
+    waiting_gone.add_argument("--wait", action="store_true", help="wait until each service is gone")
+    waiting_gone.add_argument(
+        "--timeout", type=seconds(), default=DEFAULT_TIMEOUT, help="seconds --wait waits, for all of them (default 900)"
     )
 
     parser = _Parser(
@@ -189,6 +222,16 @@ def build_parser() -> argparse.ArgumentParser:
 
     status = _command(commands, "status", [common, output])
     status.add_argument("name", nargs="?", metavar="NAME")
+    status.add_argument("--endpoint", action="store_true", help="print only NAME's endpoint URL (exit 1 if none yet)")
+    status.add_argument("--watch", "-w", action="store_true", help="refresh until Ctrl-C")
+    status.add_argument(
+        "--interval",
+        type=seconds(3600),
+        default=DEFAULT_WATCH_INTERVAL,
+        metavar="SECONDS",
+        help=f"seconds between --watch refreshes (default {DEFAULT_WATCH_INTERVAL:g})",
+    )
+    status.add_argument("--count", type=_positive, metavar="N", help="stop --watch after N refreshes")
 
     versions = _command(commands, "versions", [common, output])
     versions.add_argument("name", metavar="NAME")
@@ -197,8 +240,10 @@ def build_parser() -> argparse.ArgumentParser:
     rollback.add_argument("name", metavar="NAME")
     rollback.add_argument("--to", type=int, dest="version", metavar="N", help="default: the previous version")
 
-    down = _command(commands, "down", [common, output, waiting])
-    down.add_argument("name", metavar="NAME")
+    down = _command(commands, "down", [common, output, waiting_gone])
+    down.add_argument("names", nargs="*", metavar="NAME")
+    down.add_argument("--all", "-a", action="store_true", help="every service")
+    down.add_argument("--yes", "-y", action="store_true", help="do not ask before --all")
 
     events = _command(commands, "events", [common, output])
     events.add_argument("name", metavar="NAME")
@@ -211,7 +256,9 @@ def build_parser() -> argparse.ArgumentParser:
     logs.add_argument("--follow", "-f", action="store_true", help="keep printing new lines until Ctrl-C")
     logs.add_argument("--tail", type=_count, metavar="N", help="only the last N lines of each log (embedded mode)")
     logs.add_argument("--all", action="store_true", help="also replicas no longer in the service (replaced, removed)")
-    logs.add_argument("--since", type=since_seconds, metavar="DURATION", help="on AWS: lines of the last 10m, 2h...")
+    logs.add_argument(
+        "--since", type=since_seconds, metavar="DURATION", help="only lines of the last 10m, 2h, 1d... (to the second)"
+    )
     logs.add_argument(
         "--log-group", help="on AWS: the stack's replica log group (else $FLEETKEEPER_LOG_GROUP or --stack's output)"
     )
@@ -219,6 +266,28 @@ def build_parser() -> argparse.ArgumentParser:
     local = _command(commands, "local", [])
     add_arguments(local)
     return parser
+
+
+def _positive(text: str) -> int:
+    if not (text.isascii() and text.isdigit()) or len(text) > 9 or int(text) == 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a count (a whole number above 0)")
+    return int(text)
+
+
+def derived_name(path: Path) -> str | None:
+    """The service name `up` gives a spec without one, from its file: the file's name without its
+    extension, or its folder's when the file's is generic (task.yaml, service.yaml...), lower-cased,
+    each run of other characters than letters and digits made one dash, at most 63 characters, and
+    `svc-` in front when it does not start with a letter. None when nothing is left."""
+    stem = path.stem
+    if stem.lower() in GENERIC_SPEC_NAMES:
+        stem = path.resolve().parent.name
+    name = re.sub(r"[^a-z0-9]+", "-", stem.lower()).strip("-")
+    if not name:
+        return None
+    if not name[0].isalpha():
+        name = f"svc-{name}"
+    return name[:63].rstrip("-")
 
 
 def _count(text: str) -> int:
@@ -230,11 +299,19 @@ def _count(text: str) -> int:
 class Cli:
     """One invocation: the parsed arguments, the API client, and where output goes."""
 
-    def __init__(self, args: argparse.Namespace, client: ApiClient, out: IO[str], err: IO[str]) -> None:
+    def __init__(
+        self,
+        args: argparse.Namespace,
+        client: ApiClient,
+        out: IO[str],
+        err: IO[str],
+        stdin: IO[str] | None = None,
+    ) -> None:
         self.args = args
         self.client = client
         self.out = out
         self.err = err
+        self.stdin = stdin if stdin is not None else sys.stdin
 
     def print(self, text: str) -> None:
         print(text, file=self.out)
@@ -248,8 +325,12 @@ class Cli:
         return _quote(self.args.name)
 
     @property
-    def json(self) -> bool:
-        return getattr(self.args, "output", "table") == "json"
+    def structured(self) -> bool:
+        """-o json or -o yaml: stdout is for the document only (acknowledgements go to stderr)."""
+        return getattr(self.args, "output", "table") in STRUCTURED
+
+    def emit(self, value: Any) -> None:
+        self.print(render.structured(value, self.args.output))
 
     # -- commands --------------------------------------------------------------------------------------
 
@@ -259,7 +340,14 @@ class Cli:
             spec.pop("name", None)  # --name overrides the spec's own name (one spec, many services)
         name = self.args.name or spec.get("name")
         if not name:
-            raise UsageError(f"{self.args.spec}: give the service a name with --name (-n) or a `name:` in the spec")
+            # As `sky serve up` without -n: a name is made up, here from the file's (see derived_name).
+            name = derived_name(self.args.spec)
+            if name is None:
+                raise UsageError(
+                    f"{self.args.spec}: no service name can be made from this file's name; "
+                    "give one with --name (-n) or a `name:` in the spec"
+                )
+            self.note(f"no name in {self.args.spec}: the service is {name} (--name NAME chooses another)")
         spec = self._prepared(spec, str(name), existing=False)
         view = self.client.request("POST", "/v1/services", {"name": name, "spec": spec}).body
         self._said(f"created {name} (v{view['target_version']}, {view['status']})", view)
@@ -319,42 +407,153 @@ class Cli:
         return self._maybe_wait(view)
 
     def down(self) -> int:
-        view = self.client.request("DELETE", f"/v1/services/{self.name}").body
-        self._said(f"deleting {self.args.name}: {view['status']}", view)
-        if not self.args.wait:
-            if self.json:
-                self.print(render.as_json(view))
+        """Delete each NAME (or, with --all, every service); with --wait, until each is gone.
+
+        Every name is tried even when one fails; the exit code is the worst: 2 if the API refused one
+        (a missing service), else 1 if a wait failed, else 0."""
+        names = self._down_names()
+        if not names:
+            self._said("no services to delete", {})
+            if self.structured:
+                self.emit({"services": []})
             return EXIT_OK
-        goal = Goal(view["name"], view["uid"], int(view["generation"]), None)
-        outcome = wait_for(self.client, goal, timeout=self.args.timeout, progress=Progress(self.err))
-        if self.json:
-            self.print(render.as_json(view))
-        return self._finish(outcome.code, outcome.message)
+        deleted: list[dict[str, Any]] = []
+        code = EXIT_OK
+        for name in names:
+            try:
+                view = self.client.request("DELETE", f"/v1/services/{_quote(name)}").body
+            except ApiError as exc:
+                if exc.status == 429 or exc.status >= 500:
+                    raise
+                self.note(exc.message)
+                code = EXIT_USAGE
+                continue
+            self._said(f"deleting {name}: {view['status']}", view)
+            deleted.append(view)
+        started = time.monotonic()
+        if self.args.wait:
+            for view in deleted:
+                goal = Goal(view["name"], view["uid"], int(view["generation"]), None)
+                left = max(1.0, self.args.timeout - (time.monotonic() - started))
+                outcome = wait_for(self.client, goal, timeout=left, progress=Progress(self.err))
+                finished = self._finish(outcome.code, outcome.message)
+                code = code if code == EXIT_USAGE else max(code, finished)
+        if self.structured:
+            # One NAME: its view, as before several could be given; several or --all: a list of them.
+            single = len(self.args.names) == 1 and not self.args.all
+            if not single:
+                self.emit({"services": deleted})
+            elif deleted:
+                self.emit(deleted[0])
+        return code
+
+    def _down_names(self) -> list[str]:
+        if self.args.all and self.args.names:
+            raise UsageError("give service names or --all, not both")
+        if not self.args.all:
+            if not self.args.names:
+                raise UsageError("which service? give one or more names, or --all")
+            return list(dict.fromkeys(self.args.names))
+        names = [str(s["name"]) for s in self._all_services() if s.get("lifecycle") != "DELETING"]
+        if names and not self.args.yes:
+            shown = ", ".join(names)
+            if not self.stdin.isatty():
+                raise UsageError(
+                    f"down --all would delete {len(names)} service(s) ({shown}); "
+                    "pass -y (--yes) to confirm: there is no terminal to ask"
+                )
+            self.err.write(f"Delete {len(names)} service(s): {shown}? [y/N] ")
+            self.err.flush()
+            if self.stdin.readline().strip().lower() not in ("y", "yes"):
+                self.note("nothing deleted")
+                return []
+        return names
 
     def status(self) -> int:
+        if self.args.endpoint:
+            return self._endpoint()
+        if not self.args.watch:
+            self._status_once()
+            return EXIT_OK
+        # --watch: as `kubectl get -w` / `watch`: refresh every --interval seconds until Ctrl-C
+        # (or --count refreshes). On a terminal the screen is redrawn; elsewhere each one is appended.
+        shown = 0
+        try:
+            while True:
+                if shown and self.out.isatty() and not self.structured:
+                    self.out.write("\x1b[H\x1b[2J")
+                elif shown and not self.structured:
+                    self.print("")
+                try:
+                    self._status_once(watching=True)
+                except ApiError as exc:
+                    if exc.status == 404 and shown:
+                        self.note(f"{self.args.name} is gone")
+                        return EXIT_OK
+                    raise
+                self.out.flush()
+                shown += 1
+                if self.args.count is not None and shown >= self.args.count:
+                    return EXIT_OK
+                time.sleep(self.args.interval)
+        except KeyboardInterrupt:
+            return EXIT_OK  # Ctrl-C is how a watch ends
+
+    def _status_once(self, *, watching: bool = False) -> None:
         if self.args.name:
             view = self.client.request("GET", f"/v1/services/{self.name}").body
-            if self.json:
-                self.print(render.as_json(view))
-                return EXIT_OK
+            if self.structured:
+                self._emit_item(view, watching)
+                return
             events = self._events(limit=STATUS_EVENTS)
             more = f"Events (`fleetkeeper events {self.args.name}` for more):"
             self.print(f"{render.service_detail(view)}\n\n{more}\n{render.events_table(events)}")
-            return EXIT_OK
+            return
         services = self._all_services()
-        self.print(render.as_json({"services": services}) if self.json else render.services_table(services))
+        if self.structured:
+            self._emit_item({"services": services}, watching)
+        else:
+            self.print(render.services_table(services))
+
+    def _emit_item(self, value: Any, streaming: bool) -> None:
+        """One document of a stream (--watch, --follow): JSON one a line, YAML `---` separated."""
+        if not streaming:
+            self.emit(value)
+        elif self.args.output == "yaml":
+            self.print("---\n" + render.structured(value, "yaml"))
+        else:
+            self.print(render.as_json_line(value))
+
+    def _endpoint(self) -> int:
+        """`status NAME --endpoint`: the URL alone (as `sky serve status --endpoint`), for scripts."""
+        if not self.args.name:
+            raise UsageError("--endpoint needs the service's NAME")
+        if self.args.watch:
+            raise UsageError("--endpoint prints one URL: it does not take --watch")
+        view = self.client.request("GET", f"/v1/services/{self.name}").body
+        endpoint = view.get("endpoint")
+        if self.structured:
+            self.emit({"name": view["name"], "endpoint": endpoint})
+        elif endpoint:
+            self.print(str(endpoint))
+        if not endpoint:
+            self.note(f"{self.args.name} has no endpoint yet ({view['status']}: {view.get('status_message') or '-'})")
+            return EXIT_FAILED
         return EXIT_OK
 
     def versions(self) -> int:
         versions = self._all_versions()
-        self.print(render.as_json(versions) if self.json else render.versions_table(versions))
+        if self.structured:
+            self.emit(versions)
+        else:
+            self.print(render.versions_table(versions))
         return EXIT_OK
 
     def events(self) -> int:
         """The service's newest events; with --follow, then each new or repeated one as it comes."""
         events = self._events(limit=100)
-        if self.json and not self.args.follow:
-            self.print(render.as_json({"events": events}))
+        if self.structured and not self.args.follow:
+            self.emit({"events": events})
             return EXIT_OK
         if not self.args.follow:
             self.print(render.events_table(events))
@@ -365,7 +564,10 @@ class Cli:
                 key = (event["first_seen"], event["reason"], event.get("replica_id"), event["message"])
                 if seen.get(key) != event["count"]:
                     seen[key] = event["count"]
-                    self.print(render.as_json(event) if self.json else render.event_line(event))
+                    if self.structured:
+                        self._emit_item(event, streaming=True)
+                    else:
+                        self.print(render.event_line(event))
             self.out.flush()
             time.sleep(2.0)
             try:
@@ -391,17 +593,23 @@ class Cli:
         # the API's 404, exit 2, as for `status`.
         view = self.client.request("GET", f"/v1/services/{self.name}").body
         base = f"/_local/logs/{self.name}"
+        # This incarnation's logs only: a service deleted and created again under its name starts afresh.
+        incarnation = f"uid={_quote(str(view['uid']))}"
         offsets: dict[int, int] = {}
         headed: int | None = None
-        tail = f"?tail={self.args.tail}" if self.args.tail is not None else ""
+        first = [incarnation]
+        if self.args.tail is not None:
+            first.append(f"tail={self.args.tail}")
+        if self.args.since is not None:
+            first.append(f"since={int(time.time()) - self.args.since}")
         while True:
-            wanted, others = self._logs_wanted(base, view)
+            wanted, others = self._logs_wanted(f"{base}?{incarnation}", view)
             if not wanted and not offsets:
                 more = f"; --all shows {others} of replicas no longer in it" if others else ""
                 self.note(f"no logs of {self.args.name}'s current replicas yet{more}")
             for replica_id, path in wanted:
-                query = f"?offset={offsets[replica_id]}" if replica_id in offsets else tail
-                answer = self.client.request("GET", f"{base}/{replica_id}{query}", raw=True)
+                query = [incarnation, f"offset={offsets[replica_id]}"] if replica_id in offsets else first
+                answer = self.client.request("GET", f"{base}/{replica_id}?{'&'.join(query)}", raw=True)
                 offsets[replica_id] = int(answer.headers.get("X-Log-Size", offsets.get(replica_id, 0)))
                 text = answer.body
                 if not text:
@@ -474,17 +682,17 @@ class Cli:
 
     def _said(self, line: str, view: dict[str, Any]) -> None:
         """The one-line acknowledgement (stderr when stdout is reserved for JSON)."""
-        (self.note if self.json else self.print)(line)
+        (self.note if self.structured else self.print)(line)
 
     def _maybe_wait(self, view: dict[str, Any]) -> int:
         if not self.args.wait:
-            if self.json:
-                self.print(render.as_json(view))
+            if self.structured:
+                self.emit(view)
             return EXIT_OK
         goal = Goal(view["name"], view["uid"], int(view["generation"]), int(view["target_version"]))
         outcome = wait_for(self.client, goal, timeout=self.args.timeout, progress=Progress(self.err))
-        if self.json:
-            self.print(render.as_json(outcome.view if outcome.view is not None else view))
+        if self.structured:
+            self.emit(outcome.view if outcome.view is not None else view)
         return self._finish(outcome.code, outcome.message)
 
     def _finish(self, code: int, message: str) -> int:
@@ -630,6 +838,7 @@ def run(
     out: IO[str] | None = None,
     err: IO[str] | None = None,
     client_factory: Callable[[str], ApiClient] = ApiClient.for_url,
+    stdin: IO[str] | None = None,
 ) -> int:
     """Run one command and return its exit code (main() exits with it)."""
     out = out if out is not None else sys.stdout
@@ -640,13 +849,13 @@ def run(
         if args.command == "local":
             from fleetkeeper.local.server import serve  # moto and the handlers: only for `local`
 
-            return serve(options_from(args), quiet=args.quiet)
+            return serve(options_from(args), quiet=args.quiet, verbose=args.verbose)
         url = resolve_api_url(args.api_url, args.stack, local=args.local)
         token = local_token(url, local=args.local)
         client = client_factory(url)
         if token is not None:
             client.token = token
-        return _COMMANDS[args.command](Cli(args, client, out, err))
+        return _COMMANDS[args.command](Cli(args, client, out, err, stdin))
     except UsageError as exc:
         print(f"fleetkeeper: {exc}", file=err)
         return EXIT_USAGE

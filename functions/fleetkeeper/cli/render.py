@@ -6,7 +6,7 @@ import json
 from datetime import UTC, datetime
 from typing import Any
 
-from fleetkeeper.cli.waiting import desired_replicas, ready_at
+from fleetkeeper.cli.waiting import readiness, without_count
 
 
 def table(headers: list[str], rows: list[list[str]]) -> str:
@@ -34,11 +34,13 @@ def services_table(services: list[dict[str, Any]]) -> str:
 
 def service_detail(view: dict[str, Any]) -> str:
     target = int(view["target_version"])
+    # One count, made from the replicas listed below (the status message's own count is dropped).
+    message = without_count(view.get("status_message", ""))
     head = [
         f"{view['name']}  {view['status']}  v{target} of {view['latest_version']}  "
-        f"({ready_at(view, target)}/{desired_replicas(view)} ready, {view.get('mode') or 'rolling'})",
+        f"({readiness(view, target)}, {view.get('mode') or 'rolling'})",
         f"  endpoint: {view.get('endpoint') or '-'}",
-        f"  {view.get('status_message', '')}",
+        *([f"  {message}"] if message else []),
     ]
     scaling = autoscaling_line(view.get("autoscaling"))
     if scaling:
@@ -86,8 +88,9 @@ def placement_lines(placement: dict[str, Any] | None) -> list[str]:
     return [f"  instance types: {shown}", *(f"  note: {note}" for note in placement.get("notes") or [])]
 
 
-def autoscaling_line(scaling: dict[str, Any] | None) -> str | None:
-    """E.g. "  autoscaling: 1 replica(s) (1-3, 2 req/s each); 7.9 req/s; scaling up to 3 in 2m: ..."."""
+def autoscaling_line(scaling: dict[str, Any] | None, now: datetime | None = None) -> str | None:
+    """E.g. "  autoscaling: 1 replica(s) (1-3, 2 req/s each); 7.9 req/s (12s ago); scaling up to 3 in 2m: ..."
+    ("no reading yet" before the autoscaler's first; the age says how stale a reading is)."""
     if not scaling:
         return None
     parts = [
@@ -95,10 +98,21 @@ def autoscaling_line(scaling: dict[str, Any] | None) -> str | None:
         f"{scaling['target_qps_per_replica']:g} req/s each)"
     ]
     rate = scaling.get("request_rate")
-    parts.append("no request rate yet" if rate is None else f"{rate:g} req/s")
+    if rate is None:
+        parts.append("no reading yet")
+    else:
+        at = scaling.get("request_rate_at")
+        age = f" ({_ago(at, now or datetime.now(UTC))} ago)" if at else ""
+        parts.append(f"{rate_text(rate)} req/s{age}")
     pending = scaling.get("pending")
     parts.append(pending["message"] if pending else "steady")
     return "  autoscaling: " + "; ".join(parts)
+
+
+def rate_text(rate: float) -> str:
+    """A request rate as the autoscaler's messages print it: one decimal, without a trailing `.0`."""
+    text = f"{rate:.1f}".removesuffix(".0")
+    return "0" if text == "-0" else text
 
 
 def versions_table(versions: dict[str, Any]) -> str:
@@ -118,6 +132,22 @@ def versions_table(versions: dict[str, Any]) -> str:
 
 def as_json(value: Any) -> str:
     return json.dumps(value, indent=2, sort_keys=True)
+
+
+def as_json_line(value: Any) -> str:
+    """One JSON document on one line: a stream of them (--follow, --watch) is read line by line."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"))
+
+
+def as_yaml(value: Any) -> str:
+    import yaml
+
+    return str(yaml.safe_dump(value, sort_keys=True, default_flow_style=False, allow_unicode=True)).rstrip("\n")
+
+
+def structured(value: Any, output: str) -> str:
+    """-o json or -o yaml: the same object either way."""
+    return as_yaml(value) if output == "yaml" else as_json(value)
 
 
 def _ago(event_time: str, now: datetime) -> str:

@@ -9,6 +9,7 @@ the old version. Done: READY with the target's replicas ready at the target vers
 
 from __future__ import annotations
 
+import re
 import sys
 import time
 from dataclasses import dataclass
@@ -56,6 +57,41 @@ def ready_at(view: dict[str, Any], version: int) -> int:
     return sum(1 for r in view.get("replicas", []) if r.get("status") == "READY" and r.get("version") == version)
 
 
+def old_serving(view: dict[str, Any], version: int) -> int:
+    """READY replicas of other versions than `version`: during an update, the old ones still serving."""
+    return sum(1 for r in view.get("replicas", []) if r.get("status") == "READY" and r.get("version") != version)
+
+
+def readiness(view: dict[str, Any], version: int) -> str:
+    """ "2/3 ready", or during an update "0/2 new ready, 2 old serving" (an update in progress is not an
+    outage): counted from the replicas, so it agrees with what they say."""
+    wanted, ready, old = desired_replicas(view), ready_at(view, version), old_serving(view, version)
+    return f"{ready}/{wanted} new ready, {old} old serving" if old else f"{ready}/{wanted} ready"
+
+
+# The reconciler's status messages open with its own count as of its last run ("0/2 ready; ...",
+# "updating to version 2 (rolling): 0/2 new ready, 2 old replica(s) left; ..."); next to a count made
+# from the replicas (fresher), only what follows it is shown.
+_COUNT_PREFIX = re.compile(
+    r"^(?:\d+/\d+ ready|updating to version \d+ \([a-z_]+\): \d+/\d+ new ready, \d+ old replica\(s\) left)(?:; |$)"
+)
+
+
+def without_count(message: str) -> str:
+    return _COUNT_PREFIX.sub("", message, count=1)
+
+
+def _waiting_on(view: dict[str, Any], version: int) -> str:
+    """What the target version's replicas that are not READY are doing, from their own records."""
+    parts = []
+    for replica in view.get("replicas", []):
+        if replica.get("version") != version or replica.get("status") == "READY":
+            continue
+        said = replica.get("status_message") or ""
+        parts.append(f"replica {replica.get('replica_id')} {replica.get('status')}" + (f": {said}" if said else ""))
+    return "; ".join(parts)
+
+
 def judge(goal: Goal, view: dict[str, Any] | None) -> Outcome | None:
     """The outcome this view settles, or None to keep waiting. `view` None: the service is gone."""
     if goal.target_version is None:
@@ -95,8 +131,13 @@ def progress_line(goal: Goal, view: dict[str, Any] | None) -> str:
     if view.get("uid") == goal.uid and int(view.get("observed_generation", 0)) < goal.generation:
         # The status is still the one of before our write: never show it as the new version's.
         return f"{goal.name}: v{goal.target_version} submitted; waiting for the reconciler to act on it"
-    wanted = desired_replicas(view)
-    return f"{goal.name}: {status} v{target}, {ready_at(view, target)}/{wanted} ready - {message}"
+    moving = old_serving(view, target) > 0 or status == "UPDATING"
+    head = f"{goal.name}: {status} {'to ' if moving else ''}v{target}: {readiness(view, target)}"
+    # What is pending, from the replicas' own records (the status message may be a run older); the
+    # message itself when it is about the service (FAILED, or no replica of the version yet).
+    has_replicas = any(r.get("version") == target for r in view.get("replicas", []))
+    detail = without_count(message) if status == "FAILED" or not has_replicas else _waiting_on(view, target)
+    return f"{head} - {detail}" if detail else head
 
 
 class Progress:

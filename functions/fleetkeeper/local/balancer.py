@@ -416,6 +416,8 @@ class LocalBalancer:
     async def _publish(self, endpoints: Sequence[_Endpoint], stamp: float | None = None) -> None:
         data: list[MetricDatumTypeDef] = []
         now = datetime.fromtimestamp(stamp, UTC) if stamp is not None else datetime.now(UTC)
+        # Periods under a minute are CloudWatch's for high-resolution metrics only (MetricStat's Period).
+        resolution = 1 if self.metrics_interval < 60 else 60
         for endpoint in endpoints:
             if endpoint.requests == 0:
                 continue  # as the ALB: no datapoint for a minute without requests
@@ -430,6 +432,7 @@ class LocalBalancer:
                     "Timestamp": now,
                     "Value": float(count),
                     "Unit": "Count",
+                    "StorageResolution": resolution,
                 }
             )
         publisher = self.publisher

@@ -17,7 +17,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from fleetkeeper.cli.main import run as cli
-from fleetkeeper.local.options import DEFAULT_PORT, DEFAULT_TICK, Options
+from fleetkeeper.local.options import (
+    DEFAULT_METRICS_INTERVAL,
+    DEFAULT_PORT,
+    DEFAULT_TICK,
+    ISOLATIONS,
+    MAX_TICK,
+    Options,
+    seconds,
+)
 from fleetkeeper.local.server import serve
 
 if TYPE_CHECKING:
@@ -63,8 +71,10 @@ def tour(plane: EmbeddedControlPlane) -> None:
     say(first_answer(url, plane.token))
     say(
         "\nThe control plane keeps running. In another terminal (source .venv/bin/activate first):\n"
-        f"  {cli_hint} status {SERVICE}\n"
+        f"  {cli_hint} status {SERVICE}            (--watch: refreshed until Ctrl-C)\n"
+        f"  curl $({cli_hint} status {SERVICE} --endpoint)/\n"
         f"  {cli_hint} logs {SERVICE}\n"
+        f"  {cli_hint} up examples/autoscale/service.yaml --wait   (then load it: see that file)\n"
         f"  {cli_hint} down {SERVICE} --wait\n"
         "Ctrl-C here stops every replica and exits."
     )
@@ -80,9 +90,17 @@ def _quiet_tour(plane: EmbeddedControlPlane) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="make local", description=__doc__)
     parser.add_argument("--port", type=int, default=DEFAULT_PORT)
-    parser.add_argument("--tick", type=float, default=DEFAULT_TICK)
+    parser.add_argument("--tick", type=seconds(MAX_TICK), default=DEFAULT_TICK)
     parser.add_argument("--dir", dest="local_dir", type=Path, default=Path(".fleetkeeper"))
-    parser.add_argument("--verbose", action="store_true", help="print the handlers' logs (INFO)")
+    parser.add_argument(
+        "--metrics-interval",
+        type=seconds(MAX_TICK),
+        default=DEFAULT_METRICS_INTERVAL,
+        help="seconds between the endpoints' request counts, which the autoscaler reads "
+        f"(default {DEFAULT_METRICS_INTERVAL:g}; `make local METRICS_INTERVAL=2`)",
+    )
+    parser.add_argument("--isolation", choices=ISOLATIONS, default="auto")
+    parser.add_argument("-v", "--verbose", action="store_true", help="print the handlers' logs (INFO), every run's too")
     args = parser.parse_args(argv)
 
     def started(plane: EmbeddedControlPlane) -> None:
@@ -90,8 +108,15 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     logging.getLogger().setLevel(logging.INFO if args.verbose else logging.WARNING)
     return serve(
-        Options(port=args.port, tick=args.tick, local_dir=args.local_dir),
+        Options(
+            port=args.port,
+            tick=args.tick,
+            local_dir=args.local_dir,
+            metrics_interval=args.metrics_interval,
+            isolation=args.isolation,
+        ),
         quiet=not args.verbose,
+        verbose=args.verbose,
         on_started=started,
     )
 

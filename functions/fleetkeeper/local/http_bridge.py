@@ -11,9 +11,11 @@ A few embedded-mode routes live beside the API under /_local:
   POST /_local/kick                    {"service": name}: wake the reconciler loop (the kick URL);
                                        with "delay_seconds": n, n seconds from now (SQS's DelaySeconds)
   GET  /_local/info                    where things are: API URL, logs, in-memory AWS endpoint, table
-  GET  /_local/logs/<service>          the service's replica log files
+  GET  /_local/logs/<service>          the service's replica log files; ?uid=U: of that incarnation
+                                       (else the newest one's)
   GET  /_local/logs/<service>/<id>     one replica's log (text); ?offset=N from byte N, ?tail=N its last
-                                       N lines; the X-Log-Size header says how long the file is
+                                       N lines, ?since=EPOCH what it printed from then on (?uid=U as
+                                       above); the X-Log-Size header says how long the file is
   PUT  /_local/workdirs/<sha256>       a packed workdir (the upload URL POST /v1/workdirs hands out)
   POST /_local/interrupt               {"service": name, "replica": id, "kind": "spot-interruption" or
                                        "rebalance-recommendation", "notice_seconds": 120}: simulate EC2's
@@ -273,7 +275,14 @@ class _RequestHandler(BaseHTTPRequestHandler):
         match = _LOG_PATH.fullmatch(path)
         if match and method == "GET":
             query = parse_qs(self.path.split("?", 1)[1] if "?" in self.path else "")
-            return self._logs(match["service"], match["replica"], _number(query, "offset"), _number(query, "tail"))
+            return self._logs(
+                match["service"],
+                match["replica"],
+                _number(query, "offset"),
+                _number(query, "tail"),
+                uid=next(iter(query.get("uid") or []), None),
+                since=_number(query, "since"),
+            )
         return _json(404, _error("no_route", f"no route for {method} {path}"))
 
     def _kick(self, body: bytes) -> tuple[int, dict[str, str], bytes]:
@@ -327,11 +336,20 @@ class _RequestHandler(BaseHTTPRequestHandler):
         return _json(status, answer)
 
     def _logs(
-        self, service: str, replica: str | None, offset: int | None = None, tail: int | None = None
+        self,
+        service: str,
+        replica: str | None,
+        offset: int | None = None,
+        tail: int | None = None,
+        *,
+        uid: str | None = None,
+        since: int | None = None,
     ) -> tuple[int, dict[str, str], bytes]:
         if not _SERVICE_NAME.fullmatch(service):
             return _json(400, _error("invalid_request", f"service name {service!r} is invalid"))
-        folder = self.server.logs_dir / service
+        if uid is not None and not _UID.match(uid):
+            return _json(400, _error("invalid_request", f"uid {uid!r} is invalid"))
+        folder = incarnation_folder(self.server.logs_dir / service, uid)
         if replica is None:
             logs_found = ((p, _REPLICA_LOG.fullmatch(p.name)) for p in folder.glob("replica-*.log"))
             found = sorted((int(m[1]), p) for p, m in logs_found if m)
@@ -342,6 +360,8 @@ class _RequestHandler(BaseHTTPRequestHandler):
             return _json(404, _error("not_found", f"no log for replica {replica} of {service!r} in {folder}"))
         data = path.read_bytes()
         size = len(data)
+        if offset is None and since is not None:
+            offset = offset_since(path, since)
         if offset is not None:
             data = data[min(offset, size) :]
         elif tail is not None:
@@ -351,6 +371,39 @@ class _RequestHandler(BaseHTTPRequestHandler):
 
     def log_message(self, format: str, *args: Any) -> None:  # `format`: the base class's name
         """Silence http.server's own access log; `_handle` logs each request once."""
+
+
+_UID = re.compile(r"^[A-Za-z0-9-]{1,64}$")
+
+
+def incarnation_folder(service_folder: Path, uid: str | None) -> Path:
+    """A service's logs live per incarnation (<service>/<uid>/): the one asked for, else the newest."""
+    if uid is not None:
+        return service_folder / uid
+    try:
+        folders = [p for p in service_folder.iterdir() if p.is_dir()]
+    except OSError:
+        return service_folder / "-"
+    return max(folders, key=lambda p: p.stat().st_mtime, default=service_folder / "-")
+
+
+def offset_since(path: Path, since: int) -> int:
+    """Where in a log its lines of `since` (epoch seconds) on begin, by the `.times` file beside it
+    ("<epoch> <size>" lines, written as the log grew): the size it had at the last mark before then."""
+    offset = 0
+    try:
+        marks = path.with_name(path.name + ".times").read_text().splitlines()
+    except OSError:
+        return 0
+    for mark in marks:
+        moment, _, size = mark.partition(" ")
+        try:
+            if int(moment) >= since:
+                break
+            offset = int(size)
+        except ValueError:
+            continue
+    return offset
 
 
 def _number(query: dict[str, list[str]], name: str) -> int | None:

@@ -11,14 +11,18 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-DEFAULT_PORT = 8080
+# Where no app would listen: not 8080, 8000 or 8081 (the ports SkyPilot's and most apps' examples
+# hard-code), so the API never takes a replica's port on a machine without network namespaces.
+DEFAULT_PORT = 8470
 DEFAULT_TICK = 2.0
 MAX_TICK = 3600.0
 TABLE = "fleetkeeper-local"
 # The local load balancer: how long a proxied request may sit without a byte either way (streams of
-# tokens need minutes), and how often it publishes its RequestCount datapoints.
+# tokens need minutes), and how often it publishes its RequestCount datapoints: every few seconds
+# (the ALB's minute would leave the autoscaler blind for two minutes at a laptop).
 DEFAULT_IDLE_TIMEOUT = 300.0
-DEFAULT_METRICS_INTERVAL = 60.0
+DEFAULT_METRICS_INTERVAL = 5.0
+ISOLATIONS = ("auto", "netns", "shared")
 
 
 def port_number(text: str) -> int:
@@ -61,6 +65,7 @@ class Options:
     table: str = TABLE
     idle_timeout: float = DEFAULT_IDLE_TIMEOUT
     metrics_interval: float = DEFAULT_METRICS_INTERVAL
+    isolation: str = "auto"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -92,6 +97,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=DEFAULT_METRICS_INTERVAL,
         help=f"seconds between the endpoints' RequestCount datapoints (default {DEFAULT_METRICS_INTERVAL:g})",
     )
+    p.add_argument(
+        "--isolation",
+        choices=ISOLATIONS,
+        default="auto",
+        help="how replicas get a host of their own: netns (a network namespace each, PORT = the spec's port), "
+        "shared (this machine's loopback, a free PORT each), auto (netns where Linux allows it; the default)",
+    )
+    p.add_argument(
+        "-v", "--verbose", action="store_true", help="also log what every reconciler run did (INFO, each tick)"
+    )
     p.add_argument("--quiet", action="store_true", help="log warnings and errors only")
 
 
@@ -102,4 +117,5 @@ def options_from(args: argparse.Namespace) -> Options:
         local_dir=args.local_dir,
         idle_timeout=args.idle_timeout,
         metrics_interval=args.metrics_interval,
+        isolation=args.isolation,
     )

@@ -1,9 +1,18 @@
 """The `process` replica driver: each replica is a local process group that really serves HTTP.
 
 Embedded mode's stand-in for EC2. A replica runs `setup` then `run` through bash in its own session
-(so terminating it kills everything it started), with the spec's `envs` and `PORT` set to a free
-port on 127.0.0.1, in its own working directory `<local dir>/work/<service>/replica-<id>/`, and its
-output appended to `<local dir>/logs/<service>/replica-<id>.log`.
+(so terminating it kills everything it started), with the spec's `envs`, in its own working
+directory `<local dir>/work/<service>/<uid>/replica-<id>/`, its output appended to
+`<local dir>/logs/<service>/<uid>/replica-<id>.log`. Both are keyed by the service's uid, so a
+service deleted and created again under the same name starts with none of the old run's files, and
+both go when the service does (`remove_incarnation`, called by embedded mode's cleanup).
+
+Each replica gets a host of its own where the machine allows it (`isolation` "netns", netns.py): a
+network namespace of its own, `PORT` set to the spec's port as on EC2, so two replicas of an app
+that hard-codes `8080` both run; the driver reaches each through a relay on an ephemeral port of
+127.0.0.1. Elsewhere (`isolation` "shared": macOS, no user namespaces) replicas share this machine's
+loopback: `PORT` is a free port of its own, and a replica that dies because its port is taken says
+by whom ("port 8080 is taken by replica 0 of web (pid 4242)").
 
 It reports what EC2 would: a process that exited by itself is a TERMINATED instance with its own
 state reason code (`PROCESS_EXITED`: the app ended on its own, which counts against its version, as
@@ -20,7 +29,11 @@ spec's first candidate instance type (0 without one), whatever this host has.
 A version's workdir is unpacked into the replica's working directory and its secrets are added to
 its environment before `setup`, as `replica_boot.py` does on EC2 (the archive from the embedded
 workdir store, the values from the in-memory AWS's Parameter Store). An app that does not listen on
-its $PORT is told so (`diagnose`): local replicas share one host, so each gets a port of its own.
+its $PORT is told so (`diagnose`).
+
+Next to each log, `replica-<id>.log.times` records when the log grew ("<epoch seconds> <size>" a line,
+at most one a second), so `fleetkeeper logs --since 10m` can start at the right byte without
+rewriting what the app printed.
 
 State lives in this process only: a replica cannot outlive the embedded control plane that started
 it (`stop_all` on shutdown), so there is nothing to rediscover after a restart.
@@ -30,9 +43,13 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
+import shutil
 import signal
 import socket
 import subprocess
+import sys
+import tempfile
 import threading
 import time
 from dataclasses import dataclass, replace
@@ -40,6 +57,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, ClassVar
 
 from fleetkeeper import task_variables
+from fleetkeeper.local import netns
 from fleetkeeper.model import Market, to_iso, utcnow
 from fleetkeeper.reconciler.driver import (
     MANAGED_TAG,
@@ -58,11 +76,21 @@ from fleetkeeper.reconciler.replica_boot import BootError, unpack
 from fleetkeeper.settings import LOCAL_STACK_ID, TABLE_NAME_ENV, WORKDIR_DIR_ENV, stack_id_of
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Callable, Sequence
 
 LOCAL_DIR_ENV = "FLEETKEEPER_LOCAL_DIR"
 DEFAULT_LOCAL_DIR = ".fleetkeeper"
 LOOPBACK = "127.0.0.1"
+# How replicas get a host of their own: "netns" (a network namespace each), "shared" (this machine's
+# loopback, a port each), or "auto" (the default): netns where the machine allows it.
+ISOLATION_ENV = "FLEETKEEPER_LOCAL_ISOLATION"
+NETNS = "netns"
+SHARED = "shared"
+AUTO = "auto"
+ISOLATIONS = (AUTO, NETNS, SHARED)
+# What apps print when their port is taken (Python, Go, Node, Rust, Java...).
+_ADDRESS_IN_USE = re.compile(r"address already in use|EADDRINUSE|Errno 98|os error 98|BindException", re.IGNORECASE)
+_PORT_IN_TEXT = re.compile(r":(\d{2,5})\b")
 
 # bash runs `setup` ($1) and, if it succeeded, replaces itself with `run` ($2): the group leader is
 # then the service itself, and a failing setup ends the replica with setup's exit code.
@@ -99,9 +127,14 @@ class _Replica:
 
     instance: Instance
     process: subprocess.Popen[bytes]
-    port: int
+    port: int  # where the driver reaches it on 127.0.0.1
     log_path: Path
     log: IO[bytes]
+    app_port: int = 0  # the app's $PORT (the spec's port in its own namespace; `port` when shared)
+    spec_port: int = 0
+    relay: netns.HostRelay | None = None
+    # Why the process exited, beyond its code (a port someone else holds), asked once when it has.
+    explain: Callable[[_Replica], str | None] | None = None
     terminating: bool = False
     reclaimed: bool = False
     ended_at: float | None = None
@@ -116,15 +149,21 @@ class _Replica:
             return self.instance
         if self.instance.state is not InstanceState.TERMINATED:
             # What the replica started in the background dies with it, as on a terminated machine.
+            # Asked first: whoever holds its port is still there now, the group's leftovers too.
+            why = self.explain(self) if self.explain is not None and code != 0 and not self.terminating else None
             _signal_group(self.process, signal.SIGKILL)
             self.ended_at = time.monotonic()
             self.log.close()
+            if self.relay is not None:
+                self.relay.close()
             if self.reclaimed:
                 reason_code, reason = SPOT_INSTANCE_TERMINATION, "Spot instance termination (simulated)"
             elif self.terminating:
                 reason_code, reason = USER_INITIATED_SHUTDOWN, "terminated by fleetkeeper"
             else:
                 reason_code, reason = PROCESS_EXITED, f"the replica process exited with code {_describe_exit(code)}"
+                if why:
+                    reason += f": {why}"
             self.instance = replace(
                 self.instance,
                 state=InstanceState.TERMINATED,
@@ -156,10 +195,13 @@ class ProcessDriver:
         workdirs: Path | None = None,
         secrets_prefix: str | None = None,
         stack_id: str = LOCAL_STACK_ID,
+        isolation: str | None = None,
     ) -> None:
+        """`isolation`: NETNS, SHARED or AUTO (None: $FLEETKEEPER_LOCAL_ISOLATION, else AUTO)."""
         self.local_dir = local_dir
         # The embedded mode's own stack id: its replicas carry it as an EC2 replica carries its stack's.
         self.stack_id = stack_id
+        self.isolation, self.isolation_note = _resolve_isolation(isolation or os.environ.get(ISOLATION_ENV) or AUTO)
         # The embedded workdir store's directory and the parameters' path of the version secrets.
         self.workdirs = workdirs
         self.secrets_prefix = secrets_prefix
@@ -171,6 +213,12 @@ class ProcessDriver:
         self._by_token: dict[str, str] = {}
         self._seq = 0
         self._lock = threading.RLock()
+        # Unix sockets of the replicas' relays: a short path of its own (sun_path holds 107 bytes,
+        # and a local dir under a test's tmp_path can be longer than that).
+        self._run_dir: Path | None = None
+        self._log_sizes: dict[Path, int] = {}
+        self._sampler: threading.Thread | None = None
+        self._stop_sampling = threading.Event()
 
     @classmethod
     def shared(cls) -> ProcessDriver:
@@ -287,7 +335,8 @@ class ProcessDriver:
                 replica.refresh()
 
     def base_url(self, instance: Instance, port: int) -> str | None:
-        """The replica's own port on 127.0.0.1 (`port`, the spec's port, is what EC2 replicas use)."""
+        """Where the replica is reached on 127.0.0.1: its relay's port in a namespace of its own, else
+        its own $PORT (`port`, the spec's port, is what EC2 replicas use)."""
         with self._lock:
             replica = self._replicas.get(instance.instance_id)
             if replica is None or replica.refresh().state is InstanceState.TERMINATED:
@@ -301,7 +350,7 @@ class ProcessDriver:
             replica = self._replicas.get(instance.instance_id)
             if replica is None or replica.process.poll() is not None:
                 return None
-            pgid, port = replica.process.pid, replica.port
+            pgid, port = replica.process.pid, replica.app_port
         listening = sorted(_listening_ports(pgid) - {port})
         if not listening:
             return None
@@ -310,15 +359,31 @@ class ProcessDriver:
 
     # -- embedded mode ---------------------------------------------------------------------------------
 
-    def log_path(self, service: str, replica_id: int) -> Path:
-        return self.local_dir / "logs" / service / f"replica-{replica_id}.log"
+    def log_path(self, service: str, uid: str, replica_id: int) -> Path:
+        """The replica's log, in its service incarnation's folder (the uid: a service deleted and
+        created again under its name does not see the old run's lines)."""
+        return self.local_dir / "logs" / service / uid / f"replica-{replica_id}.log"
 
-    def work_dir(self, service: str, replica_id: int) -> Path:
+    def work_dir(self, service: str, uid: str, replica_id: int) -> Path:
         """The replica's working directory: its own, as each EC2 replica has its own disk."""
-        return self.local_dir / "work" / service / f"replica-{replica_id}"
+        return self.local_dir / "work" / service / uid / f"replica-{replica_id}"
+
+    def remove_incarnation(self, service: str, uid: str) -> None:
+        """Delete a deleted service's logs and working directories (embedded mode's cleanup calls this
+        once the incarnation is gone; its replicas were terminated before)."""
+        for kind in ("logs", "work"):
+            folder = self.local_dir / kind / service
+            shutil.rmtree(folder / uid, ignore_errors=True)
+            with contextlib.suppress(OSError):
+                folder.rmdir()  # only if no other incarnation is left in it
+        gone = self.local_dir / "logs" / service / uid
+        with self._lock:
+            for path in [p for p in self._log_sizes if p.is_relative_to(gone)]:
+                del self._log_sizes[path]
 
     def stop_all(self, timeout: float | None = None) -> None:
         """Stop every replica (shutdown): TERM to all groups, then KILL what is left after the grace."""
+        self._stop_sampling.set()
         with self._lock:
             live = [r for r in self._replicas.values() if r.process.poll() is None]
             for replica in live:
@@ -334,6 +399,10 @@ class ProcessDriver:
         with self._lock:
             for replica in live:
                 replica.refresh()
+            self._sample_logs()
+        if self._run_dir is not None:
+            shutil.rmtree(self._run_dir, ignore_errors=True)
+            self._run_dir = None
 
     def pids(self) -> list[int]:
         """Process ids of the replicas still running (process group leaders)."""
@@ -344,24 +413,28 @@ class ProcessDriver:
 
     def _start(self, request: LaunchRequest) -> _Replica:
         spec = request.spec
-        port = self._free_port()
-        log_path = self.log_path(request.service, request.replica_id)
+        isolated = self.isolation == NETNS
+        # In a namespace of its own the app gets the spec's port, as on EC2; sharing this machine's
+        # loopback, a free port of its own.
+        app_port = spec.port if isolated else self._free_port()
+        log_path = self.log_path(request.service, request.uid, request.replica_id)
         log_path.parent.mkdir(parents=True, exist_ok=True)
-        work_dir = self.work_dir(request.service, request.replica_id)
+        work_dir = self.work_dir(request.service, request.uid, request.replica_id)
         work_dir.mkdir(parents=True, exist_ok=True)
         self._unpack_workdir(request, work_dir)
         secrets = self._secrets(request)
         log = log_path.open("ab")
         started = to_iso(utcnow())
+        host = "its own network namespace" if isolated else "this machine's loopback"
         log.write(
             f"# fleetkeeper: service {request.service} replica {request.replica_id} version "
-            f"{request.version}, PORT={port}, started {started}\n".encode()
+            f"{request.version}, PORT={app_port} on {host}, started {started}\n".encode()
         )
         log.flush()
         env = {k: v for k, v in os.environ.items() if not k.startswith(_PRIVATE_PREFIXES)}
         env.update(spec.envs)
         env.update(secrets)
-        env["PORT"] = str(port)
+        env["PORT"] = str(app_port)
         # SkyPilot's task variables and fleetkeeper's own, as an EC2 replica has them (over envs and
         # secrets): this host is the node, the accelerators those of the first candidate type.
         candidates = spec.resources.placement.instance_types
@@ -374,9 +447,16 @@ class ProcessDriver:
         # A local replica listens on loopback only, whatever its spec says (on EC2 it binds all
         # interfaces, so the reconciler's probes reach it): see examples/hello.
         env["HOST"] = LOOPBACK
+        command = ["bash", "-c", _WRAPPER, "fleetkeeper-replica", spec.setup or "", spec.run]
+        self._seq += 1
+        socket_path = ""
+        if isolated:
+            socket_path = str(self._sockets() / f"r{self._seq}.sock")
+            relayed = ["--socket", socket_path, "--port", str(app_port), "--"]
+            command = [sys.executable, "-I", str(netns.SCRIPT), *relayed, *command]
         try:
             process = subprocess.Popen(  # the user's own spec, run as the user, as on EC2
-                ["bash", "-c", _WRAPPER, "fleetkeeper-replica", spec.setup or "", spec.run],
+                command,
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
@@ -387,7 +467,7 @@ class ProcessDriver:
         except OSError as exc:
             log.close()
             raise LaunchRefused("ProcessLaunchFailed", str(exc)) from exc
-        self._seq += 1
+        relay = netns.HostRelay(socket_path) if isolated else None
         instance = Instance(
             instance_id=f"local-{self._seq}-pid{process.pid}",
             state=InstanceState.RUNNING,
@@ -410,7 +490,62 @@ class ProcessDriver:
                 REPLICA_TAG: str(request.replica_id),
             },
         )
-        return _Replica(instance=instance, process=process, port=port, log_path=log_path, log=log)
+        self._start_sampler()
+        return _Replica(
+            instance=instance,
+            process=process,
+            port=relay.port if relay is not None else app_port,
+            log_path=log_path,
+            log=log,
+            app_port=app_port,
+            spec_port=spec.port,
+            relay=relay,
+            explain=None if isolated else self._port_taken,
+        )
+
+    def _sockets(self) -> Path:
+        if self._run_dir is None:
+            self._run_dir = Path(tempfile.mkdtemp(prefix="fk-"))
+        return self._run_dir
+
+    def _port_taken(self, replica: _Replica) -> str | None:
+        """Why a replica sharing this machine's loopback could not bind: whose the port is. Read from
+        the end of its log (an app's own "Address already in use"), asked while the holder still runs."""
+        try:
+            with replica.log_path.open("rb") as log:
+                log.seek(max(0, replica.log_path.stat().st_size - 8192))
+                tail = log.read().decode(errors="replace")
+        except OSError:
+            return None
+        lines = [line for line in tail.splitlines() if _ADDRESS_IN_USE.search(line)]
+        if not lines:
+            return None
+        said = {int(m) for line in lines for m in _PORT_IN_TEXT.findall(line) if 0 < int(m) < 65536}
+        said.discard(replica.app_port)
+        # The port its message names (Go, Node), else the spec's: the usual suspect, as in a SkyPilot
+        # YAML's `python3 -m http.server 8080` (Python's message names no port).
+        candidates = sorted(said) or ([replica.spec_port] if replica.spec_port not in (0, replica.app_port) else [])
+        if not candidates:
+            return "its port is taken (Address already in use) and it does not listen on its $PORT"
+        held = {port: _pid_listening_on(port) for port in candidates}
+        port = next((p for p in candidates if held[p] is not None), candidates[0])
+        return (
+            f"port {port} is taken by {self._holder(held[port])}; replicas share this machine's "
+            f"loopback here ({self.isolation_note}), so each must listen on its $PORT ({replica.app_port})"
+        )
+
+    def _holder(self, pid: int | None) -> str:
+        if pid is None:
+            return "another process"
+        if pid == os.getpid():
+            return "fleetkeeper local itself"
+        group = _group_of(pid)
+        for other in self._replicas.values():
+            if other.process.pid == group and other.process.poll() is None:
+                instance = other.instance
+                return f"replica {instance.replica_id} of {instance.service} (pid {pid})"
+        command = _command_line(pid)
+        return f"`{command}` (pid {pid})" if command else f"another process (pid {pid})"
 
     def _unpack_workdir(self, request: LaunchRequest, work_dir: Path) -> None:
         """The version's workdir into the replica's working directory (replica_boot.py on EC2)."""
@@ -450,6 +585,32 @@ class ProcessDriver:
                 return port
         raise LaunchRefused("NoFreePort", "could not find a free port on 127.0.0.1")
 
+    def _start_sampler(self) -> None:
+        if self._sampler is None or not self._sampler.is_alive():
+            self._stop_sampling.clear()
+            self._sampler = threading.Thread(target=self._sample_forever, name="replica-log-times", daemon=True)
+            self._sampler.start()
+
+    def _sample_forever(self) -> None:
+        while not self._stop_sampling.wait(1.0):
+            with self._lock:
+                self._sample_logs()
+
+    def _sample_logs(self) -> None:
+        """Note, beside each log that grew, when it did (`logs --since` reads it)."""
+        now = time.time()
+        for replica in self._replicas.values():
+            path = replica.log_path
+            try:
+                size = path.stat().st_size
+            except OSError:
+                continue
+            if self._log_sizes.get(path) == size:
+                continue
+            self._log_sizes[path] = size
+            with contextlib.suppress(OSError), path.with_name(path.name + ".times").open("a") as times:
+                times.write(f"{now:.0f} {size}\n")
+
     def _kill_if_alive(self, replica: _Replica) -> None:
         if replica.process.poll() is None:
             _signal_group(replica.process, signal.SIGKILL)
@@ -466,36 +627,121 @@ class ProcessDriver:
                 del self._replicas[instance_id]
 
 
-def _listening_ports(pgid: int) -> set[int]:
-    """TCP ports the processes of group `pgid` listen on (Linux /proc; empty elsewhere)."""
-    proc = Path("/proc")
-    inodes: set[str] = set()
+_availability: tuple[bool, str] | None = None
+_availability_lock = threading.Lock()
+
+
+def namespaces_available() -> tuple[bool, str]:
+    """Whether replicas can have network namespaces here, and a note why (checked once a process)."""
+    global _availability  # one check per process: it starts a child process
+    with _availability_lock:
+        if _availability is None:
+            _availability = netns.available()
+        return _availability
+
+
+def _resolve_isolation(asked: str) -> tuple[str, str]:
+    """The isolation replicas get, and why: AUTO is NETNS where the machine allows it."""
+    if asked not in ISOLATIONS:
+        raise ValueError(f"{ISOLATION_ENV}={asked!r}: use one of {', '.join(ISOLATIONS)}")
+    if asked == SHARED:
+        return SHARED, "--isolation shared"
+    ok, note = namespaces_available()
+    if ok:
+        return NETNS, note
+    return SHARED, f"no network namespaces here: {note}"
+
+
+def _processes() -> list[Path]:
     try:
-        entries = [p for p in proc.iterdir() if p.name.isdigit()]
+        return [p for p in Path("/proc").iterdir() if p.name.isdigit()]
     except OSError:
-        return set()
-    for entry in entries:
-        try:
-            stat = (entry / "stat").read_text()
-            if int(stat.rsplit(")", 1)[1].split()[2]) != pgid:
-                continue
-            for fd in (entry / "fd").iterdir():
+        return []
+
+
+def _socket_inodes(entry: Path) -> set[str]:
+    inodes: set[str] = set()
+    with contextlib.suppress(OSError):
+        for fd in (entry / "fd").iterdir():
+            with contextlib.suppress(OSError):
                 target = str(fd.readlink())
                 if target.startswith("socket:["):
                     inodes.add(target[8:-1])
-        except (OSError, ValueError, IndexError):
-            continue
-    ports: set[int] = set()
+    return inodes
+
+
+def _listen_table(net: Path) -> dict[str, int]:
+    """Socket inode -> TCP port, of the sockets listening in the network namespace of `net`
+    (/proc/<pid>/net, or /proc/net for this process's own)."""
+    found: dict[str, int] = {}
     for table in ("tcp", "tcp6"):
         try:
-            lines = (proc / "net" / table).read_text().splitlines()[1:]
+            lines = (net / table).read_text().splitlines()[1:]
         except OSError:
             continue
         for line in lines:
             fields = line.split()
-            if len(fields) > 9 and fields[3] == "0A" and fields[9] in inodes:  # 0A: LISTEN
-                ports.add(int(fields[1].rsplit(":", 1)[1], 16))
-    return ports
+            if len(fields) > 9 and fields[3] == "0A":  # 0A: LISTEN
+                found[fields[9]] = int(fields[1].rsplit(":", 1)[1], 16)
+    return found
+
+
+def _group_of(pid: int) -> int | None:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[2])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _command_line(pid: int) -> str:
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+        text = " ".join(part.decode(errors="replace") for part in raw.split(b"\0") if part)
+    except OSError:
+        text = _ask("ps", "-o", "command=", "-p", str(pid))  # no /proc (macOS)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _pid_listening_on(port: int) -> int | None:
+    """A process listening on TCP `port` of this machine's loopback: from /proc on Linux, else lsof."""
+    if Path("/proc/net/tcp").exists():
+        return _listeners().get(port)
+    answer = _ask("lsof", "-nP", "-t", f"-iTCP:{port}", "-sTCP:LISTEN").split()
+    return int(answer[0]) if answer and answer[0].isdigit() else None
+
+
+def _ask(*command: str) -> str:
+    """A system tool's answer, or "" when it is not there or fails (it only improves a message)."""
+    if shutil.which(command[0]) is None:
+        return ""
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=5, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    return done.stdout.strip() if done.returncode == 0 else ""
+
+
+def _listening_ports(pgid: int) -> set[int]:
+    """TCP ports the processes of group `pgid` listen on, in their own network namespace (Linux
+    /proc; empty elsewhere)."""
+    inodes: set[str] = set()
+    for entry in _processes():
+        if _group_of(int(entry.name)) == pgid:
+            inodes |= _socket_inodes(entry)
+    table = _listen_table(Path(f"/proc/{pgid}/net"))
+    return {port for inode, port in table.items() if inode in inodes}
+
+
+def _listeners() -> dict[int, int]:
+    """TCP port -> a pid listening on it, in this process's network namespace (Linux /proc)."""
+    table = _listen_table(Path("/proc/net"))
+    if not table:
+        return {}
+    found: dict[int, int] = {}
+    for entry in _processes():
+        for inode in _socket_inodes(entry) & table.keys():
+            found.setdefault(table[inode], int(entry.name))
+    return found
 
 
 def _signal_group(process: subprocess.Popen[bytes], sig: signal.Signals) -> None:

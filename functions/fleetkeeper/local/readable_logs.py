@@ -68,6 +68,22 @@ class PlainFormatter(logging.Formatter):
         return render(data, record.name)
 
 
+# The reconciler's summary of every run: one line a tick (or more) at INFO even when nothing happens.
+# A person at a terminal sees them with -v only; what the runs change (launches, statuses, endpoints)
+# is logged on lines of its own.
+ROUTINE_MESSAGES = frozenset({"dispatched", "reconcile run done"})
+
+
+class _NoRoutine(logging.Filter):
+    """Drops the per-run INFO summaries (ROUTINE_MESSAGES); warnings and errors always pass."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno > logging.INFO:
+            return True
+        message = record.msg if isinstance(record.msg, str) else ""
+        return message not in ROUTINE_MESSAGES
+
+
 def _has_powertools_handler(logger: logging.Logger | None) -> bool:
     from aws_lambda_powertools.logging.formatter import BasePowertoolsFormatter
 
@@ -102,8 +118,9 @@ class _NotPowertools(logging.Filter):
         return not _has_powertools_handler(logging.getLogger(record.name))
 
 
-def make_logs_readable(level: int = logging.INFO) -> None:
-    """Print the embedded mode's own logs and every Powertools logger created so far readably.
+def make_logs_readable(level: int = logging.INFO, *, routine: bool = True) -> None:
+    """Print the embedded mode's own logs and every Powertools logger created so far readably;
+    without `routine`, not the reconciler's per-run summaries (ROUTINE_MESSAGES).
 
     Powertools' formatter keeps building the structured record (its keys, the Lambda context);
     only its serializer changes, from JSON to one line. Call this after the handlers are imported:
@@ -126,6 +143,10 @@ def make_logs_readable(level: int = logging.INFO) -> None:
                 handler.formatter.json_serializer = _serialize_readably
                 if not any(isinstance(f, _FunctionByThread) for f in handler.filters):
                     handler.addFilter(_FunctionByThread())
+                for old in [f for f in handler.filters if isinstance(f, _NoRoutine)]:
+                    handler.removeFilter(old)
+                if not routine:
+                    handler.addFilter(_NoRoutine())
                 # Both ways: lower to show INFO, and raise for --quiet (Powertools loggers start at INFO).
                 logger.setLevel(level)
 

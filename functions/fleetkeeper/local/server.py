@@ -8,7 +8,8 @@
     reconciler        ReconcileLoop: the dispatcher every --tick seconds, its shards through the
                       in-memory reconcile queue to the worker handler, and the worker on each kick
     cleanup           StreamPump: the table's stream -> template's filter -> the cleanup handler
-    replicas          ProcessDriver: local process groups (FLEETKEEPER_DRIVER=process)
+    replicas          ProcessDriver: local process groups (FLEETKEEPER_DRIVER=process), each in a
+                      network namespace of its own where Linux allows it (--isolation)
     endpoints         LocalBalancer: one port per service on 127.0.0.1 (FLEETKEEPER_LOAD_BALANCER=local)
 
 The handlers are the ones Lambda runs, imported as they are.
@@ -23,6 +24,7 @@ import os
 import signal
 import sys
 import threading
+import warnings
 from typing import TYPE_CHECKING, Any
 
 from fleetkeeper import aws
@@ -32,7 +34,14 @@ from fleetkeeper.local.context import LocalContext
 from fleetkeeper.local.http_bridge import KICK_PATH, ApiBridge
 from fleetkeeper.local.in_memory_aws import InMemoryAws
 from fleetkeeper.local.options import MAX_TICK, Options, add_arguments, options_from
-from fleetkeeper.local.process_driver import LOCAL_DIR_ENV, LOOPBACK, ProcessDriver
+from fleetkeeper.local.process_driver import (
+    ISOLATION_ENV,
+    LOCAL_DIR_ENV,
+    LOOPBACK,
+    NETNS,
+    ProcessDriver,
+    namespaces_available,
+)
 from fleetkeeper.local.reconcile_loop import ReconcileLoop
 from fleetkeeper.local.stream_pump import StreamPump, StreamSource
 from fleetkeeper.reconciler.balancers import EMBEDDED_BALANCER, register_balancer
@@ -81,11 +90,13 @@ def configure_environment(options: Options, aws_access_key_id: str = "local") ->
             DRIVER_ENV: EMBEDDED_DRIVER,
             BALANCER_ENV: EMBEDDED_BALANCER,
             LOCAL_DIR_ENV: str(options.local_dir),
+            ISOLATION_ENV: options.isolation,
             # The workdir store: a directory (replicas unpack from it; uploads arrive through the bridge).
             WORKDIR_DIR_ENV: str(options.local_dir / "workdirs"),
             "POWERTOOLS_SERVICE_NAME": "fleetkeeper",
             "POWERTOOLS_METRICS_NAMESPACE": "fleetkeeper",
-            "POWERTOOLS_METRICS_DISABLED": "true",  # EMF lines are for CloudWatch, not a terminal
+            # EMF lines are for CloudWatch, not a terminal (and see _without_metrics).
+            "POWERTOOLS_METRICS_DISABLED": "true",
             "POWERTOOLS_TRACE_DISABLED": "true",
             # The autoscaler reads the local balancer's RequestCount as it reads the ALB's: a window
             # of one publication interval (aligned, as the balancer's datapoints are), ending one
@@ -102,14 +113,44 @@ def configure_environment(options: Options, aws_access_key_id: str = "local") ->
     register_balancer(EMBEDDED_BALANCER, LocalBalancer.shared)
     for variable in ("AWS_PROFILE", "FLEETKEEPER_KICK_QUEUE_URL", "FLEETKEEPER_KICK_URL", "WORKDIR_BUCKET"):
         os.environ.pop(variable, None)
+    quiet_library_warnings()
+
+
+def quiet_library_warnings() -> None:
+    """Powertools warns at the end of an invocation that added no metric; in Lambda that goes to the
+    function's log, here it would go to the terminal on the first quiet tick."""
+    warnings.filterwarnings("ignore", message="No application metrics to publish", category=UserWarning)
+
+
+def _without_metrics(handler: Handler) -> Handler:
+    """A handler whose Powertools metrics are dropped after each invocation.
+
+    With POWERTOOLS_METRICS_DISABLED, Powertools (3.x) skips printing at the end of an invocation but
+    also keeps the metrics it did not print, so the values pile up across invocations until one
+    metric holds 100 of them, and then add_metric prints the raw EMF blob anyway (its own flush,
+    which does not check the setting): after about 100 reconciler runs of `make local`. Embedded
+    mode has no CloudWatch to send them to, so they go once each invocation is over.
+    """
+
+    def invoke(event: dict[str, Any], context: Any) -> Any:
+        try:
+            return handler(event, context)
+        finally:
+            from aws_lambda_powertools import Metrics
+
+            Metrics().clear_metrics()  # the set is shared by every Metrics instance of the process
+
+    return invoke
 
 
 class EmbeddedControlPlane:
     """Start and stop everything `fleetkeeper local` runs (tests and the demo use it in-process)."""
 
-    def __init__(self, options: Options, *, log_level: int | None = None) -> None:
-        # log_level: print the handlers' logs readably at this level (None: leave logging alone).
+    def __init__(self, options: Options, *, log_level: int | None = None, routine_logs: bool = True) -> None:
+        # log_level: print the handlers' logs readably at this level (None: leave logging alone);
+        # routine_logs: with the reconciler's summary of every run (-v), else its changes only.
         self.log_level = log_level
+        self.routine_logs = routine_logs
         self.options = Options(
             port=options.port,
             tick=options.tick,
@@ -117,6 +158,7 @@ class EmbeddedControlPlane:
             table=options.table,
             idle_timeout=options.idle_timeout,
             metrics_interval=options.metrics_interval,
+            isolation=options.isolation,
         )
         self.aws_endpoint = ""
         # This run's credentials: the API's bearer token, and the in-memory AWS's access key id.
@@ -142,7 +184,19 @@ class EmbeddedControlPlane:
     def logs_dir(self) -> Path:
         return self.options.local_dir / "logs"
 
+    @property
+    def isolation(self) -> str:
+        """What replicas get, for the banner: a network namespace each, or a port each."""
+        driver = ProcessDriver.shared()
+        if driver.isolation == NETNS:
+            return "each in a network namespace of its own: PORT is the spec's port, as on EC2"
+        return f"sharing this machine's loopback ({driver.isolation_note}): each gets a free PORT"
+
     def start(self) -> None:
+        if self.options.isolation == NETNS:
+            ok, note = namespaces_available()
+            if not ok:
+                raise IsolationUnavailable(f"--isolation netns: {note}; use --isolation shared (or auto)")
         # The state dir holds the credential, the workdirs and the replicas' logs: its user's only
         # (0700; a dir of another user's is refused: auth.CredentialProblem).
         auth.private_dir(self.options.local_dir)
@@ -168,7 +222,11 @@ class EmbeddedControlPlane:
         if self.log_level is not None:  # after the imports: the handlers' loggers exist from then on
             from fleetkeeper.local.readable_logs import make_logs_readable
 
-            make_logs_readable(self.log_level)
+            make_logs_readable(self.log_level, routine=self.routine_logs)
+        api_handler = _without_metrics(api_handler)
+        cleanup_handler = _without_metrics(cleanup_handler)
+        reconciler_handler = _without_metrics(reconciler_handler)
+        dispatch_handler = _without_metrics(dispatch_handler)
         self._loop = ReconcileLoop(
             reconciler_handler, tick=self.options.tick, dispatcher=dispatch_handler, queue_url=queue_url
         )
@@ -176,7 +234,9 @@ class EmbeddedControlPlane:
         if source is None:
             raise RuntimeError("template.yaml declares no DynamoDB event for CleanupFunction")
         stream_arn = aws.dynamodb().describe_table(TableName=self.options.table)["Table"]["LatestStreamArn"]
-        self._pump = StreamPump(_streams_client(self.aws_endpoint), stream_arn, source, cleanup_handler)
+        self._pump = StreamPump(
+            _streams_client(self.aws_endpoint), stream_arn, source, _and_local_files(cleanup_handler)
+        )
 
         self._reconciler_handler = reconciler_handler
         self._bridge = ApiBridge(
@@ -282,6 +342,29 @@ class EmbeddedControlPlane:
         self._threads.append(thread)
 
 
+class IsolationUnavailable(RuntimeError):
+    """--isolation netns asked for, where this machine cannot give replicas network namespaces."""
+
+
+def _and_local_files(cleanup: Handler) -> Handler:
+    """The cleanup handler, then what embedded mode keeps of the removed incarnations outside the
+    in-memory AWS: their replicas' logs and working directories (a record the handler reported as
+    failed is left for its redelivery)."""
+
+    def handler(event: dict[str, Any], context: Any) -> Any:
+        answer = cleanup(event, context)
+        failed = {item.get("itemIdentifier") for item in (answer or {}).get("batchItemFailures", [])}
+        for record in event.get("Records", []):
+            stream = record.get("dynamodb") or {}
+            image = stream.get("OldImage") or {}
+            name, uid = (image.get("name") or {}).get("S"), (image.get("uid") or {}).get("S")
+            if record.get("eventName") == "REMOVE" and name and uid and stream.get("SequenceNumber") not in failed:
+                ProcessDriver.shared().remove_incarnation(name, uid)
+        return answer
+
+    return handler
+
+
 def _problem(code: str, message: str) -> dict[str, Any]:
     """The api's error shape, for the /_local routes' answers."""
     return {"error": {"code": code, "message": message, "details": []}}
@@ -301,9 +384,12 @@ def banner(plane: EmbeddedControlPlane) -> str:
         "fleetkeeper local: the control plane is running on this machine",
         f"  API            {plane.api_url}   {reach}",
         f"  credential     {where}   (yours only; curl: Authorization: Bearer <its token>)",
-        f"  replica logs   {plane.logs_dir}/<service>/replica-<id>.log   (fleetkeeper logs NAME)",
+        f"  replicas       {plane.isolation}",
+        f"  replica logs   {plane.logs_dir}/<service>/<uid>/replica-<id>.log   (fleetkeeper logs NAME)",
         f"  in-memory AWS  {plane.aws_endpoint}   table {plane.options.table}",
-        f"  reconciler     every {plane.options.tick:g}s and after every write",
+        f"  reconciler     every {plane.options.tick:g}s and after every write (-v logs each run)",
+        f"  autoscaler     reads the endpoints' request counts every {plane.options.metrics_interval:g}s "
+        "(--metrics-interval)",
         "  endpoints      one port per service on 127.0.0.1, logged as each opens (fleetkeeper status NAME)",
         "Ctrl-C (or SIGTERM, or closing the terminal) stops every replica and exits.",
     ]
@@ -317,7 +403,11 @@ def parser(prog: str = "fleetkeeper local") -> argparse.ArgumentParser:
 
 
 def serve(
-    options: Options, *, quiet: bool = False, on_started: Callable[[EmbeddedControlPlane], None] | None = None
+    options: Options,
+    *,
+    quiet: bool = False,
+    verbose: bool = False,
+    on_started: Callable[[EmbeddedControlPlane], None] | None = None,
 ) -> int:
     """Run until SIGINT/SIGTERM/SIGHUP; returns the process exit code."""
     if not (math.isfinite(options.tick) and 0 < options.tick <= MAX_TICK):  # the parser checks it too
@@ -329,7 +419,9 @@ def serve(
     # *thread* that started a replica exits, and reaches only the group leader, not what it started.)
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, lambda _signum, _frame: stop.set())
-    plane = EmbeddedControlPlane(options, log_level=logging.WARNING if quiet else logging.INFO)
+    plane = EmbeddedControlPlane(
+        options, log_level=logging.WARNING if quiet else logging.INFO, routine_logs=verbose and not quiet
+    )
     # Everything this process creates (the state dir's files, the replicas' logs and workdirs) is its
     # user's only; the replicas inherit it.
     umask = os.umask(auth.PRIVATE_UMASK)
@@ -347,7 +439,7 @@ def _run(
 ) -> int:
     try:
         plane.start()
-    except auth.CredentialProblem as exc:
+    except (auth.CredentialProblem, IsolationUnavailable) as exc:
         plane.stop()
         print(f"fleetkeeper local: {exc}", file=sys.stderr)
         return 2
@@ -370,7 +462,7 @@ def _run(
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    return serve(options_from(args), quiet=args.quiet)
+    return serve(options_from(args), quiet=args.quiet, verbose=args.verbose)
 
 
 if __name__ == "__main__":

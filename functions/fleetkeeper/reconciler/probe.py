@@ -150,6 +150,10 @@ def probe_one(target: ProbeTarget) -> ProbeResult:
             return timed_out
         if isinstance(exc, ConnectionRefusedError):
             return ProbeResult(target.base_url, False, "connection refused")
+        if isinstance(exc, ConnectionResetError):  # http.client's RemoteDisconnected is one too
+            # Accepted, then closed with no status line: a proxy or relay in front of a port nothing
+            # listens on yet (embedded mode's per-replica network namespaces), or an app that crashed.
+            return ProbeResult(target.base_url, False, "connection closed before an answer")
         return ProbeResult(target.base_url, False, type(exc).__name__)
     finally:
         connection.close()
