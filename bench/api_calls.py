@@ -53,7 +53,13 @@ def count_calls() -> None:
 
         def run(label: str, method: str, path: str, body: object = None, headers: dict[str, str] | None = None) -> None:
             calls.clear()
-            event = rest_event(method, path, headers=headers, body=json.dumps(body) if body is not None else None)
+            event = rest_event(
+                method,
+                path,
+                headers=headers,
+                body=json.dumps(body) if body is not None else None,
+                principal="arn:aws:sts::123456789012:assumed-role/fleetkeeper-bench/bench",
+            )
             status = lambda_handler(event, FakeContext())["statusCode"]
             reads = sum(n for op, n in calls.items() if op in READS)
             writes = sum(n for op, n in calls.items() if op not in READS)

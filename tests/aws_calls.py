@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+import json
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -91,19 +92,22 @@ _BRIEF: dict[str, Callable[[Mapping[str, Any]], dict[str, Any]]] = {
     "RunInstances": _run_instances,
     "TerminateInstances": lambda p: {"InstanceIds": list(p["InstanceIds"])},
     "GetParameter": lambda p: {"Name": p["Name"]},
+    "SendMessage": lambda p: {"DelaySeconds": p.get("DelaySeconds", 0), "body": json.loads(p["MessageBody"])},
 }
 
 
 @dataclass
 class AwsCalls:
-    """Every call fleetkeeper's DynamoDB, EC2 and SSM clients make while the block runs."""
+    """Every call fleetkeeper's DynamoDB, EC2 and SSM clients make while the block runs (and, with
+    `kicks`, its kick queue's SQS client)."""
 
     calls: list[AwsCall] = field(default_factory=list)
+    kicks: bool = False
     _hooked: list[Any] = field(default_factory=list, repr=False)
     _unique_id: str = field(default_factory=lambda: f"tests.aws_calls.{next(_ids)}", repr=False)
 
     def __enter__(self) -> AwsCalls:
-        self._hooked = [aws.dynamodb(), aws.ec2(), aws.ssm()]
+        self._hooked = [aws.dynamodb(), aws.ec2(), aws.ssm(), *([aws.sqs_for_kick()] if self.kicks else [])]
         for client in self._hooked:
             client.meta.events.register("provide-client-params", self._record, unique_id=self._unique_id)
         return self

@@ -227,8 +227,21 @@ class FakeContext:
         return 30_000
 
 
+# Who the suite's api calls are signed as, unless a test says otherwise: a session of one CI role,
+# not an administrator (tests/test_api_owners.py tries other roles, users and administrators).
+TEST_CALLER = "arn:aws:sts::123456789012:assumed-role/fleetkeeper-test/pytest"
+
+
 class ApiClient:
-    """Calls the api Lambda handler with API Gateway events, as API Gateway would."""
+    """Calls the api Lambda handler with API Gateway events, as API Gateway would, signed as `principal`
+    (its ARN in `requestContext.identity.userArn`; None: an event without an identity)."""
+
+    def __init__(self, principal: str | None = TEST_CALLER) -> None:
+        self.principal = principal
+
+    def as_(self, principal: str | None) -> ApiClient:
+        """The same api, called as another principal."""
+        return ApiClient(principal)
 
     def call(
         self,
@@ -243,7 +256,7 @@ class ApiClient:
 
         payload = raw if raw is not None else (json.dumps(body) if body is not None else None)
         all_headers = {"Content-Type": "application/json", **(headers or {})}
-        event = rest_event(method, path, headers=all_headers, body=payload)
+        event = rest_event(method, path, headers=all_headers, body=payload, principal=self.principal)
         status, out_headers, data = response_parts(lambda_handler(event, FakeContext()))
         result = HttpResult(status, out_headers, json.loads(data) if data else None)
         # Every answer the suite receives conforms to the OpenAPI document (tests/openapi_conformance.py).

@@ -16,7 +16,7 @@ from fleetkeeper.model import ReplicaRecord, ReplicaStatus
 from fleetkeeper.store.codec import replica_item, to_raw
 from fleetkeeper.store.errors import Contention
 from fleetkeeper.store.keys import IDEMPOTENCY_PARTITION
-from tests.conftest import TABLE, ApiClient, FakeContext, hello_spec
+from tests.conftest import TABLE, TEST_CALLER, ApiClient, FakeContext, hello_spec
 from tests.strict_aws import StrictAws
 
 LAMBDA_RESPONSE_LIMIT = 6 * 1024 * 1024  # Lambda's synchronous response payload
@@ -28,7 +28,9 @@ def _raw(method: str, path: str, body: str | None = None, headers: dict[str, str
     from fleetkeeper.api.handler import lambda_handler
     from fleetkeeper.apigw import rest_event
 
-    event = rest_event(method, path, headers={"Content-Type": "application/json", **(headers or {})}, body=body)
+    event = rest_event(
+        method, path, headers={"Content-Type": "application/json", **(headers or {})}, body=body, principal=TEST_CALLER
+    )
     response: dict[str, Any] = lambda_handler(event, FakeContext())
     return response
 

@@ -19,6 +19,7 @@ SEQUENCE = [
     ("api_update_service", 412),  # If-Match 1 is stale now
     ("api_list_versions", 200),
     ("api_rollback_service", 200),
+    ("api_change_access", 200),
     ("api_openapi", 200),
     ("api_delete_service", 202),
 ]

@@ -63,7 +63,8 @@ def test_only_the_users_cli_drives_the_embedded_mode(tmp_path: Path) -> None:
         credential = plane.credential()
         assert mode(plane.state) == 0o700 and mode(plane.state / CREDENTIAL_FILE) == 0o600
         assert mode(plane.state / "logs") == 0o700
-        logs = eventually(lambda: sorted((plane.state / "logs" / "mine").glob("replica-*.log")), 30, what="a log")
+        # One folder per incarnation (logs/<service>/<uid>/).
+        logs = eventually(lambda: sorted((plane.state / "logs" / "mine").glob("*/replica-*.log")), 30, what="a log")
         assert all(mode(log) == 0o600 for log in logs)
 
         authority = urlsplit(plane.url).netloc

@@ -114,6 +114,18 @@ def test_the_kick_endpoint_wakes_the_reconciler_with_the_service_name(bridge: Br
     assert status == 400
 
 
+def test_a_delayed_kick_or_a_follow_up_goes_to_the_reconcile_loop_until_due(bridge: Bridge) -> None:
+    later: list[tuple[str, int, int | None]] = []
+    bridge.server.on_delayed_kick = lambda service, delay, followup: later.append((service, delay, followup))
+    status, _, _ = bridge.call("POST", KICK_PATH, {"service": "web", "delay_seconds": 10, "followup": 1234})
+    assert status == 202
+    status, _, _ = bridge.call("POST", KICK_PATH, {"service": "web", "delay_seconds": 90})
+    assert status == 202
+    status, _, body = bridge.call("POST", KICK_PATH, {"service": "web", "delay_seconds": 10, "followup": "soon"})
+    assert status == 400 and b"followup" in body
+    assert later == [("web", 10, 1234), ("web", 90, None)] and bridge.kicks == []
+
+
 def test_the_apis_own_kick_after_a_write_arrives_through_the_kick_url(
     bridge: Bridge, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -120,3 +120,26 @@ def test_constant_kicks_do_not_starve_the_scheduled_run() -> None:
         stop.set()
         thread.join()
         loop.stop()
+
+
+def test_a_delayed_kick_runs_when_due_and_a_follow_up_asked_twice_runs_once() -> None:
+    """The reconciler's follow-ups in embedded mode: kept in-process until due (as SQS's DelaySeconds
+    keeps them on AWS), each with the due time it names; the tick stays the backstop."""
+    calls = Calls()
+    loop = ReconcileLoop(calls, tick=30)
+    loop.start()
+    try:
+        wait_until(lambda: calls.scheduled() == 1)
+        asked = time.monotonic()
+        loop.kick("web", 0.2, followup=1234)
+        loop.kick("web", 0.2, followup=1234)  # the same follow-up again: kept once
+        loop.kick("api", 0.05)
+        assert loop.pending() == [("api", None), ("web", 1234)]
+        wait_until(lambda: len(calls.kicked()) == 2)
+    finally:
+        loop.stop()
+    with calls.lock:
+        kicked = [(when, event) for when, event in calls.events if "service" in event]
+    assert [event for _, event in kicked] == [{"service": "api"}, {"service": "web", "followup": 1234}]
+    assert kicked[1][0] - asked >= 0.2  # not before its delay
+    assert loop.pending() == [] and calls.scheduled() == 1

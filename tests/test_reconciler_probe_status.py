@@ -105,7 +105,7 @@ def test_the_verdicts_are_the_expected_ones(monkeypatch: pytest.MonkeyPatch) -> 
         "too many headers": (False, "HTTPException"),
         "header too long": (False, "LineTooLong"),
         "bad status line": (False, "BadStatusLine"),
-        "no answer": (False, "RemoteDisconnected"),
+        "no answer": (False, "connection closed before an answer"),
         "unknown protocol": (False, "UnknownProtocol"),
     }
     for name, (ok, detail) in expected.items():

@@ -65,7 +65,10 @@ def test_a_secret_is_kept_in_parameter_store_never_in_the_table_or_an_answer(api
     assert SECRET not in table_dump()  # versions, service item, idempotency record
     (name, value), *more = parameters().items()
     assert more == []
-    assert name.startswith(f"/fleetkeeper/{TABLE}/llm/{created.body['uid']}/")
+    # Under the owner's scope (fleetkeeper.identity): the api's callers own what they create.
+    assert name.startswith(
+        SecretStore(parameter_prefix(TABLE)).incarnation_path("llm", created.body["uid"], created.body["owner"]) + "/"
+    )
     assert json.loads(value) == {"HF_TOKEN": SECRET}
     assert aws.ssm().describe_parameters()["Parameters"][0]["Type"] == "SecureString"
 
@@ -98,16 +101,28 @@ def test_new_secret_values_make_a_new_version_with_their_own_parameter(api: ApiC
     assert api.post("/v1/services/llm/rollback", {"version": 1}).body["target_version"] == 1
 
 
-def test_an_idempotency_key_record_keeps_no_secret_value_not_even_hashed(api: ApiClient) -> None:
-    # The payload a replay must match is the request with secret values replaced by null: the same
-    # key with other values is a replay (the values took no part), never a 422 that would reveal them.
+def test_an_idempotency_key_record_keeps_no_secret_value_yet_the_values_count(api: ApiClient) -> None:
+    # The payload a replay must match is the request with secret values replaced by null, plus their
+    # HMAC under the stack's key (fleetkeeper.request_hmac): the same key with the same values is a
+    # replay, with other values another request (422), and the table holds neither value, nor a hash
+    # of one anybody could test guesses against.
+    import hashlib
+
     api.post("/v1/services", {"name": "llm", "spec": with_secret()})
     key = {"Idempotency-Key": "u"}
     first = api.put("/v1/services/llm", {"spec": with_secret("first-value-77", envs={"X": "1"})}, headers=key)
-    again = api.put("/v1/services/llm", {"spec": with_secret("second-value-88", envs={"X": "1"})}, headers=key)
-    assert first.status == again.status == 200
-    assert again.body == first.body
-    assert "first-value-77" not in table_dump() and "second-value-88" not in table_dump()
+    replay = api.put("/v1/services/llm", {"spec": with_secret("first-value-77", envs={"X": "1"})}, headers=key)
+    other = api.put("/v1/services/llm", {"spec": with_secret("second-value-88", envs={"X": "1"})}, headers=key)
+    assert first.status == replay.status == 200
+    assert replay.body == first.body
+    assert other.status == 422, other.body
+    assert other.error["code"] == "idempotency_key_reused"
+    assert "second-value-88" not in json.dumps(other.body)
+    dump = table_dump()
+    for value in ("first-value-77", "second-value-88"):
+        assert value not in dump
+        assert hashlib.sha256(value.encode()).hexdigest() not in dump
+        assert hashlib.md5(value.encode()).hexdigest() not in dump
 
 
 def test_a_failed_create_leaves_no_secret_behind(api: ApiClient) -> None:
@@ -220,7 +235,8 @@ def test_an_upload_is_presigned_with_the_digests_checksum_then_adopted_per_incar
     created = api.post("/v1/services", {"name": "web", "spec": hello_spec(workdir={"digest": digest})})
     assert created.status == 201, created.body
     uid = created.body["uid"]
-    copy = aws.s3().get_object(Bucket=bucket, Key=service_key("web", uid, digest))["Body"].read()
+    owner = created.body["owner"]
+    copy = aws.s3().get_object(Bucket=bucket, Key=service_key("web", uid, digest, owner))["Body"].read()
     assert copy == data
     # Asked for this service, the digest needs no upload even once the upload itself expired.
     aws.s3().delete_object(Bucket=bucket, Key=upload_key(digest))
@@ -228,7 +244,7 @@ def test_an_upload_is_presigned_with_the_digests_checksum_then_adopted_per_incar
     assert again.body["upload"] is None
     # An identical update (same digest) is a no-op; another digest is a new version.
     assert api.put("/v1/services/web", {"spec": hello_spec(workdir={"digest": digest})}).body["changed"] is False
-    assert S3WorkdirStore(bucket).delete_incarnation("web", uid) == 1
+    assert S3WorkdirStore(bucket).delete_incarnation("web", uid, owner) == 1
 
 
 def test_a_new_service_asks_for_an_upload_like_any_other(api: ApiClient, bucket: str) -> None:

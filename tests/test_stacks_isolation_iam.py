@@ -110,11 +110,13 @@ def test_without_adoption_no_statement_may_tag_an_existing_resource() -> None:
 
 def test_parameters_and_workdir_copies_are_tagged_with_this_stacks_id_only(translated: dict[str, Any]) -> None:
     statements = all_statements(translated, function_role(translated, "ApiFunction"))
-    (ssm,) = [s for s in statements if "ssm:AddTagsToResource" in as_list(s["Action"])]
-    assert ssm["Condition"] == {
-        "StringEquals": {f"aws:RequestTag/{STACK}": STACK_KEY},
-        "ForAllValues:StringEquals": {"aws:TagKeys": [STACK]},
-    }
+    tagging = [s for s in statements if "ssm:AddTagsToResource" in as_list(s["Action"])]
+    assert len(tagging) == 2  # the secrets' path and the request HMAC key
+    for ssm in tagging:
+        assert ssm["Condition"] == {
+            "StringEquals": {f"aws:RequestTag/{STACK}": STACK_KEY},
+            "ForAllValues:StringEquals": {"aws:TagKeys": [STACK]},
+        }
     (s3,) = [s for s in statements if "s3:PutObjectTagging" in as_list(s["Action"])]
     assert s3["Condition"] == {
         "StringEquals": {f"s3:RequestObjectTag/{STACK}": STACK_KEY},

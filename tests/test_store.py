@@ -213,10 +213,13 @@ def _own_commands() -> ServiceCommands:
     events in one environment at once); that made these tests fail now and then under load."""
     import os
 
+    from fleetkeeper.access import Caller
     from fleetkeeper.api.handler import build_commands
+    from fleetkeeper.principals import canonical_caller
     from fleetkeeper.settings import Settings
+    from tests.conftest import TEST_CALLER
 
-    return build_commands(Settings.from_env(os.environ))
+    return build_commands(Settings.from_env(os.environ), Caller(canonical_caller(TEST_CALLER)))
 
 
 def test_twenty_concurrent_creates_of_one_name_yield_one_201(api: ApiClient, atomic_dynamodb: None) -> None:

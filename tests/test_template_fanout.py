@@ -142,7 +142,7 @@ def test_ec2s_warnings_reach_the_worker_through_the_kick_queue(translated: dict[
 
     policy = resources["KickQueuePolicy"]["Properties"]
     assert policy["Queues"] == [{"Ref": "KickQueue"}]
-    allowed = [s for s in policy["PolicyDocument"]["Statement"] if s["Effect"] == "Allow"]
+    allowed = [s for s in policy["PolicyDocument"]["Statement"] if s.get("Sid") == "InterruptionWarnings"]
     assert allowed == [
         {
             "Sid": "InterruptionWarnings",

@@ -193,6 +193,9 @@ def test_allowlist_has_no_stale_entries(translated: dict[str, Any]) -> None:
 
 
 SECRETS_ARN = "arn:${AWS::Partition}:ssm:${AWS::Region}:${AWS::AccountId}:parameter/fleetkeeper/${Table}/*"
+HMAC_KEY_ARN = (
+    "arn:${AWS::Partition}:ssm:${AWS::Region}:${AWS::AccountId}:parameter/fleetkeeper-api/${Table}/request-hmac-key"
+)
 
 
 REPLICA_STREAMS = (
@@ -287,4 +290,9 @@ def test_api_function_only_reads_and_writes_the_table_and_kicks_the_reconciler(
         if any(a.startswith("s3:") for a in actions):
             assert resources and all(refers_to(r, "WorkdirBucket") for r in resources), resources
         if any(a.startswith("ssm:") for a in actions):
-            assert resources == [{"Fn::Sub": SECRETS_ARN}], resources
+            # Its secrets' path, or the one parameter of the idempotency fingerprint's HMAC key
+            # (fleetkeeper/request_hmac.py): read and created, nothing else.
+            assert resources in ([{"Fn::Sub": SECRETS_ARN}], [{"Fn::Sub": HMAC_KEY_ARN}]), resources
+            if resources == [{"Fn::Sub": HMAC_KEY_ARN}]:
+                # (AddTagsToResource: its stack-id tag at creation, tests/test_stacks_isolation_iam.py.)
+                assert actions in ({"ssm:GetParameter", "ssm:PutParameter"}, {"ssm:AddTagsToResource"}), actions

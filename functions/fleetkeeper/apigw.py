@@ -18,6 +18,7 @@ ROUTES: tuple[tuple[str, str], ...] = (
     ("/v1/services/{name}/versions", r"^/v1/services/(?P<name>[^/]+)/versions$"),
     ("/v1/services/{name}/events", r"^/v1/services/(?P<name>[^/]+)/events$"),
     ("/v1/services/{name}/rollback", r"^/v1/services/(?P<name>[^/]+)/rollback$"),
+    ("/v1/services/{name}/access", r"^/v1/services/(?P<name>[^/]+)/access$"),
     ("/v1/services/{name}", r"^/v1/services/(?P<name>[^/]+)$"),
     ("/v1/services", r"^/v1/services$"),
     ("/v1/openapi.json", r"^/v1/openapi\.json$"),
@@ -34,8 +35,14 @@ def rest_event(
     body: bytes | str | None = None,
     stage: str = "api",
     source_ip: str = "127.0.0.1",
+    principal: str | None = None,
 ) -> dict[str, Any]:
-    """The REST API (v1 payload) proxy event API Gateway would send for this request."""
+    """The REST API (v1 payload) proxy event API Gateway would send for this request.
+
+    `principal`: the signer's ARN as API Gateway's AWS_IAM auth reports it in
+    `requestContext.identity.userArn` (an assumed-role session's ARN, a user's), or the embedded
+    mode's `local:<os-user>`; None: an identity without one (fleetkeeper refuses it).
+    """
     split = urlsplit(target)
     path = split.path or "/"
     query = parse_qs(split.query, keep_blank_values=True)
@@ -76,7 +83,7 @@ def rest_event(
             "stage": stage,
             "requestId": str(uuid.uuid4()),
             "requestTimeEpoch": int(now * 1000),
-            "identity": {"sourceIp": source_ip, "userAgent": header_map.get("User-Agent", "")},
+            "identity": _identity(principal, source_ip, header_map.get("User-Agent", "")),
             "accountId": "123456789012",
             "apiId": "local",
             "protocol": "HTTP/1.1",
@@ -84,6 +91,19 @@ def rest_event(
         "body": text,
         "isBase64Encoded": encoded,
     }
+
+
+def _identity(principal: str | None, source_ip: str, user_agent: str) -> dict[str, Any]:
+    """`requestContext.identity` as API Gateway fills it for a SigV4-signed request: userArn, and
+    `caller`/`user` (the principal id, ROLE-ID:SESSION for a session), accountId."""
+    identity: dict[str, Any] = {"sourceIp": source_ip, "userAgent": user_agent}
+    if principal:
+        parts = principal.split(":")
+        account = parts[4] if principal.startswith("arn:") and len(parts) > 5 else None
+        session = principal.rsplit("/", 1)[-1]
+        principal_id = f"AROAFLEETKEEPEREXAMPLE:{session}" if ":assumed-role/" in principal else principal
+        identity.update({"userArn": principal, "caller": principal_id, "user": principal_id, "accountId": account})
+    return identity
 
 
 def response_parts(response: dict[str, Any]) -> tuple[int, dict[str, str], bytes]:

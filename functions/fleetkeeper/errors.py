@@ -27,6 +27,13 @@ class InvalidRequest(FleetkeeperError):
     code = "invalid_request"
 
 
+class Forbidden(FleetkeeperError):
+    """The caller may see the service but not do this to it (or its request carries no identity)."""
+
+    status = 403
+    code = "forbidden"
+
+
 class NotFound(FleetkeeperError):
     status = 404
     code = "not_found"

@@ -1,5 +1,6 @@
-"""The reconciler kick: after an api write (at once), and from the reconciler itself when a warned
-replica's drain must start between two scheduled runs (delayed). Best-effort: the schedule is the
+"""The reconciler kick: after an api write (at once), and from the reconciler itself (delayed) when a
+warned replica's drain must start between two scheduled runs, or when a service in motion is worth
+a look again (a follow-up, fleetkeeper.reconciler.followup). Best-effort: the schedule is the
 backstop.
 
 In AWS the kick is a message on the kick queue, whose event source invokes the reconciler worker
@@ -44,11 +45,22 @@ class ReconcilerKick:
     def __call__(self, name: str, delay_seconds: int = 0) -> None:
         """Kick `name` now, or `delay_seconds` from now (at most MAX_DELAY_SECONDS). A delayed kick
         says when it is due, so the worker judges its age from then, not from when it was sent."""
+        self._send(name, delay_seconds, None)
+
+    def follow_up(self, name: str, delay_seconds: int, due: int) -> None:
+        """The reconciler's follow-up for `name` (fleetkeeper.reconciler.followup): a delayed kick that
+        names the due time the service item records, so the worker runs it only while it is still
+        the service's pending follow-up (a duplicate, or one replaced since, is dropped)."""
+        self._send(name, delay_seconds, due)
+
+    def _send(self, name: str, delay_seconds: int, followup: int | None) -> None:
         delay = max(0, min(int(delay_seconds), MAX_DELAY_SECONDS))
         message: dict[str, object] = {"service": name}
         if delay:
             message["due"] = int(time.time()) + delay
             message["delay_seconds"] = delay
+        if followup is not None:
+            message["followup"] = followup
         body = json.dumps(message)
         try:
             if self.queue_url:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from enum import StrEnum
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 if TYPE_CHECKING:
     from fleetkeeper.spec import ServiceSpec
@@ -202,6 +202,19 @@ class AutoscalerState:
     rev: int = 0
 
 
+AccessMode = Literal["read", "write"]
+
+
+@dataclass(frozen=True)
+class AccessGrant:
+    """A principal (or a pattern of them) a service names as allowed to read it, or to change it too.
+
+    `principal` is canonical (fleetkeeper.principals.canonical_pattern): a role without its path."""
+
+    principal: str
+    mode: AccessMode
+
+
 @dataclass(frozen=True)
 class ServiceRecord:
     name: str
@@ -222,9 +235,19 @@ class ServiceRecord:
     endpoint: EndpointRecord | None = None
     # Written by the reconciler for a service whose target version autoscales (None: never did).
     autoscaler: AutoscalerState | None = None
-    # The canonical principal ARN of the service's creator (contract 2; "" for items written before
-    # ownership existed). Its hash scopes the replicas' identity (fleetkeeper.identity).
+    # When the reconciler's pending follow-up (a delayed kick for this service) is due, in epoch
+    # seconds (fleetkeeper.reconciler.followup); None: none was ever asked for. Written by the
+    # reconciler only when it asks for a new one, so a steady service never writes it.
+    followup_at: int | None = None
+    # Who the incarnation belongs to: the canonical principal that created it (an IAM role's ARN
+    # without its path for an assumed-role session, an IAM user's ARN, `local:<os-user>` in embedded
+    # mode); "" for services created before ownership existed (only administrators see them). Its
+    # hash scopes the replicas' identity (fleetkeeper.identity).
     owner: str = ""
+    # More principals the service answers to (fleetkeeper.access), and the revision every change of
+    # them is conditioned on.
+    access: tuple[AccessGrant, ...] = ()
+    access_rev: int = 0
 
 
 @dataclass(frozen=True)

@@ -85,6 +85,11 @@ def deleting() -> Event:
     return Event("Deleting", "delete requested: draining and terminating every replica")
 
 
+def access_changed(by: str, changes: list[str]) -> Event:
+    """Who may read or change the service changed (fleetkeeper.access): who did it, and what."""
+    return Event("AccessChanged", f"access changed by {by or 'fleetkeeper'}: {'; '.join(changes)}")
+
+
 # --- what the reconciler's writes report ---------------------------------------------------------------
 
 

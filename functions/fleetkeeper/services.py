@@ -18,9 +18,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast
 
+from fleetkeeper import service_events
+from fleetkeeper.access import MAX_GRANTS, SYSTEM, Caller, changed_access, describe_change
 from fleetkeeper.errors import (
     Conflict,
     FleetkeeperError,
+    Forbidden,
     IdempotencyMismatch,
     InvalidRequest,
     NotFound,
@@ -50,7 +53,8 @@ if TYPE_CHECKING:
 
     from aws_lambda_powertools.utilities.idempotency import IdempotencyConfig
 
-    from fleetkeeper.model import VersionRecord
+    from fleetkeeper.model import AccessGrant, VersionRecord
+    from fleetkeeper.request_hmac import RequestHmac
     from fleetkeeper.secret_store import SecretStore
     from fleetkeeper.service_events import EventRecord
     from fleetkeeper.spec import ServiceSpec
@@ -76,7 +80,7 @@ IDEMPOTENCY_TTL_SECONDS = 24 * 3600
 DELETING_MESSAGE = "deleting: terminating every replica"
 
 Kick = Callable[[str], None]
-Command = Literal["get", "list", "versions", "events", "create", "update", "rollback", "delete"]
+Command = Literal["get", "list", "versions", "events", "create", "update", "rollback", "delete", "access"]
 T = TypeVar("T")
 
 
@@ -106,6 +110,11 @@ class ServiceCommands:
     # The stack's region: a spec's `region` must be it (replicas run in the stack's subnets). None:
     # not known (a test, the CLI's dry checks): not checked.
     region: str | None = None
+    # Who the request acts as (fleetkeeper.access): the api handler sets the request's caller.
+    caller: Caller = SYSTEM
+    # The HMAC of secret values in an Idempotency-Key record's fingerprint (fleetkeeper.request_hmac);
+    # None: no key store (a request with secrets is refused anyway: there is no secret store).
+    fingerprint: RequestHmac | None = None
     _idempotency: tuple[Callable[..., dict[str, Any]], IdempotencyConfig] | None = field(
         default=None, init=False, repr=False
     )
@@ -113,12 +122,22 @@ class ServiceCommands:
     # -- reads --
 
     def get(self, name: str) -> ServiceState:
+        def read() -> ServiceState:
+            state = self.store.require(name)
+            self._readable(state.service)
+            return state
+
         with _as_api_errors("get"):
-            return self._contended(lambda: self.store.require(name))
+            return self._contended(read)
 
     def list_page(self, *, limit: int, next_token: str | None) -> tuple[list[ServiceRecord], str | None]:
+        """A page of the services the caller may read (fleetkeeper.store.reads says how pages stay
+        correct when most services are another team's)."""
+        visible = None if self.caller.admin else self.caller.may_read
         with _as_api_errors("list"):
-            return self._contended(lambda: self.store.list_services(limit=limit, next_token=next_token))
+            return self._contended(
+                lambda: self.store.list_services(limit=limit, next_token=next_token, visible=visible)
+            )
 
     def versions_page(
         self, name: str, *, limit: int, next_token: str | None
@@ -126,7 +145,7 @@ class ServiceCommands:
         """The service item and a page of its versions (oldest first)."""
 
         def read() -> tuple[ServiceRecord, list[VersionRecord], str | None]:
-            service = self.store.service(name)
+            service = self._readable(self.store.service(name))
             versions, token = self.store.versions_page(service, limit=limit, next_token=next_token)
             return service, versions, token
 
@@ -137,7 +156,7 @@ class ServiceCommands:
         """A page of the service's newest events, newest first (expired ones skipped)."""
 
         def read() -> tuple[list[EventRecord], str | None]:
-            service = self.store.service(name)
+            service = self._readable(self.store.service(name))
             now_epoch = int(from_iso(self.now()).timestamp())
             return self.store.events_page(service, limit=limit, next_token=next_token, now_epoch=now_epoch)
 
@@ -146,7 +165,10 @@ class ServiceCommands:
 
     # -- writes --
 
-    def create(self, name: str, spec: ServiceSpec, owner: str = "") -> ServiceState:
+    def create(self, name: str, spec: ServiceSpec, owner: str | None = None) -> ServiceState:
+        """A new service (its version 1), owned by `owner`: by default the caller's principal (what the
+        api passes); the system and tests may name another."""
+        owner = self.caller.principal if owner is None else owner
         _check_spec(name, spec, "creates", self.region)
         waiting = f"waiting for the reconciler to launch {spec.target_replicas} replica(s)"
         # The incarnation's uid is chosen here: its workdir copy and secrets are stored under it
@@ -156,7 +178,7 @@ class ServiceCommands:
         try:
             self._adopt_workdir(spec, name, uid, owner)
             ref, _ = self._store_secrets(spec, name, uid, reuse=None, owner=owner)
-            with _as_api_errors("create"):
+            with _as_api_errors("create"), self._unseen_name(name):
                 state = self._contended(
                     lambda: self.store.create_service(
                         name,
@@ -183,7 +205,10 @@ class ServiceCommands:
         if service is not None:
             with _as_api_errors("get"), contextlib.suppress(ServiceMissing):  # a new service: nothing stored
                 found = self._contended(lambda: self.store.service(service))
-                uid, owner = found.uid, found.owner
+                # What the service stores is told only to who may read it; to anyone else the
+                # answer is a new service's (an upload), so it tells nothing of another team's.
+                if self.caller.may_read(found):
+                    uid, owner = found.uid, found.owner
         return store.upload(digest, size, service, uid, owner)
 
     def update(self, name: str, spec: ServiceSpec, *, mode: str | None, expected_generation: int | None) -> Written:
@@ -220,7 +245,7 @@ class ServiceCommands:
 
         try:
             with _as_api_errors("update"):
-                state, changed = self._contended(lambda: self._write_on_latest(name, add_version))
+                state, changed = self._contended(lambda: self._write_on_latest(name, add_version, "updating it"))
         except BaseException:
             ref, created = secrets.get("ref", (None, False))
             if ref is not None and created and self.secrets is not None:
@@ -253,11 +278,12 @@ class ServiceCommands:
             return self.store.set_target(state, target, self.now(), expected_generation=expected_generation)
 
         with _as_api_errors("rollback"):
-            return Written(*self._contended(lambda: self._write_on_latest(name, set_target)))
+            return Written(*self._contended(lambda: self._write_on_latest(name, set_target, "rolling it back")))
 
     def delete(self, name: str) -> Written:
         def mark() -> Written:
             state = self.store.require(name)
+            self._writable(state.service, "deleting it")
             deleting = self.store.mark_deleting(state, self.now(), status_message=DELETING_MESSAGE)
             return Written(deleting, deleting.service.generation != state.service.generation)
 
@@ -265,6 +291,91 @@ class ServiceCommands:
             deleted = self._contended(mark)
         self.kick(name)
         return deleted
+
+    def change_access(self, name: str, add: list[AccessGrant], remove: list[str]) -> tuple[ServiceRecord, bool]:
+        """Grant (`add`: a principal already named takes the new mode) and revoke (`remove`) access
+        to the service: an owner's write, recorded as an AccessChanged event in the same transaction.
+        Returns the service and whether anything changed."""
+        both = {g.principal for g in add} & set(remove)
+        if both:
+            raise InvalidRequest(
+                f"{sorted(both)[0]} is both added and removed; do one or the other",
+                details=[{"field": "remove", "problem": "also in add"}],
+            )
+
+        def write() -> tuple[ServiceRecord, bool]:
+            for attempt in range(1, _RACE_ATTEMPTS + 1):
+                service = self._writable(self.store.service(name), "changing who may access it")
+                if service.lifecycle is Lifecycle.DELETING:
+                    raise Conflict(f"service {name!r} is being deleted; it can no longer be changed")
+                access = changed_access(service.access, add, remove)
+                if len(access) > MAX_GRANTS:
+                    raise InvalidRequest(
+                        f"service {name!r} would name {len(access)} principals; at most {MAX_GRANTS}: "
+                        "grant a pattern (e.g. arn:aws:iam::ACCOUNT:role/team-a-*) rather than each role",
+                        details=[{"field": "add", "problem": f"more than {MAX_GRANTS} grants"}],
+                    )
+                changes = describe_change(service.access, access)
+                if not changes:
+                    return service, False
+                event = service_events.access_changed(self.caller.principal, changes)
+                try:
+                    return self.store.set_access(service, access, self.now(), event=event), True
+                except Raced:
+                    if attempt == _RACE_ATTEMPTS:
+                        raise
+            raise AssertionError("unreachable")  # pragma: no cover
+
+        with _as_api_errors("access"):
+            return self._contended(write)
+
+    # -- who may --
+
+    @contextlib.contextmanager
+    def _unseen_name(self, name: str) -> Iterator[None]:
+        """A create of a name another team's service holds: the name is taken (a create cannot do
+        otherwise), but nothing of that service is told, not even how to change it."""
+        try:
+            yield
+        except ServiceExists as exc:
+            if exc.existing is None or self.caller.may_read(exc.existing):
+                raise
+            raise Conflict(
+                f"the name {name!r} is taken by a service you may not see; choose another name",
+                details=[{"field": "name", "problem": "taken"}],
+            ) from exc
+
+    def fingerprint_of_secrets(self, values: dict[str, str]) -> str | None:
+        """What an Idempotency-Key record's fingerprint holds of a request's secret values: their
+        HMAC under the stack's key (fleetkeeper.request_hmac), never the values or a plain hash."""
+        if not values:
+            return None
+        if self.fingerprint is None:
+            self._secret_store()  # refused as the command itself would refuse it: no secret store
+            raise AssertionError("a deployment with a secret store has a fingerprint key")  # pragma: no cover
+        return self.fingerprint.digest(values)
+
+    def _readable(self, service: ServiceRecord) -> ServiceRecord:
+        """`service`, if the caller may read it; else it does not exist for the caller (ServiceMissing:
+        the very answer an unknown name gets)."""
+        if not self.caller.may_read(service):
+            raise ServiceMissing(service.name)
+        return service
+
+    def _writable(self, service: ServiceRecord, doing: str) -> ServiceRecord:
+        """`service`, if the caller may change it: NotFound as `_readable` if it may not even read it,
+        Forbidden naming what is missing if it may only read it."""
+        self._readable(service)
+        if not self.caller.may_write(service):
+            name, who = service.name, self.caller.principal
+            granter = f"its owner ({service.owner})" if service.owner else "an administrator"
+            raise Forbidden(
+                f"{who} may read service {name!r} but not change it: {doing} needs write access to "
+                f"service {name}; {granter} or one with write access can grant it: "
+                f"`fleetkeeper access {name} --add {who}`",
+                details=[{"field": "access", "problem": f"write access to service {name}"}],
+            )
+        return service
 
     def _contended(self, command: Callable[[], T]) -> T:
         """Run `command` (reads, then at most one conditional write), again on a contention a retry
@@ -279,7 +390,7 @@ class ServiceCommands:
         raise AssertionError("unreachable")  # pragma: no cover
 
     def _write_on_latest(
-        self, name: str, write: Callable[[ServiceState], ServiceState | None]
+        self, name: str, write: Callable[[ServiceState], ServiceState | None], doing: str
     ) -> tuple[ServiceState, bool]:
         """Read the ACTIVE service and `write` on it (None: nothing to write), then kick.
         Returns the service and whether it was written.
@@ -288,7 +399,7 @@ class ServiceCommands:
         write, and no If-Match pinned the generation) is tried again on a fresh read.
         """
         for attempt in range(1, _RACE_ATTEMPTS + 1):
-            state = self._require_active(name)
+            state = self._require_active(name, doing)
             try:
                 written = write(state)
             except Raced:
@@ -402,8 +513,9 @@ class ServiceCommands:
         except Exception:
             logger.warning("service %s: could not delete what pruned versions stored; the cleanup will", name)
 
-    def _require_active(self, name: str) -> ServiceState:
+    def _require_active(self, name: str, doing: str) -> ServiceState:
         state = self.store.require(name)
+        self._writable(state.service, doing)
         if state.service.lifecycle is Lifecycle.DELETING:
             raise Conflict(f"service {name!r} is being deleted; it can no longer be changed")
         return state
@@ -437,7 +549,10 @@ class ServiceCommands:
             # Lets Powertools expire an in-progress record when this invocation times out.
             config.register_lambda_context(lambda_context)
         try:
-            result: dict[str, Any] = runner(command={"key": key, "request": request}, execute=execute)
+            # The record's key is the caller's principal and the key: two callers sending the same
+            # Idempotency-Key never share a record, never see each other's result.
+            command = {"principal": self.caller.principal, "key": key, "request": request}
+            result: dict[str, Any] = runner(command=command, execute=execute)
         except IdempotencyValidationError as exc:
             raise IdempotencyMismatch(
                 "this Idempotency-Key was already used for a different request; use a new key for a new request",
@@ -593,7 +708,7 @@ def _idempotent_runner(table: Table) -> tuple[Callable[..., dict[str, Any]], Ide
 
     persistence = persistence_layer(table)
     config = IdempotencyConfig(
-        event_key_jmespath="key",
+        event_key_jmespath="[principal, key]",
         payload_validation_jmespath="request",
         raise_on_no_idempotency_key=True,
         expires_after_seconds=IDEMPOTENCY_TTL_SECONDS,

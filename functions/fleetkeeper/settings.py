@@ -66,6 +66,9 @@ CERTIFICATE_ARN_ENV = "FLEETKEEPER_CERTIFICATE_ARN"
 WORKDIR_BUCKET_ENV = "WORKDIR_BUCKET"
 WORKDIR_DIR_ENV = "FLEETKEEPER_WORKDIR_DIR"
 WORKDIR_UPLOAD_URL_ENV = "FLEETKEEPER_WORKDIR_UPLOAD_URL"
+# The stack's administrators (template.yaml's AdministratorPrincipals): principal ARN patterns,
+# comma-separated, that may read and change every service (fleetkeeper.access).
+ADMIN_PRINCIPALS_ENV = "FLEETKEEPER_ADMIN_PRINCIPALS"
 # The KMS key (id or ARN) the api encrypts secret values with: the stack's SecretsKey. Unset (embedded
 # mode, tests): Parameter Store's default, the account's aws/ssm key.
 SECRETS_KEY_ID_ENV = "FLEETKEEPER_SECRETS_KEY_ID"
@@ -237,6 +240,9 @@ class Settings:
     secrets_key_id: str | None = None
     # The stack's region (Lambda sets AWS_REGION): a spec may name only this one.
     region: str | None = None
+    # Canonical principal patterns of the stack's administrators (empty: none; every service then
+    # answers only to its owner and the principals it names).
+    admin_principals: tuple[str, ...] = ()
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> Settings:
@@ -269,6 +275,7 @@ class Settings:
             workdir_upload_url=environ.get(WORKDIR_UPLOAD_URL_ENV) or None,
             secrets_key_id=environ.get(SECRETS_KEY_ID_ENV) or None,
             region=environ.get("AWS_REGION") or environ.get("AWS_DEFAULT_REGION") or None,
+            admin_principals=_principals(environ, ADMIN_PRINCIPALS_ENV),
         )
 
 
@@ -326,6 +333,20 @@ def _integer(environ: Mapping[str, str], name: str, default: int, low: int, high
 def _list(environ: Mapping[str, str], name: str) -> tuple[str, ...]:
     """A comma-separated list; blanks dropped (an empty stack parameter joins to "")."""
     return tuple(item.strip() for item in environ.get(name, "").split(",") if item.strip())
+
+
+def _principals(environ: Mapping[str, str], name: str) -> tuple[str, ...]:
+    """Principal ARN patterns (fleetkeeper.principals), each checked: a typo must not silently
+    leave a stack without the administrators it was deployed with."""
+    from fleetkeeper.principals import PrincipalError, canonical_pattern
+
+    patterns = []
+    for item in _list(environ, name):
+        try:
+            patterns.append(canonical_pattern(item))
+        except PrincipalError as exc:
+            raise SettingsError(f"{name}: {exc}") from None
+    return tuple(patterns)
 
 
 def _driver(kind: str) -> DriverKind:

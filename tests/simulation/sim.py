@@ -10,7 +10,11 @@ Everything is driven by the seed and nothing by the wall clock:
 - probes never touch a socket: the Reconciler's `prober` answers from the simulation's model (a
   version's readiness path says whether it is healthy);
 - concurrency is explicit: two reconciler runs interleave by pausing one at its k-th AWS call (a
-  botocore `before-call` hook) while the other runs to completion, so only one thread ever runs.
+  botocore `before-call` hook) while the other runs to completion, so only one thread ever runs;
+- the kick queue is modelled: the reconciler's follow-ups (delayed kicks) and EC2's state-change
+  notifications (when AWS terminates an instance) are delivered when due, or late, twice, or never,
+  drawn from an RNG of their own (the seeds' other steps stay what they were); a follow-up later
+  than a period past its due time is dropped, as the worker drops it.
 
 The invariants read moto's backends directly (never through botocore), so checking draws no fault
 and moves no clock.
@@ -19,6 +23,7 @@ and moves no clock.
 from __future__ import annotations
 
 import contextlib
+import heapq
 import itertools
 import json
 import random
@@ -38,6 +43,7 @@ from fleetkeeper.reconciler.budget import Budget
 from fleetkeeper.reconciler.dispatch import rotated
 from fleetkeeper.reconciler.driver import MANAGED_TAG, REPLICA_TAG, SERVICE_TAG, STACK_TAG, UID_TAG, VERSION_TAG
 from fleetkeeper.reconciler.plan import Policy, ProbeResult
+from fleetkeeper.reconciler.state_changes import StateChange
 from fleetkeeper.settings import DEFAULT_STACK_ID
 from fleetkeeper.store.codec import from_raw, state_from_items
 from tests.cleanup_support import CleanupContext, lambda_record
@@ -215,6 +221,12 @@ class Simulation:
         self.known_failed: set[tuple[str, int]] = set()
         self.known_hits: list[Violation] = []  # known defects met on the way (the run goes on)
         self.reclaims: list[tuple[float, str]] = []  # (virtual time, instance id): AWS takes it back then
+        # The kick queue: follow-ups and EC2's state changes, (virtual time due, order, kind, payload).
+        self.kicks = random.Random(seed ^ 0xF0110)
+        self.queued: list[tuple[float, int, str, Any]] = []
+        self._queue_order = itertools.count()
+        self.followups_sent: dict[tuple[str, int], list[int]] = {}  # (name, due) -> when sent
+        self.followup_problems: list[str] = []
 
     # -- the run --
 
@@ -336,6 +348,8 @@ class Simulation:
             (self._clock_jump, 3),
         ]
         self._reclaim_due()
+        if self.queued and self.kicks.random() < 0.6:
+            self._deliver_kicks()
         if self.stacks > 1 and self.neighbourly.random() < 0.3:
             self._neighbour_step()
             self._check()
@@ -518,10 +532,66 @@ class Simulation:
             policy=self.policy,
             probe_budget_seconds=5,
             prober=self.prober,
+            follow_up=self._follow_up_sent,
         )
 
+    # -- the kick queue --
+
+    def _follow_up_sent(self, name: str, delay: int, due: int) -> None:
+        """The reconciler asks for a follow-up (from whichever run, on whichever thread)."""
+        sent_at = int(self.now().timestamp())
+        gap = self.policy.follow_up_min_gap.total_seconds()
+        earlier = self.followups_sent.setdefault((name, due), [])
+        # Two runs at once (interleaved) must not both send one: only one conditional write lands. (The
+        # same due time sent again much later is another incarnation of the name.)
+        if any(abs(sent_at - then) < gap for then in earlier):
+            self.followup_problems.append(f"{name}: the follow-up due {due} was sent twice")
+        earlier.append(sent_at)
+        if delay < gap:
+            self.followup_problems.append(f"{name}: a follow-up delayed {delay}s, under the minimum gap")
+        self._enqueue("followup", (name, due), delay)
+
+    def _enqueue(self, kind: str, payload: Any, delay: float) -> None:
+        """A message on the kick queue, delivered when due, late, twice, or never (at least once is
+        SQS's and EventBridge's promise; a lost one is what the schedule is the backstop for)."""
+        at = self.strict.clock.time() + delay
+        fate = self.kicks.random()
+        if fate < 0.1:
+            self._log(f"queue: {kind} {payload} lost")
+            return
+        if fate < 0.25:
+            at += self.kicks.choice([20, 60, 200])
+        heapq.heappush(self.queued, (at, next(self._queue_order), kind, payload))
+        if 0.25 <= fate < 0.4:  # delivered twice
+            heapq.heappush(self.queued, (at + self.kicks.choice([0, 5, 30]), next(self._queue_order), kind, payload))
+
+    def _deliver_kicks(self) -> None:
+        """The kick queue's event source: up to two due messages, each one worker invocation."""
+        for _ in range(2):
+            if not self.queued or self.queued[0][0] > self.strict.clock.time():
+                return
+            _, _, kind, payload = heapq.heappop(self.queued)
+            if kind == "followup":
+                name, due = payload
+                if int(self.now().timestamp()) - due > 60:
+                    self._log(f"queue: follow-up of {name} due {due} dropped, older than a period")
+                    continue
+                outcome, report = self._one_run(name, followup=due)
+                void = " (void)" if report is not None and report.void_followup else ""
+                self._after_run(f"follow-up run_one({name}, due {due}){void}", outcome, report, scope=name, advance=5)
+            else:
+                outcome, report = self._one_run(None, change=payload)
+                self._after_run(f"state change {payload}", outcome, report, advance=5)
+            self._check()
+
     def _one_run(
-        self, name: str | None, budget: Budget | None = None, interruption: Interruption | None = None
+        self,
+        name: str | None,
+        budget: Budget | None = None,
+        interruption: Interruption | None = None,
+        *,
+        followup: int | None = None,
+        change: StateChange | None = None,
     ) -> tuple[str, RunReport | None]:
         """One reconciler invocation on this thread: its outcome and report. With a budget, the
         scheduled run is a shard worker's: every listed service, in the period's rotated order,
@@ -532,8 +602,10 @@ class Simulation:
             try:
                 if interruption is not None:
                     report = self._reconciler().interrupt(interruption)
+                elif change is not None:
+                    report = self._reconciler().instance_changed(change)
                 elif name:
-                    report = self._reconciler().run_one(name)
+                    report = self._reconciler().run_one(name, followup=followup)
                 elif budget is not None:
                     reconciler = self._reconciler()
                     names = [entry.name for entry in reconciler.store.list_services()]
@@ -551,12 +623,14 @@ class Simulation:
             self.full_runs_at.append(self.strict.clock.time())
         return "done", report
 
-    def _after_run(self, label: str, outcome: str, report: RunReport | None, scope: str | None = None) -> None:
+    def _after_run(
+        self, label: str, outcome: str, report: RunReport | None, scope: str | None = None, advance: float = 60
+    ) -> None:
         summary = "" if report is None else json.dumps(report.as_dict(), sort_keys=True)
         self._log(f"{label}: {outcome} {summary}")
         if report is not None:
             self._check_surge(report, scope)
-        self.strict.clock.advance(60)
+        self.strict.clock.advance(advance)
 
     def _run_scheduled(self) -> None:
         self._after_run("run_all", *self._one_run(None))
@@ -743,6 +817,7 @@ class Simulation:
         else:
             code = self.rng.choice(codes)
         self.strict.ec2.terminate_by_aws(instance.id, code)
+        self._enqueue("ec2", StateChange(instance.id, "shutting-down"), 1)
         if code.startswith("Client."):
             version = int(dict(self._tags(instance)).get(VERSION_TAG, "0"))
             self.blame[(uid, version)] += 1
@@ -784,6 +859,7 @@ class Simulation:
         for instance_id in due:
             if instance_id in running:
                 self.strict.ec2.terminate_by_aws(instance_id, "Server.SpotInstanceTermination")
+                self._enqueue("ec2", StateChange(instance_id, "shutting-down"), 1)
                 self._log(f"AWS reclaims {instance_id} (two minutes after its interruption warning)")
 
     def _clock_jump(self) -> None:
@@ -997,6 +1073,8 @@ class Simulation:
     def _check(self) -> None:
         if self.trespasses:
             raise Violation("stack-isolation", "; ".join(self.trespasses[:3]))
+        if self.followup_problems:
+            raise Violation("followup-coalesced", "; ".join(self.followup_problems))
         now = self.strict.clock.time()
         instances = self._instances()
         unmanaged = [inst for inst, _ in instances if inst.id == self.unmanaged]
@@ -1118,11 +1196,14 @@ class Simulation:
 
     def _check_final(self) -> None:
         mark = len(self.hooks.calls)
+        asked = sum(len(sent) for sent in self.followups_sent.values())
         outcome, _ = self._one_run(None)
         writes = [c for c in self.hooks.calls[mark:] if is_mutation(*c)]
         self._log(f"steady run_all: {outcome}, writes {writes}")
         if writes:
             raise Violation("steady-state-no-write", f"a run after convergence wrote {writes}")
+        if sum(len(sent) for sent in self.followups_sent.values()) != asked:
+            raise Violation("steady-state-no-followup", "a run after convergence asked for a follow-up")
         states = self._states()
         live: dict[str, list[tuple[Any, dict[str, str]]]] = {}
         for inst, tags in self._instances():

@@ -28,8 +28,11 @@ from aws_lambda_powertools.event_handler.openapi.exceptions import (
 )
 from aws_lambda_powertools.event_handler.openapi.params import Header, Path, Query
 
+from fleetkeeper.access import Caller, grant
 from fleetkeeper.api.models import (
     MAX_CLIENT_INTEGER,
+    AccessChangeRequest,
+    AccessView,
     CreateServiceRequest,
     ErrorBody,
     EventList,
@@ -41,14 +44,17 @@ from fleetkeeper.api.models import (
     VersionList,
     WorkdirUpload,
     WorkdirUploadRequest,
+    access_view,
     event_view,
     service_view,
     summary,
     target_view,
     version_view,
 )
-from fleetkeeper.errors import FleetkeeperError, InvalidRequest, PayloadTooLarge, UnsupportedMediaType
+from fleetkeeper.errors import FleetkeeperError, Forbidden, InvalidRequest, PayloadTooLarge, UnsupportedMediaType
 from fleetkeeper.kick import ReconcilerKick
+from fleetkeeper.principals import PrincipalError, canonical_caller
+from fleetkeeper.request_hmac import RequestHmac
 from fleetkeeper.secret_store import SecretStore
 from fleetkeeper.service_events import EVENTS_KEPT
 from fleetkeeper.services import ServiceCommands, Written
@@ -85,13 +91,23 @@ _UNAVAILABLE: OpenAPIResponse = {
 _BAD: OpenAPIResponse = {"description": "invalid request: the message names each field", "content": _ERROR_CONTENT}
 _MISSING: OpenAPIResponse = {"description": "no such service", "content": _ERROR_CONTENT}
 _CONFLICT: OpenAPIResponse = {"description": "conflict", "content": _ERROR_CONTENT}
+_FORBIDDEN: OpenAPIResponse = {
+    "description": "the caller may read the service but not change it (the message names the access missing: "
+    "write access to service NAME), or the request carries no IAM identity",
+    "content": _ERROR_CONTENT,
+}
+_NO_IDENTITY: OpenAPIResponse = {
+    "description": "the request carries no IAM identity fleetkeeper recognizes",
+    "content": _ERROR_CONTENT,
+}
 # Answered before any route: a body over 64 KiB, a body that is not JSON.
 _BODY_ERRORS: dict[int, OpenAPIResponse] = {
     413: {"description": "the body is over 64 KiB", "content": _ERROR_CONTENT},
     415: {"description": "the body is not application/json", "content": _ERROR_CONTENT},
 }
-_ERRORS: dict[int, OpenAPIResponse] = {400: _BAD, 404: _MISSING, 409: _CONFLICT, 503: _UNAVAILABLE}
-_READ_ERRORS: dict[int, OpenAPIResponse] = {400: _BAD, 404: _MISSING, 503: _UNAVAILABLE}
+_ERRORS: dict[int, OpenAPIResponse] = {400: _BAD, 403: _FORBIDDEN, 404: _MISSING, 409: _CONFLICT, 503: _UNAVAILABLE}
+# A service the caller may not read answers 404, exactly as an unknown name does.
+_READ_ERRORS: dict[int, OpenAPIResponse] = {400: _BAD, 403: _NO_IDENTITY, 404: _MISSING, 503: _UNAVAILABLE}
 _STALE: OpenAPIResponse = {"description": "If-Match names another generation", "content": _ERROR_CONTENT}
 _KEY_REUSED: OpenAPIResponse = {
     "description": "this Idempotency-Key was used for another request",
@@ -120,15 +136,36 @@ logger = Logger()
 app = APIGatewayRestResolver(enable_validation=True)
 
 
-def build_commands(settings: Settings) -> ServiceCommands:
-    """The commands of one invocation: cheap (the clients are cached in fleetkeeper.aws)."""
+def build_commands(settings: Settings, caller: Caller) -> ServiceCommands:
+    """The commands of one invocation, acting as `caller`: cheap (the clients are cached in fleetkeeper.aws)."""
     return ServiceCommands(
         store=CommandStore(Table(settings.table_name)),
         kick=ReconcilerKick.from_settings(settings),
         secrets=SecretStore.from_settings(settings),
         workdirs=store_from_settings(settings),
         region=settings.region,
+        caller=caller,
+        fingerprint=RequestHmac.from_settings(settings),
     )
+
+
+def caller_of(event: dict[str, Any], settings: Settings) -> Caller:
+    """Who the request acts as: the canonical principal of the identity API Gateway authenticated
+    (`requestContext.identity.userArn`; with AWS_IAM auth every request that reaches the function
+    has one), and whether it is one of the stack's administrators. Forbidden without one."""
+    identity = (event.get("requestContext") or {}).get("identity") or {}
+    user_arn = identity.get("userArn")
+    if not isinstance(user_arn, str) or not user_arn:
+        raise Forbidden(
+            "the request carries no IAM identity: call the API signed with AWS Signature Version 4 "
+            "(API Gateway's AWS_IAM auth), as the fleetkeeper CLI does",
+            details=[{"field": "identity", "problem": "missing"}],
+        )
+    try:
+        principal = canonical_caller(user_arn)
+    except PrincipalError as exc:
+        raise Forbidden(str(exc), details=[{"field": "identity", "problem": "not a recognized principal"}]) from exc
+    return Caller.of(principal, settings.admin_principals)
 
 
 # This invocation's commands, set by `lambda_handler` around each resolve. A context variable
@@ -214,7 +251,7 @@ def _idempotency_key(raw: str | None) -> str | None:
 
 def _without_secret_values(body: Any) -> Any:
     """A request body as an Idempotency-Key record may keep it (hashed): secret values replaced by
-    null. A replay is then matched without them; the values themselves never reach a stored item."""
+    null (they count through their HMAC, `_replayable`); the values themselves never reach a stored item."""
     if isinstance(body, dict) and isinstance(body.get("body"), dict):  # an update's {"body", "if_match"}
         return {**body, "body": _without_secret_values(body["body"])}
     spec = body.get("spec") if isinstance(body, dict) else None
@@ -225,7 +262,14 @@ def _without_secret_values(body: Any) -> Any:
 
 
 def _replayable(
-    operation: str, name: str, body: Any, execute: Callable[[], Written], *, key: str | None, status: int
+    operation: str,
+    name: str,
+    body: Any,
+    execute: Callable[[], Written],
+    *,
+    key: str | None,
+    status: int,
+    secret_values: dict[str, str],
 ) -> Response[Any]:
     """Run a write command (once per Idempotency-Key) and answer with the service view."""
 
@@ -239,7 +283,10 @@ def _replayable(
         written = execute()
         return {"view_z": _pack(written_view(written)), "generation": written.state.service.generation}
 
-    request = {"operation": operation, "name": name, "body": _without_secret_values(body)}
+    request: dict[str, Any] = {"operation": operation, "name": name, "body": _without_secret_values(body)}
+    if key is not None:
+        # The same key with other secret values is another request: the values count, as their HMAC.
+        request["secrets_hmac"] = commands().fingerprint_of_secrets(secret_values)
     result = commands().idempotently(key, request, run, app.lambda_context)
     # The first answer and a replay both answer the cached text parsed back: the same dict, keys
     # in the same order, so the resolver serializes them to the same bytes.
@@ -270,6 +317,7 @@ def _success(description: str, model: Any, *, etag_header: bool = True) -> OpenA
     responses={
         201: _success("created", ServiceWritten),
         400: _BAD,
+        403: _NO_IDENTITY,
         409: _CONFLICT,
         503: _UNAVAILABLE,
         **_BODY_ERRORS,
@@ -286,6 +334,7 @@ def create_service(
         lambda: Written(commands().create(request.name, request.spec)),
         key=_idempotency_key(idempotency_key),
         status=201,
+        secret_values=request.spec.secret_values(),
     )
 
 
@@ -294,6 +343,7 @@ def create_service(
     responses={
         200: _success("where to upload, or that no upload is needed", WorkdirUpload, etag_header=False),
         400: _BAD,
+        403: _NO_IDENTITY,
         503: _UNAVAILABLE,
         **_BODY_ERRORS,
     },
@@ -315,7 +365,17 @@ def workdir_upload(request: WorkdirUploadRequest) -> Response[WorkdirUpload]:
 
 @app.get(
     "/v1/services",
-    responses={200: _success("a page of services", ServiceList, etag_header=False), 400: _BAD, 503: _UNAVAILABLE},
+    responses={
+        200: _success(
+            "a page of the services the caller may read (it may hold fewer than `limit`, even none, while "
+            "`next_token` is set: follow it until null)",
+            ServiceList,
+            etag_header=False,
+        ),
+        400: _BAD,
+        403: _NO_IDENTITY,
+        503: _UNAVAILABLE,
+    },
 )
 def list_services(
     limit: Annotated[int, Query(ge=1, le=100)] = 50,
@@ -356,6 +416,7 @@ def update_service(
         lambda: commands().update(name, request.spec, mode=request.mode, expected_generation=expected),
         key=_idempotency_key(idempotency_key),
         status=200,
+        secret_values=request.spec.secret_values(),
     )
 
 
@@ -414,10 +475,43 @@ def rollback_service(name: ServiceNameParam, if_match: IfMatchHeader = None) -> 
 
 @app.delete(
     "/v1/services/<name>",
-    responses={202: _success("deleting (status SHUTTING_DOWN)", ServiceWritten), **_READ_ERRORS},
+    responses={202: _success("deleting (status SHUTTING_DOWN)", ServiceWritten), **_READ_ERRORS, 403: _FORBIDDEN},
 )
 def delete_service(name: ServiceNameParam) -> Response[ServiceWritten]:
     return _written(202, commands().delete(name))
+
+
+@app.post(
+    "/v1/services/<name>/access",
+    responses={
+        200: _success(
+            "who may access the service now; `changed` false: it named these grants already",
+            AccessView,
+            etag_header=False,
+        ),
+        **_ERRORS,
+        **_BODY_ERRORS,
+    },
+)
+def change_access(name: ServiceNameParam, request: AccessChangeRequest) -> Response[AccessView]:
+    """Grant principals read or write access to the service, or revoke it: needs write access to it."""
+    details = []
+    add = []
+    for index, entry in enumerate(request.add):
+        try:
+            add.append(grant(entry.principal, entry.mode))
+        except PrincipalError as exc:
+            details.append({"field": f"add[{index}].principal", "problem": str(exc)})
+    remove = []
+    for index, principal in enumerate(request.remove):
+        try:
+            remove.append(grant(principal, "read").principal)
+        except PrincipalError as exc:
+            details.append({"field": f"remove[{index}]", "problem": str(exc)})
+    if details:
+        raise InvalidRequest(_summarise(details), details=details)
+    service, changed = commands().change_access(name, add, remove)
+    return _json(200, {**access_view(service), "changed": changed})
 
 
 def openapi_json() -> str:
@@ -598,6 +692,11 @@ def _refuse_body(event: dict[str, Any]) -> dict[str, Any] | None:
             error = _too_deep(text)
     if error is None:
         return None
+    return _error_response(error)
+
+
+def _error_response(error: FleetkeeperError) -> dict[str, Any]:
+    """A refusal answered before any route runs, in the api's error shape."""
     return {
         "statusCode": error.status,
         "headers": {"Content-Type": content_types.APPLICATION_JSON},
@@ -630,7 +729,12 @@ def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, A
     if refused is not None:
         return refused
     # Settings are read once per invocation, and the commands built from them live as long as it.
-    token = _commands.set(build_commands(Settings.from_env(os.environ)))
+    settings = Settings.from_env(os.environ)
+    try:
+        caller = caller_of(event, settings)
+    except Forbidden as no_identity:
+        return _error_response(no_identity)
+    token = _commands.set(build_commands(settings, caller))
     try:
         return app.resolve(event, context)
     finally:

@@ -7,7 +7,9 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from fleetkeeper import autoscale
+from fleetkeeper.access import MAX_GRANTS
 from fleetkeeper.model import to_iso, utcnow
+from fleetkeeper.principals import MAX_PRINCIPAL_LENGTH
 from fleetkeeper.spec import NAME_PATTERN, WORKDIR_DIGEST, ServiceSpec
 from fleetkeeper.workdir_store import MAX_WORKDIR_BYTES
 
@@ -40,6 +42,33 @@ class UpdateServiceRequest(_Request):
 class RollbackRequest(_Request):
     version: Annotated[int, Field(ge=1, le=MAX_CLIENT_INTEGER)] | None = Field(
         default=None, description="the version to go back to; default: the newest earlier version that did not fail"
+    )
+
+
+class GrantRequest(_Request):
+    principal: Annotated[
+        str,
+        Field(
+            min_length=1,
+            max_length=MAX_PRINCIPAL_LENGTH,
+            description="an IAM principal ARN, `*` matching any characters: arn:aws:iam::ACCOUNT:role/NAME (a role "
+            "matches by name, whatever its path), arn:aws:iam::ACCOUNT:user/NAME, ...",
+        ),
+    ]
+    mode: Literal["read", "write"] = Field(
+        description="read: GET the service, its versions and events, list it; write: change it too (update, "
+        "roll back, delete, change its access)"
+    )
+
+
+class AccessChangeRequest(_Request):
+    add: list[GrantRequest] = Field(
+        default_factory=list,
+        max_length=MAX_GRANTS,
+        description="grants to add; a principal the service names already takes the new mode",
+    )
+    remove: list[Annotated[str, Field(min_length=1, max_length=MAX_PRINCIPAL_LENGTH)]] = Field(
+        default_factory=list, max_length=MAX_GRANTS, description="principals (as granted) to revoke"
     )
 
 
@@ -100,6 +129,11 @@ class ReplicaView(BaseModel):
     updated_at: str
 
 
+class GrantView(BaseModel):
+    principal: str = Field(description="the principal ARN or pattern, as stored (a role without its path)")
+    mode: Literal["read", "write"]
+
+
 class ServiceSummary(BaseModel):
     name: str
     uid: str = Field(
@@ -123,8 +157,22 @@ class ServiceSummary(BaseModel):
         description="the service's URL (its load balancer endpoint); null until the reconciler has made it, "
         "or when the stack has no load balancer"
     )
+    owner: str = Field(
+        description="the principal that created this incarnation (an IAM role's ARN for a role session); "
+        "empty for a service created before owners existed (administrators only)"
+    )
+    access: list[GrantView] = Field(description="more principals the service answers to, and how")
     created_at: str
     updated_at: str
+
+
+class AccessView(BaseModel):
+    """Who may access a service: its owner, the stack's administrators, and its grants."""
+
+    name: str
+    owner: str
+    access: list[GrantView]
+    changed: bool = Field(description="false when the request named nothing new: nothing was written")
 
 
 class PlacementView(BaseModel):
@@ -257,9 +305,19 @@ def summary(service: ServiceRecord) -> dict[str, Any]:
         "observed_generation": service.observed_generation,
         "reconciled": service.observed_generation >= service.generation,
         "endpoint": service.endpoint.url if service.endpoint is not None else None,
+        "owner": service.owner,
+        "access": access_list(service),
         "created_at": service.created_at,
         "updated_at": service.updated_at,
     }
+
+
+def access_list(service: ServiceRecord) -> list[dict[str, str]]:
+    return [{"principal": g.principal, "mode": g.mode} for g in service.access]
+
+
+def access_view(service: ServiceRecord) -> dict[str, Any]:
+    return {"name": service.name, "owner": service.owner, "access": access_list(service)}
 
 
 def replica_view(replica: ReplicaRecord) -> dict[str, Any]:

@@ -101,6 +101,15 @@ _HELP: dict[str, tuple[str, str]] = {
         "--all deletes every service (it asks first; -y skips the question, and is needed without a terminal).",
         "  fleetkeeper down web --wait\n  fleetkeeper down web api\n  fleetkeeper down --all -y",
     ),
+    "access": (
+        "Show or change who may read or change a service, besides its owner (the role that created it)\n"
+        "and the stack's administrators. A role is named by its ARN (any path: roles match by name);\n"
+        "* matches any characters. Changing access needs write access to the service.",
+        "  fleetkeeper access web\n"
+        "  fleetkeeper access web --add arn:aws:iam::111122223333:role/team-b-ci --read-only\n"
+        "  fleetkeeper access web --add 'arn:aws:iam::111122223333:role/team-b-*'\n"
+        "  fleetkeeper access web --remove arn:aws:iam::111122223333:role/team-b-ci",
+    ),
     "events": (
         "Show what the control plane decided and saw about a service, oldest first (newest 100 kept;\n"
         "repeats folded with a count): why it is not READY.",
@@ -244,6 +253,14 @@ def build_parser() -> argparse.ArgumentParser:
     down.add_argument("names", nargs="*", metavar="NAME")
     down.add_argument("--all", "-a", action="store_true", help="every service")
     down.add_argument("--yes", "-y", action="store_true", help="do not ask before --all")
+
+    access = _command(commands, "access", [common, output])
+    access.add_argument("name", metavar="NAME")
+    access.add_argument(
+        "--add", action="append", default=[], metavar="PRINCIPAL", help="grant it write access (repeatable)"
+    )
+    access.add_argument("--read-only", action="store_true", help="grant --add principals read access only")
+    access.add_argument("--remove", action="append", default=[], metavar="PRINCIPAL", help="revoke it (repeatable)")
 
     events = _command(commands, "events", [common, output])
     events.add_argument("name", metavar="NAME")
@@ -541,6 +558,28 @@ class Cli:
             return EXIT_FAILED
         return EXIT_OK
 
+    def access(self) -> int:
+        """Show the service's owner and grants; with --add/--remove, change the grants first."""
+        if self.args.read_only and not self.args.add:
+            raise UsageError("--read-only applies to --add PRINCIPAL: name the principal to grant read access")
+        if not self.args.add and not self.args.remove:
+            view = self.client.request("GET", f"/v1/services/{self.name}").body
+            shown = {"name": view["name"], "owner": view["owner"], "access": view["access"]}
+            if self.structured:
+                self.emit(shown)
+            else:
+                self.print(render.access_detail(shown))
+            return EXIT_OK
+        mode = "read" if self.args.read_only else "write"
+        body = {"add": [{"principal": p, "mode": mode} for p in self.args.add], "remove": self.args.remove}
+        view = self.client.request("POST", f"/v1/services/{self.name}/access", body).body
+        if self.structured:
+            self.emit(view)
+        else:
+            self.note(f"{self.args.name}: access {'changed' if view['changed'] else 'unchanged: it was so already'}")
+            self.print(render.access_detail(view))
+        return EXIT_OK
+
     def versions(self) -> int:
         versions = self._all_versions()
         if self.structured:
@@ -827,6 +866,7 @@ _COMMANDS: dict[str, Callable[[Cli], int]] = {
     "versions": Cli.versions,
     "rollback": Cli.rollback,
     "down": Cli.down,
+    "access": Cli.access,
     "logs": Cli.logs,
     "events": Cli.events,
 }

@@ -40,6 +40,7 @@ def service_detail(view: dict[str, Any]) -> str:
         f"{view['name']}  {view['status']}  v{target} of {view['latest_version']}  "
         f"({readiness(view, target)}, {view.get('mode') or 'rolling'})",
         f"  endpoint: {view.get('endpoint') or '-'}",
+        *access_lines(view),
         *([f"  {message}"] if message else []),
     ]
     scaling = autoscaling_line(view.get("autoscaling"))
@@ -69,6 +70,23 @@ def service_detail(view: dict[str, Any]) -> str:
     ]
     body = table(["REPLICA", "VERSION", "STATUS", "URL", "INSTANCE", "RESOURCES", "ENDPOINT", "MESSAGE"], rows)
     return "\n".join([*head, "", body])
+
+
+def access_lines(view: dict[str, Any]) -> list[str]:
+    """`  owner: ARN` and `  access: ARN (write), ARN (read)`: who the service answers to besides
+    the stack's administrators."""
+    owner = view.get("owner") or "- (created before owners: administrators only)"
+    grants = ", ".join(f"{g['principal']} ({g['mode']})" for g in view.get("access") or []) or "-"
+    return [f"  owner: {owner}", f"  access: {grants}"]
+
+
+def access_detail(view: dict[str, Any]) -> str:
+    """`fleetkeeper access NAME`: the owner, then one line a grant."""
+    lines = [f"{view['name']}", f"  owner: {view.get('owner') or '- (created before owners: administrators only)'}"]
+    grants = view.get("access") or []
+    lines += [f"  {g['mode']:<5}  {g['principal']}" for g in grants] or ["  no other principals"]
+    lines.append("  (and the stack's administrators)")
+    return "\n".join(lines)
 
 
 def _resources(replica: dict[str, Any]) -> str:

@@ -9,7 +9,8 @@ to the api Lambda handler, and its response becomes the HTTP response: status, h
 A few embedded-mode routes live beside the API under /_local:
 
   POST /_local/kick                    {"service": name}: wake the reconciler loop (the kick URL);
-                                       with "delay_seconds": n, n seconds from now (SQS's DelaySeconds)
+                                       with "delay_seconds": n, n seconds from now (SQS's DelaySeconds);
+                                       with "followup": due, the reconciler's follow-up of a service
   GET  /_local/info                    where things are: API URL, logs, in-memory AWS endpoint, table
   GET  /_local/logs/<service>          the service's replica log files; ?uid=U: of that incarnation
                                        (else the newest one's)
@@ -28,8 +29,10 @@ resolver keeps the current event on a module-level object, so concurrent calls w
 
 from __future__ import annotations
 
+import getpass
 import json
 import logging
+import os
 import re
 import socket
 import threading
@@ -65,6 +68,17 @@ _REPLICA_LOG = re.compile(r"^replica-(\d+)\.log$")
 _WORKDIR_PATH = re.compile(r"^/_local/workdirs/(?P<hex>[0-9a-f]{64})$")
 
 
+def local_principal() -> str:
+    """The identity every request through the bridge carries: `local:<os-user>`, in the place API
+    Gateway puts a signer's ARN. The embedded mode makes it an administrator (server.py), so its
+    user sees and changes every service, as the only user of the control plane it runs."""
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):  # no name for this uid (a bare container)
+        user = f"uid-{os.getuid()}"
+    return "local:" + (re.sub(r"[^\w.@-]", "-", user) or "user")
+
+
 # After refusing a body: how long and how much of it the bridge reads and drops before it closes.
 _LINGER_SECONDS = 2.0
 _LINGER_MAX_BYTES = 4 * 1024 * 1024
@@ -84,10 +98,12 @@ class ApiBridge(ThreadingHTTPServer):
         on_kick: Callable[[str], None],
         logs_dir: Path,
         on_interrupt: Callable[[str, int, str, float], tuple[int, dict[str, Any]]] | None = None,
+        on_delayed_kick: Callable[[str, int, int | None], None] | None = None,
         info: dict[str, Any] | None = None,
         api_timeout_seconds: int = 30,
         max_body_bytes: int | None = None,
         workdirs: LocalWorkdirStore | None = None,
+        principal: str | None = None,
     ) -> None:
         if max_body_bytes is None:
             from fleetkeeper.api.handler import MAX_BODY_BYTES  # the api's own limit, not restated
@@ -100,11 +116,15 @@ class ApiBridge(ThreadingHTTPServer):
         self.api_handler = api_handler
         self.on_kick = on_kick
         self.on_interrupt = on_interrupt
+        # Takes delayed kicks and follow-ups (the reconcile loop keeps them until due); without it a
+        # timer thread stands in for SQS's DelaySeconds.
+        self.on_delayed_kick = on_delayed_kick
         self.logs_dir = logs_dir
         self.info = dict(info or {})
         self.api_timeout_seconds = api_timeout_seconds
         self.api_lock = threading.Lock()
         self.workdirs = workdirs
+        self.principal = principal or local_principal()
 
     @property
     def url(self) -> str:
@@ -114,7 +134,7 @@ class ApiBridge(ThreadingHTTPServer):
     def call_api(
         self, method: str, target: str, headers: dict[str, str], body: bytes
     ) -> tuple[int, dict[str, str], bytes]:
-        event = rest_event(method, target, headers=headers, body=body or None)
+        event = rest_event(method, target, headers=headers, body=body or None, principal=self.principal)
         with self.api_lock:
             response = self.api_handler(event, LocalContext(API_FUNCTION, self.api_timeout_seconds))
         return response_parts(response)
@@ -292,10 +312,16 @@ class _RequestHandler(BaseHTTPRequestHandler):
             asked = None
         service = asked.get("service") if isinstance(asked, dict) else None
         delay = asked.get("delay_seconds", 0) if isinstance(asked, dict) else 0
+        followup = asked.get("followup") if isinstance(asked, dict) else None
         if not isinstance(service, str) or not _SERVICE_NAME.fullmatch(service):
             return _json(400, _error("invalid_request", 'the kick body is {"service": "<name>"}'))
         if isinstance(delay, bool) or not isinstance(delay, int) or not 0 <= delay <= MAX_DELAY_SECONDS:
             return _json(400, _error("invalid_request", f"delay_seconds: a whole number from 0 to {MAX_DELAY_SECONDS}"))
+        if followup is not None and (isinstance(followup, bool) or not isinstance(followup, int)):
+            return _json(400, _error("invalid_request", "followup: the follow-up's due time, in whole epoch seconds"))
+        if (delay or followup is not None) and self.server.on_delayed_kick is not None:
+            self.server.on_delayed_kick(service, delay, followup)
+            return _json(202, {"kicked": service, "delay_seconds": delay})
         if delay:
             # As SQS's DelaySeconds does on AWS: the kick arrives then.
             timer = threading.Timer(delay, self.server.on_kick, args=(service,))

@@ -6,12 +6,18 @@ then takes the shards off that queue one message at a time and invokes the worke
 SQS event the queue's event source would send (deleting each message once the worker returns, as
 the event source does): the same code path as on AWS. A kick (`{"service": name}`, posted by the
 api to the kick URL) invokes the worker for that one service as soon as possible, as a message on
-the kick queue would. Runs happen one at a time on one thread, as an event source with a maximum
-concurrency of 1 would make them; a failed run is logged and the next tick tries again.
+the kick queue would. A delayed kick (a warned replica's drain, the reconciler's follow-up of a
+service in motion: `{"service": name, "followup": due}`) is kept in this process until its delay is
+over, as SQS's DelaySeconds keeps it on AWS, then run like any kick; the same follow-up asked for
+twice is kept once. The tick stays the backstop. Runs happen one at a time on one thread, as an
+event source with a maximum concurrency of 1 would make them; a failed run is logged and the next
+tick tries again.
 """
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import logging
 import threading
 import time
@@ -84,16 +90,43 @@ class ReconcileLoop:
         self.timeout_seconds = timeout_seconds
         self.runs = 0
         self._kicked: set[str] = set()
+        # Delayed kicks: (when, order, service, follow-up due time or None), soonest first.
+        self._later: list[tuple[float, int, str, int | None]] = []
+        self._order = itertools.count()
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
-    def kick(self, service: str) -> None:
-        """Reconcile this service soon (the api calls this after every write, through the kick URL)."""
+    def kick(self, service: str, delay: float = 0, followup: int | None = None) -> None:
+        """Reconcile this service soon (the api calls this after every write, through the kick URL), or
+        `delay` seconds from now; `followup`: the follow-up due time the kick names (the worker runs
+        it only while it is the service's pending one)."""
         with self._lock:
-            self._kicked.add(service)
+            if delay <= 0 and followup is None:
+                self._kicked.add(service)
+            elif not any((s, f) == (service, followup) for _, _, s, f in self._later if followup is not None):
+                heapq.heappush(self._later, (time.monotonic() + max(delay, 0), next(self._order), service, followup))
         self._wake.set()
+
+    def pending(self) -> list[tuple[str, int | None]]:
+        """The delayed kicks not yet due, soonest first (for tests and `fleetkeeper local`'s info)."""
+        with self._lock:
+            return [(service, followup) for _, _, service, followup in sorted(self._later)]
+
+    def _due(self) -> list[dict[str, Any]]:
+        """The delayed kicks whose time has come, as the worker's events, taken off the heap."""
+        events: list[dict[str, Any]] = []
+        with self._lock:
+            while self._later and self._later[0][0] <= time.monotonic():
+                _, _, service, followup = heapq.heappop(self._later)
+                events.append({"service": service} if followup is None else {"service": service, "followup": followup})
+        return events
+
+    def _next_wake(self, next_scheduled: float) -> float:
+        with self._lock:
+            soonest = self._later[0][0] if self._later else next_scheduled
+        return min(next_scheduled, soonest)
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._loop, name=RECONCILER_FUNCTION, daemon=True)
@@ -141,11 +174,11 @@ class ReconcileLoop:
                 sqs.delete_message(QueueUrl=self.queue_url, ReceiptHandle=message["ReceiptHandle"])
 
     def _loop(self) -> None:
-        # Kicks are served as they come; the scheduled run still happens every `tick` seconds even
-        # when kicks keep arriving, so no service waits on another's traffic.
+        # Kicks are served as they come, delayed ones when due; the scheduled run still happens every
+        # `tick` seconds even when kicks keep arriving, so no service waits on another's traffic.
         next_scheduled = time.monotonic()
         while not self._stop.is_set():
-            self._wake.wait(max(0.0, next_scheduled - time.monotonic()))
+            self._wake.wait(max(0.0, self._next_wake(next_scheduled) - time.monotonic()))
             if self._stop.is_set():
                 return
             self._wake.clear()
@@ -153,6 +186,8 @@ class ReconcileLoop:
                 services, self._kicked = sorted(self._kicked), set()
             for service in services:
                 self.run_once({"service": service})
+            for event in self._due():
+                self.run_once(event)
             if time.monotonic() >= next_scheduled:
                 self.scheduled_run()
                 next_scheduled = time.monotonic() + self.tick

@@ -31,7 +31,7 @@ from fleetkeeper import aws
 from fleetkeeper.local import auth
 from fleetkeeper.local.balancer import LocalBalancer
 from fleetkeeper.local.context import LocalContext
-from fleetkeeper.local.http_bridge import KICK_PATH, ApiBridge
+from fleetkeeper.local.http_bridge import KICK_PATH, ApiBridge, local_principal
 from fleetkeeper.local.in_memory_aws import InMemoryAws
 from fleetkeeper.local.options import MAX_TICK, Options, add_arguments, options_from
 from fleetkeeper.local.process_driver import (
@@ -47,6 +47,7 @@ from fleetkeeper.local.stream_pump import StreamPump, StreamSource
 from fleetkeeper.reconciler.balancers import EMBEDDED_BALANCER, register_balancer
 from fleetkeeper.reconciler.drivers import EMBEDDED_DRIVER, register_driver
 from fleetkeeper.settings import (
+    ADMIN_PRINCIPALS_ENV,
     BALANCER_ENV,
     DRIVER_ENV,
     KICK_TOKEN_ENV,
@@ -103,6 +104,9 @@ def configure_environment(options: Options, aws_access_key_id: str = "local") ->
             # interval back, by when that interval's datapoint has been published.
             METRIC_WINDOW_ENV: str(max(1, math.ceil(options.metrics_interval))),
             METRIC_LAG_ENV: str(max(1, math.ceil(options.metrics_interval))),
+            # The embedded mode's one user (the identity the HTTP bridge gives every request) is the
+            # control plane's administrator: it sees and changes every service.
+            ADMIN_PRINCIPALS_ENV: local_principal(),
         }
     )
     # The reconciler's drivers know `ec2` only: the deployed code never imports this package.
@@ -244,6 +248,7 @@ class EmbeddedControlPlane:
             api_handler,
             token=self.token,
             on_kick=self._kick,
+            on_delayed_kick=self._kick_later,
             on_interrupt=self._interrupt,
             logs_dir=self.logs_dir,
             info={
@@ -300,6 +305,11 @@ class EmbeddedControlPlane:
     def _kick(self, service: str) -> None:
         if self._loop is not None:
             self._loop.kick(service)
+
+    def _kick_later(self, service: str, delay: int, followup: int | None) -> None:
+        """A delayed kick or a follow-up: kept by the reconcile loop until due (SQS's DelaySeconds)."""
+        if self._loop is not None:
+            self._loop.kick(service, delay, followup)
 
     def _interrupt(self, service: str, replica_id: int, kind: str, notice_seconds: float) -> tuple[int, dict[str, Any]]:
         """Simulate EC2's warning about a spot replica: the event the stack's InterruptionRule would

@@ -12,7 +12,11 @@ take the account's Lambda concurrency:
   with no budget beyond the function's timeout. A kick older than a period is dropped: the
   scheduled run has been over that service since. The stack's InterruptionRule puts EC2's spot
   interruption warnings and rebalance recommendations on the same queue: the warned replica is
-  recorded and its service reconciled at once (fleetkeeper.reconciler.interruptions).
+  recorded and its service reconciled at once (fleetkeeper.reconciler.interruptions). The
+  InstanceStateRule puts EC2's state-change notifications there too (stopping, stopped,
+  shutting-down, terminated): the service whose replica it was is reconciled at once
+  (fleetkeeper.reconciler.state_changes). And the reconciler's own follow-ups (a delayed kick that
+  names its due time, fleetkeeper.reconciler.followup) come back through it.
 A direct invoke with {"service": name} is a kick too (an operator's `aws lambda invoke`).
 """
 
@@ -28,7 +32,7 @@ from aws_lambda_powertools import Logger, Metrics
 from aws_lambda_powertools.logging.utils import copy_config_to_registered_loggers
 from aws_lambda_powertools.metrics import MetricUnit
 
-from fleetkeeper.reconciler import interruptions
+from fleetkeeper.reconciler import interruptions, state_changes
 from fleetkeeper.settings import Settings, SettingsError
 
 if TYPE_CHECKING:
@@ -80,6 +84,7 @@ def build_reconciler(settings: Settings) -> Reconciler:
     kick = ReconcilerKick.from_settings(settings)
     return Reconciler(
         kick=kick if kick.queue_url or kick.url else None,
+        follow_up=kick.follow_up if kick.queue_url or kick.url else None,
         store=ReconcilerStore(Table(settings.table_name)),
         driver=make_driver(settings),
         probe_budget_seconds=settings.probe_budget_seconds,
@@ -140,6 +145,12 @@ def _due(message: Any) -> float | None:
     return float(due) if isinstance(due, int | float) and not isinstance(due, bool) else None
 
 
+def followup_of(message: Any) -> int | None:
+    """The due time a follow-up kick names (fleetkeeper.kick.ReconcilerKick.follow_up), else None."""
+    stamp = message.get("followup") if isinstance(message, dict) else None
+    return stamp if isinstance(stamp, int) and not isinstance(stamp, bool) else None
+
+
 def kick_in(message: Any) -> str | None:
     """The service a kick message (parsed) names; None for a shard (or anything else)."""
     return service_of(message) if isinstance(message, dict) and "format" not in message else None
@@ -173,11 +184,11 @@ def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, A
     reconciler = build_reconciler(settings)
     if interruptions.is_warning(event):
         return _interrupt(reconciler, event)
+    if state_changes.is_state_change(event):
+        return _state_change(reconciler, event)
     name = service_of(event)
     if name is not None:
-        summary = reconciler.run_one(name).as_dict()
-        _log_run(summary, kick=name)
-        return summary
+        return _run_kick(reconciler, name, followup_of(event))
     records = sqs_records(event)
     if records is None:
         # The schedule invokes the dispatcher, not this function: nothing to do here.
@@ -198,6 +209,27 @@ def _interrupt(reconciler: Reconciler, event: Any) -> dict[str, Any]:
     return summary
 
 
+def _state_change(reconciler: Reconciler, event: Any) -> dict[str, Any]:
+    """One of EC2's state-change notifications (the InstanceStateRule's, through the kick queue)."""
+    change = state_changes.state_change_of(event)
+    if change is None:
+        logger.error("dropped an EC2 state-change notification that names no instance or state", extra={"event": event})
+        return {"dropped": "an EC2 state-change notification without detail.instance-id or a rule's state"}
+    summary = {"instance": change.instance_id, "state": change.state, **reconciler.instance_changed(change).as_dict()}
+    _log_run(summary, kick=change.instance_id)
+    return summary
+
+
+def _run_kick(reconciler: Reconciler, name: str, followup: int | None) -> dict[str, Any]:
+    report = reconciler.run_one(name, followup=followup)
+    if report.void_followup:
+        # A duplicate delivery, or a follow-up a newer one replaced: its read was all it cost.
+        return {"kick": name, "followup": followup, "void": True}
+    summary = {"kick": name, **report.as_dict()}
+    _log_run(summary, kick=name)
+    return summary
+
+
 def _run_record(
     reconciler: Reconciler, settings: Settings, record: dict[str, Any], context: LambdaContext
 ) -> dict[str, Any]:
@@ -206,6 +238,9 @@ def _run_record(
     if interruptions.is_warning(message):
         # Never dropped for its age: a late warning is still acted on (the plan sees what is left).
         return _interrupt(reconciler, message)
+    if state_changes.is_state_change(message):
+        # Nor a state change: the replica is still to be replaced.
+        return _state_change(reconciler, message)
     name = kick_in(message)
     if name is None:
         return _run_shard(reconciler, settings, body, context)
@@ -216,9 +251,7 @@ def _run_record(
     if sent is not None and time.time() - sent > settings.period_seconds:
         logger.info("kick for %s is older than a period: dropped (the scheduled run has covered it)", name)
         return {"kick": name, "stale": True}
-    summary = {"kick": name, **reconciler.run_one(name).as_dict()}
-    _log_run(summary, kick=name)
-    return summary
+    return _run_kick(reconciler, name, followup_of(message))
 
 
 def _run_shard(reconciler: Reconciler, settings: Settings, body: str, context: LambdaContext) -> dict[str, Any]:

@@ -101,6 +101,11 @@ class Policy:
     # woken for that moment (a delayed kick, Reconciler.interrupt), and a woken run starts late by a
     # few seconds (the queue's delivery, a Lambda start). The schedule is the backstop.
     warning_margin: timedelta = timedelta(seconds=15)
+    # Follow-ups (fleetkeeper.reconciler.followup): how often a service in motion (a replica booting
+    # or probing, a drain, an instance going) is looked at again between two scheduled runs, and the
+    # least time between two of its follow-ups.
+    follow_up_interval: timedelta = timedelta(seconds=10)
+    follow_up_min_gap: timedelta = timedelta(seconds=5)
 
     def backoff(self, attempts: int) -> timedelta:
         """Wait before launch attempt `attempts + 1`, after `attempts` refusals (30 s, 60 s, ... 30 min)."""

@@ -31,6 +31,7 @@ from fleetkeeper import autoscale
 from fleetkeeper.model import FailureCause, ReplicaRecord, ReplicaStatus, ServiceState, VersionState, to_iso, utcnow
 from fleetkeeper.reconciler.balancer import Target
 from fleetkeeper.reconciler.driver import Instance, LaunchRefused, LaunchRequest
+from fleetkeeper.reconciler.followup import follow_up, next_reconcile
 from fleetkeeper.reconciler.ownership import Ownership, ownership
 from fleetkeeper.reconciler.plan import (
     Action,
@@ -80,6 +81,7 @@ if TYPE_CHECKING:
     from fleetkeeper.reconciler.budget import Budget
     from fleetkeeper.reconciler.driver import ReplicaDriver
     from fleetkeeper.reconciler.metrics import RequestRates
+    from fleetkeeper.reconciler.state_changes import StateChange
     from fleetkeeper.spec import ReadinessProbe
     from fleetkeeper.store.reconciler import Listed, ReconcilerStore
 
@@ -112,6 +114,8 @@ class RunReport:
     # services stopped before a launch (as a crash there would; their claims stay PENDING).
     skipped: list[str] = field(default_factory=list)
     cut_short: list[str] = field(default_factory=list)
+    # A follow-up kick that was no longer the service's pending one: nothing was done.
+    void_followup: bool = False
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -148,6 +152,9 @@ class Reconciler:
     # Wakes the reconciler for one service `delay` seconds from now (fleetkeeper.kick; None: only the
     # schedule): a warned replica's drain must start between two scheduled runs.
     kick: Callable[[str, int], None] | None = None
+    # Asks for a service's follow-up run `delay` seconds from now, due at `due` (epoch seconds):
+    # `follow_up(name, delay, due)` (fleetkeeper.kick; None: no follow-ups, only the schedule).
+    follow_up: Callable[[str, int, int], None] | None = None
 
     # -- entry points --
 
@@ -202,16 +209,24 @@ class Reconciler:
         self._sweep(listed, [], instances, now, report)
         return report
 
-    def run_one(self, name: str) -> RunReport:
-        """A kick after an api write: that one service, its instances only (no orphan sweep)."""
+    def run_one(self, name: str, followup: int | None = None) -> RunReport:
+        """A kick after an api write: that one service, its instances only (no orphan sweep).
+
+        `followup`: the kick is the follow-up due then (fleetkeeper.reconciler.followup). It runs only
+        while the service item still names it: a duplicate delivery, or a follow-up a newer one
+        replaced, stops after the read (`report.void_followup`)."""
         now = self.now()
         report = RunReport()
         state = self._load(name, report)
         if state is None:
             return report
+        if followup is not None and state.service.followup_at != followup:
+            logger.debug("service %s: follow-up due %s is no longer the pending one: nothing to do", name, followup)
+            report.void_followup = True
+            return report
         uid = state.service.uid
         instances = self._owned(self.driver.list_instances(uids=[uid]), report, {uid})
-        return self._reconcile_all([state], instances, now, report)
+        return self._reconcile_all([state], instances, now, report, followup=followup)
 
     def interrupt(self, interruption: Interruption) -> RunReport:
         """EC2 warned about an instance (fleetkeeper.reconciler.interruptions): record the warning on
@@ -224,8 +239,8 @@ class Reconciler:
         The write is conditioned on the replica's revision: a run that changed the replica meanwhile
         makes this read it again, so the warning is never lost to a concurrent write.
         """
-        instance = self.driver.instance(interruption.instance_id)
-        if instance is None or not launched_by_fleetkeeper(instance):
+        instance = self._managed_instance(interruption.instance_id)
+        if instance is None:
             logger.info("%s for %s: not a managed instance, ignored", interruption.kind, interruption.instance_id)
             return RunReport()
         if instance.stack and instance.stack != self.driver.stack_id:
@@ -273,6 +288,34 @@ class Reconciler:
                 )
                 return RunReport()
         return self.run_one(instance.service)
+
+    def instance_changed(self, change: StateChange) -> RunReport:
+        """EC2 says an instance is stopping, stopped or going (fleetkeeper.reconciler.state_changes):
+        when it is one of this stack's replicas, reconcile its service at once (the plan replaces a
+        replica whose instance is gone, and probes one that stopped), instead of at the next
+        scheduled run. Any other instance of the account costs this one DescribeInstances."""
+        instance = self._managed_instance(change.instance_id)
+        if instance is None:
+            logger.debug("instance %s is %s: not a managed instance, ignored", change.instance_id, change.state)
+            return RunReport()
+        logger.info(
+            "service %s: instance %s of replica %d is %s",
+            instance.service,
+            change.instance_id,
+            instance.replica_id,
+            change.state,
+        )
+        return self.run_one(instance.service)
+
+    def _managed_instance(self, instance_id: str) -> Instance | None:
+        """The instance, when it is one fleetkeeper launched for this stack (the check every event
+        about an instance goes through before anything is done about it), else None. One without a
+        stack id (launched before stacks had ids) is passed on: the run of its service adopts it only
+        if the service's uid is its own (fleetkeeper.reconciler.ownership), and leaves it alone otherwise."""
+        instance = self.driver.instance(instance_id)
+        if instance is None or not launched_by_fleetkeeper(instance):
+            return None
+        return None if instance.stack and instance.stack != self.driver.stack_id else instance
 
     def _wake_for_drain(self, state: ServiceState | None, record: ReplicaRecord) -> None:
         """Ask for a run of the service when the warned replica's drain must start (plan.drain_due),
@@ -407,6 +450,8 @@ class Reconciler:
         now: datetime,
         report: RunReport,
         budget: Budget | None = None,
+        *,
+        followup: int | None = None,
     ) -> RunReport:
         report.services += len(states)
         for state in states:
@@ -437,7 +482,7 @@ class Reconciler:
             uid = state.service.uid
             started_with = budget.remaining() if budget is not None else 0.0
             rate = rates.get(state.service.name)
-            self._reconcile(state, by_uid.get(uid, []), probes.get(uid, {}), now, report, budget, rate)
+            self._reconcile(state, by_uid.get(uid, []), probes.get(uid, {}), now, report, budget, rate, followup)
             if budget is not None:
                 budget.observe_service(started_with)
         return report
@@ -516,6 +561,7 @@ class Reconciler:
         report: RunReport,
         budget: Budget | None = None,
         request_rate: float | None = None,
+        followup: int | None = None,
     ) -> None:
         name = state.service.name
         try:
@@ -530,7 +576,9 @@ class Reconciler:
                 drains=drains,
                 request_rate=request_rate,
             )
-            _Apply(self, state, instances, now, report, budget).all(actions)
+            applied = _Apply(self, state, instances, now, report, budget)
+            applied.all(actions)
+            self._follow_up(applied, instances, now, followup)
         except _OutOfTime:
             logger.warning("service %s: out of time before a launch; the next run goes on from here", name)
             report.cut_short.append(name)
@@ -542,6 +590,30 @@ class Reconciler:
             # One service's trouble must not starve the others; the schedule retries it.
             logger.exception("service %s: reconcile failed", name)
             report.errors.append(name)
+
+    def _follow_up(self, applied: _Apply, instances: Sequence[Instance], now: datetime, running: int | None) -> None:
+        """Ask for this service's next run when the state the run left it in changes next, unless a
+        follow-up early enough is pending already. The due time is written first (conditioned on the
+        one read), then the kick sent: of two runs only the one whose write lands sends, and a kick
+        that is lost leaves a due time in the past, which the next run (the schedule's) replaces."""
+        if self.follow_up is None:
+            return
+        state = applied.state
+        after = replace(state, replicas=dict(applied.records))
+        moment = next_reconcile(after, set(match_instances(state, instances)), now, self.policy)
+        wanted = follow_up(moment, state.service.followup_at, now, self.policy, running=running)
+        if wanted is None:
+            return
+        try:
+            self.store.record_followup(state.service, wanted.seen, wanted.due)
+        except Superseded:
+            return  # another run asked for one meanwhile (or the service went): theirs stands
+        except Exception:
+            # The service's run went through; only its follow-up is lost: the schedule comes instead.
+            logger.warning("service %s: could not record its follow-up", state.service.name, exc_info=True)
+            return
+        applied.report.actions["FollowUp"] += 1
+        self.follow_up(state.service.name, wanted.delay_seconds, wanted.due)
 
     def _drain_states(self, state: ServiceState, instances: Sequence[Instance]) -> dict[int, DrainState]:
         """What the balancer says of this service's DRAINING replicas: one call, and only while

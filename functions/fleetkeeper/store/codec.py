@@ -13,6 +13,7 @@ from decimal import Decimal
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from fleetkeeper.model import (
+    AccessGrant,
     AutoscalerState,
     BalancerState,
     EndpointConfig,
@@ -128,10 +129,28 @@ def service_item(record: ServiceRecord) -> Item:
         "replica_seq": record.replica_seq,
         "endpoint": endpoint_item(record.endpoint) if record.endpoint is not None else None,
         "autoscaler": autoscaler_item(record.autoscaler) if record.autoscaler is not None else None,
+        "followup_at": record.followup_at,
         "owner": record.owner,
+        "access": access_item(record.access),
+        "access_rev": record.access_rev,
         "created_at": record.created_at,
         "updated_at": record.updated_at,
     }
+
+
+def access_item(access: tuple[AccessGrant, ...]) -> list[dict[str, str]]:
+    """The service item's `access` list."""
+    return [{"principal": grant.principal, "mode": grant.mode} for grant in access]
+
+
+def access_from_item(value: Any) -> tuple[AccessGrant, ...]:
+    grants = []
+    for entry in value or ():
+        mode = str(entry["mode"])
+        if mode not in ("read", "write"):
+            raise ValueError(f"access mode {mode!r}")
+        grants.append(AccessGrant(principal=str(entry["principal"]), mode="write" if mode == "write" else "read"))
+    return tuple(grants)
 
 
 def endpoint_item(endpoint: EndpointRecord) -> Item:
@@ -206,7 +225,11 @@ def service_from_item(item: Mapping[str, Any]) -> ServiceRecord:
         replica_seq=int(item.get("replica_seq", 0)),
         endpoint=endpoint_from_item(item["endpoint"]) if item.get("endpoint") else None,
         autoscaler=autoscaler_from_item(item["autoscaler"]) if item.get("autoscaler") else None,
+        followup_at=int(item["followup_at"]) if isinstance(item.get("followup_at"), int) else None,
+        # Items written before ownership existed: no owner (administrators only), no grants.
         owner=str(item.get("owner", "")),
+        access=access_from_item(item.get("access")),
+        access_rev=int(item.get("access_rev", 0)),
     )
 
 

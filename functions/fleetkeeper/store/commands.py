@@ -16,7 +16,15 @@ from botocore.exceptions import ClientError
 from fleetkeeper import service_events
 from fleetkeeper.model import Lifecycle, ServiceRecord, ServiceState, ServiceStatus, VersionRecord
 from fleetkeeper.store import keys
-from fleetkeeper.store.codec import Item, expression_values, service_from_item, service_item, to_raw, version_item
+from fleetkeeper.store.codec import (
+    Item,
+    access_item,
+    expression_values,
+    service_from_item,
+    service_item,
+    to_raw,
+    version_item,
+)
 from fleetkeeper.store.errors import (
     Contention,
     Deleting,
@@ -39,11 +47,12 @@ from fleetkeeper.store.table import (
 )
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator, Sequence
+    from collections.abc import Callable, Iterator, Sequence
 
     from mypy_boto3_dynamodb.type_defs import AttributeValueTypeDef, TransactWriteItemTypeDef
 
-    from fleetkeeper.service_events import EventRecord
+    from fleetkeeper.model import AccessGrant
+    from fleetkeeper.service_events import Event, EventRecord
     from fleetkeeper.spec import ServiceSpec
     from fleetkeeper.store.table import Table
 
@@ -110,8 +119,14 @@ class CommandStore:
     ) -> tuple[list[EventRecord], str | None]:
         return EventReads(self.table).page(service, limit=limit, next_token=next_token, now_epoch=now_epoch)
 
-    def list_services(self, *, limit: int, next_token: str | None = None) -> tuple[list[ServiceRecord], str | None]:
-        return self._reads.list_page(limit=limit, next_token=next_token)
+    def list_services(
+        self,
+        *,
+        limit: int,
+        next_token: str | None = None,
+        visible: Callable[[ServiceRecord], bool] | None = None,
+    ) -> tuple[list[ServiceRecord], str | None]:
+        return self._reads.list_page(limit=limit, next_token=next_token, visible=visible)
 
     def iter_services(self) -> Iterator[ServiceRecord]:
         return self._reads.iter_services()
@@ -178,7 +193,7 @@ class CommandStore:
             if condition_failed(reasons, 0):
                 existing = item_as_it_was(reasons[0].get("Item"))
                 deleting = existing is not None and existing.get("lifecycle") == Lifecycle.DELETING.value
-                raise ServiceExists(name, deleting=deleting) from exc
+                raise ServiceExists(name, deleting=deleting, existing=_service_or_none(existing)) from exc
             if condition_failed(reasons, 1):
                 # A version item under a fresh random uid already exists: astronomically unlikely,
                 # and nothing was written; the client can simply retry.
@@ -356,6 +371,46 @@ class CommandStore:
         )
         return replace(state, service=service)
 
+    def set_access(
+        self, service: ServiceRecord, access: tuple[AccessGrant, ...], now: str, *, event: Event
+    ) -> ServiceRecord:
+        """The service's grants replaced, with `event` reporting it: ONE transaction, conditioned on
+        the incarnation, its being ACTIVE and the grants' revision that was read (a concurrent change
+        of them is Raced). The generation is not moved: grants are not the spec the reconciler acts on.
+        """
+        rev = service.access_rev
+        condition = "uid = :uid AND lifecycle = :active AND " + (
+            "access_rev = :rev" if rev else "(attribute_not_exists(access_rev) OR access_rev = :rev)"
+        )
+        update: TransactWriteItemTypeDef = {
+            "Update": {
+                "TableName": self.table.name,
+                "Key": to_raw(keys.service_key(service.name)),
+                "UpdateExpression": "SET #access = :access, access_rev = :next",
+                "ConditionExpression": condition,
+                "ExpressionAttributeNames": {"#access": "access"},
+                "ExpressionAttributeValues": expression_values(
+                    access=access_item(access), next=rev + 1, rev=rev, uid=service.uid, active=Lifecycle.ACTIVE.value
+                ),
+                "ReturnValuesOnConditionCheckFailure": "ALL_OLD",
+            }
+        }
+        try:
+            self.table.client.transact_write_items(
+                TransactItems=[update, event_update(self.table.name, service.name, service.uid, event, now)]
+            )
+        except ClientError as exc:
+            reasons = cancellation_reasons(exc)
+            if condition_failed(reasons, 0):
+                raise _why_the_service_refused(
+                    service.name,
+                    item_as_it_was(reasons[0].get("Item")),
+                    expected_uid=service.uid,
+                    expected_generation=None,
+                ) from exc
+            raise
+        return replace(service, access=access, access_rev=rev + 1)
+
     # -- one transaction on the service item --
 
     def _delete_version(self, service: ServiceRecord, version: int) -> TransactWriteItemTypeDef:
@@ -423,6 +478,13 @@ def _why_the_service_refused(
         return GenerationMismatch(name, current=int(current["generation"]), expected=expected_generation)
     # Same uid, ACTIVE, generation as asked: someone else moved latest_version; the caller may retry.
     return Raced(name)
+
+
+def _service_or_none(item: Item | None) -> ServiceRecord | None:
+    try:
+        return service_from_item(item) if item is not None else None
+    except (KeyError, ValueError, TypeError):
+        return None  # an item of another schema: the caller is told the name is taken, no more
 
 
 class _MissingChild(Exception):

@@ -8,6 +8,10 @@ one place; the reconciler stops for a service on Superseded. The `str()` of each
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from fleetkeeper.model import ServiceRecord
 
 
 class StoreError(Exception):
@@ -30,6 +34,8 @@ class ServiceExists(StoreError):
 
     name: str
     deleting: bool
+    # The service item found, when it decodes: whose it is decides what the creator may be told.
+    existing: ServiceRecord | None = None
 
     def __post_init__(self) -> None:
         super().__init__(f"service {self.name!r} exists{' (DELETING)' if self.deleting else ''}")

@@ -321,6 +321,26 @@ class ReconcilerStore:
         )
         return written
 
+    def record_followup(self, service: ServiceRecord, seen: int | None, due: int) -> None:
+        """The service's pending follow-up is now the one due at `due` (epoch seconds), if the item
+        still holds `seen` (the one this run read; None: none ever). Of two runs asking for a
+        follow-up at once only one write lands (the other raises Superseded and sends nothing), so
+        a service has one live follow-up. The api's writes never touch the attribute."""
+        if seen is None:
+            condition = "uid = :uid AND attribute_not_exists(followup_at)"
+            values = expression_values(uid=service.uid, due=due)
+        else:
+            condition = "uid = :uid AND followup_at = :seen"
+            values = expression_values(uid=service.uid, due=due, seen=seen)
+        with _superseded_unless_condition_holds(f"the follow-up of service {service.name} changed"):
+            self.table.client.update_item(
+                TableName=self.table.name,
+                Key=to_raw(keys.service_key(service.name)),
+                UpdateExpression="SET followup_at = :due",
+                ConditionExpression=condition,
+                ExpressionAttributeValues=values,
+            )
+
     def delete_service(self, service: ServiceRecord) -> None:
         """The last step of a delete: the DELETING item of this incarnation goes (cleanup takes the
         rest, its events included: a `Deleted` event would go with them, so none is written)."""
