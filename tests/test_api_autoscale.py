@@ -77,6 +77,7 @@ def test_the_view_shows_the_rate_the_target_and_the_pending_decision(api: ApiCli
         "request_rate_at": None,
         "recommended_replicas": None,
         "pending": None,
+        "waking": False,
     }
     assert "autoscaling: 1 replica(s) (1-3, 2 req/s each); no reading yet; steady" in service_detail(view)
 

@@ -56,6 +56,27 @@ def test_two_replicas_of_a_fixed_port_8080_app_serve_through_the_endpoint(plane:
     ok(plane.cli("down", "fixed-port", "--wait", "--timeout", WAIT))
 
 
+SKYPILOT_MINIMAL = Path(__file__).resolve().parent / "fixtures" / "skypilot" / "examples" / "serve" / "minimal.yaml"
+
+
+@pytest.mark.skipif(not namespaces_available()[0], reason=f"no network namespaces here: {namespaces_available()[1]}")
+@pytest.mark.parametrize("plane", [["--isolation", "netns"]], indirect=True)
+def test_skypilots_minimal_serve_yaml_runs_with_two_replicas(plane: LocalPlane, tmp_path: Path) -> None:
+    """SkyPilot's own examples/serve/minimal.yaml (`python3 -m http.server 8080`, as published), with
+    its replica count raised to 2: each replica binds 8080 on a host of its own."""
+    text = SKYPILOT_MINIMAL.read_text(encoding="utf-8")
+    assert "replicas: 1" in text and "http.server 8080" in text
+    spec = tmp_path / "minimal.yaml"
+    spec.write_text(text.replace("replicas: 1", "replicas: 2"), encoding="utf-8")
+    out = ok(plane.cli("up", str(spec), "--name", "minimal", "--wait", "--timeout", WAIT))
+    assert "minimal is READY at http://127.0.0.1:" in out
+    view = json.loads(plane.get("/v1/services/minimal")[1])
+    assert sorted(r["status"] for r in view["replicas"]) == ["READY", "READY"]
+    assert http_get(view["endpoint"] + "/")[0] == 200
+    assert "Address already in use" not in ok(plane.cli("logs", "minimal"))
+    ok(plane.cli("down", "minimal", "--wait", "--timeout", WAIT))
+
+
 @pytest.mark.parametrize("plane", [["--isolation", "shared"]], indirect=True)
 def test_without_namespaces_the_second_replica_says_whose_the_port_is(plane: LocalPlane) -> None:
     port = free_port()

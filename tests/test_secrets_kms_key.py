@@ -57,6 +57,26 @@ def test_secret_values_are_written_with_the_stacks_key(
     assert again.status == 200 and again.body["changed"] is False
 
 
+def test_the_idempotency_hmac_key_is_encrypted_with_the_stacks_key_too(
+    api: ApiClient, table: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The key of the HMAC of secret values in Idempotency-Key records (fleetkeeper/request_hmac.py)
+    would let whoever reads it test guesses of a secret against the table's fingerprints: it is
+    encrypted with the stack's key, whose policy lets only the api decrypt it (below)."""
+    from fleetkeeper.request_hmac import forget_keys, key_parameter
+
+    forget_keys()
+    key = boto3.client("kms", region_name=REGION).create_key(Description="the stack's SecretsKey")["KeyMetadata"]
+    monkeypatch.setenv(SECRETS_KEY_ID_ENV, key["Arn"])
+    assert api.post("/v1/services", {"name": "web", "spec": hello_spec(secrets={"T": "a"})}).status == 201
+    updated = api.put("/v1/services/web", {"spec": hello_spec(secrets={"T": "b"})}, headers={"Idempotency-Key": "k1"})
+    assert updated.status == 200, updated.body
+    name = key_parameter(table)
+    [stored] = aws.ssm().describe_parameters(ParameterFilters=[{"Key": "Name", "Values": [name]}])["Parameters"]
+    assert (stored["Type"], stored["KeyId"]) == ("SecureString", key["Arn"])
+    forget_keys()
+
+
 def test_without_a_configured_key_parameter_store_chooses(api: ApiClient, monkeypatch: pytest.MonkeyPatch) -> None:
     """Embedded mode has no stack key: no KeyId, so Parameter Store's default (aws/ssm)."""
     monkeypatch.delenv(SECRETS_KEY_ID_ENV, raising=False)
@@ -139,6 +159,16 @@ def test_each_role_may_do_what_it_does_through_parameter_store(key: dict[str, An
 )
 def test_nothing_more(key: dict[str, Any], who: str, action: str) -> None:
     assert _use(key, action, who, identity=[KMS_ANYWHERE]) is not Decision.ALLOW
+
+
+def test_only_the_api_decrypts_the_idempotency_hmac_key(key: dict[str, Any], translated: dict[str, Any]) -> None:
+    table = Resolver(translated).ref("Table")
+    hmac_key = f"arn:aws:ssm:{REGION}:{ACCOUNT}:parameter/fleetkeeper-api/{table}/request-hmac-key"
+    context = {**VIA_SSM, "kms:EncryptionContext:PARAMETER_ARN": hmac_key}
+    assert _use(key, "kms:Encrypt", "api", context=context) is Decision.ALLOW
+    assert _use(key, "kms:Decrypt", "api", context=context) is Decision.ALLOW
+    for who in ("reconciler", "replica", "dispatcher", "cleanup"):
+        assert _use(key, "kms:Decrypt", who, context=context, identity=[KMS_ANYWHERE]) is not Decision.ALLOW, who
 
 
 def test_not_outside_parameter_store_nor_for_another_stacks_parameters(key: dict[str, Any]) -> None:

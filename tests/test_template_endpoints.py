@@ -50,7 +50,11 @@ def kinds(translated: dict[str, Any]) -> dict[str, str]:
 
 
 def test_by_default_an_internal_alb_with_a_listener_port_per_service(translated: dict[str, Any]) -> None:
-    assert kinds(translated) == {"LoadBalancerResource": "AWS::ElasticLoadBalancingV2::LoadBalancer"}
+    assert kinds(translated) == {
+        "LoadBalancerResource": "AWS::ElasticLoadBalancingV2::LoadBalancer",
+        # The wake target (fleetkeeper/wake.py; tests/test_template_wake.py).
+        "WakeTargetGroup": "AWS::ElasticLoadBalancingV2::TargetGroup",
+    }
     alb = props(translated, "LoadBalancerResource")
     assert alb["Scheme"] == "internal" and alb["Type"] == "application"
     attributes = {a["Key"]: a["Value"] for a in alb["LoadBalancerAttributes"]}
@@ -92,7 +96,12 @@ def test_replicas_accept_their_ports_from_the_load_balancer_only(translated: dic
 
 
 def test_a_domain_and_certificate_give_https_host_rules_and_a_redirect(with_domain: dict[str, Any]) -> None:
-    assert set(kinds(with_domain)) == {"LoadBalancerResource", "HttpsListener", "HttpToHttpsListener"}
+    assert set(kinds(with_domain)) == {
+        "LoadBalancerResource",
+        "HttpsListener",
+        "HttpToHttpsListener",
+        "WakeTargetGroup",
+    }
     https = props(with_domain, "HttpsListener")
     assert (https["Protocol"], https["Port"], https["Certificates"]) == ("HTTPS", 443, [{"CertificateArn": CERT}])
     assert https["DefaultActions"][0]["FixedResponseConfig"]["StatusCode"] == "404"
@@ -111,7 +120,7 @@ def test_a_domain_and_certificate_give_https_host_rules_and_a_redirect(with_doma
 
 def test_a_domain_without_certificate_carries_its_rules_on_http() -> None:
     plain = translate(overrides={"DomainName": "svc.example.com"})
-    assert set(kinds(plain)) == {"LoadBalancerResource", "HttpListener"}
+    assert set(kinds(plain)) == {"LoadBalancerResource", "HttpListener", "WakeTargetGroup"}
     assert reconciler_env(plain)["FLEETKEEPER_ALB_LISTENER_ARN"] == Resolver(plain).ref("HttpListener")
 
 
@@ -198,6 +207,7 @@ def test_the_reconciler_may_do_what_the_alb_adapter_does(translated: dict[str, A
             "modify_rule",
             "delete_rule",
             "delete_listener",
+            "modify_listener",
         )
         if f".{name}(" in source or f".{name}," in source
     }

@@ -2,8 +2,9 @@
 of sender (tests/iam_evaluator.py, IAM's documented evaluation logic).
 
 A message on the kick queue drains a replica (an interruption warning) or runs the reconciler: a
-principal of the account allowed sqs:SendMessage on "*" must not be able to send one. Only the api's
-and the reconciler's roles, and the stack's InterruptionRule (through EventBridge), may.
+principal of the account allowed sqs:SendMessage on "*" must not be able to send one. Only the api's,
+the reconciler's and the wake target's roles (test_template_wake.py), and the stack's InterruptionRule
+(through EventBridge), may.
 """
 
 from __future__ import annotations

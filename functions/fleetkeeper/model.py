@@ -174,6 +174,14 @@ class EndpointRecord:
     # The CloudWatch dimensions of the endpoint's AWS/ApplicationELB RequestCount metric (LoadBalancer,
     # TargetGroup), which both adapters publish: what the autoscaler reads.
     dimensions: tuple[tuple[str, str], ...] = ()
+    # Since when the route forwards to the stack's wake target instead of the target group
+    # (fleetkeeper.wake): set by the reconciler while an autoscaled service has no replica in its
+    # endpoint; None: the route forwards to the target group.
+    waking_since: str | None = None
+
+    @property
+    def waking(self) -> bool:
+        return self.waking_since is not None
 
 
 @dataclass(frozen=True)
@@ -248,6 +256,9 @@ class ServiceRecord:
     # them is conditioned on.
     access: tuple[AccessGrant, ...] = ()
     access_rev: int = 0
+    # When the endpoint last received a request it could not serve (no replica in it), written by
+    # the wake target (fleetkeeper.wake), at most once per WAKE_COALESCE_SECONDS; None: never.
+    wake_at: str | None = None
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ import json
 import secrets
 import threading
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from fleetkeeper import aws
 from fleetkeeper.settings import DEFAULT_STACK_ID
@@ -41,15 +41,20 @@ def key_parameter(table_name: str) -> str:
 
 @dataclass(frozen=True)
 class RequestHmac:
-    """HMAC-SHA256 of secret values under the stack's key (fetched, or created, on first use)."""
+    """HMAC-SHA256 of secret values under the stack's key (fetched, or created, on first use).
+
+    The parameter is encrypted with the stack's KMS key (`key_id`, as the versions' secrets are), whose
+    key policy lets only the api function decrypt it; without one (embedded mode), the account's
+    default key."""
 
     parameter: str
+    key_id: str | None = None
     # Tagged on the key's parameter (`fleetkeeper:stack`), as on everything else the stack creates.
     stack_id: str = DEFAULT_STACK_ID
 
     @classmethod
     def from_settings(cls, settings: Settings) -> RequestHmac:
-        return cls(key_parameter(settings.table_name), settings.stack_id)
+        return cls(key_parameter(settings.table_name), settings.secrets_key_id, settings.stack_id)
 
     def digest(self, values: Mapping[str, str]) -> str:
         """The values' HMAC, hex: the same values (in any order) give the same digest."""
@@ -69,16 +74,19 @@ class RequestHmac:
             answer = ssm.get_parameter(Name=self.parameter, WithDecryption=True)
         except ssm.exceptions.ParameterNotFound:
             fresh = base64.b64encode(secrets.token_bytes(_KEY_BYTES)).decode()
+            request: dict[str, Any] = {
+                "Name": self.parameter,
+                "Value": fresh,
+                "Type": "SecureString",
+                "Tier": "Standard",
+                "Overwrite": False,
+                "Description": "fleetkeeper api: the key of the HMAC of secret values in Idempotency-Key records",
+                "Tags": [{"Key": "fleetkeeper:stack", "Value": self.stack_id}],
+            }
+            if self.key_id:
+                request["KeyId"] = self.key_id
             try:
-                ssm.put_parameter(
-                    Name=self.parameter,
-                    Value=fresh,
-                    Type="SecureString",
-                    Tier="Standard",
-                    Overwrite=False,
-                    Description="fleetkeeper api: the key of the HMAC of secret values in Idempotency-Key records",
-                    Tags=[{"Key": "fleetkeeper:stack", "Value": self.stack_id}],
-                )
+                ssm.put_parameter(**request)
             except ssm.exceptions.ParameterAlreadyExists:
                 # Another execution environment created it first: use the winner's.
                 answer = ssm.get_parameter(Name=self.parameter, WithDecryption=True)

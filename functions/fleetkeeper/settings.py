@@ -55,6 +55,9 @@ ALB_DNS_NAME_ENV = "FLEETKEEPER_ALB_DNS_NAME"
 ALB_VPC_ID_ENV = "FLEETKEEPER_ALB_VPC_ID"
 ALB_LISTENER_ARN_ENV = "FLEETKEEPER_ALB_LISTENER_ARN"
 ALB_LISTENER_PORTS_ENV = "FLEETKEEPER_ALB_LISTENER_PORTS"
+# The stack's wake target: a target group of type lambda (template.yaml's WakeTargetGroup) that a
+# service's route forwards to while it has no replica (fleetkeeper.wake).
+WAKE_TARGET_GROUP_ENV = "FLEETKEEPER_WAKE_TARGET_GROUP_ARN"
 DOMAIN_NAME_ENV = "FLEETKEEPER_DOMAIN_NAME"
 # The autoscaler's request-rate window (fleetkeeper.reconciler.metrics): its length and how far back
 # it ends (the ALB publishes a minute's RequestCount about a minute later).
@@ -181,6 +184,9 @@ class AlbSettings:
     listener_ports: tuple[int, int] = DEFAULT_LISTENER_PORTS
     # The stack's identity: in its target groups' names, tagged on everything it creates.
     stack_id: str = DEFAULT_STACK_ID
+    # The wake target's target group (None: routes stay on the target groups; a service at zero
+    # then cannot wake by itself on AWS).
+    wake_target_group: str | None = None
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> AlbSettings:
@@ -193,6 +199,7 @@ class AlbSettings:
             domain_name=(environ.get(DOMAIN_NAME_ENV) or "").strip(".") or None,
             certificate_arn=environ.get(CERTIFICATE_ARN_ENV) or None,
             listener_ports=_port_range(environ.get(ALB_LISTENER_PORTS_ENV) or ""),
+            wake_target_group=environ.get(WAKE_TARGET_GROUP_ENV) or None,
         )
 
     def check(self) -> None:

@@ -225,6 +225,11 @@ class AutoscalingView(BaseModel):
     request_rate_at: str | None = Field(description="when that rate was measured")
     recommended_replicas: int | None = Field(description="what that rate recommends")
     pending: PendingScaling | None = Field(description="the next change, if the rate stays; null: none")
+    waking: bool = Field(
+        default=False,
+        description="true while no replica serves and the endpoint routes to the wake target: a request gets "
+        "503 with Retry-After and starts a replica (a service at zero wakes on its first request)",
+    )
 
 
 class ServiceWritten(ServiceTarget):
@@ -380,6 +385,7 @@ def autoscaling_view(state: ServiceState, now: datetime) -> dict[str, Any] | Non
         "request_rate": last.rate if last is not None else None,
         "request_rate_at": last.at if last is not None else None,
         "recommended_replicas": policy.clip(last.replicas) if last is not None else None,
+        "waking": state.service.endpoint is not None and state.service.endpoint.waking,
         "pending": None
         if change is None
         else {

@@ -124,6 +124,8 @@ def autoscaling_line(scaling: dict[str, Any] | None, now: datetime | None = None
         parts.append(f"{rate_text(rate)} req/s{age}")
     pending = scaling.get("pending")
     parts.append(pending["message"] if pending else "steady")
+    if scaling.get("waking"):
+        parts.append("no replica serving: a request gets 503 + Retry-After and wakes it")
     return "  autoscaling: " + "; ".join(parts)
 
 

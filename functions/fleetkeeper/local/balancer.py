@@ -15,7 +15,12 @@ port. Like the ALB it
 - drains: a deregistered target gets no new request, its requests in flight finish, and it reports
   DRAINED once none is left;
 - answers 503 at once, in fleetkeeper's error shape, when the service has no registered target
-  (and 502 when no target could be reached), never queueing a request;
+  (and 502 when no target could be reached), never queueing a request, and counts no request it
+  sent to no target (as the ALB's RequestCount);
+- while the reconciler has routed a service to the wake target (`route(waking=True)`: an autoscaled
+  service with no replica serving, fleetkeeper.wake), it is that wake target too: a request records
+  the demand on the service item and kicks the reconciler (`on_demand`, coalesced), and gets 503
+  with `Retry-After`;
 - publishes each endpoint's requests as the ALB's CloudWatch metric (`AWS/ApplicationELB`
   `RequestCount`, dimensions LoadBalancer and TargetGroup) into the in-memory AWS, so the autoscaler
   reads one API in both modes.
@@ -33,6 +38,7 @@ import itertools
 import json
 import logging
 import math
+import os
 import socket
 import threading
 import time
@@ -53,6 +59,7 @@ if TYPE_CHECKING:
 
     from fleetkeeper.model import EndpointConfig
     from fleetkeeper.reconciler.balancer import Target
+    from fleetkeeper.wake_target import DemandRecorder
 
 logger = logging.getLogger("local.balancer")
 
@@ -99,6 +106,7 @@ class _Endpoint:
     draining: dict[str, _Target] = field(default_factory=dict)  # deregistered, maybe still busy
     turn: itertools.count[int] = field(default_factory=itertools.count)
     requests: int = 0  # sent to a target since the last publication
+    waking: bool = False  # routed to the wake target (no replica serving an autoscaled service)
 
     @property
     def url(self) -> str:
@@ -135,12 +143,15 @@ class LocalBalancer:
         idle_timeout: float = DEFAULT_IDLE_TIMEOUT,
         metrics_interval: float = DEFAULT_METRICS_INTERVAL,
         publisher: Callable[[Sequence[MetricDatumTypeDef]], None] | None = None,
+        on_demand: Callable[[str], object] | None = None,
     ) -> None:
         """`publisher` sends RequestCount datapoints (embedded mode: `put_request_counts`, into the
-        in-memory AWS); None: they are counted and dropped."""
+        in-memory AWS); None: they are counted and dropped. `on_demand(service)`: a request reached
+        a waking endpoint (embedded mode: `record_wake_demand`); None: nothing is recorded."""
         self.idle_timeout = idle_timeout
         self.metrics_interval = metrics_interval
         self.publisher = publisher
+        self.on_demand = on_demand
         self._endpoints: dict[str, _Endpoint] = {}  # by uid
         self._loop = asyncio.new_event_loop()
         self._session: aiohttp.ClientSession | None = None
@@ -160,6 +171,7 @@ class LocalBalancer:
                     idle_timeout=cls.idle_timeout_default,
                     metrics_interval=cls.metrics_interval_default,
                     publisher=put_request_counts,
+                    on_demand=record_wake_demand,
                 )
             return cls._shared
 
@@ -170,6 +182,7 @@ class LocalBalancer:
             if cls._shared is not None:
                 cls._shared.close()
             cls._shared = None
+        reset_wake_demand()
 
     # -- the LoadBalancer protocol ------------------------------------------------------------------
 
@@ -199,6 +212,14 @@ class LocalBalancer:
     def drain_states(self, endpoint: EndpointRecord, targets: Sequence[Target]) -> dict[str, DrainState]:
         states: dict[str, DrainState] = self._call(self._drain_states(endpoint, targets))
         return states
+
+    def serves(self, endpoint: EndpointRecord, targets: Sequence[Target]) -> bool:
+        # A registered target gets requests at once (no health check of its own here).
+        found: bool = self._call(self._serves(endpoint, targets))
+        return found
+
+    def route(self, endpoint: EndpointRecord, *, waking: bool) -> None:
+        self._call(self._route(endpoint, waking))
 
     def remove(self, service: str, uid: str, known: EndpointRecord | None) -> None:
         self._call(self._remove(uid))
@@ -293,6 +314,16 @@ class LocalBalancer:
                 existing = _Target(str(target.url), in_flight=existing.in_flight if existing else 0)
             endpoint.targets[target.instance_id] = existing
 
+    async def _serves(self, record: EndpointRecord, targets: Sequence[Target]) -> bool:
+        endpoint = self._endpoint_of(record)
+        return endpoint is not None and any(target.instance_id in endpoint.targets for target in targets)
+
+    async def _route(self, record: EndpointRecord, waking: bool) -> None:
+        endpoint = self._endpoint_of(record)
+        if endpoint is None:
+            raise LookupError(f"no local endpoint on port {record.route}: make it first (ensure)")
+        endpoint.waking = waking
+
     async def _deregister(self, record: EndpointRecord, targets: Sequence[Target]) -> None:
         endpoint = self._endpoint_of(record)
         if endpoint is None:
@@ -334,6 +365,8 @@ class LocalBalancer:
         from aiohttp import web
 
         if not endpoint.targets:
+            if endpoint.waking:
+                return await self._wake(endpoint)
             return _error(503, "no_ready_replica", f"service {endpoint.service} has no READY replica right now")
         headers = [(k, v) for k, v in request.headers.items() if k.lower() not in _HOP_BY_HOP]
         peer = request.remote or ""
@@ -400,6 +433,23 @@ class LocalBalancer:
             finally:
                 target.in_flight -= 1
 
+    async def _wake(self, endpoint: _Endpoint) -> web.Response:
+        """The wake target's answer: the demand recorded (off the event loop: a table write and a
+        kick), then 503 with Retry-After. The request is not counted: no target served it."""
+        from aiohttp import web
+
+        from fleetkeeper.wake_target import waking_body, waking_headers
+
+        on_demand = self.on_demand
+        if on_demand is not None:
+            try:
+                await self._loop.run_in_executor(None, on_demand, endpoint.service)
+            except Exception:
+                logger.warning("service %s: could not record the demand", endpoint.service, exc_info=True)
+        headers = waking_headers()
+        content_type = headers.pop("Content-Type")
+        return web.Response(status=503, text=waking_body(endpoint.service), content_type=content_type, headers=headers)
+
     # -- metrics ------------------------------------------------------------------------------------
 
     async def _publish_forever(self) -> None:
@@ -450,6 +500,35 @@ class LocalBalancer:
 def put_request_counts(data: Sequence[MetricDatumTypeDef]) -> None:
     """RequestCount datapoints into CloudWatch: the embedded mode's in-memory AWS (aws.py's endpoint)."""
     aws.cloudwatch().put_metric_data(Namespace=METRIC_NAMESPACE, MetricData=data)
+
+
+_demand: DemandRecorder | None = None
+_demand_lock = threading.Lock()
+
+
+def record_wake_demand(service: str) -> None:
+    """Demand at a waking endpoint, as the ALB's wake target records it: on the service item of the
+    in-memory AWS's table, with a kick of the local reconcile loop when the write landed."""
+    global _demand
+    with _demand_lock:
+        if _demand is None:
+            from fleetkeeper.kick import ReconcilerKick
+            from fleetkeeper.settings import Settings
+            from fleetkeeper.store.table import Table
+            from fleetkeeper.wake_target import DemandRecorder
+
+            settings = Settings.from_env(os.environ)
+            kick = ReconcilerKick.from_settings(settings)
+            _demand = DemandRecorder(Table(settings.table_name), lambda name: kick(name))
+        recorder = _demand
+    recorder(service)
+
+
+def reset_wake_demand() -> None:
+    """Forget the recorder (its table and kick URL belong to one embedded run)."""
+    global _demand
+    with _demand_lock:
+        _demand = None
 
 
 def _error(status: int, code: str, message: str) -> web.Response:

@@ -5,6 +5,12 @@ Parameter Store value, i.e. the services' secrets in clear), and reflects any Or
 headers. Here its WSGI app is wrapped: a request must carry this run's Host, no browser Origin,
 and this run's access key id (fleetkeeper.local.auth.AwsGate), else 403 before moto sees it; and
 no `Access-Control-*` header leaves, so no page may read an answer.
+
+DynamoDB's operations are serialised (`serialise_dynamodb`): moto's server answers on many threads
+but its DynamoDB is not isolated. A TransactWriteItems whose condition fails restores a copy of the
+whole table taken before it began, silently undoing any write another thread made meanwhile (a
+reconciler run's superseded transaction undid a concurrent delete of the same service: the service
+stayed ACTIVE). DynamoDB never loses an acknowledged write.
 """
 
 from __future__ import annotations
@@ -52,6 +58,45 @@ class GuardedApp:
         return self.app(environ, without_cors)  # type: ignore[no-any-return]
 
 
+_SERIALISED = (
+    "put_item",
+    "get_item",
+    "query",
+    "scan",
+    "update_item",
+    "delete_item",
+    "transact_write_items",
+    "transact_get_items",
+    "batch_write_item",
+    "batch_get_item",
+)
+_dynamodb_lock = threading.RLock()
+_serialised = False
+
+
+def serialise_dynamodb() -> None:
+    """Run moto's DynamoDB reads and writes one at a time in this process (idempotent)."""
+    global _serialised
+    if _serialised:
+        return
+    import functools
+
+    from moto.dynamodb.models import DynamoDBBackend
+
+    for name in _SERIALISED:
+        original = getattr(DynamoDBBackend, name, None)
+        if original is None:
+            continue
+
+        @functools.wraps(original)
+        def serialised(*args: Any, __original: Any = original, **kwargs: Any) -> Any:
+            with _dynamodb_lock:
+                return __original(*args, **kwargs)
+
+        setattr(DynamoDBBackend, name, serialised)
+    _serialised = True
+
+
 class InMemoryAws:
     """moto's server app, guarded, on a free port of 127.0.0.1, in a thread of this process."""
 
@@ -71,6 +116,7 @@ class InMemoryAws:
         from moto.moto_server.werkzeug_app import DomainDispatcherApplication, MotoRequestHandler, create_backend_app
         from werkzeug.serving import make_server
 
+        serialise_dynamodb()
         app = GuardedApp(DomainDispatcherApplication(create_backend_app), self.gate)
         self._server = make_server(self.host, 0, app, threaded=True, request_handler=MotoRequestHandler)
         host, port = self._server.server_address[:2]

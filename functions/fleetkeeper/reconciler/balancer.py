@@ -99,6 +99,16 @@ class LoadBalancer(Protocol):
         """How far each target's drain has got, by instance id."""
         ...
 
+    def serves(self, endpoint: EndpointRecord, targets: Sequence[Target]) -> bool:
+        """Whether the balancer would send a request to one of these registered targets now (asked
+        while the endpoint routes to the wake target, before routing it back)."""
+        ...
+
+    def route(self, endpoint: EndpointRecord, *, waking: bool) -> None:
+        """Send the endpoint's requests to the stack's wake target (`waking`: the service has no
+        replica in it; fleetkeeper.wake) or to its target group. Idempotent."""
+        ...
+
     def remove(self, service: str, uid: str, known: EndpointRecord | None) -> None:
         """Delete everything the incarnation's endpoint used (route, target group, local port),
         including what a crashed `ensure` created but never recorded. Nothing left: no error."""

@@ -36,7 +36,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
-from fleetkeeper import autoscale
+from fleetkeeper import autoscale, wake
 from fleetkeeper.model import (
     AutoscalerState,
     BalancerState,
@@ -233,6 +233,16 @@ class RecordAutoscale:
 
 
 @dataclass(frozen=True)
+class RouteEndpoint:
+    """Point the endpoint's route at the stack's wake target (`waking`: an autoscaled service with no
+    replica in its endpoint, fleetkeeper.wake) or back at its target group, then record which.
+    Planned after the registrations and deregistrations: the route returns to the wake target only
+    once the last replica is out, and leaves it only once the balancer serves a registered one."""
+
+    waking: bool
+
+
+@dataclass(frozen=True)
 class RemoveEndpoint:
     """A deleted service's last instance is gone: delete its endpoint before the service item."""
 
@@ -250,6 +260,7 @@ Action = (
     | EnsureEndpoint
     | Register
     | Deregister
+    | RouteEndpoint
     | RemoveEndpoint
     | RecordAutoscale
 )
@@ -490,7 +501,12 @@ def plan_autoscale(state: ServiceState, request_rate: float | None, now: datetim
     before = service.autoscaler
     if policy is None:
         return RecordAutoscale(before, None) if before is not None else None
-    after = autoscale.decide(policy, before, request_rate, now)
+    # Requests the endpoint's wake target answered (no replica served them, so the load balancer's
+    # metric did not count them) are demand too: without them a service at zero never wakes.
+    endpoint = service.endpoint
+    waking_since = endpoint.waking_since if endpoint is not None else None
+    rate = wake.demand_rate(request_rate, service.wake_at, waking_since, now)
+    after = autoscale.decide(policy, before, rate, now)
     return None if after is before else RecordAutoscale(before, after)
 
 
@@ -688,6 +704,7 @@ def plan(
     balanced: bool = False,
     drains: Mapping[int, DrainState] | None = None,
     request_rate: float | None = None,
+    balancer_serves: bool | None = None,
 ) -> list[Action]:
     """The actions that move one service toward its target, in apply order.
 
@@ -695,7 +712,9 @@ def plan(
     the replicas that were probed. `balanced`: the stack gives services an endpoint (a load
     balancer); `drains`: by replica id, what the balancer reported for the DRAINING replicas
     (`drain_targets`); `request_rate`: the service's requests a second over the last metric window
-    (None: no reading this run). Order: the autoscaler's state (the target the rest aims at), the
+    (None: no reading this run); `balancer_serves`: while the endpoint routes to the wake target, whether
+    the balancer would send a request to one of the service's registered replicas now (the ALB: one
+    healthy; None: not asked). Order: the autoscaler's state (the target the rest aims at), the
     endpoint (created before anything is registered), replica records
     (a draining replica leaves READY, and leaves the endpoint, before its instance goes),
     registrations and deregistrations, version marks / breaker, terminations, item deletions, claims
@@ -730,7 +749,7 @@ def plan(
         if record.status in LEAVING and replica_id in live:
             work.terminate[live[replica_id].instance_id] = f"replica {replica_id}: {record.status.value}"
 
-    balance = _Balance(balanced=balanced, drains=drains or {})
+    balance = _Balance(balanced=balanced, drains=drains or {}, serves=balancer_serves)
     if service.lifecycle is Lifecycle.DELETING:
         return _plan_delete(state, mine, live, work, now, balance)
 
@@ -875,6 +894,7 @@ class _Balance:
 
     balanced: bool
     drains: Mapping[int, DrainState]
+    serves: bool | None = None
 
     def plan(
         self, state: ServiceState, live: Mapping[int, Instance], work: _Work, now: datetime
@@ -945,7 +965,44 @@ class _Balance:
             moves.append(Register(tuple(register)))
         if deregister:
             moves.append(Deregister(tuple(deregister)))
+        route = self._route(state, work, endpoint is not None or bool(ensure))
+        if route is not None:
+            moves.append(route)
         return ensure, moves
+
+    def _route(self, state: ServiceState, work: _Work, has_endpoint: bool) -> RouteEndpoint | None:
+        """Wake target or target group. To the wake target once an ACTIVE autoscaled service has no
+        replica in its endpoint (after this run's deregistrations); back to the target group once a
+        replica registered by an earlier run is one the balancer sends requests to (`serves`: the
+        ALB answers 503 itself while its only targets are still in their first health checks, and
+        the wake target's 503 says when to retry). A change only: a steady service plans nothing."""
+        service = state.service
+        if not has_endpoint or service.lifecycle is not Lifecycle.ACTIVE or state.target is None:
+            return None
+        in_endpoint = any(
+            record.balancer in (BalancerState.REGISTERING, BalancerState.REGISTERED)
+            for record in work.replicas.values()
+        )
+        recorded = service.endpoint.waking if service.endpoint is not None else False
+        if autoscale.policy_of(state.target.spec) is None:
+            waking = False
+        elif recorded:
+            # A replica registered by an earlier run that stays in the endpoint, and the balancer serves.
+            stays = any(
+                work.replicas.get(replica_id, record).balancer is BalancerState.REGISTERED
+                for replica_id, record in state.replicas.items()
+                if record.balancer is BalancerState.REGISTERED and replica_id not in {r.replica_id for r in work.delete}
+            )
+            waking = not (self.serves and stays)
+        else:
+            waking = not in_endpoint
+        return RouteEndpoint(waking) if waking != recorded else None
+
+
+def has_registered(state: ServiceState) -> bool:
+    """Some replica is recorded REGISTERED (by an earlier run): what the shell asks the balancer
+    about while the endpoint routes to the wake target."""
+    return any(record.balancer is BalancerState.REGISTERED for record in state.replicas.values())
 
 
 def _failures(records: Sequence[ReplicaRecord]) -> int:

@@ -28,7 +28,16 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from fleetkeeper import autoscale
-from fleetkeeper.model import FailureCause, ReplicaRecord, ReplicaStatus, ServiceState, VersionState, to_iso, utcnow
+from fleetkeeper.model import (
+    BalancerState,
+    FailureCause,
+    ReplicaRecord,
+    ReplicaStatus,
+    ServiceState,
+    VersionState,
+    to_iso,
+    utcnow,
+)
 from fleetkeeper.reconciler.balancer import Target
 from fleetkeeper.reconciler.driver import Instance, LaunchRefused, LaunchRequest
 from fleetkeeper.reconciler.followup import follow_up, next_reconcile
@@ -49,10 +58,12 @@ from fleetkeeper.reconciler.plan import (
     RecordStatus,
     Register,
     RemoveEndpoint,
+    RouteEndpoint,
     Terminate,
     TripBreaker,
     drain_due,
     drain_targets,
+    has_registered,
     launched,
     launched_by_fleetkeeper,
     match_instances,
@@ -566,6 +577,7 @@ class Reconciler:
         name = state.service.name
         try:
             drains = self._drain_states(state, instances)
+            serves = self._balancer_serves(state, instances)
             actions = plan(
                 state,
                 instances,
@@ -575,6 +587,7 @@ class Reconciler:
                 balanced=self.balancer is not None,
                 drains=drains,
                 request_rate=request_rate,
+                balancer_serves=serves,
             )
             applied = _Apply(self, state, instances, now, report, budget)
             applied.all(actions)
@@ -627,6 +640,25 @@ class Reconciler:
         targets = [target_of(state, state.replicas[rid], instance, self.driver) for rid, instance in draining.items()]
         reported = self.balancer.drain_states(endpoint, targets)
         return {t.replica_id: reported[t.instance_id] for t in targets if t.instance_id in reported}
+
+    def _balancer_serves(self, state: ServiceState, instances: Sequence[Instance]) -> bool | None:
+        """While the endpoint routes to the wake target and a replica is registered: whether the
+        balancer serves it yet (one DescribeTargetHealth on AWS; only while a service wakes). None:
+        not asked (the route stays where it is), or the question failed (asked again next run)."""
+        endpoint = state.service.endpoint
+        if self.balancer is None or endpoint is None or not endpoint.waking or not has_registered(state):
+            return None
+        live = match_instances(state, instances)
+        targets = [
+            target_of(state, record, live[rid], self.driver)
+            for rid, record in state.replicas.items()
+            if record.balancer is BalancerState.REGISTERED and rid in live
+        ]
+        try:
+            return self.balancer.serves(endpoint, targets)
+        except Exception:
+            logger.exception("service %s: could not ask the load balancer about its replicas", state.service.name)
+            return None
 
 
 def target_of(state: ServiceState, record: ReplicaRecord, instance: Instance | None, driver: ReplicaDriver) -> Target:
@@ -783,6 +815,8 @@ class _Apply:
                     logger.exception("service %s: could not make its endpoint; retrying next run", service.name)
                     self.report.errors.append(service.name)
                     return
+                # `ensure` leaves the route where it was (the wake target or the target group).
+                endpoint = replace(endpoint, waking_since=self.endpoint.waking_since if self.endpoint else None)
                 self.store.record_endpoint(service, endpoint)
                 if self.endpoint is None or endpoint.url != self.endpoint.url:
                     logger.info("service %s: endpoint %s", service.name, endpoint.url)
@@ -797,6 +831,20 @@ class _Apply:
             case Deregister(replica_ids=ids):
                 if self.endpoint is not None:  # none recorded: nothing was ever registered
                     self.balancer.deregister(self.endpoint, self._targets(ids))
+            case RouteEndpoint(waking=waking):
+                if self.endpoint is None:
+                    return  # making the endpoint failed above: the next run routes it
+                # The route first, then its record: a run that dies between the two routes again
+                # (the change is idempotent); a record never claims a route that was not made.
+                self.balancer.route(self.endpoint, waking=waking)
+                endpoint = replace(self.endpoint, waking_since=stamp if waking else None)
+                self.store.record_endpoint(service, endpoint)
+                logger.info(
+                    "service %s: endpoint routed to %s",
+                    service.name,
+                    "the wake target (no replica serving)" if waking else "its replicas",
+                )
+                self.endpoint = endpoint
             case RemoveEndpoint():
                 self.balancer.remove(service.name, service.uid, self.endpoint)
 

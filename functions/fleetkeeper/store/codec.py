@@ -165,6 +165,7 @@ def endpoint_item(endpoint: EndpointRecord) -> Item:
         "target_group": endpoint.target_group,
         "route": endpoint.route,
         "dimensions": dict(endpoint.dimensions),
+        "waking_since": endpoint.waking_since,
     }
 
 
@@ -182,6 +183,7 @@ def endpoint_from_item(item: Mapping[str, Any]) -> EndpointRecord:
         target_group=str(item["target_group"]),
         route=str(item["route"]),
         dimensions=tuple(sorted((str(k), str(v)) for k, v in dimensions.items())),
+        waking_since=str(item["waking_since"]) if item.get("waking_since") else None,
     )
 
 
@@ -230,6 +232,8 @@ def service_from_item(item: Mapping[str, Any]) -> ServiceRecord:
         owner=str(item.get("owner", "")),
         access=access_from_item(item.get("access")),
         access_rev=int(item.get("access_rev", 0)),
+        # Written by the wake target only (never by the api's or the reconciler's service writes).
+        wake_at=str(item["wake_at"]) if item.get("wake_at") else None,
     )
 
 

@@ -84,6 +84,9 @@ class AlbBalancer:
     certificate_arn: str | None = None
     listener_ports: tuple[int, int] = DEFAULT_LISTENER_PORTS
     stack_id: str = DEFAULT_STACK_ID
+    # The stack's wake target (a lambda target group, fleetkeeper.wake); None: routes never leave
+    # the services' target groups.
+    wake_target_group: str | None = None
 
     @classmethod
     def from_settings(cls, settings: AlbSettings) -> AlbBalancer:
@@ -96,6 +99,7 @@ class AlbBalancer:
             certificate_arn=settings.certificate_arn,
             listener_ports=settings.listener_ports,
             stack_id=settings.stack_id,
+            wake_target_group=settings.wake_target_group,
         )
 
     @property
@@ -111,10 +115,13 @@ class AlbBalancer:
     def ensure(self, service: str, uid: str, config: EndpointConfig, known: EndpointRecord | None) -> EndpointRecord:
         tags = _tags(service, uid, self.stack_id)
         group = self._target_group(uid, config, tags, known)
+        # A waking route stays on the wake target: only `route` moves it.
+        forward_to = self._forward_target(group, waking=known is not None and known.waking)
         if self.domain_name:
-            route, url = self._host_rule(service, group, tags), f"{self.scheme}://{service}.{self.domain_name}"
+            route = self._host_rule(service, forward_to, tags)
+            url = f"{self.scheme}://{service}.{self.domain_name}"
         else:
-            route, port = self._service_listener(group, tags)
+            route, port = self._service_listener(group, tags, known.route if known is not None else None)
             url = f"{self.scheme}://{self.dns_name}:{port}"
         dimensions = (
             ("LoadBalancer", self.arn.split(":loadbalancer/", 1)[-1]),
@@ -174,18 +181,50 @@ class AlbBalancer:
                 states[target_id] = DrainState.IN_SERVICE
         return states
 
+    def serves(self, endpoint: EndpointRecord, targets: Sequence[Target]) -> bool:
+        """One of them is `healthy`, or all are `unhealthy` (the ALB then fails open and routes to all
+        of them: *Health checks for Application Load Balancer target groups*). A target still in its
+        first health checks (`initial`) is not served."""
+        described = _described(targets)
+        if not described:
+            return False
+        try:
+            health = self.elbv2.describe_target_health(TargetGroupArn=endpoint.target_group, Targets=described)
+        except ClientError as exc:
+            if _code(exc) not in ("TargetGroupNotFound", "InvalidTarget"):
+                raise
+            return False
+        states = [entry.get("TargetHealth", {}).get("State") for entry in health.get("TargetHealthDescriptions", [])]
+        return "healthy" in states or (bool(states) and all(state == "unhealthy" for state in states))
+
+    def route(self, endpoint: EndpointRecord, *, waking: bool) -> None:
+        """Point the service's route (its host rule, or its own listener's default action) at the
+        wake target or at its target group. One Modify call; the same twice changes nothing."""
+        action = [_forward(self._forward_target(endpoint.target_group, waking=waking))]
+        if self.domain_name:
+            self.elbv2.modify_rule(RuleArn=endpoint.route, Actions=action)
+        else:
+            self.elbv2.modify_listener(ListenerArn=endpoint.route, DefaultActions=action)
+
     def remove(self, service: str, uid: str, known: EndpointRecord | None) -> None:
         group = self._find_target_group(uid, known)
         if group is None:
             return  # never created, or removed by an earlier run
+        # A route on the wake target no longer names the group: the recorded one is it (a route is
+        # moved to the wake target only once recorded, so an unrecorded one forwards to the group).
+        recorded = known.route if known is not None and known.target_group == group else None
         if self.domain_name and self.listener_arn:
             for rule in self._rules():
-                if _forwards_to(rule.get("Actions", []), group) and not rule.get("IsDefault"):
+                ours = _forwards_to(rule.get("Actions", []), group) or rule.get("RuleArn") == recorded
+                if ours and not rule.get("IsDefault"):
                     self._delete(self.elbv2.delete_rule, RuleArn=rule["RuleArn"])
         for listener in self._listeners():
-            if _forwards_to(listener.get("DefaultActions", []), group):
+            if _forwards_to(listener.get("DefaultActions", []), group) or listener.get("ListenerArn") == recorded:
                 self._delete(self.elbv2.delete_listener, ListenerArn=listener["ListenerArn"])
         self._delete(self.elbv2.delete_target_group, TargetGroupArn=group)
+
+    def _forward_target(self, group: str, *, waking: bool) -> str:
+        return self.wake_target_group if waking and self.wake_target_group else group
 
     # -- target group ----------------------------------------------------------------------------------
 
@@ -290,13 +329,18 @@ class AlbBalancer:
                 return
             kwargs["Marker"] = marker
 
-    def _service_listener(self, group: str, tags: list[TagTypeDef]) -> tuple[str, int]:
-        """The service's own listener (its ARN and port): found by the target group it forwards to,
-        else created on the lowest free port of the range."""
+    def _service_listener(self, group: str, tags: list[TagTypeDef], recorded: str | None) -> tuple[str, int]:
+        """The service's own listener (its ARN and port): found by the target group it forwards to
+        (or, while it forwards to the wake target, as `recorded`), else created on the lowest free
+        port of the range."""
         listeners = list(self._listeners())
         mine = sorted(
-            (listener for listener in listeners if _forwards_to(listener.get("DefaultActions", []), group)),
-            key=lambda listener: int(listener.get("Port", 0)),
+            (
+                listener
+                for listener in listeners
+                if _forwards_to(listener.get("DefaultActions", []), group) or listener.get("ListenerArn") == recorded
+            ),
+            key=lambda listener: (listener.get("ListenerArn") != recorded, int(listener.get("Port", 0))),
         )
         if mine:
             # Two runs that raced may each have made one: keep the lowest port, drop the others.
