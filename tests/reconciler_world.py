@@ -295,7 +295,11 @@ class World:
 
 
 def make_alb(
-    *, domain: str | None = None, certificate: bool = False, ports: tuple[int, int] = (10000, 10049)
+    *,
+    domain: str | None = None,
+    certificate: bool = False,
+    ports: tuple[int, int] = (10000, 10049),
+    name: str = "fk-test-alb",
 ) -> AlbBalancer:
     """The stack's ALB as template.yaml makes it, in this test's moto (made with clients of our own,
     so not counted): a VPC, two subnets, the load balancer and, with a domain, the shared listener
@@ -309,7 +313,7 @@ def make_alb(
         ]
         for n, zone in ((1, "a"), (2, "b"))
     ]
-    alb = elbv2.create_load_balancer(Name="fk-test-alb", Subnets=subnets, Scheme="internal", Type="application")
+    alb = elbv2.create_load_balancer(Name=name, Subnets=subnets, Scheme="internal", Type="application")
     arn, dns = alb["LoadBalancers"][0]["LoadBalancerArn"], alb["LoadBalancers"][0]["DNSName"]
     cert = None
     if certificate:

@@ -178,7 +178,11 @@ def _ec2_answers(ec2: Any) -> list[tuple[Any, dict[str, Any]]]:
         answers.append((operation_model, dict(response_dict)))
 
     ec2.meta.events.register("before-parse.ec2.*", keep)
-    tags = [{"Key": "fleetkeeper:managed", "Value": "true"}, {"Key": "fleetkeeper:replica-id", "Value": "0"}]
+    tags = [
+        {"Key": "fleetkeeper:managed", "Value": "true"},
+        {"Key": "fleetkeeper:stack", "Value": "fleetkeeper"},
+        {"Key": "fleetkeeper:replica-id", "Value": "0"},
+    ]
     launched = ec2.run_instances(
         ImageId="ami-12345678",
         MinCount=3,

@@ -300,10 +300,12 @@ def everything_stored(plane: LocalPlane) -> str:
 
 
 def secret_parameters(plane: LocalPlane, name: str) -> list[str]:
+    """The service's secret parameters, under its owner's scope (`/fleetkeeper/<table>/_o/<scope>/<name>/...`)
+    or, for a service without an owner, directly under the table's prefix."""
     info = plane.info()
     ssm = plane.aws_client("ssm")
-    found = ssm.get_parameters_by_path(Path=f"/fleetkeeper/{info['table']}/{name}", Recursive=True)
-    return [p["Name"] for p in found["Parameters"]]
+    found = ssm.get_parameters_by_path(Path=f"/fleetkeeper/{info['table']}", Recursive=True)
+    return [p["Name"] for p in found["Parameters"] if f"/{name}/" in p["Name"]]
 
 
 def test_a_skypilot_shaped_service_runs_with_its_workdir_env_and_secret(plane: LocalPlane) -> None:

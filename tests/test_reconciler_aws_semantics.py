@@ -21,6 +21,7 @@ from fleetkeeper.reconciler.driver import (
     MANAGED_TAG,
     REPLICA_TAG,
     SERVICE_TAG,
+    STACK_TAG,
     UID_TAG,
     VERSION_TAG,
     Instance,
@@ -30,7 +31,7 @@ from fleetkeeper.reconciler.driver import (
 )
 from fleetkeeper.reconciler.drivers.ec2 import NO_INSTANCE_TYPE, UNKNOWN_ROOT_DEVICE, Ec2Driver
 from fleetkeeper.reconciler.plan import launched_by_fleetkeeper, plan
-from fleetkeeper.settings import DEFAULT_IMAGE_PARAMETER
+from fleetkeeper.settings import DEFAULT_IMAGE_PARAMETER, DEFAULT_STACK_ID
 from fleetkeeper.spec import ServiceSpec, stored_spec
 from fleetkeeper.store.codec import state_from_items
 from fleetkeeper.store.errors import CorruptItem
@@ -152,7 +153,7 @@ def test_the_codec_names_the_item_that_does_not_decode() -> None:
 
 
 def test_describe_instances_reports_the_client_token(world: World) -> None:
-    made = run_tagged({MANAGED_TAG: "true"}, client_token="fk-u-0")
+    made = run_tagged({MANAGED_TAG: "true", STACK_TAG: DEFAULT_STACK_ID}, client_token="fk-u-0")
     found = [i for i in Ec2Driver().list_instances() if i.instance_id == made]
     assert [i.client_token for i in found] == ["fk-u-0"]
 
@@ -160,7 +161,14 @@ def test_describe_instances_reports_the_client_token(world: World) -> None:
 def test_an_instance_with_copied_tags_is_neither_adopted_nor_terminated(world: World) -> None:
     state = world.create(replicas=1)
     uid = state.service.uid
-    copied = {MANAGED_TAG: "true", SERVICE_TAG: "svc", UID_TAG: uid, VERSION_TAG: "1", REPLICA_TAG: "0"}
+    copied = {
+        MANAGED_TAG: "true",
+        STACK_TAG: DEFAULT_STACK_ID,
+        SERVICE_TAG: "svc",
+        UID_TAG: uid,
+        VERSION_TAG: "1",
+        REPLICA_TAG: "0",
+    }
     # Someone with ec2:CreateTags makes instances that look like replica 0, a duplicate of it, and an
     # orphan of a service that is gone, before and after fleetkeeper launches.
     early = run_tagged(copied)
@@ -370,7 +378,7 @@ def test_the_process_driver_binds_local_replicas_to_loopback(tmp_path: Any) -> N
     )
     try:
         instance = driver.launch(LaunchRequest("svc", "u1", 1, 0, spec))
-        assert instance.client_token == "fk-u1-0"
+        assert instance.client_token == "fk-local-u1-0"  # the embedded mode's own stack id
         host = driver.work_dir("svc", "u1", 0) / "host"
         for _ in range(100):
             if host.exists() and host.read_text():

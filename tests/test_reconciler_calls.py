@@ -30,7 +30,9 @@ LIST_SERVICES = (
     "Query",
     {"IndexName": "services", "KeyConditionExpression": "list_pk = :lpk", "values": {":lpk": "SERVICE"}},
 )
-DESCRIBE_MANAGED = ("ec2", "DescribeInstances", {"Filters": [MANAGED], "MaxResults": 1000})
+# The scheduled run's listing: this stack's managed instances (its id: the tests' default).
+STACK = {"Name": "tag:fleetkeeper:stack", "Values": ["fleetkeeper"]}
+DESCRIBE_MANAGED = ("ec2", "DescribeInstances", {"Filters": [MANAGED, STACK], "MaxResults": 1000})
 RECORD_STATUS = "SET #status = :status, status_message = :message, observed_generation = :observed"
 
 
@@ -152,6 +154,7 @@ def test_apply_claims_launches_by_client_token_and_records_each_outcome(world: W
     def launch(replica_id: int) -> tuple[str, str, dict[str, Any]]:
         tags = {
             "fleetkeeper:managed": "true",
+            "fleetkeeper:stack": "fleetkeeper",
             "fleetkeeper:service": "svc",
             "fleetkeeper:uid": uid,
             "fleetkeeper:version": "1",
@@ -162,7 +165,7 @@ def test_apply_claims_launches_by_client_token_and_records_each_outcome(world: W
             "ec2",
             "RunInstances",
             {
-                "ClientToken": f"fk-{uid}-{replica_id}",
+                "ClientToken": f"fk-fleetkeeper-{uid}-{replica_id}",
                 "ImageId": image,
                 "InstanceType": "t3.micro",
                 "MinCount": 1,

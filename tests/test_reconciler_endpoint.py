@@ -15,6 +15,7 @@ import pytest
 from fleetkeeper.model import BalancerState, ReplicaStatus
 from fleetkeeper.reconciler.balancer import target_group_name
 from fleetkeeper.reconciler.driver import UID_TAG
+from fleetkeeper.settings import DEFAULT_STACK_ID
 from tests.reconciler_world import (
     World,
     alb_resources,
@@ -70,7 +71,7 @@ def test_create_makes_the_endpoint_registers_every_ready_replica_and_then_costs_
     endpoint = state.service.endpoint
     assert endpoint.url == f"http://{balancer.dns_name}:10000"
     assert endpoint.config.policy == "least_load" and endpoint.config.drain_seconds == 30
-    group = elbv2().describe_target_groups(Names=[target_group_name(uid)])["TargetGroups"][0]
+    group = elbv2().describe_target_groups(Names=[target_group_name(uid, DEFAULT_STACK_ID)])["TargetGroups"][0]
     assert endpoint.target_group == group["TargetGroupArn"]
     assert group["HealthCheckPath"] == "/health" and group["Port"] == server.port
     assert attributes(endpoint.target_group)["load_balancing.algorithm.type"] == "least_outstanding_requests"

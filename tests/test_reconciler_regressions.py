@@ -292,16 +292,33 @@ def test_a_spec_whose_user_data_ec2_would_refuse_is_a_400(api: ApiClient) -> Non
 def test_the_orphan_sweep_only_sees_what_the_iam_policy_lets_it_terminate(world: World) -> None:
     opted_out = run_tagged({"fleetkeeper:managed": "false", "Name": "not-ours"})
     orphan = run_tagged(
-        {"fleetkeeper:managed": "true", "fleetkeeper:uid": "deadbeef", "fleetkeeper:replica-id": "0"},
-        client_token="fk-deadbeef-0",
+        {
+            "fleetkeeper:managed": "true",
+            "fleetkeeper:stack": "fleetkeeper",
+            "fleetkeeper:uid": "deadbeef",
+            "fleetkeeper:replica-id": "0",
+        },
+        client_token="fk-fleetkeeper-deadbeef-0",
+    )
+    # Another stack's orphan: its own sweep's, never this one's.
+    neighbours = run_tagged(
+        {
+            "fleetkeeper:managed": "true",
+            "fleetkeeper:stack": "neighbour",
+            "fleetkeeper:uid": "feedbeef",
+            "fleetkeeper:replica-id": "0",
+        },
+        client_token="fk-neighbour-feedbeef-0",
     )
 
     def iam(params: dict[str, Any], **_: Any) -> None:
-        """template.yaml's TerminateOnlyManaged: aws:ResourceTag/fleetkeeper:managed == "true"."""
+        """template.yaml's TerminateOnlyManaged: aws:ResourceTag/fleetkeeper:managed == "true" and
+        aws:ResourceTag/fleetkeeper:stack == the stack's id."""
         raw = World._raw_ec2().describe_instances(InstanceIds=params["InstanceIds"])
         for reservation in raw["Reservations"]:
             for found in reservation["Instances"]:
-                if {t["Key"]: t["Value"] for t in found.get("Tags", [])}.get("fleetkeeper:managed") != "true":
+                tags = {t["Key"]: t["Value"] for t in found.get("Tags", [])}
+                if tags.get("fleetkeeper:managed") != "true" or tags.get("fleetkeeper:stack") != "fleetkeeper":
                     error = {"Code": "UnauthorizedOperation", "Message": "not authorized"}
                     raise ClientError({"Error": error}, "TerminateInstances")
 
@@ -313,6 +330,7 @@ def test_the_orphan_sweep_only_sees_what_the_iam_policy_lets_it_terminate(world:
         aws_clients.ec2().meta.events.unregister("before-parameter-build.ec2.TerminateInstances", iam)
     assert instance_state(orphan) != "running"
     assert instance_state(opted_out) == "running"
+    assert instance_state(neighbours) == "running"
 
 
 # --- user data --------------------------------------------------------------------------------------

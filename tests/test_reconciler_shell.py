@@ -15,8 +15,9 @@ import pytest
 
 from fleetkeeper import aws
 from fleetkeeper.model import FailureCause, ReplicaStatus, ServiceStatus, VersionState
-from fleetkeeper.reconciler.driver import MANAGED_TAG, REPLICA_TAG, SERVICE_TAG, UID_TAG, VERSION_TAG
+from fleetkeeper.reconciler.driver import MANAGED_TAG, REPLICA_TAG, SERVICE_TAG, STACK_TAG, UID_TAG, VERSION_TAG
 from fleetkeeper.reconciler.plan import Policy
+from fleetkeeper.settings import DEFAULT_STACK_ID
 from tests.conftest import ApiClient
 
 if TYPE_CHECKING:
@@ -79,6 +80,7 @@ def test_launch_carries_tags_imdsv2_user_data_spot_and_disk(world: World) -> Non
     uid = world.store.require("svc").service.uid
     assert {k: v for k, v in tags(instance).items() if k.startswith("fleetkeeper:")} == {
         MANAGED_TAG: "true",
+        STACK_TAG: DEFAULT_STACK_ID,
         SERVICE_TAG: "svc",
         UID_TAG: uid,
         VERSION_TAG: "1",

@@ -19,6 +19,10 @@ from tests.simulation.sim import KNOWN_DEFECTS, Simulation, SimulationFailure
 # runs far longer seeds (SIM_STEPS, 2000 by default there).
 STEPS = int(os.environ.get("SIM_STEPS", "200"))
 SEEDS = [2, 6, 11, 15]
+# Seeds run with a neighbouring stack of the template in the same account and Region (invariant 11):
+# the simulated stack never touches its instances, nor it the simulated stack's. SIM_STACKS=2 runs
+# SIM_SEED (or the soak's seeds) that way.
+TWO_STACK_SEEDS = [3, 8]
 
 
 def _seeds() -> list[int]:
@@ -32,11 +36,28 @@ def _seeds() -> list[int]:
     return SEEDS
 
 
+def _two_stack_seeds() -> list[int]:
+    if os.environ.get("SIM_SEED") or os.environ.get("SIM_SOAK"):
+        return _seeds() if os.environ.get("SIM_STACKS") == "2" else []
+    return TWO_STACK_SEEDS
+
+
 @pytest.mark.parametrize("seed", _seeds())
 def test_simulation_keeps_every_invariant(seed: int) -> None:
-    print(f"simulation seed {seed}")
+    if os.environ.get("SIM_STACKS") == "2":
+        pytest.skip("SIM_STACKS=2: the seed runs in test_simulation_beside_another_stack")
+    _run(seed, stacks=1)
+
+
+@pytest.mark.parametrize("seed", _two_stack_seeds())
+def test_simulation_beside_another_stack_keeps_every_invariant(seed: int) -> None:
+    _run(seed, stacks=2)
+
+
+def _run(seed: int, *, stacks: int) -> None:
+    print(f"simulation seed {seed} ({stacks} stack(s))")
     try:
-        Simulation(seed).run(STEPS)
+        Simulation(seed, stacks=stacks).run(STEPS)
     except SimulationFailure as failure:
         # Only known defects (being fixed on other branches) make a seed an xfail, and only when
         # nothing else was violated: any other violation fails the test, known seed or not.

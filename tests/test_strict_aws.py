@@ -391,7 +391,13 @@ def _launch_args(token: str | None = "fk-abc-1", **overrides: Any) -> dict[str, 
         "InstanceType": "t3.micro",
         "MinCount": 1,
         "MaxCount": 1,
-        "TagSpecifications": [{"ResourceType": "instance", "Tags": [{"Key": MANAGED_TAG, "Value": "true"}]}],
+        # As this stack launches them: the managed tag and the stack's id (the tests' default).
+        "TagSpecifications": [
+            {
+                "ResourceType": "instance",
+                "Tags": [{"Key": MANAGED_TAG, "Value": "true"}, {"Key": "fleetkeeper:stack", "Value": "fleetkeeper"}],
+            }
+        ],
     }
     if token:
         args["ClientToken"] = token

@@ -165,7 +165,12 @@ def test_every_change_needs_the_managed_tag_and_names_this_stacks_resources(tran
         assert all(condition[key] == "true" for key in tag_keys & set(condition))
         for resource in as_list(statement["Resource"]):
             assert resource != "*", statement
-            assert ":targetgroup/fk-*/" in resource or f"/{alb}" in resource, resource
+            resolved = str(Resolver(translated).resolve(resource))
+            assert (
+                ":targetgroup/fk-*/" in resolved
+                or ":targetgroup/fk-0123456789ab-*/" in resolved
+                or f"/{alb}" in resolved
+            ), resolved
 
 
 def test_tags_are_only_added_when_creating(translated: dict[str, Any]) -> None:

@@ -106,7 +106,12 @@ def test_the_dispatcher_may_list_queue_describe_and_terminate_managed_instances_
     (send,) = statements_granting(statements, "sqs:SendMessage")
     assert send["Resource"] == {"Fn::GetAtt": ["ReconcileQueue", "Arn"]}
     (terminate,) = statements_granting(statements, "ec2:TerminateInstances")
-    assert condition_keys(terminate) == {"aws:resourcetag/fleetkeeper:managed": "true"}
+    # Managed and this stack's (tests/test_stacks_isolation_iam.py checks the id's value).
+    assert set(condition_keys(terminate)) == {
+        "aws:resourcetag/fleetkeeper:managed",
+        "aws:resourcetag/fleetkeeper:stack",
+    }
+    assert condition_keys(terminate)["aws:resourcetag/fleetkeeper:managed"] == "true"
 
 
 def test_the_worker_may_take_messages_from_its_two_queues_and_send_only_delayed_kicks(

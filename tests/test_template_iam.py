@@ -274,6 +274,9 @@ def test_api_function_only_reads_and_writes_the_table_and_kicks_the_reconciler(
         "ssm:DeleteParameter",
         "ssm:DeleteParameters",
         "ssm:GetParametersByPath",
+        # Tagging what it creates with the stack's id (conditioned on it: tests/test_stacks_isolation_iam.py).
+        "s3:PutObjectTagging",
+        "ssm:AddTagsToResource",
     }
     for statement in role_statements(translated, role):
         assert statement["Effect"] == "Allow"
@@ -291,4 +294,5 @@ def test_api_function_only_reads_and_writes_the_table_and_kicks_the_reconciler(
             # (fleetkeeper/request_hmac.py): read and created, nothing else.
             assert resources in ([{"Fn::Sub": SECRETS_ARN}], [{"Fn::Sub": HMAC_KEY_ARN}]), resources
             if resources == [{"Fn::Sub": HMAC_KEY_ARN}]:
-                assert actions == {"ssm:GetParameter", "ssm:PutParameter"}, actions
+                # (AddTagsToResource: its stack-id tag at creation, tests/test_stacks_isolation_iam.py.)
+                assert actions in ({"ssm:GetParameter", "ssm:PutParameter"}, {"ssm:AddTagsToResource"}), actions

@@ -30,6 +30,10 @@ from tests.cfn import (
 MANAGED_TAG = "fleetkeeper:managed"
 RESOURCE_TAG = f"aws:ResourceTag/{MANAGED_TAG}"
 REQUEST_TAG = f"aws:RequestTag/{MANAGED_TAG}"
+# The stack's id as template.yaml derives it from the (test) AWS::StackId: its UUID's last group.
+STACK_KEY = "0123456789ab"
+STACK_REQUEST_TAG = "aws:RequestTag/fleetkeeper:stack"
+STACK_RESOURCE_TAG = "aws:ResourceTag/fleetkeeper:stack"
 # What Lambda itself does with the function's role to attach it to its VPC (hyperplane ENIs);
 # these touch network interfaces, never instances.
 LAMBDA_VPC_ACTIONS = {
@@ -57,25 +61,29 @@ def test_launches_must_carry_the_managed_tag(translated: dict[str, Any], stateme
     on_instances = [s for s in granting if any(r == "*" or ":instance/" in r for r in resources(translated, s))]
     assert on_instances, "no RunInstances statement covers instance resources"
     for statement in on_instances:
-        assert statement["Condition"] == {"StringEquals": {REQUEST_TAG: "true"}}, statement
+        condition = Resolver(translated).resolve(statement["Condition"])
+        assert condition == {"StringEquals": {REQUEST_TAG: "true", STACK_REQUEST_TAG: STACK_KEY}}, statement
         assert any(":volume/" in r for r in resources(translated, statement)), "volumes launch untagged"
 
 
-def test_instances_are_tagged_only_at_launch(statements: list[dict[str, Any]]) -> None:
-    """fleetkeeper never retags: CreateTags only as part of a RunInstances that carries the tag."""
+def test_instances_are_tagged_only_at_launch(translated: dict[str, Any], statements: list[dict[str, Any]]) -> None:
+    """The role's own policy: CreateTags only as part of a RunInstances that carries the tags (the
+    adoption of untagged replicas is a policy of its own: tests/test_stacks_isolation_iam.py)."""
     granting = statements_granting(statements, "ec2:CreateTags")
     assert granting, "instances could not be tagged at launch"
     for statement in granting:
-        assert statement["Condition"] == {"StringEquals": {"ec2:CreateAction": "RunInstances", REQUEST_TAG: "true"}}, (
-            statement
-        )
+        assert Resolver(translated).resolve(statement["Condition"]) == {
+            "StringEquals": {"ec2:CreateAction": "RunInstances", REQUEST_TAG: "true", STACK_REQUEST_TAG: STACK_KEY}
+        }, statement
 
 
-def test_only_managed_instances_can_be_terminated(statements: list[dict[str, Any]]) -> None:
+def test_only_managed_instances_can_be_terminated(translated: dict[str, Any], statements: list[dict[str, Any]]) -> None:
     granting = statements_granting(statements, "ec2:TerminateInstances")
     assert granting, "the reconciler cannot terminate instances"
     for statement in granting:
-        assert statement["Condition"] == {"StringEquals": {RESOURCE_TAG: "true"}}, statement
+        assert Resolver(translated).resolve(statement["Condition"]) == {
+            "StringEquals": {RESOURCE_TAG: "true", STACK_RESOURCE_TAG: STACK_KEY}
+        }, statement
 
 
 def test_no_other_instance_mutation_without_the_tag(statements: list[dict[str, Any]]) -> None:

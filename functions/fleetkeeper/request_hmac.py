@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from fleetkeeper import aws
+from fleetkeeper.settings import DEFAULT_STACK_ID
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -48,10 +49,12 @@ class RequestHmac:
 
     parameter: str
     key_id: str | None = None
+    # Tagged on the key's parameter (`fleetkeeper:stack`), as on everything else the stack creates.
+    stack_id: str = DEFAULT_STACK_ID
 
     @classmethod
     def from_settings(cls, settings: Settings) -> RequestHmac:
-        return cls(key_parameter(settings.table_name), settings.secrets_key_id)
+        return cls(key_parameter(settings.table_name), settings.secrets_key_id, settings.stack_id)
 
     def digest(self, values: Mapping[str, str]) -> str:
         """The values' HMAC, hex: the same values (in any order) give the same digest."""
@@ -78,6 +81,7 @@ class RequestHmac:
                 "Tier": "Standard",
                 "Overwrite": False,
                 "Description": "fleetkeeper api: the key of the HMAC of secret values in Idempotency-Key records",
+                "Tags": [{"Key": "fleetkeeper:stack", "Value": self.stack_id}],
             }
             if self.key_id:
                 request["KeyId"] = self.key_id

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 
 from fleetkeeper import aws
 from fleetkeeper.identity import owner_scope, scope_prefix
+from fleetkeeper.settings import DEFAULT_STACK_ID
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -36,6 +37,8 @@ if TYPE_CHECKING:
 
     from fleetkeeper.settings import Settings
 
+# The stack's id on what it creates (the same key as its instances' tag; fleetkeeper.reconciler.ownership).
+STACK_TAG = "fleetkeeper:stack"
 # DeleteParameters takes at most 10 names per call; GetParametersByPath pages at most 10.
 _DELETE_CHUNK = 10
 
@@ -52,13 +55,16 @@ def parameter_prefix(table_name: str) -> str:
 
 @dataclass(frozen=True)
 class SecretStore:
+    # The stack's path (its table's name is the stack's own): every parameter under it is the stack's.
     prefix: str
     # The KMS key values are written with (reads need none: Parameter Store knows each value's key).
     key_id: str | None = None
+    # Tagged on each parameter (`fleetkeeper:stack`), as on everything else the stack creates.
+    stack_id: str = DEFAULT_STACK_ID
 
     @classmethod
     def from_settings(cls, settings: Settings) -> SecretStore:
-        return cls(parameter_prefix(settings.table_name), settings.secrets_key_id)
+        return cls(parameter_prefix(settings.table_name), settings.secrets_key_id, stack_id=settings.stack_id)
 
     @property
     def ssm(self) -> SSMClient:
@@ -79,6 +85,8 @@ class SecretStore:
             "Tier": "Standard",
             "Overwrite": False,
             "Description": f"fleetkeeper: secrets of a version of service {service} (incarnation {uid})",
+            # Tagging at creation needs ssm:AddTagsToResource beside ssm:PutParameter (template.yaml).
+            "Tags": [{"Key": STACK_TAG, "Value": self.stack_id}],
         }
         if self.key_id:
             request["KeyId"] = self.key_id

@@ -20,6 +20,9 @@ if TYPE_CHECKING:
     from collections.abc import Mapping
 
 TABLE_NAME_ENV = "TABLE_NAME"
+# The stack's identity (docs/ARCHITECTURE.md, "Stacks sharing an account"): template.yaml derives it
+# from AWS::StackId; the embedded mode sets its own. Every AWS resource the stack creates carries it.
+STACK_ID_ENV = "FLEETKEEPER_STACK_ID"
 DRIVER_ENV = "FLEETKEEPER_DRIVER"
 PROBE_BUDGET_ENV = "FLEETKEEPER_PROBE_BUDGET_SECONDS"
 KICK_QUEUE_URL_ENV = "FLEETKEEPER_KICK_QUEUE_URL"
@@ -38,7 +41,6 @@ REPLICA_LOG_GROUP_ENV = "FLEETKEEPER_REPLICA_LOG_GROUP"
 # the permissions and the permissions boundary of an owner's role.
 REPLICA_IDENTITY_ENV = "FLEETKEEPER_REPLICA_IDENTITY"
 REPLICA_POLICY_ARN_ENV = "FLEETKEEPER_REPLICA_POLICY_ARN"
-STACK_ID_ENV = "FLEETKEEPER_STACK_ID"
 # The scheduled run's fan-out (fleetkeeper.reconciler.dispatch): the dispatcher's queue, its
 # schedule (the period every shard must fit in), the shard size; a worker's reads and margins.
 RECONCILE_QUEUE_URL_ENV = "FLEETKEEPER_RECONCILE_QUEUE_URL"
@@ -92,7 +94,7 @@ MIN_PROBE_BUDGET_SECONDS = MAX_PROBE_TIMEOUT_SECONDS + PROBE_HEADROOM_SECONDS
 MAX_READINESS_TIMEOUT_SECONDS = 60
 DEFAULT_SCHEDULE = "rate(1 minute)"
 DEFAULT_SHARD_SIZE = 100  # fleetkeeper.reconciler.dispatch says why
-MAX_SHARD_SIZE = 199  # EC2's 200 filter values a Describe call, less the managed tag's value
+MAX_SHARD_SIZE = 199  # EC2's 200 filter values a Describe call, less the managed tag's value (dispatch.py)
 # Queries in flight per worker: 8 keep a 100-service shard's reads near a second without a burst
 # that an on-demand table's new partition would throttle.
 DEFAULT_READ_CONCURRENCY = 8
@@ -103,12 +105,17 @@ DEFAULT_ACTION_MARGIN_SECONDS = 5.0
 DEFAULT_METRIC_WINDOW_SECONDS = 60
 DEFAULT_METRIC_LAG_SECONDS = 60
 MAX_METRIC_SECONDS = 3600
-# What a stack id may be (contract 1; branch `stacks` owns it): short, no hyphen. template.yaml gives
-# the last 12 hex digits of the stack's UUID.
+# What a stack id may be: it goes into ClientTokens (64 ASCII characters at most) and target group
+# names (`fk-<stack id>-<uid>`: 32 characters at most, alphanumerics and hyphens), so it is short and
+# has no hyphen (a name's prefix `fk-<stack id>-` then belongs to exactly one stack id). template.yaml
+# gives the last 12 hex digits of the stack's UUID.
 MAX_STACK_ID_LENGTH = 12
 _STACK_ID = re.compile(rf"[a-z0-9]{{1,{MAX_STACK_ID_LENGTH}}}")
-# The id when FLEETKEEPER_STACK_ID is unset (tests, and code run outside a stack).
+# The id when FLEETKEEPER_STACK_ID is unset (tests, and code run outside a stack): template.yaml
+# always sets it, and the embedded mode sets `local`.
 DEFAULT_STACK_ID = "fleetkeeper"
+# The embedded mode's (fleetkeeper.local): one in-memory AWS per process, shared with no other stack.
+LOCAL_STACK_ID = "local"
 _RATE = re.compile(r"^rate\((?P<count>[1-9][0-9]*) (?P<unit>minute|minutes|hour|hours)\)$")
 
 DriverKind = Literal["ec2", "process"]
@@ -181,6 +188,8 @@ class AlbSettings:
     # HTTPS listeners (the per-service ones, without a domain name) use it.
     certificate_arn: str | None = None
     listener_ports: tuple[int, int] = DEFAULT_LISTENER_PORTS
+    # The stack's identity: in its target groups' names, tagged on everything it creates.
+    stack_id: str = DEFAULT_STACK_ID
     # The wake target's target group (None: routes stay on the target groups; a service at zero
     # then cannot wake by itself on AWS).
     wake_target_group: str | None = None
@@ -188,6 +197,7 @@ class AlbSettings:
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> AlbSettings:
         return cls(
+            stack_id=stack_id_of(environ),
             arn=environ.get(ALB_ARN_ENV, ""),
             dns_name=environ.get(ALB_DNS_NAME_ENV, ""),
             vpc_id=environ.get(ALB_VPC_ID_ENV, ""),
@@ -212,6 +222,8 @@ class Settings:
     """Everything the api, reconciler and cleanup functions read from their environment."""
 
     table_name: str
+    # The stack's identity (STACK_ID_ENV): a short, stable id of the CloudFormation stack.
+    stack_id: str = DEFAULT_STACK_ID
     # Replica driver: `ec2` (production) or `process` (local processes, embedded mode only).
     driver: DriverKind = "ec2"
     # The reconciler's whole probe phase; each probe is also bounded by its own timeout.
@@ -244,8 +256,6 @@ class Settings:
     # Canonical principal patterns of the stack's administrators (empty: none; every service then
     # answers only to its owner and the principals it names).
     admin_principals: tuple[str, ...] = ()
-    # The stack's identity (STACK_ID_ENV): a short, stable id of the CloudFormation stack.
-    stack_id: str = DEFAULT_STACK_ID
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> Settings:
@@ -254,6 +264,7 @@ class Settings:
             raise SettingsError(f"{TABLE_NAME_ENV} is not set: every fleetkeeper function needs its table")
         return cls(
             table_name=table,
+            stack_id=stack_id_of(environ),
             driver=_driver(environ.get(DRIVER_ENV) or "ec2"),
             probe_budget_seconds=_probe_budget(environ),
             kick_queue_url=environ.get(KICK_QUEUE_URL_ENV) or None,
@@ -278,7 +289,6 @@ class Settings:
             secrets_key_id=environ.get(SECRETS_KEY_ID_ENV) or None,
             region=environ.get("AWS_REGION") or environ.get("AWS_DEFAULT_REGION") or None,
             admin_principals=_principals(environ, ADMIN_PRINCIPALS_ENV),
-            stack_id=stack_id_of(environ),
         )
 
 

@@ -34,9 +34,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
+from urllib.parse import urlencode
 
 from fleetkeeper import aws
 from fleetkeeper.identity import owner_scope, scope_prefix
+from fleetkeeper.settings import DEFAULT_STACK_ID
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
@@ -45,6 +47,8 @@ if TYPE_CHECKING:
 
     from fleetkeeper.settings import Settings
 
+# The stack's id on what it creates (the same key as its instances' tag; fleetkeeper.reconciler.ownership).
+STACK_TAG = "fleetkeeper:stack"
 # A packed workdir's limit: what a replica downloads and unpacks at every boot.
 MAX_WORKDIR_BYTES = 256 * 1024 * 1024
 # An upload is adopted by a version within this long (a lifecycle rule deletes it after UPLOAD_DAYS).
@@ -123,7 +127,7 @@ class WorkdirStore(Protocol):
 def store_from_settings(settings: Settings) -> WorkdirStore | None:
     """The store this deployment has: S3 (WORKDIR_BUCKET), a local directory (embedded), or none."""
     if settings.workdir_bucket:
-        return S3WorkdirStore(settings.workdir_bucket)
+        return S3WorkdirStore(settings.workdir_bucket, stack_id=settings.stack_id)
     if settings.workdir_dir:
         return LocalWorkdirStore(Path(settings.workdir_dir), settings.workdir_upload_url or "")
     return None
@@ -131,7 +135,9 @@ def store_from_settings(settings: Settings) -> WorkdirStore | None:
 
 @dataclass(frozen=True)
 class S3WorkdirStore:
-    bucket: str
+    bucket: str  # the stack's own bucket: every key in it is the stack's
+    # Tagged on each copy it makes (`fleetkeeper:stack`), as on everything else the stack creates.
+    stack_id: str = DEFAULT_STACK_ID
 
     @property
     def s3(self) -> S3Client:
@@ -189,6 +195,8 @@ class S3WorkdirStore:
             Key=target,
             CopySource={"Bucket": self.bucket, "Key": source},
             ChecksumAlgorithm="SHA256",
+            Tagging=urlencode({STACK_TAG: self.stack_id}),
+            TaggingDirective="REPLACE",
         )
 
     def _sha256_of(self, key: str) -> str:

@@ -41,9 +41,10 @@ from fleetkeeper import aws
 from fleetkeeper.model import Interruption, InterruptionKind, ReplicaStatus, ServiceStatus, VersionState, to_iso
 from fleetkeeper.reconciler.budget import Budget
 from fleetkeeper.reconciler.dispatch import rotated
-from fleetkeeper.reconciler.driver import MANAGED_TAG, REPLICA_TAG, SERVICE_TAG, UID_TAG, VERSION_TAG
+from fleetkeeper.reconciler.driver import MANAGED_TAG, REPLICA_TAG, SERVICE_TAG, STACK_TAG, UID_TAG, VERSION_TAG
 from fleetkeeper.reconciler.plan import Policy, ProbeResult
 from fleetkeeper.reconciler.state_changes import StateChange
+from fleetkeeper.settings import DEFAULT_STACK_ID
 from fleetkeeper.store.codec import from_raw, state_from_items
 from tests.cleanup_support import CleanupContext, lambda_record
 from tests.conftest import TABLE, ApiClient, HttpResult
@@ -69,6 +70,12 @@ LEAVING = {
     ReplicaStatus.FAILED_PROBING,
     ReplicaStatus.PREEMPTED,
 }
+# A second stack of the template in the same account and Region (seeds run with `stacks=2`): its own
+# table, its own id, services of the same names; the simulated stack never touches its instances,
+# nor it the simulated stack's (invariant 11). The simulated stack is the tests' default id.
+MAIN_STACK = DEFAULT_STACK_ID
+NEIGHBOUR_STACK = "neighbour"
+NEIGHBOUR_TABLE = "fleetkeeper-neighbour"
 # Readiness paths: the model's verdict for every replica of a version (no HTTP anywhere).
 GOOD, BAD, HUNG = "/ok", "/fail", "/hang"
 
@@ -176,9 +183,15 @@ def _cleanup_patterns() -> list[dict[str, Any]]:
 class Simulation:
     """One seed's world. `run(steps)` plays `steps` random steps, then the final convergence."""
 
-    def __init__(self, seed: int) -> None:
+    def __init__(self, seed: int, *, stacks: int = 1) -> None:
         self.seed = seed
+        self.stacks = stacks
         self.rng = random.Random(seed)
+        # The neighbouring stack's steps draw from an RNG of their own: one stack's seeds stay what they were.
+        self.neighbourly = random.Random(seed ^ 0x57AC)
+        self.acting_stack = MAIN_STACK  # whose run is making the AWS calls now
+        self.trespasses: list[str] = []  # a stack's terminate or tag call on another stack's instance
+        self.neighbour_deleted = False
         self.warnings = random.Random(seed ^ 0x5B07)
         rates = FaultRates(
             throttle=self.rng.choice([0.0, 0.01, 0.03]),
@@ -282,12 +295,16 @@ class Simulation:
                     ImageId="ami-12345678", MinCount=1, MaxCount=1
                 )
                 self.unmanaged = made["Instances"][0]["InstanceId"]
+                if self.stacks > 1:
+                    self._neighbour_setup()  # on plain moto too, as the simulated stack's table
                 # The process's wall clock is the simulation's too: the api's timestamps, Powertools'
                 # idempotency expiry, moto's own dates and botocore's adaptive rate limiter (its token
                 # bucket refills by `time.time()`) read it, so a seed replays call for call. The
                 # clients are made inside, so their limiters start on that clock.
                 with time_machine.travel(self.now(), tick=False) as traveller, self.strict.active():
                     self.hooks.attach()
+                    aws.ec2().meta.events.register("before-parameter-build.ec2.TerminateInstances", self._guard)
+                    aws.ec2().meta.events.register("before-parameter-build.ec2.CreateTags", self._guard)
                     moved = lambda seconds: traveller.move_to(BASE + timedelta(seconds=seconds))  # noqa: E731
                     self.strict.clock.listeners.append(moved)
                     try:
@@ -333,6 +350,9 @@ class Simulation:
         self._reclaim_due()
         if self.queued and self.kicks.random() < 0.6:
             self._deliver_kicks()
+        if self.stacks > 1 and self.neighbourly.random() < 0.3:
+            self._neighbour_step()
+            self._check()
         # EC2's warnings draw from an RNG of their own: the seeds' other steps stay what they were.
         if self.warnings.random() < 0.04:
             self._interrupt()
@@ -847,6 +867,120 @@ class Simulation:
         self.strict.clock.advance(seconds)
         self._log(f"clock jumps {seconds}s")
 
+    # -- the neighbouring stack --
+
+    def _guard(self, params: dict[str, Any], model: Any, **_: Any) -> None:
+        """Before every TerminateInstances and CreateTags (their parameters as the caller gave them,
+        before serialization): each instance named must be the acting
+        stack's (its stack tag), or, for CreateTags, carry none yet and be tagged with the acting
+        stack's id only (an adoption). Recorded, checked by `_check`: raising here would be caught."""
+        ids = params.get("InstanceIds") or params.get("Resources") or []
+        for instance_id in ids:
+            owner = dict(self._backend_ec2().tags.get(instance_id, {})).get(STACK_TAG)
+            adopting = (
+                model.name == "CreateTags"
+                and owner is None
+                and params.get("Tags") == [{"Key": STACK_TAG, "Value": self.acting_stack}]
+            )
+            if owner != self.acting_stack and not adopting:
+                self.trespasses.append(f"stack {self.acting_stack}: {model.name} on {instance_id} of stack {owner}")
+
+    def _neighbour_setup(self) -> None:
+        """The neighbouring stack: its table, and two services named as the simulated stack's are."""
+        from fleetkeeper.services import ServiceCommands
+        from fleetkeeper.spec import ServiceSpec
+        from fleetkeeper.store.commands import CommandStore
+        from fleetkeeper.store.table import Table
+        from fleetkeeper.template import create_table
+
+        create_table(aws.dynamodb(), NEIGHBOUR_TABLE)
+        commands = ServiceCommands(CommandStore(Table(NEIGHBOUR_TABLE)), now=lambda: to_iso(self.now()))
+        spec = {
+            "service": {"readiness_probe": GOOD, "replicas": 2, "ports": 8080},
+            "resources": {"instance_type": "t3.micro"},
+            "run": "python3 -m http.server $PORT",
+        }
+        for name in NAMES[:2]:
+            commands.create(name, ServiceSpec.model_validate(spec))
+
+    def _neighbour_reconciler(self) -> Any:
+        from fleetkeeper.reconciler.drivers.ec2 import Ec2Driver
+        from fleetkeeper.reconciler.shell import Reconciler
+        from fleetkeeper.store.reconciler import ReconcilerStore
+        from fleetkeeper.store.table import Table
+
+        def healthy(targets: Sequence[ProbeTarget], budget: float) -> dict[Hashable, ProbeResult]:
+            return {t.key: ProbeResult(t.base_url, True, "HTTP 200") for t in targets}
+
+        return Reconciler(
+            store=ReconcilerStore(Table(NEIGHBOUR_TABLE)),
+            driver=Ec2Driver(stack_id=NEIGHBOUR_STACK),
+            now=self.now,
+            policy=self.policy,
+            probe_budget_seconds=5,
+            prober=healthy,
+        )
+
+    def _neighbour_run(self) -> str:
+        """One scheduled run of the neighbouring stack (its services, then its orphan sweep)."""
+        self.acting_stack = NEIGHBOUR_STACK
+        try:
+            with self.strict.acting_as("reconciler"):
+                report = self._neighbour_reconciler().run_all()
+        except (Exception, LambdaTimeout) as exc:
+            return f"failed ({type(exc).__name__})"
+        finally:
+            self.acting_stack = MAIN_STACK
+        return json.dumps(report.as_dict(), sort_keys=True)
+
+    def _neighbour_step(self) -> None:
+        if not self.neighbour_deleted and self.neighbourly.random() < 0.1:
+            from fleetkeeper.services import ServiceCommands
+            from fleetkeeper.store.commands import CommandStore
+            from fleetkeeper.store.table import Table
+
+            try:
+                ServiceCommands(CommandStore(Table(NEIGHBOUR_TABLE)), now=lambda: to_iso(self.now())).delete(NAMES[1])
+            except Exception as exc:  # contention drawn by the strict layer: the next step tries again
+                self._log(f"neighbour: delete {NAMES[1]} failed ({type(exc).__name__})")
+            else:
+                self.neighbour_deleted = True
+                self._log(f"neighbour: delete {NAMES[1]}")
+        self._log(f"neighbour run_all: {self._neighbour_run()}")
+
+    def _neighbour_states(self) -> dict[str, ServiceState]:
+        from moto.core.models import DEFAULT_ACCOUNT_ID
+        from moto.dynamodb.models import dynamodb_backends
+
+        table = dynamodb_backends[DEFAULT_ACCOUNT_ID][REGION].get_table(NEIGHBOUR_TABLE)
+        partitions: dict[str, list[dict[str, Any]]] = {}
+        for item in table.all_items():
+            raw = from_raw(item.to_json()["Attributes"])
+            if str(raw["PK"]).startswith("SVC#"):
+                partitions.setdefault(str(raw["PK"])[4:], []).append(raw)
+        states = {name: state_from_items(items) for name, items in partitions.items()}
+        return {name: state for name, state in states.items() if state is not None}
+
+    def _check_neighbour_final(self) -> None:
+        """After the end's quiet period: the neighbour's kept service serves with its own replicas,
+        and its deleted one (once deleted past the grace period) left no instance."""
+        for _ in range(8):
+            self._log(f"neighbour converge run_all: {self._neighbour_run()}")
+            self.strict.clock.advance(60)
+        states = self._neighbour_states()
+        live: Counter[str] = Counter()
+        for inst, tags in self._instances():
+            if tags.get(STACK_TAG) == NEIGHBOUR_STACK and inst.state in LIVE_STATES:
+                live[tags.get(UID_TAG, "")] += 1
+        kept = states.get(NAMES[0])
+        if kept is None or kept.service.status is not ServiceStatus.READY or live[kept.service.uid] != 2:
+            detail = "missing" if kept is None else f"{kept.service.status}: {live[kept.service.uid]} live"
+            raise Violation("stack-isolation", f"the neighbouring stack's {NAMES[0]}: {detail}")
+        known = {state.service.uid for state in states.values()}
+        strays = sorted(uid for uid in live if uid not in known)
+        if strays:
+            raise Violation("stack-isolation", f"the neighbouring stack's deleted services left instances: {strays}")
+
     # -- reading the world without AWS calls --
 
     @staticmethod
@@ -937,6 +1071,8 @@ class Simulation:
                 )
 
     def _check(self) -> None:
+        if self.trespasses:
+            raise Violation("stack-isolation", "; ".join(self.trespasses[:3]))
         if self.followup_problems:
             raise Violation("followup-coalesced", "; ".join(self.followup_problems))
         now = self.strict.clock.time()
@@ -1054,6 +1190,9 @@ class Simulation:
         else:
             raise Violation("converges", "no steady state after 60 runs")
         self._check_final()
+        if self.stacks > 1:
+            self._check_neighbour_final()
+            self._check()
 
     def _check_final(self) -> None:
         mark = len(self.hooks.calls)
@@ -1068,7 +1207,8 @@ class Simulation:
         states = self._states()
         live: dict[str, list[tuple[Any, dict[str, str]]]] = {}
         for inst, tags in self._instances():
-            if MANAGED_TAG in tags and inst.state in LIVE_STATES:
+            # The simulated stack's (a neighbouring stack's instances are its own business: below).
+            if MANAGED_TAG in tags and inst.state in LIVE_STATES and tags.get(STACK_TAG) == MAIN_STACK:
                 live.setdefault(tags.get(UID_TAG, ""), []).append((inst, tags))
         for name, exp in self.expected.items():
             state = states.get(name)

@@ -100,6 +100,11 @@ class _Token:
     instance_ids: tuple[str, ...]
 
 
+# RunInstances' ClientToken: "Constraints: Maximum 64 ASCII characters"
+# (https://docs.aws.amazon.com/AWSEC2/latest/APIReference/API_RunInstances.html).
+MAX_CLIENT_TOKEN = 64
+
+
 class Ec2Layer:
     """The EC2 half of `StrictAws` (reach it as `strict_aws.ec2`)."""
 
@@ -210,6 +215,9 @@ class Ec2Layer:
     def _run_instances(self, call: Call) -> Response:
         token = call.param("ClientToken")
         params = sorted((k, v) for k, v in call.form() if k != "ClientToken")
+        if token and (len(token) > MAX_CLIENT_TOKEN or not token.isascii()):
+            # "Constraints: Maximum 64 ASCII characters" (API_RunInstances.html); moto takes any.
+            return ec2_error("InvalidParameterValue", f"Value ({token}) for parameter clientToken is invalid.")
         if token:
             known = self.client_tokens.get((call.region, token))
             if known is not None:

@@ -63,6 +63,7 @@ from fleetkeeper.reconciler.driver import (
     MANAGED_TAG,
     REPLICA_TAG,
     SERVICE_TAG,
+    STACK_TAG,
     UID_TAG,
     VERSION_TAG,
     Instance,
@@ -70,9 +71,9 @@ from fleetkeeper.reconciler.driver import (
     LaunchRefused,
     LaunchRequest,
 )
-from fleetkeeper.reconciler.plan import launched_by_fleetkeeper
+from fleetkeeper.reconciler.ownership import is_ours
 from fleetkeeper.reconciler.replica_boot import BootError, unpack
-from fleetkeeper.settings import TABLE_NAME_ENV, WORKDIR_DIR_ENV
+from fleetkeeper.settings import LOCAL_STACK_ID, TABLE_NAME_ENV, WORKDIR_DIR_ENV, stack_id_of
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
@@ -193,10 +194,13 @@ class ProcessDriver:
         forget_after_seconds: float = 600.0,
         workdirs: Path | None = None,
         secrets_prefix: str | None = None,
+        stack_id: str = LOCAL_STACK_ID,
         isolation: str | None = None,
     ) -> None:
         """`isolation`: NETNS, SHARED or AUTO (None: $FLEETKEEPER_LOCAL_ISOLATION, else AUTO)."""
         self.local_dir = local_dir
+        # The embedded mode's own stack id: its replicas carry it as an EC2 replica carries its stack's.
+        self.stack_id = stack_id
         self.isolation, self.isolation_note = _resolve_isolation(isolation or os.environ.get(ISOLATION_ENV) or AUTO)
         # The embedded workdir store's directory and the parameters' path of the version secrets.
         self.workdirs = workdirs
@@ -227,6 +231,7 @@ class ProcessDriver:
                     Path(os.environ.get(LOCAL_DIR_ENV) or DEFAULT_LOCAL_DIR).resolve(),
                     workdirs=Path(workdirs) if workdirs else None,
                     secrets_prefix=f"/fleetkeeper/{table}" if table else None,
+                    stack_id=stack_id_of(os.environ),
                 )
             return cls._shared
 
@@ -245,7 +250,20 @@ class ProcessDriver:
         with self._lock:
             self._forget_old()
             instances = [replica.refresh() for replica in self._replicas.values()]
-        return [i for i in instances if wanted is None or i.uid in wanted]
+        if wanted is None:
+            return [i for i in instances if i.stack == self.stack_id]
+        return [i for i in instances if i.uid in wanted]
+
+    def adopt(self, instance_ids: Sequence[str]) -> None:
+        with self._lock:
+            for instance_id in instance_ids:
+                replica = self._replicas.get(instance_id)
+                if replica is not None:
+                    replica.instance = replace(
+                        replica.instance,
+                        stack=self.stack_id,
+                        tags={**replica.instance.tags, STACK_TAG: self.stack_id},
+                    )
 
     def find_instance(self, uid: str, replica_id: int) -> Instance | None:
         with self._lock:
@@ -255,7 +273,7 @@ class ProcessDriver:
                     instance.uid == uid
                     and instance.replica_id == replica_id
                     and instance.state is not InstanceState.TERMINATED
-                    and launched_by_fleetkeeper(instance)
+                    and is_ours(instance, self.stack_id, {uid})
                 ):
                     return instance
             return None
@@ -294,12 +312,13 @@ class ProcessDriver:
 
     def launch(self, request: LaunchRequest) -> Instance:
         with self._lock:
-            known = self._by_token.get(request.client_token)
+            token = request.client_token(self.stack_id)
+            known = self._by_token.get(token)
             if known is not None and known in self._replicas:
                 return self._replicas[known].refresh()
             replica = self._start(request)
             self._replicas[replica.instance.instance_id] = replica
-            self._by_token[request.client_token] = replica.instance.instance_id
+            self._by_token[token] = replica.instance.instance_id
             return replica.instance
 
     def terminate(self, instance_ids: Sequence[str]) -> None:
@@ -458,11 +477,13 @@ class ProcessDriver:
             replica_id=request.replica_id,
             private_ip=LOOPBACK,
             launched_at=started,
-            client_token=request.client_token,
+            stack=self.stack_id,
+            client_token=request.client_token(self.stack_id),
             spot=request.market is Market.SPOT,
             instance_type=first or LOCAL_INSTANCE_TYPE,
             tags={
                 MANAGED_TAG: "true",
+                STACK_TAG: self.stack_id,
                 SERVICE_TAG: request.service,
                 UID_TAG: request.uid,
                 VERSION_TAG: str(request.version),

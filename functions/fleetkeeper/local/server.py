@@ -51,9 +51,11 @@ from fleetkeeper.settings import (
     BALANCER_ENV,
     DRIVER_ENV,
     KICK_TOKEN_ENV,
+    LOCAL_STACK_ID,
     METRIC_LAG_ENV,
     METRIC_WINDOW_ENV,
     RECONCILE_QUEUE_URL_ENV,
+    STACK_ID_ENV,
     WORKDIR_DIR_ENV,
     WORKDIR_UPLOAD_URL_ENV,
 )
@@ -84,6 +86,8 @@ def configure_environment(options: Options, aws_access_key_id: str = "local") ->
             "AWS_ACCOUNT_ID_ENDPOINT_MODE": "disabled",  # moto's stream reads need it
             "AWS_EC2_METADATA_DISABLED": "true",
             "TABLE_NAME": options.table,
+            # Its own stack id: what it creates carries it, as a deployed stack's does.
+            STACK_ID_ENV: LOCAL_STACK_ID,
             DRIVER_ENV: EMBEDDED_DRIVER,
             BALANCER_ENV: EMBEDDED_BALANCER,
             LOCAL_DIR_ENV: str(options.local_dir),

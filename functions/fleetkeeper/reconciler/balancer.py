@@ -67,10 +67,26 @@ class Target:
     url: str | None
 
 
-def target_group_name(uid: str) -> str:
+# The stack's id on everything it creates (fleetkeeper.reconciler.ownership): the same key as instances'.
+STACK_TAG = "fleetkeeper:stack"
+# "This name must be unique per region per account, can have a maximum of 32 characters, must contain
+# only alphanumeric characters or hyphens, and must not begin or end with a hyphen."
+# (https://docs.aws.amazon.com/elasticloadbalancing/latest/APIReference/API_CreateTargetGroup.html)
+MAX_TARGET_GROUP_NAME = 32
+
+
+def target_group_name(uid: str, stack: str = "") -> str:
     """The deterministic name of an incarnation's target group: a retried create finds its own
-    earlier one (names are unique per account and region, at most 32 characters)."""
-    return f"fk-{uid}"[:32]
+    earlier one (names are unique per account and region, at most 32 characters).
+
+    `fk-<stack>-<uid>` (3 + 12 + 1 + 16 = 32 characters at most): the stack's id in the name lets its
+    IAM policy name only its own target groups. Without a stack, the name a target group got before
+    stacks had ids (`fk-<uid>`), which an upgraded stack keeps using for its existing services.
+    """
+    name = f"fk-{stack}-{uid}" if stack else f"fk-{uid}"
+    if len(name) > MAX_TARGET_GROUP_NAME:
+        raise ValueError(f"target group name {name!r} is over ELB's {MAX_TARGET_GROUP_NAME} characters")
+    return name
 
 
 class LoadBalancer(Protocol):

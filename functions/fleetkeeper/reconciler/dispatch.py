@@ -10,7 +10,9 @@ its invocation and the period leave it. Pure: no AWS, no clock (the caller passe
 Why a shard is 100 services by default (settings.DEFAULT_SHARD_SIZE):
 - the worker describes its shard's instances in ONE DescribeInstances call, filtered on the uids
   it loaded: EC2 accepts at most 200 filter values per call (FilterLimitExceeded), one of which is
-  the managed tag's value;
+  the managed tag's value (the listing by uid carries no stack-id filter: the uids are the stack's
+  own, and its replicas from before stack ids must be seen to be adopted; the ownership check
+  drops anything else, fleetkeeper.reconciler.ownership);
 - at ~10 ms of DynamoDB and 2 ms of CPU per service, read 8 at a time, a shard takes about a second:
   far inside a period, so a slow replica or a throttled call has room;
 - its message stays small (names only, <= 63 characters each: about 7 KB), far below SQS's limits.

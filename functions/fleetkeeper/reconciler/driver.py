@@ -25,6 +25,10 @@ SERVICE_TAG = "fleetkeeper:service"
 UID_TAG = "fleetkeeper:uid"
 VERSION_TAG = "fleetkeeper:version"
 REPLICA_TAG = "fleetkeeper:replica-id"
+# The stack that launched the instance (Settings.stack_id): every describe, sweep and terminate of a
+# stack keys on it, and its IAM policy lets it terminate only instances carrying its own value
+# (fleetkeeper.reconciler.ownership; docs/ARCHITECTURE.md, "Stacks sharing an account").
+STACK_TAG = "fleetkeeper:stack"
 
 
 class InstanceState(StrEnum):
@@ -47,6 +51,8 @@ class Instance:
     version: int
     replica_id: int
     private_ip: str | None = None
+    # Its STACK_TAG ("" for an instance launched before stacks had one: fleetkeeper.reconciler.ownership).
+    stack: str = ""
     spot: bool = False
     # Why the instance stopped or terminated, when known: the code (EC2's StateReason code, such as
     # "Server.SpotInstanceTermination" or "Client.UserInitiatedShutdown", or a driver's own) is the
@@ -56,8 +62,9 @@ class Instance:
     launched_at: str | None = None
     tags: dict[str, str] = field(default_factory=dict)
     # The ClientToken it was launched with (DescribeInstances reports it; "" or None when launched
-    # without one). Only a token fleetkeeper derives for the tagged replica makes the instance
-    # fleetkeeper's: anyone allowed ec2:CreateTags can copy the tags (plan.launched_by_fleetkeeper).
+    # without one). Only a token fleetkeeper derives for the tagged stack and replica makes the
+    # instance fleetkeeper's: anyone allowed ec2:CreateTags can copy the tags
+    # (plan.launched_by_fleetkeeper).
     client_token: str | None = None
     instance_type: str | None = None
 
@@ -80,16 +87,30 @@ class LaunchRequest:
     # owner's scope, and on AWS the replica runs with the owner's role (fleetkeeper.identity).
     owner: str = ""
 
-    @property
-    def client_token(self) -> str:
-        """Idempotency token for the launch: unique per (incarnation, replica, refusal), <= 64 characters."""
-        return client_token(self.uid, self.replica_id, self.attempt)
+    def client_token(self, stack: str) -> str:
+        """Idempotency token for the launch by `stack`: unique per (stack, incarnation, replica, refusal)."""
+        return client_token(self.uid, self.replica_id, self.attempt, stack=stack)
 
 
-def client_token(uid: str, replica_id: int, attempt: int = 0) -> str:
-    """The ClientToken of launch `attempt` of a replica: `fk-<uid>-<replica id>`, then `...-<attempt>`."""
-    token = f"fk-{uid}-{replica_id}"
-    return token if attempt == 0 else f"{token}-{attempt}"
+# EC2's limit on a RunInstances ClientToken: "Constraints: Maximum 64 ASCII characters"
+# (https://docs.aws.amazon.com/AWSEC2/latest/APIReference/API_RunInstances.html).
+MAX_CLIENT_TOKEN_LENGTH = 64
+
+
+def client_token(uid: str, replica_id: int, attempt: int = 0, *, stack: str = "") -> str:
+    """The ClientToken of launch `attempt` of a replica by `stack`: `fk-<stack>-<uid>-<replica id>`,
+    then `...-<attempt>`. Without a stack, the token a launch had before stacks had ids
+    (`fk-<uid>-<replica id>[-<attempt>]`), which an upgraded stack still recognises on its own
+    replicas (fleetkeeper.reconciler.ownership).
+
+    A stack id is at most 12 characters and a uid 16, so a token stays under EC2's 64 for any replica
+    id and attempt below 10**14 together (fk-, 12, -, 16, -, and 30 digits and a hyphen).
+    """
+    token = f"fk-{stack}-{uid}-{replica_id}" if stack else f"fk-{uid}-{replica_id}"
+    token = token if attempt == 0 else f"{token}-{attempt}"
+    if len(token) > MAX_CLIENT_TOKEN_LENGTH:
+        raise ValueError(f"ClientToken {token!r} is over EC2's {MAX_CLIENT_TOKEN_LENGTH} characters")
+    return token
 
 
 class LaunchRefused(Exception):
@@ -102,8 +123,19 @@ class LaunchRefused(Exception):
 
 
 class ReplicaDriver(Protocol):
+    # The stack this driver launches for (Settings.stack_id): tagged on, and part of the token of,
+    # every instance it launches; its listing without uids is of this stack's instances only.
+    stack_id: str
+
     def list_instances(self, uids: Sequence[str] | None = None) -> list[Instance]:
-        """Every managed instance (of these incarnations when `uids` is given), in as few calls as possible."""
+        """Every managed instance of this stack (tagged with its id); with `uids`, every managed
+        instance of these incarnations, tagged with this stack's id or with none (a replica launched
+        before the upgrade that gave stacks ids: the caller decides, fleetkeeper.reconciler.ownership).
+        In as few calls as possible."""
+        ...
+
+    def adopt(self, instance_ids: Sequence[str]) -> None:
+        """Tag these instances (launched by this stack before stacks had ids) with this stack's id."""
         ...
 
     def find_instance(self, uid: str, replica_id: int) -> Instance | None:
@@ -120,7 +152,8 @@ class ReplicaDriver(Protocol):
         ...
 
     def launch(self, request: LaunchRequest) -> Instance:
-        """Start the replica's instance. Idempotent per `request.client_token`. Raises LaunchRefused."""
+        """Start the replica's instance. Idempotent per its ClientToken (`request.client_token(stack_id)`).
+        Raises LaunchRefused."""
         ...
 
     def terminate(self, instance_ids: Sequence[str]) -> None:

@@ -52,7 +52,15 @@ copy_config_to_registered_loggers(source_logger=logger, include={"fleetkeeper"})
 
 # What a worker keeps for itself after its last service: the report, the log line, the metrics.
 _RETURN_RESERVE_SECONDS = 1.0
-_CHANGED = ("actions", "errors", "superseded", "orphans_terminated", "unloadable", "foreign_instances")
+_CHANGED = (
+    "actions",
+    "errors",
+    "superseded",
+    "orphans_terminated",
+    "unloadable",
+    "foreign_instances",
+    "adopted_instances",
+)
 
 
 def build_reconciler(settings: Settings) -> Reconciler:

@@ -378,19 +378,26 @@ def launched_by_fleetkeeper(instance: Instance) -> bool:
     """Whether fleetkeeper launched this instance for the replica its tags name (invariant 7).
 
     The tags alone do not say it: anyone allowed ec2:CreateTags can copy them onto any instance.
-    fleetkeeper launches a replica only with a ClientToken it derives from the replica
-    (`client_token(uid, replica_id, attempt)`), so an instance is fleetkeeper's only when its token
-    is one of those for the uid and replica id it is tagged with. Any other is neither adopted nor
-    terminated, by `plan` and by `plan_orphans` alike.
+    fleetkeeper launches a replica only with a ClientToken it derives from the stack and the replica
+    (`client_token(uid, replica_id, attempt, stack=...)`), so an instance is fleetkeeper's only when
+    its token is one of those for the stack, uid and replica id it is tagged with. An instance a stack
+    launched before stacks had ids has the token without a stack, and keeps it once its stack adopts
+    it (fleetkeeper.reconciler.ownership). Any other is neither adopted nor terminated, by `plan` and
+    by `plan_orphans` alike. Which stack's it is, is fleetkeeper.reconciler.ownership's question.
     """
     token = instance.client_token
     if not token or not instance.uid or instance.replica_id < 0:
         return False
-    base = client_token(instance.uid, instance.replica_id)
-    if token == base:
-        return True
-    attempt = token.removeprefix(base + "-")
-    return token.startswith(base + "-") and attempt.isascii() and attempt.isdigit() and attempt[0] != "0"
+    bases = [client_token(instance.uid, instance.replica_id)]
+    if instance.stack:
+        bases.insert(0, client_token(instance.uid, instance.replica_id, stack=instance.stack))
+    for base in bases:
+        if token == base:
+            return True
+        attempt = token.removeprefix(base + "-")
+        if token.startswith(base + "-") and attempt.isascii() and attempt.isdigit() and attempt[0] != "0":
+            return True
+    return False
 
 
 def is_live(instance: Instance) -> bool:
@@ -1337,18 +1344,23 @@ def plan_orphans(
     policy: Policy | None = None,
     *,
     spared_services: Set[str] = frozenset(),
+    stack_id: str | None = None,
 ) -> Terminate | None:
     """Managed instances of no live service (deleted, or an old incarnation), past the grace period.
 
     Only the scheduled run sweeps, and only instances the driver listed, which are all managed: an
     instance without the managed tag is never even seen. An instance fleetkeeper did not launch
     (`launched_by_fleetkeeper`) is never an orphan, nor is one of `spared_services`: services this
-    run could not load, whose uid it therefore cannot vouch for.
+    run could not load, whose uid it therefore cannot vouch for. With `stack_id`, nor is one not
+    tagged with that stack (another stack's, or one launched before stacks had ids: nothing proves
+    an untagged one is this stack's, fleetkeeper.reconciler.ownership).
     """
     policy = policy or Policy()
     reasons: dict[str, str] = {}
     for instance in instances:
         if not is_live(instance) or instance.uid in live_uids or not launched_by_fleetkeeper(instance):
+            continue
+        if stack_id is not None and instance.stack != stack_id:
             continue
         if instance.service in spared_services:
             continue

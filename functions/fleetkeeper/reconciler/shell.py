@@ -41,6 +41,7 @@ from fleetkeeper.model import (
 from fleetkeeper.reconciler.balancer import EndpointRefused, Target
 from fleetkeeper.reconciler.driver import Instance, LaunchRefused, LaunchRequest
 from fleetkeeper.reconciler.followup import follow_up, next_reconcile
+from fleetkeeper.reconciler.ownership import Ownership, ownership
 from fleetkeeper.reconciler.plan import (
     Action,
     Claim,
@@ -116,8 +117,11 @@ class RunReport:
     # Services whose items could not be loaded (corrupt, another schema, or the read failed), with
     # why: skipped this run, and their instances spared by the orphan sweep.
     unloadable: dict[str, str] = field(default_factory=dict)
-    # Instances carrying fleetkeeper's tags without a ClientToken fleetkeeper derives: left alone.
+    # Instances carrying fleetkeeper's tags without a ClientToken fleetkeeper derives, or another
+    # stack's (seen by uid): left alone.
     foreign: list[str] = field(default_factory=list)
+    # This stack's replicas from before stacks had ids, tagged with its id by this run.
+    adopted: list[str] = field(default_factory=list)
     # A bounded run's shortfall, done by the next: services not started for lack of time, and
     # services stopped before a launch (as a crash there would; their claims stay PENDING).
     skipped: list[str] = field(default_factory=list)
@@ -135,6 +139,7 @@ class RunReport:
             "unobserved": self.unobserved,
             "unloadable": dict(sorted(self.unloadable.items())),
             "foreign_instances": self.foreign,
+            "adopted_instances": self.adopted,
             "skipped": self.skipped,
             "cut_short": self.cut_short,
         }
@@ -171,12 +176,16 @@ class Reconciler:
 
         A service that cannot be loaded is logged, reported and skipped; the others and the sweep
         go on (its instances are spared: the sweep cannot tell they are not orphans).
+
+        The listing is the sweep's (instances tagged with this stack's id): replicas from before
+        stacks had ids are adopted by the workers' runs (`run_shard`, `run_one`), which list by uid.
         """
         now = self.now()
         report = RunReport()
         listed = list(self.store.list_services())
         states = self._load_all([entry.name for entry in listed], report)
-        instances = self._owned(self.driver.list_instances(), report)
+        own_uids = {entry.uid for entry in listed if entry.uid} | {s.service.uid for s in states}
+        instances = self._owned(self.driver.list_instances(), report, own_uids)
         self._reconcile_all(states, instances, now, report)
         self._sweep(listed, states, instances, now, report)
         return report
@@ -196,14 +205,15 @@ class Reconciler:
             return report
         states = self._load_all(names, report)
         uids = sorted({state.service.uid for state in states})
-        instances = self._owned(self.driver.list_instances(uids=uids), report) if uids else []
+        instances = self._owned(self.driver.list_instances(uids=uids), report, set(uids)) if uids else []
         return self._reconcile_all(states, instances, now, report, budget)
 
     def sweep(self, listed: Sequence[Listed]) -> RunReport:
-        """The orphan sweep, once a period (the dispatcher's): managed instances of no listed service."""
+        """The orphan sweep, once a period (the dispatcher's): this stack's managed instances of no
+        listed service (the listing is of instances tagged with this stack's id only)."""
         now = self.now()
         report = RunReport()
-        instances = self._owned(self.driver.list_instances(), report)
+        instances = self._owned(self.driver.list_instances(), report, {entry.uid for entry in listed if entry.uid})
         # A service the index lists without a readable uid cannot vouch for its instances: spare them.
         for entry in listed:
             if entry.uid is None:
@@ -226,7 +236,8 @@ class Reconciler:
             logger.debug("service %s: follow-up due %s is no longer the pending one: nothing to do", name, followup)
             report.void_followup = True
             return report
-        instances = self._owned(self.driver.list_instances(uids=[state.service.uid]), report)
+        uid = state.service.uid
+        instances = self._owned(self.driver.list_instances(uids=[uid]), report, {uid})
         return self._reconcile_all([state], instances, now, report, followup=followup)
 
     def interrupt(self, interruption: Interruption) -> RunReport:
@@ -235,13 +246,17 @@ class Reconciler:
         replaces it, fleetkeeper.reconciler.plan._plan_warned).
 
         The warning names an instance only: the instance's tags and ClientToken say whose it is (an
-        instance fleetkeeper did not launch is ignored, as every unmanaged one in the account is).
+        instance fleetkeeper did not launch, or another stack launched, is ignored, as every
+        unmanaged one in the account is; EC2's rule sends every stack every warning).
         The write is conditioned on the replica's revision: a run that changed the replica meanwhile
         makes this read it again, so the warning is never lost to a concurrent write.
         """
         instance = self._managed_instance(interruption.instance_id)
         if instance is None:
             logger.info("%s for %s: not a managed instance, ignored", interruption.kind, interruption.instance_id)
+            return RunReport()
+        if instance.stack and instance.stack != self.driver.stack_id:
+            logger.info("%s for %s: another stack's instance, ignored", interruption.kind, interruption.instance_id)
             return RunReport()
         if not instance.spot:
             # EC2 sends both warnings for spot instances only (its InstanceLifecycle, as described now,
@@ -276,6 +291,14 @@ class Reconciler:
             )
             self._wake_for_drain(state, after)
             break
+        if not instance.stack:
+            # From before stacks had ids: this stack's only if its service here has the instance's uid.
+            state = self._load(instance.service, RunReport())
+            if state is None or state.service.uid != instance.uid:
+                logger.info(
+                    "%s for %s: not this stack's instance, ignored", interruption.kind, interruption.instance_id
+                )
+                return RunReport()
         return self.run_one(instance.service)
 
     def instance_changed(self, change: StateChange) -> RunReport:
@@ -298,9 +321,13 @@ class Reconciler:
 
     def _managed_instance(self, instance_id: str) -> Instance | None:
         """The instance, when it is one fleetkeeper launched for this stack (the check every event
-        about an instance goes through before anything is done about it), else None."""
+        about an instance goes through before anything is done about it), else None. One without a
+        stack id (launched before stacks had ids) is passed on: the run of its service adopts it only
+        if the service's uid is its own (fleetkeeper.reconciler.ownership), and leaves it alone otherwise."""
         instance = self.driver.instance(instance_id)
-        return instance if instance is not None and launched_by_fleetkeeper(instance) else None
+        if instance is None or not launched_by_fleetkeeper(instance):
+            return None
+        return None if instance.stack and instance.stack != self.driver.stack_id else instance
 
     def _wake_for_drain(self, state: ServiceState | None, record: ReplicaRecord) -> None:
         """Ask for a run of the service when the warned replica's drain must start (plan.drain_due),
@@ -324,7 +351,14 @@ class Reconciler:
     ) -> None:
         # A uid listed by the index or loaded is live, even if its item went away since.
         live_uids = {entry.uid for entry in listed if entry.uid} | {s.service.uid for s in states}
-        orphans = plan_orphans(live_uids, instances, now, self.policy, spared_services=set(report.unloadable))
+        orphans = plan_orphans(
+            live_uids,
+            instances,
+            now,
+            self.policy,
+            spared_services=set(report.unloadable),
+            stack_id=self.driver.stack_id,
+        )
         if orphans is None:
             return
         for instance_id, reason in orphans.reasons:
@@ -363,14 +397,20 @@ class Reconciler:
             report.unloadable[name] = type(exc).__name__
         return None
 
-    @staticmethod
-    def _owned(instances: Sequence[Instance], report: RunReport) -> list[Instance]:
-        """The instances fleetkeeper launched (invariant 7); the others are logged and left alone."""
+    def _owned(self, instances: Sequence[Instance], report: RunReport, own_uids: set[str]) -> list[Instance]:
+        """The instances this stack launched (invariants 7 and 11: fleetkeeper.reconciler.ownership);
+        the others are logged and left alone. Its replicas from before stacks had ids (their uid is
+        one of `own_uids`, its own table's) are adopted: tagged with its id, then kept."""
+        stack_id = self.driver.stack_id
         mine: list[Instance] = []
+        legacy: list[Instance] = []
         for instance in instances:
-            if launched_by_fleetkeeper(instance):
+            whose = ownership(instance, stack_id, own_uids)
+            if whose is Ownership.OURS:
                 mine.append(instance)
-            else:
+            elif whose is Ownership.LEGACY:
+                legacy.append(instance)
+            elif not launched_by_fleetkeeper(instance):
                 logger.warning(
                     "instance %s carries fleetkeeper's tags (service %r, replica %s) but its ClientToken "
                     "%r is not one fleetkeeper derives: neither adopted nor terminated",
@@ -380,7 +420,38 @@ class Reconciler:
                     instance.client_token,
                 )
                 report.foreign.append(instance.instance_id)
+            else:
+                logger.warning(
+                    "instance %s (service %r, uid %s) is not this stack's (its stack tag is %r, this stack is %r): "
+                    "neither adopted nor terminated",
+                    instance.instance_id,
+                    instance.service,
+                    instance.uid,
+                    instance.stack,
+                    stack_id,
+                )
+                report.foreign.append(instance.instance_id)
+        if legacy:
+            mine.extend(self._adopt(legacy, report))
         return mine
+
+    def _adopt(self, legacy: Sequence[Instance], report: RunReport) -> list[Instance]:
+        """Tag this stack's replicas from before stacks had ids with its id, so that its sweep and its
+        IAM policy (which terminates only instances tagged with its id) know them from now on.
+
+        A failed tagging is logged and the instances still count as this stack's in this run (they are
+        its own services' replicas: not counting them would launch duplicates); the next run tags again.
+        """
+        ids = [instance.instance_id for instance in legacy]
+        try:
+            self.driver.adopt(ids)
+        except Exception:
+            logger.exception("could not tag this stack's earlier replicas %s with its id; the next run retries", ids)
+            report.errors.append("adopt")
+            return list(legacy)
+        logger.info("adopted this stack's replicas launched before stacks had ids: %s", ", ".join(ids))
+        report.adopted.extend(ids)
+        return [replace(instance, stack=self.driver.stack_id) for instance in legacy]
 
     # -- observe --
 

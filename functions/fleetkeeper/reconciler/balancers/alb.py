@@ -15,6 +15,13 @@ Per service incarnation, created by the reconciler and tagged like its instances
 Routes are found by what they forward to (the target group), never by a name we would have to
 remember: `ensure` reuses what a crashed run created, and `remove` deletes every route that uses
 the target group before the target group itself.
+
+Stacks sharing an account (docs/ARCHITECTURE.md): a target group is named `fk-<stack id>-<uid>` and
+everything is tagged `fleetkeeper:stack`; listeners and rules are only ever looked for on the stack's
+own load balancer and listener. A target group named before stacks had ids (`fk-<uid>`) is still its
+service's: found by that name for one of this stack's own uids, checked to carry no other stack's
+tag, and tagged with this stack's id before anything changes it (the IAM policy changes only target
+groups tagged with the stack's id).
 """
 
 from __future__ import annotations
@@ -31,13 +38,14 @@ from fleetkeeper.reconciler.balancer import (
     MANAGED_TAG,
     MANAGED_VALUE,
     SERVICE_TAG,
+    STACK_TAG,
     UID_TAG,
     DrainState,
     EndpointRefused,
     Target,
     target_group_name,
 )
-from fleetkeeper.settings import DEFAULT_LISTENER_PORTS
+from fleetkeeper.settings import DEFAULT_LISTENER_PORTS, DEFAULT_STACK_ID
 
 if TYPE_CHECKING:
     from collections.abc import Iterator, Sequence
@@ -104,6 +112,7 @@ class AlbBalancer:
     domain_name: str | None = None
     certificate_arn: str | None = None
     listener_ports: tuple[int, int] = DEFAULT_LISTENER_PORTS
+    stack_id: str = DEFAULT_STACK_ID
     # The stack's wake target (a lambda target group, fleetkeeper.wake); None: routes never leave
     # the services' target groups.
     wake_target_group: str | None = None
@@ -118,6 +127,7 @@ class AlbBalancer:
             domain_name=settings.domain_name,
             certificate_arn=settings.certificate_arn,
             listener_ports=settings.listener_ports,
+            stack_id=settings.stack_id,
             wake_target_group=settings.wake_target_group,
         )
 
@@ -136,8 +146,8 @@ class AlbBalancer:
             return self._ensure(service, uid, config, known)
 
     def _ensure(self, service: str, uid: str, config: EndpointConfig, known: EndpointRecord | None) -> EndpointRecord:
-        tags = _tags(service, uid)
-        group = self._target_group(uid, config, tags)
+        tags = _tags(service, uid, self.stack_id)
+        group = self._target_group(uid, config, tags, known)
         # A waking route stays on the wake target: only `route` moves it.
         action = self._route_action(group, waking=known is not None and known.waking)
         if self.domain_name:
@@ -154,6 +164,7 @@ class AlbBalancer:
 
     def register(self, endpoint: EndpointRecord, targets: Sequence[Target]) -> dict[str, str]:
         described = _described(targets)
+        self._adopt_recorded(endpoint.target_group)
         with _quota_refusals():
             for start in range(0, len(described), _REGISTRATIONS_PER_CALL):
                 self.elbv2.register_targets(
@@ -181,6 +192,7 @@ class AlbBalancer:
         described = _described(targets)
         try:
             if described:
+                self._adopt_recorded(endpoint.target_group)
                 self.elbv2.deregister_targets(TargetGroupArn=endpoint.target_group, Targets=described)
         except ClientError as exc:
             code = _code(exc)
@@ -255,7 +267,7 @@ class AlbBalancer:
             self.elbv2.modify_listener(ListenerArn=endpoint.route, DefaultActions=action)
 
     def remove(self, service: str, uid: str, known: EndpointRecord | None) -> None:
-        group = self._find_target_group(uid)
+        group = self._find_target_group(uid, known)
         if group is None:
             return  # never created, or removed by an earlier run
         # A route on the wake target no longer names the group: the recorded one is it (a route is
@@ -291,21 +303,63 @@ class AlbBalancer:
 
     # -- target group ----------------------------------------------------------------------------------
 
-    def _find_target_group(self, uid: str) -> str | None:
+    def _find_target_group(self, uid: str, known: EndpointRecord | None) -> str | None:
+        """The incarnation's target group: by this stack's name for it, else, when the service's
+        recorded endpoint has one named before stacks had ids, that one (tagged with this stack's id:
+        adopted: its tags must say it is this incarnation's, and nobody's or this stack's)."""
+        legacy_name = target_group_name(uid)
+        if known is not None and _name_of(known.target_group) == legacy_name:
+            return self._legacy(uid, legacy_name)
+        # The name is this stack's alone: its IAM policy lets only it create `fk-<its id>-*`, tagged.
+        return self._named(target_group_name(uid, self.stack_id))
+
+    def _legacy(self, uid: str, name: str) -> str | None:
+        legacy = self._named(name)
+        if legacy is None:
+            return None
+        tags = self._tags_of(legacy)
+        if not self._is_mine(tags, uid) or tags.get(STACK_TAG, self.stack_id) != self.stack_id:
+            return None  # another stack's (or nobody's): never touched
+        if STACK_TAG not in tags:
+            self._tag_stack(legacy)
+        return legacy
+
+    def _named(self, name: str) -> str | None:
         try:
-            groups = self.elbv2.describe_target_groups(Names=[target_group_name(uid)])["TargetGroups"]
+            groups = self.elbv2.describe_target_groups(Names=[name])["TargetGroups"]
         except ClientError as exc:
             if _code(exc) == "TargetGroupNotFound":
                 return None
             raise
         return groups[0]["TargetGroupArn"] if groups else None
 
-    def _target_group(self, uid: str, config: EndpointConfig, tags: list[TagTypeDef]) -> str:
+    def _tags_of(self, arn: str) -> dict[str, str]:
+        described = self.elbv2.describe_tags(ResourceArns=[arn]).get("TagDescriptions", [])
+        return {str(t.get("Key")): str(t.get("Value", "")) for d in described for t in d.get("Tags", [])}
+
+    @staticmethod
+    def _is_mine(tags: dict[str, str], uid: str) -> bool:
+        return tags.get(MANAGED_TAG) == MANAGED_VALUE and tags.get(UID_TAG) == uid
+
+    def _tag_stack(self, arn: str) -> None:
+        self.elbv2.add_tags(ResourceArns=[arn], Tags=[{"Key": STACK_TAG, "Value": self.stack_id}])
+
+    def _adopt_recorded(self, arn: str) -> None:
+        """A target group this stack's table records, named before stacks had ids: tag it with this
+        stack's id before changing it (idempotent; the IAM policy changes only tagged ones, and lets
+        the tag be added only where there is none). One named with this stack's id carries it already."""
+        if _name_of(arn).startswith(f"fk-{self.stack_id}-"):
+            return
+        self._tag_stack(arn)
+
+    def _target_group(
+        self, uid: str, config: EndpointConfig, tags: list[TagTypeDef], known: EndpointRecord | None
+    ) -> str:
         """The incarnation's target group, created or brought to `config`."""
-        group = self._find_target_group(uid)
+        group = self._find_target_group(uid, known)
         if group is None:
             group = self.elbv2.create_target_group(
-                Name=target_group_name(uid),
+                Name=target_group_name(uid, self.stack_id),
                 Protocol="HTTP",
                 Port=config.port,
                 VpcId=self.vpc_id,
@@ -480,12 +534,18 @@ def _health_check(config: EndpointConfig) -> dict[str, Any]:
     }
 
 
-def _tags(service: str, uid: str) -> list[TagTypeDef]:
+def _tags(service: str, uid: str, stack: str) -> list[TagTypeDef]:
     return [
         {"Key": MANAGED_TAG, "Value": MANAGED_VALUE},
+        {"Key": STACK_TAG, "Value": stack},
         {"Key": SERVICE_TAG, "Value": service},
         {"Key": UID_TAG, "Value": uid},
     ]
+
+
+def _name_of(target_group_arn: str) -> str:
+    """A target group's name from its ARN (`...:targetgroup/<name>/<id>`)."""
+    return target_group_arn.split(":targetgroup/", 1)[-1].split("/", 1)[0]
 
 
 def _forward(group: str) -> ActionTypeDef:

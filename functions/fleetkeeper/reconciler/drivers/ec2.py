@@ -28,6 +28,7 @@ from fleetkeeper.reconciler.driver import (
     MANAGED_VALUE,
     REPLICA_TAG,
     SERVICE_TAG,
+    STACK_TAG,
     UID_TAG,
     VERSION_TAG,
     Instance,
@@ -35,9 +36,9 @@ from fleetkeeper.reconciler.driver import (
     LaunchRefused,
     LaunchRequest,
 )
-from fleetkeeper.reconciler.plan import launched_by_fleetkeeper
+from fleetkeeper.reconciler.ownership import is_ours
 from fleetkeeper.reconciler.userdata import BootSource, log_stream, user_data
-from fleetkeeper.settings import DEFAULT_IMAGE_PARAMETER, DEFAULT_INSTANCE_TYPE
+from fleetkeeper.settings import DEFAULT_IMAGE_PARAMETER, DEFAULT_INSTANCE_TYPE, DEFAULT_STACK_ID
 from fleetkeeper.spec import root_device_of_parameter
 
 if TYPE_CHECKING:
@@ -64,7 +65,8 @@ NO_INSTANCE_TYPE = "Fleetkeeper.NoInstanceType"
 NO_IMAGE = "Fleetkeeper.NoImage"
 _MANAGED_FILTER: FilterTypeDef = {"Name": f"tag:{MANAGED_TAG}", "Values": [MANAGED_VALUE]}
 _PAGE_SIZE = 1000
-# EC2's limit on filter values per Describe call, less the managed tag's one value.
+# EC2's limit on filter values per Describe call, less the managed tag's one value (a listing by uid
+# carries no stack filter: it must see this stack's replicas from before stacks had ids).
 _UIDS_PER_CALL = 200 - 1
 # What `_instance` reads of a DescribeInstances answer: the only members parsed (aws_parsing.only).
 # Most of an instance's description (network interfaces, block devices...) is never parsed.
@@ -111,6 +113,7 @@ class Ec2Driver:
     workdir_bucket: str | None = None
     secrets_prefix: str | None = None
     replica_log_group: str | None = None
+    stack_id: str = DEFAULT_STACK_ID
     # Replica identity "owner": the owners' roles (fleetkeeper.identity). None: every replica runs with
     # `instance_profile_arn` (identity "shared", and services without an owner in either mode).
     identities: ReplicaIdentities | None = None
@@ -129,6 +132,7 @@ class Ec2Driver:
             workdir_bucket=settings.workdir_bucket,
             secrets_prefix=settings.secrets_prefix,
             replica_log_group=settings.replica_log_group,
+            stack_id=settings.stack_id,
             identities=(
                 ReplicaIdentities(settings.stack_id, settings.replica_policy_arn)
                 if settings.replica_identity == "owner" and settings.replica_policy_arn
@@ -142,15 +146,24 @@ class Ec2Driver:
 
     # -- observe --
 
+    @property
+    def _stack_filter(self) -> FilterTypeDef:
+        return {"Name": f"tag:{STACK_TAG}", "Values": [self.stack_id]}
+
     def list_instances(self, uids: Sequence[str] | None = None) -> list[Instance]:
-        """ONE paginated DescribeInstances on the managed tag (and on the uid tag, for some services).
+        """ONE paginated DescribeInstances on the managed and stack tags (the same test the IAM
+        policy applies before it lets an instance be terminated), or on the managed and uid tags for
+        some services.
+
+        By uid, without the stack tag: the uids are this stack's own (its table's), and its replicas
+        launched before stacks had ids carry no stack tag yet; the caller keeps only its own
+        (fleetkeeper.reconciler.ownership), adopting those.
 
         EC2 takes at most 200 filter values a call (FilterLimitExceeded): more uids than fit beside
         the managed tag's value are described in as many calls as they need (a shard never needs two).
         """
-        # The same test the IAM policy applies before it lets an instance be terminated: managed=true.
         if uids is None:
-            return self._describe([_MANAGED_FILTER])
+            return self._describe([_MANAGED_FILTER, self._stack_filter])
         wanted = sorted(set(uids))
         instances: list[Instance] = []
         for start in range(0, len(wanted), _UIDS_PER_CALL):
@@ -167,11 +180,13 @@ class Ec2Driver:
                 {"Name": "instance-state-name", "Values": _LIVE_STATES},
             ]
         )
-        # An instance someone else tagged as this replica's is not it (plan.launched_by_fleetkeeper).
-        ours = [i for i in found if launched_by_fleetkeeper(i)]
+        # An instance someone else tagged as this replica's is not it (plan.launched_by_fleetkeeper),
+        # nor one of another stack's (the uid is this stack's own: its own legacy replica is).
+        ours = [i for i in found if is_ours(i, self.stack_id, {uid})]
         return min(ours, key=lambda i: (i.launched_at or "", i.instance_id), default=None)
 
     def instance(self, instance_id: str) -> Instance | None:
+        """The managed instance `instance_id`, whichever stack's (the caller asks ownership)."""
         try:
             found = self._describe([_MANAGED_FILTER], instance_ids=[instance_id])
         except ClientError as exc:
@@ -198,6 +213,15 @@ class Ec2Driver:
             kwargs["NextToken"] = token
 
     # -- act --
+
+    def adopt(self, instance_ids: Sequence[str]) -> None:
+        """Tag this stack's replicas from before stacks had ids with its id (CreateTags takes up to
+        1000 resources; the IAM policy lets it add this one tag only to managed instances without it)."""
+        ids = list(dict.fromkeys(instance_ids))
+        for start in range(0, len(ids), _TERMINATE_CHUNK):
+            self.ec2.create_tags(
+                Resources=ids[start : start + _TERMINATE_CHUNK], Tags=[{"Key": STACK_TAG, "Value": self.stack_id}]
+            )
 
     def pool_count(self, request: LaunchRequest) -> int:
         try:
@@ -268,6 +292,7 @@ class Ec2Driver:
         resources = request.spec.resources
         tags: list[TagTypeDef] = [
             {"Key": MANAGED_TAG, "Value": MANAGED_VALUE},
+            {"Key": STACK_TAG, "Value": self.stack_id},
             {"Key": SERVICE_TAG, "Value": request.service},
             {"Key": UID_TAG, "Value": request.uid},
             {"Key": VERSION_TAG, "Value": str(request.version)},
@@ -284,7 +309,7 @@ class Ec2Driver:
             "InstanceType": cast("InstanceTypeType", instance_type),
             "MinCount": 1,
             "MaxCount": 1,
-            "ClientToken": request.client_token,
+            "ClientToken": request.client_token(self.stack_id),
             # Bytes as they are: botocore base64-encodes them; a str would be re-encoded as UTF-8,
             # which corrupts gzipped user data.
             "UserData": cast("str", user_data(request.spec, self._boot_source(request), task)),
@@ -445,6 +470,7 @@ def _instance(raw: InstanceTypeDef) -> Instance:
         uid=tags.get(UID_TAG, ""),
         version=_int_tag(tags, VERSION_TAG),
         replica_id=_int_tag(tags, REPLICA_TAG),
+        stack=tags.get(STACK_TAG, ""),
         private_ip=raw.get("PrivateIpAddress"),
         spot=raw.get("InstanceLifecycle") == "spot",
         state_reason_code=str(reason.get("Code") or "") or None,
