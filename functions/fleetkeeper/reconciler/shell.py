@@ -534,7 +534,7 @@ class Reconciler:
             return
         fresh = [s for s in self._load_all(names, report) if observed(s) and s.service.uid in by_uid]
         uids = sorted({s.service.uid for s in fresh})
-        instances = self._owned(self.driver.list_instances(uids=uids), report) if uids else []
+        instances = self._owned(self.driver.list_instances(uids=uids), report, set(uids)) if uids else []
         live: dict[str, list[Instance]] = {}
         for instance in instances:
             live.setdefault(instance.uid, []).append(instance)
