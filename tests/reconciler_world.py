@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -60,6 +61,7 @@ class ProbeServer:
 
     def __init__(self) -> None:
         self.status = 200
+        self.delay = 0.0  # seconds before it answers (a slow model server)
         self.requests: list[tuple[str, str, bytes, dict[str, str]]] = []
         server = self
 
@@ -68,6 +70,8 @@ class ProbeServer:
                 length = int(self.headers.get("Content-Length") or 0)
                 body = self.rfile.read(length) if length else b""
                 server.requests.append((self.command, self.path, body, dict(self.headers)))
+                if server.delay:
+                    time.sleep(server.delay)
                 self.send_response(server.status)
                 self.send_header("Content-Length", "2")
                 self.end_headers()

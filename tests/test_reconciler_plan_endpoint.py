@@ -53,7 +53,16 @@ from tests.test_reconciler_plan import (
     version,
 )
 
-CONFIG = EndpointConfig(port=8080, policy="least_load", drain_seconds=30, health_path="/health")
+# The spec's probe: GET /health within 15 s (SkyPilot's default timeout), which the ALB can send.
+CONFIG = EndpointConfig(
+    port=8080,
+    policy="least_load",
+    drain_seconds=30,
+    health_path="/health",
+    health_codes="200",
+    health_timeout_seconds=15,
+    health_interval_seconds=16,
+)
 ENDPOINT = EndpointRecord(
     url="http://alb.example:10000",
     config=CONFIG,

@@ -18,7 +18,7 @@ import pytest
 
 from fleetkeeper.reconciler.plan import ProbeResult
 from fleetkeeper.reconciler.probe import ProbeTarget, probe_all, probe_one, rotated
-from fleetkeeper.settings import MAX_PROBE_TIMEOUT_SECONDS
+from fleetkeeper.settings import MAX_PROBE_TIMEOUT_SECONDS, MAX_READINESS_TIMEOUT_SECONDS
 from fleetkeeper.spec import ReadinessProbe
 from tests.conftest import hello_spec
 
@@ -114,15 +114,15 @@ def test_a_stored_spec_longer_than_the_limit_is_probed_within_the_limit(monkeypa
     """A version accepted before the limit existed is still bounded by it.
 
     The probe reads the limit from its module when it runs; lowered to 2 s here, so the test waits 2 s
-    instead of the real 15 (what it shows is that a longer stored timeout is cut to the limit)."""
+    instead of the real 60 (what it shows is that a longer stored timeout is cut to the limit)."""
     from fleetkeeper.reconciler import probe
     from fleetkeeper.spec import stored_spec
 
     spec = stored_spec('{"service": {"readiness_probe": {"path": "/h", "timeout_seconds": 300}}, "run": "x"}')
-    assert spec.service.readiness_probe.timeout_seconds == 300 > MAX_PROBE_TIMEOUT_SECONDS
-    assert probe.MAX_PROBE_TIMEOUT_SECONDS == MAX_PROBE_TIMEOUT_SECONDS
+    assert spec.service.readiness_probe.timeout_seconds == 300 > MAX_READINESS_TIMEOUT_SECONDS
+    assert probe.MAX_READINESS_TIMEOUT_SECONDS == MAX_READINESS_TIMEOUT_SECONDS
     limit = 2
-    monkeypatch.setattr(probe, "MAX_PROBE_TIMEOUT_SECONDS", limit)
+    monkeypatch.setattr(probe, "MAX_READINESS_TIMEOUT_SECONDS", limit)
     replica = BadReplica(trickle=False)
     try:
         target = ProbeTarget("r", replica.url, spec.service.readiness_probe)
@@ -145,17 +145,16 @@ def test_the_probe_order_rotates_from_run_to_run_and_is_deterministic() -> None:
     assert any(last & {t.key for t in rotated(targets, run + timedelta(minutes=m))[:32]} for m in range(1, 4))
 
 
-@pytest.mark.parametrize("timeout", [MAX_PROBE_TIMEOUT_SECONDS + 1, 300])
-def test_a_probe_timeout_the_run_s_budget_cannot_hold_is_a_400(api: ApiClient, timeout: int) -> None:
+@pytest.mark.parametrize("timeout", [MAX_READINESS_TIMEOUT_SECONDS + 1, 300])
+def test_a_probe_timeout_no_run_can_hold_is_a_400(api: ApiClient, timeout: int) -> None:
     spec = hello_spec(service={"readiness_probe": {"path": "/health", "timeout_seconds": timeout}, "replicas": 1})
     answer = api.post("/v1/services", {"name": "slow", "spec": spec})
     assert answer.status == 400, answer.body
     assert "spec.service.readiness_probe.timeout_seconds" in str(answer.body), answer.body
     assert api.get("/v1/services/slow").status == 404
-    good = hello_spec(
-        service={"readiness_probe": {"path": "/health", "timeout_seconds": MAX_PROBE_TIMEOUT_SECONDS}, "replicas": 1}
-    )
-    assert api.post("/v1/services", {"name": "fine", "spec": good}).status == 201
+    for seconds in (MAX_PROBE_TIMEOUT_SECONDS, 20, MAX_READINESS_TIMEOUT_SECONDS):  # 20: a 400 before
+        good = hello_spec(service={"readiness_probe": {"path": "/health", "timeout_seconds": seconds}, "replicas": 1})
+        assert api.post("/v1/services", {"name": f"fine{seconds}", "spec": good}).status == 201
 
 
 def test_a_probe_starts_no_thread_of_its_own(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -117,8 +117,23 @@ class Stack:
         return int(self.state(name).service.endpoint.url.rsplit(":", 1)[1])
 
     def default_action(self, name: str = "svc") -> str:
+        """Where the listener sends requests: its forward's heaviest target group."""
         listener = raw_client("elbv2").describe_listeners(ListenerArns=[self.state(name).service.endpoint.route])
-        return str(listener["Listeners"][0]["DefaultActions"][0]["TargetGroupArn"])
+        return sends_to(listener["Listeners"][0]["DefaultActions"])
+
+
+def sends_to(actions: list[dict[str, Any]]) -> str:
+    """The target group a forward sends requests to (a weighted forward: its heaviest group; while a
+    service wakes its own group stays in the forward at weight 0, so the ALB health checks it)."""
+    weighted = (actions[0].get("ForwardConfig") or {}).get("TargetGroups") or []
+    if weighted:
+        return str(max(weighted, key=lambda g: int(g.get("Weight", 1)))["TargetGroupArn"])
+    return str(actions[0]["TargetGroupArn"])
+
+
+def kept_in_forward(actions: list[dict[str, Any]]) -> set[str]:
+    weighted = (actions[0].get("ForwardConfig") or {}).get("TargetGroups") or []
+    return {str(g["TargetGroupArn"]) for g in weighted} or {str(actions[0]["TargetGroupArn"])}
 
 
 @pytest.fixture
@@ -294,7 +309,9 @@ def test_with_a_domain_the_host_rule_moves_and_the_wake_target_finds_the_service
         state = world.store.load("api")
         assert state is not None and state.service.endpoint is not None and state.service.endpoint.waking
         rule = elbv2.describe_rules(RuleArns=[state.service.endpoint.route])["Rules"][0]
-        assert rule["Actions"][0]["TargetGroupArn"] == alb.wake_target_group
+        assert sends_to(rule["Actions"]) == alb.wake_target_group
+        # The service's own group stays in the forward (weight 0): the ALB keeps health checking it.
+        assert state.service.endpoint.target_group in kept_in_forward(rule["Actions"])
 
         def get(host: str) -> Any:
             return strict_aws.elbv2.request(alb.arn, 80, world.clock(), host=host)
@@ -308,7 +325,7 @@ def test_with_a_domain_the_host_rule_moves_and_the_wake_target_finds_the_service
         state = world.store.load("api")
         assert state is not None and state.service.endpoint is not None and not state.service.endpoint.waking
         rule = elbv2.describe_rules(RuleArns=[state.service.endpoint.route])["Rules"][0]
-        assert rule["Actions"][0]["TargetGroupArn"] == state.service.endpoint.target_group
+        assert sends_to(rule["Actions"]) == state.service.endpoint.target_group
         served = get("api.svc.example.com")
         assert served.status == 200 and served.counted
     finally:

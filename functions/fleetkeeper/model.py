@@ -160,7 +160,13 @@ class EndpointConfig:
     port: int  # the target group's port (each target is registered with its own version's port)
     policy: str  # least_load | round_robin (spec.LOAD_BALANCING_POLICIES)
     drain_seconds: int
-    health_path: str  # the ALB's own health check: the readiness probe's path
+    # The ALB's own health check (fleetkeeper.reconciler.health_check): the readiness probe's path
+    # when the ALB can send it, else "/" passing on any 200-499; the defaults are what endpoints
+    # recorded before the check was derived from the probe's timeout were made with.
+    health_path: str
+    health_codes: str = "200"
+    health_timeout_seconds: int = 4
+    health_interval_seconds: int = 5
 
 
 @dataclass(frozen=True)

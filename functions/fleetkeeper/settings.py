@@ -79,13 +79,19 @@ SECRETS_KEY_ID_ENV = "FLEETKEEPER_SECRETS_KEY_ID"
 DEFAULT_IMAGE_PARAMETER = "/aws/service/ami-amazon-linux-latest/al2023-ami-kernel-default-x86_64"
 DEFAULT_INSTANCE_TYPE = "t3.small"
 DEFAULT_PROBE_BUDGET_SECONDS = 20.0
-# The longest readiness probe timeout a spec may ask for (spec.py enforces it: a 400 naming
-# `spec.service.readiness_probe.timeout_seconds`), and the headroom a probe needs on top of it
-# to start (a worker, a connection) and still finish inside the run's probe budget. A budget below
-# their sum is refused: a probe that cannot finish inside the budget would never give a verdict.
+# The longest probe timeout the run's probe phase holds (its budget at least this plus the headroom a
+# probe needs to start: a worker, a connection); a probe with a longer timeout than the budget leaves
+# is a long probe, run off the run's critical path (reconciler.shell).
 MAX_PROBE_TIMEOUT_SECONDS = 15
 PROBE_HEADROOM_SECONDS = 5.0
 MIN_PROBE_BUDGET_SECONDS = MAX_PROBE_TIMEOUT_SECONDS + PROBE_HEADROOM_SECONDS
+# The longest readiness probe timeout a spec may ask for. SkyPilot sets none (a number; its
+# controller is resident), but a probe here must end inside one reconciler invocation (template.yaml's
+# ReconcilerFunction Timeout, 120 s): a long probe (longer than the run's probe budget) starts with
+# the run's probes, runs while the run reconciles its services (~55 s at most), and its verdict is
+# planned in a second pass before the invocation ends (reconciler.shell). spec.py refuses longer
+# ones with a 400.
+MAX_READINESS_TIMEOUT_SECONDS = 60
 DEFAULT_SCHEDULE = "rate(1 minute)"
 DEFAULT_SHARD_SIZE = 100  # fleetkeeper.reconciler.dispatch says why
 MAX_SHARD_SIZE = 199  # EC2's 200 filter values a Describe call, less the managed tag's value (dispatch.py)
@@ -393,7 +399,7 @@ def _probe_budget(environ: Mapping[str, str]) -> float:
     if budget < MIN_PROBE_BUDGET_SECONDS:
         raise SettingsError(
             f"{PROBE_BUDGET_ENV}={budget:g}: at least {MIN_PROBE_BUDGET_SECONDS:g} seconds, so that a probe "
-            f"with the longest timeout a spec may set ({MAX_PROBE_TIMEOUT_SECONDS}s) finishes inside it"
+            f"of {MAX_PROBE_TIMEOUT_SECONDS}s (SkyPilot's default timeout) finishes inside it"
         )
     return budget
 

@@ -28,7 +28,7 @@ from fleetkeeper import images, skypilot_fields, task_variables
 from fleetkeeper import placement as placing
 from fleetkeeper.catalogue import REGION, ZONE
 from fleetkeeper.errors import InvalidRequest
-from fleetkeeper.settings import DEFAULT_PROBE_BUDGET_SECONDS, MAX_PROBE_TIMEOUT_SECONDS
+from fleetkeeper.settings import MAX_READINESS_TIMEOUT_SECONDS
 
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
@@ -197,11 +197,10 @@ class ReadinessProbe(_Strict):
     @field_validator("timeout_seconds")
     @classmethod
     def _fits_the_probe_budget(cls, value: int, info: ValidationInfo) -> int:
-        if value > MAX_PROBE_TIMEOUT_SECONDS and not _stored(info):
+        if value > MAX_READINESS_TIMEOUT_SECONDS and not _stored(info):
             raise ValueError(
-                f"{value}s is longer than a probe can take: the reconciler probes every replica within "
-                f"{DEFAULT_PROBE_BUDGET_SECONDS:g}s per run, so a probe's timeout is at most "
-                f"{MAX_PROBE_TIMEOUT_SECONDS}s"
+                f"{value}s is longer than a probe can take: a probe must end inside one run of the reconciler "
+                f"(a Lambda invocation), so a probe's timeout is at most {MAX_READINESS_TIMEOUT_SECONDS}s"
             )
         return value
 

@@ -51,7 +51,7 @@ from fleetkeeper.model import EndpointRecord
 from fleetkeeper.reconciler.balancer import METRIC_NAME, METRIC_NAMESPACE, DrainState, target_group_name
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Coroutine, Sequence
+    from collections.abc import Callable, Coroutine, Mapping, Sequence
 
     import aiohttp
     from aiohttp import web
@@ -199,12 +199,13 @@ class LocalBalancer:
             ),
         )
 
-    def register(self, endpoint: EndpointRecord, targets: Sequence[Target]) -> None:
+    def register(self, endpoint: EndpointRecord, targets: Sequence[Target]) -> Mapping[str, str]:
         for target in targets:
             if target.url is None:
                 raise ValueError(f"replica {target.replica_id} has no address to register")
             _loopback_only(target.url)
         self._call(self._register(endpoint, targets))
+        return {}  # one host: every target it takes gets requests
 
     def deregister(self, endpoint: EndpointRecord, targets: Sequence[Target]) -> None:
         self._call(self._deregister(endpoint, targets))

@@ -18,7 +18,7 @@ from enum import StrEnum
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Mapping, Sequence
 
     from fleetkeeper.model import EndpointConfig, EndpointRecord
 
@@ -46,6 +46,14 @@ class DrainState(StrEnum):
     DRAINING = "DRAINING"
     # Out of the endpoint with nothing in flight (or unknown to it): safe to terminate.
     DRAINED = "DRAINED"
+
+
+class EndpointRefused(Exception):
+    """The balancer cannot make the service's endpoint, or take its new targets, for a reason the
+    service's users must see and an operator can act on: a quota of the load balancer or the
+    account is reached. The reconciler shows it in the service's status message (not a run error,
+    which only the operator's logs show) and tries again every run, so the endpoint comes once
+    the quota is raised or something else makes room. The message says what is full and what to do."""
 
 
 @dataclass(frozen=True)
@@ -87,8 +95,12 @@ class LoadBalancer(Protocol):
         earlier (maybe crashed) call created is found and reused, never duplicated."""
         ...
 
-    def register(self, endpoint: EndpointRecord, targets: Sequence[Target]) -> None:
-        """Send the endpoint's requests to these targets too (already registered: no error)."""
+    def register(self, endpoint: EndpointRecord, targets: Sequence[Target]) -> Mapping[str, str]:
+        """Send the endpoint's requests to these targets too (already registered: no error).
+
+        Returns the targets it took but will send no request to, by instance id, with why (the ALB:
+        `Target.NotInUse`, an instance in an Availability Zone the load balancer is not enabled in);
+        the reconciler says so on the replica instead of letting it look served."""
         ...
 
     def deregister(self, endpoint: EndpointRecord, targets: Sequence[Target]) -> None:

@@ -55,11 +55,12 @@ from fleetkeeper.model import (
     from_iso,
     to_iso,
 )
+from fleetkeeper.reconciler import health_check
 from fleetkeeper.reconciler.balancer import DrainState
 from fleetkeeper.reconciler.driver import Instance, InstanceState, client_token
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping, Sequence, Set
+    from collections.abc import Iterable, Mapping, Sequence, Set
 
     from fleetkeeper.spec import MarketPolicy, ServiceSpec
 
@@ -286,6 +287,7 @@ _MESSAGE_PROBLEMS = 3
 # --- failure facts: whose fault a failure is, from codes (never from messages) -------------------------
 
 # fleetkeeper's own failure codes, for failures no AWS code describes. All count against the version.
+NOT_IN_USE = "Target.NotInUse"  # a READY replica the load balancer took but sends nothing (a zone it lacks)
 PROBE_FAILED = "Fleetkeeper.ProbeFailed"  # FAILED_PROBING: `probe_failure_threshold` failed probes
 INITIAL_DELAY_EXCEEDED = "Fleetkeeper.InitialDelayExceeded"  # FAILED_INITIAL_DELAY
 # PREEMPTED: the instance ended with no state reason, or DescribeInstances stopped listing it.
@@ -466,13 +468,25 @@ def drain_targets(state: ServiceState, instances: Sequence[Instance]) -> dict[in
     }
 
 
-def endpoint_config(spec: ServiceSpec) -> EndpointConfig:
-    """What the endpoint is configured with, from the target version's spec."""
+def endpoint_config(spec: ServiceSpec, serving: Iterable[ServiceSpec] = ()) -> EndpointConfig:
+    """What the endpoint is configured with: the target version's spec, and the health check every
+    target in it passes (`serving`: the specs of the versions registered in it once this run's
+    registrations and deregistrations are made; none: the target version's own check).
+
+    A version's own health check applies only while the endpoint holds that version's targets
+    alone; mid-rollout it is the fallback both versions pass (fleetkeeper.reconciler.health_check).
+    """
+    check = health_check.shared_check(
+        health_check.alb_check(s.service.readiness_probe, s.envs) for s in serving
+    ) or health_check.alb_check(spec.service.readiness_probe, spec.envs)
     return EndpointConfig(
         port=spec.port,
         policy=spec.load_balancing_policy,
         drain_seconds=spec.drain_seconds,
-        health_path=spec.service.readiness_probe.path,
+        health_path=check.path,
+        health_codes=check.codes,
+        health_timeout_seconds=check.timeout_seconds,
+        health_interval_seconds=check.interval_seconds,
     )
 
 
@@ -510,9 +524,19 @@ def plan_autoscale(state: ServiceState, request_rate: float | None, now: datetim
     return None if after is before else RecordAutoscale(before, after)
 
 
-def registered(record: ReplicaRecord, now: datetime) -> ReplicaRecord:
-    """The record of a replica the shell just registered with the endpoint (after `Register`)."""
-    return replace(record, balancer=BalancerState.REGISTERED, drain_started_at=None, updated_at=to_iso(now))
+def registered(record: ReplicaRecord, now: datetime, unused: str | None = None) -> ReplicaRecord:
+    """The record of a replica the shell just registered with the endpoint (after `Register`).
+
+    `unused`: why the balancer took it but will send it no request (`Target.NotInUse`); the replica
+    stays READY and registered, and its message (and the service's) says that it serves nothing."""
+    message = f"{NOT_IN_USE}: registered, but the load balancer sends it no requests ({unused})" if unused else ""
+    return replace(
+        record,
+        balancer=BalancerState.REGISTERED,
+        drain_started_at=None,
+        updated_at=to_iso(now),
+        status_message=message,
+    )
 
 
 # --- observation: one replica -----------------------------------------------------------------------
@@ -912,11 +936,6 @@ class _Balance:
         service = state.service
         active = service.lifecycle is Lifecycle.ACTIVE
         endpoint = service.endpoint
-        ensure: list[Action] = []
-        if active and state.target is not None:
-            config = endpoint_config(state.target.spec)
-            if endpoint is None or endpoint.config != config:
-                ensure.append(EnsureEndpoint(config))
         drain_seconds = endpoint.config.drain_seconds if endpoint is not None else 0
         deleted = {record.replica_id for record in work.delete}
         register: list[int] = []
@@ -960,6 +979,22 @@ class _Balance:
                         work.replicas[replica_id] = replace(record, balancer=None, drain_started_at=None)
             if hold and instance is not None:
                 work.terminate.pop(instance.instance_id, None)
+        ensure: list[Action] = []
+        if active and state.target is not None:
+            # After the loop: the health check follows the versions the endpoint holds once this
+            # run's moves are made (ensured first, so a new version's target is checked with the
+            # shared check from its registration on, and the old ones keep passing).
+            serving = sorted(
+                {
+                    record.version
+                    for replica_id, record in work.replicas.items()
+                    if record.balancer in in_endpoint and replica_id not in deleted
+                }
+            )
+            specs = [state.versions[v].spec for v in serving if v in state.versions]
+            config = endpoint_config(state.target.spec, specs)
+            if endpoint is None or endpoint.config != config:
+                ensure.append(EnsureEndpoint(config))
         moves: list[Action] = []
         if register:
             moves.append(Register(tuple(register)))
@@ -1257,7 +1292,7 @@ def service_status(
         r for r in replicas if r.version != target_number and (r.status not in LEAVING or r.replica_id in with_instance)
     ]
     quiet = (ReplicaStatus.READY, ReplicaStatus.SHUTTING_DOWN)
-    problems = [r for r in replicas if r.status not in quiet]
+    problems = [r for r in replicas if r.status not in quiet or r.status_message.startswith(NOT_IN_USE)]
 
     if target_failed:
         reason = target.state_message if target is not None else "the target version is missing"

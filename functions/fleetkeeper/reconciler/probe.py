@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from fleetkeeper.reconciler.plan import ProbeResult
-from fleetkeeper.settings import MAX_PROBE_TIMEOUT_SECONDS
+from fleetkeeper.settings import MAX_READINESS_TIMEOUT_SECONDS
 
 if TYPE_CHECKING:
     from collections.abc import Hashable, Sequence
@@ -132,7 +132,7 @@ def probe_one(target: ProbeTarget) -> ProbeResult:
         if not any(key.lower() == "content-type" for key in headers):
             headers["Content-Type"] = "application/json"
     # A spec stored before the limit existed may ask for more: it gets the longest a probe may take.
-    seconds = min(probe.timeout_seconds, MAX_PROBE_TIMEOUT_SECONDS)
+    seconds = min(probe.timeout_seconds, MAX_READINESS_TIMEOUT_SECONDS)
     timed_out = ProbeResult(target.base_url, False, f"timed out after {seconds}s")
     url = urllib.parse.urlsplit(target.base_url + probe.path)
     if url.scheme != "http" or not url.hostname:
@@ -180,7 +180,8 @@ def probe_all(targets: Sequence[ProbeTarget], budget_seconds: float) -> dict[Has
     A probe still queued or running when the budget is spent is a failed probe ("no verdict"): a
     READY replica that cannot answer in time is not ready, and it must not stay READY for ever
     because its probe never got to run. Each probe is over within its own timeout, which the spec
-    keeps well inside the budget (`spec.MAX_PROBE_TIMEOUT_SECONDS`).
+    keeps inside the run (`settings.MAX_READINESS_TIMEOUT_SECONDS`); the shell gives the probes that
+    do not fit the run's probe budget a phase of their own, off the run's critical path.
     """
     if not targets:
         return {}

@@ -23,7 +23,7 @@ import contextvars
 import logging
 import math
 from collections import Counter
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
@@ -38,7 +38,7 @@ from fleetkeeper.model import (
     to_iso,
     utcnow,
 )
-from fleetkeeper.reconciler.balancer import Target
+from fleetkeeper.reconciler.balancer import EndpointRefused, Target
 from fleetkeeper.reconciler.driver import Instance, LaunchRefused, LaunchRequest
 from fleetkeeper.reconciler.followup import follow_up, next_reconcile
 from fleetkeeper.reconciler.ownership import Ownership, ownership
@@ -81,6 +81,7 @@ from fleetkeeper.reconciler.plan import (
 from fleetkeeper.reconciler.probe import ProbeTarget, probe_all, rotated
 from fleetkeeper.service_events import breaker_tripped, claimed, replica_changed, scaled, terminated, version_ready
 from fleetkeeper.service_events import status_changed as status_events
+from fleetkeeper.settings import MAX_PROBE_TIMEOUT_SECONDS, PROBE_HEADROOM_SECONDS
 from fleetkeeper.store.errors import CorruptItem, Superseded
 
 if TYPE_CHECKING:
@@ -478,7 +479,8 @@ class Reconciler:
             by_uid.setdefault(instance.uid, []).append(instance)
         probes: dict[str, dict[int, ProbeResult]] = {}
         probe_seconds = self.probe_budget_seconds if budget is None else budget.probe_seconds(self.probe_budget_seconds)
-        for (uid, replica_id), result in self._probe(states, by_uid, now, probe_seconds).items():
+        answered, long_probes = self._probe(states, by_uid, now, probe_seconds, _invocation_seconds(budget))
+        for (uid, replica_id), result in answered.items():
             probes.setdefault(uid, {})[replica_id] = result
         rates = self._request_rates(states, now, report)
         for position, state in enumerate(states):
@@ -496,11 +498,67 @@ class Reconciler:
             self._reconcile(state, by_uid.get(uid, []), probes.get(uid, {}), now, report, budget, rate, followup)
             if budget is not None:
                 budget.observe_service(started_with)
+        if long_probes is not None:
+            try:
+                verdicts = long_probes.result()
+            except Exception:  # the prober's own failure: no verdict this run, the next run probes again
+                logger.exception("the long readiness probes failed; their replicas are decided next run")
+                report.errors.append("long probes")
+            else:
+                self._plan_long_probes(states, verdicts, report, budget)
         return report
 
+    def _plan_long_probes(
+        self,
+        states: Sequence[ServiceState],
+        results: dict[Hashable, ProbeResult],
+        report: RunReport,
+        budget: Budget | None,
+    ) -> None:
+        """The second pass: the services whose replicas had probes longer than the run's probe budget,
+        planned again with those verdicts, re-read (the first pass changed them) and re-observed.
+
+        The long probes started with the run's own and ran while it reconciled its services, so
+        they cost the run no time of its critical path; each ended by its own timeout, the phase by
+        what the invocation could give it (`_invocation_seconds`). Their verdicts are recorded on the
+        replicas by this pass's plan, as any probe's, before the invocation ends: a Lambda cannot
+        keep a connection for the next invocation, so a probe never spans runs.
+        """
+        by_uid: dict[str, dict[int, ProbeResult]] = {}
+        for key, result in results.items():
+            if isinstance(key, tuple):
+                by_uid.setdefault(key[0], {})[key[1]] = result
+        left_alone = set(report.skipped) | set(report.cut_short) | set(report.errors)
+        names = [s.service.name for s in states if s.service.uid in by_uid and s.service.name not in left_alone]
+        if not names:
+            return
+        fresh = [s for s in self._load_all(names, report) if observed(s) and s.service.uid in by_uid]
+        uids = sorted({s.service.uid for s in fresh})
+        instances = self._owned(self.driver.list_instances(uids=uids), report, set(uids)) if uids else []
+        live: dict[str, list[Instance]] = {}
+        for instance in instances:
+            live.setdefault(instance.uid, []).append(instance)
+        for state in fresh:
+            if budget is not None and not budget.may_start_service():
+                report.skipped.append(state.service.name)
+                continue
+            # Only the long probes' verdicts: the other replicas were decided in the first pass and
+            # have none here (no verdict changes nothing); no request rate either (targets hold).
+            self._reconcile(
+                state, live.get(state.service.uid, []), by_uid[state.service.uid], self.now(), report, budget
+            )
+
     def _probe(
-        self, states: Iterable[ServiceState], by_uid: dict[str, list[Instance]], now: datetime, budget_seconds: float
-    ) -> dict[tuple[str, int], ProbeResult]:
+        self,
+        states: Iterable[ServiceState],
+        by_uid: dict[str, list[Instance]],
+        now: datetime,
+        budget_seconds: float,
+        invocation_seconds: float = math.inf,
+    ) -> tuple[dict[tuple[str, int], ProbeResult], Future[dict[Hashable, ProbeResult]] | None]:
+        """The verdicts of the probes that fit the run's probe budget, and the long probes started
+        (those whose timeout does not fit it), running in the background until their own timeouts or
+        what the invocation can give them, whichever comes first."""
         targets: list[ProbeTarget] = []
         unprobed: dict[tuple[str, int], ProbeResult] = {}
         probed: dict[tuple[str, int], Instance] = {}
@@ -520,10 +578,15 @@ class Reconciler:
                         continue
                     targets.append(ProbeTarget(key, base_url, probe))
                     probed[key] = instance
+        # Long: a timeout the run's probe budget is not made to hold (settings keep the budget at
+        # least MAX_PROBE_TIMEOUT_SECONDS plus a probe's headroom).
+        long = [t for t in targets if t.probe.timeout_seconds > MAX_PROBE_TIMEOUT_SECONDS]
+        targets = [t for t in targets if t.probe.timeout_seconds <= MAX_PROBE_TIMEOUT_SECONDS]
+        pending = self._start_long_probes(long, now, invocation_seconds)
         if not targets or budget_seconds <= 0:
             # No time to probe: this run plans without verdicts (no replica changes state), except
             # for the probes that could not be made at all.
-            return unprobed
+            return unprobed, pending
         # Probes start in this order: rotated by the run's time so that, when there are more probes
         # than the budget lets finish, it is not the same replicas that go without a verdict.
         results = self.prober(rotated(targets, now), budget_seconds)
@@ -536,7 +599,26 @@ class Reconciler:
                 hint = None if result.ok or key not in probed else diagnose(probed[key])
                 if hint:
                     answered[key] = replace(result, detail=hint)
-        return {**unprobed, **answered}
+        return {**unprobed, **answered}, pending
+
+    def _start_long_probes(
+        self, long: Sequence[ProbeTarget], now: datetime, invocation_seconds: float
+    ) -> Future[dict[Hashable, ProbeResult]] | None:
+        """The probes too long for the run's probe budget, started now on a thread of their own (the
+        prober's pool under it), so the run goes on to its services meanwhile. Their phase lasts the
+        longest of their timeouts (plus a probe's headroom), never more than the invocation can give:
+        a hung replica's probe ends at its own timeout, and the phase at that bound, with "no verdict"
+        for what is left, as in the run's own phase. None: no long probe, or no time for one."""
+        if not long:
+            return None
+        seconds = min(max(t.probe.timeout_seconds for t in long) + PROBE_HEADROOM_SECONDS, invocation_seconds)
+        if seconds <= 0:
+            return None  # no verdicts: nothing changes for these replicas this run
+        starter = ThreadPoolExecutor(max_workers=1, thread_name_prefix="long-probes")
+        try:
+            return starter.submit(contextvars.copy_context().run, self.prober, rotated(long, now), seconds)
+        finally:
+            starter.shutdown(wait=False)
 
     def _request_rates(self, states: Sequence[ServiceState], now: datetime, report: RunReport) -> dict[str, float]:
         """The request rate of every autoscaled service with an endpoint, in ceil(n / 500)
@@ -661,6 +743,15 @@ class Reconciler:
             return None
 
 
+def _invocation_seconds(budget: Budget | None) -> float:
+    """How long the long probes may run: what the invocation has left after the service margin (a
+    worker's Budget); unbounded without one (a single process: the embedded mode, the tests, where
+    each probe's own timeout bounds them)."""
+    if budget is None:
+        return math.inf
+    return max(0.0, budget.remaining() - budget.service_margin)
+
+
 def target_of(state: ServiceState, record: ReplicaRecord, instance: Instance | None, driver: ReplicaDriver) -> Target:
     """A replica as the balancer addresses it: its instance on its version's port, and its URL."""
     version = state.versions.get(record.version) or state.target
@@ -724,8 +815,14 @@ class _Apply:
     versions: dict[int, VersionState] = field(default_factory=dict)
     fresh: set[int] = field(default_factory=set)
     refused: bool = False
+    # A registered replica the balancer will not use (Target.NotInUse): its record says so, and the
+    # service's status must too, in this run (the plan's status was made before the registration).
+    unused: bool = False
 
     endpoint: EndpointRecord | None = None
+    # What the balancer refused this run for a reason the users must see (EndpointRefused: a quota).
+    endpoint_problem: str | None = None
+    status_planned: bool = False  # the plan recorded the status (RecordStatus, TripBreaker)
 
     def __post_init__(self) -> None:
         self.records = dict(self.state.replicas)
@@ -746,6 +843,28 @@ class _Apply:
                 raise _OutOfTime
             self.report.actions[type(action).__name__] += 1
             self.one(action)
+        if (self.endpoint_problem or self.unused) and not self.status_planned:
+            # The plan saw nothing to record; the refusal is news (or still true: then nothing is written).
+            self._record_status(self._status_after_refusals())
+
+    def _record_status(self, status: RecordStatus | None) -> None:
+        """Write the service's status, naming this run's endpoint refusal (a quota) if there was one.
+
+        The plan never knows of the refusal, so while it lasts the plan's status differs from the
+        recorded one every run; the status named here is the same each time, and is written only
+        when it differs from what the item holds (a steady refusal writes nothing)."""
+        if status is None:
+            return
+        if self.endpoint_problem:
+            status = replace(status, message=f"{status.message}; no endpoint: {self.endpoint_problem}")
+            if not status_changed(self.state, status):
+                return
+        service = self.state.service
+        events = status_events(service.status, status.status, status.message)
+        self.store.record_status(
+            service, status.status, status.message, status.observed_generation, events, to_iso(self.now)
+        )
+        self._log_status(status)
 
     def one(self, action: Action) -> None:
         """Apply one action. Each write carries the events it reports (service_events), in the same
@@ -777,6 +896,7 @@ class _Apply:
                 self.store.mark_version(service, version, expected, new_state, message, events, stamp)
                 self.versions[version] = new_state
             case TripBreaker(version=version, message=message, rollback_to=good):
+                self.status_planned = True
                 logger.warning("service %s: %s (rolling back to %s)", service.name, message, good)
                 self.store.trip_breaker(
                     service,
@@ -797,18 +917,18 @@ class _Apply:
             case Launch(replica_id=replica_id, fresh=fresh):
                 self._launch(self.records[replica_id], fresh=fresh and replica_id in self.fresh)
             case RecordStatus():
-                status = self._status_after_refusals() if self.refused else action
-                if status is not None:
-                    events = status_events(service.status, status.status, status.message)
-                    self.store.record_status(
-                        service, status.status, status.message, status.observed_generation, events, stamp
-                    )
-                    self._log_status(status)
+                self.status_planned = True
+                self._record_status(self._status_after_refusals() if self.refused or self.unused else action)
             case DeleteService():
                 self.store.delete_service(service)
             case EnsureEndpoint(config=config):
                 try:
                     endpoint = self.balancer.ensure(service.name, service.uid, config, self.endpoint)
+                except EndpointRefused as exc:
+                    # A quota: the service's users must see it (its status), not only the logs.
+                    logger.warning("service %s: no endpoint: %s", service.name, exc)
+                    self.endpoint_problem = str(exc)
+                    return
                 except Exception:
                     # The endpoint must not hold the replicas hostage (a quota, a permission): they
                     # are still launched, probed and replaced; registration waits for the next run.
@@ -824,10 +944,22 @@ class _Apply:
             case Register(replica_ids=ids):
                 if self.endpoint is None:
                     return  # making the endpoint failed above: the records stay REGISTERING
-                self.balancer.register(self.endpoint, self._targets(ids))
+                targets = self._targets(ids)
+                try:
+                    unused = self.balancer.register(self.endpoint, targets)
+                except EndpointRefused as exc:
+                    # The records stay REGISTERING: the next run registers them again.
+                    logger.warning("service %s: replicas %s not registered: %s", service.name, list(ids), exc)
+                    self.endpoint_problem = str(exc)
+                    return
+                why = {t.replica_id: unused[t.instance_id] for t in targets if t.instance_id in unused}
                 for replica_id in ids:
                     record = self.records[replica_id]
-                    self.records[replica_id] = self._put(record, registered(record, self.now))
+                    after = registered(record, self.now, why.get(replica_id))
+                    if replica_id in why:
+                        self.unused = True
+                        logger.warning("service %s: replica %s: %s", service.name, replica_id, after.status_message)
+                    self.records[replica_id] = self._put(record, after)
             case Deregister(replica_ids=ids):
                 if self.endpoint is not None:  # none recorded: nothing was ever registered
                     self.balancer.deregister(self.endpoint, self._targets(ids))
@@ -886,11 +1018,12 @@ class _Apply:
 
     def _status_after_refusals(self) -> RecordStatus | None:
         """The plan's status assumed its launches would go through; AWS refused some. The status of
-        the records as they now are, so the message names the refusal in this very run."""
+        the records as they now are, so the message names the refusal in this very run (None: the
+        item says it already; with an endpoint refusal to name, always the status)."""
         with_instance = set(match_instances(self.state, self.instances))
         records = [record for _, record in sorted(self.records.items())]
         status = service_status(self.state, records, self.versions, with_instance)
-        return status if status_changed(self.state, status) else None
+        return status if status_changed(self.state, status) or self.endpoint_problem else None
 
     def _launch(self, record: ReplicaRecord, *, fresh: bool) -> None:
         """Find-or-launch one replica's instance and record it (PROVISIONING) or the refusal."""

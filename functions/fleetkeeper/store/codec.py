@@ -162,11 +162,17 @@ def endpoint_item(endpoint: EndpointRecord) -> Item:
         "policy": config.policy,
         "drain_seconds": config.drain_seconds,
         "health_path": config.health_path,
+        "health_codes": config.health_codes,
+        "health_timeout_seconds": config.health_timeout_seconds,
+        "health_interval_seconds": config.health_interval_seconds,
         "target_group": endpoint.target_group,
         "route": endpoint.route,
         "dimensions": dict(endpoint.dimensions),
         "waking_since": endpoint.waking_since,
     }
+
+
+_OLD_CHECK = EndpointConfig(port=0, policy="", drain_seconds=0, health_path="/")
 
 
 def endpoint_from_item(item: Mapping[str, Any]) -> EndpointRecord:
@@ -175,6 +181,10 @@ def endpoint_from_item(item: Mapping[str, Any]) -> EndpointRecord:
         policy=str(item["policy"]),
         drain_seconds=int(item["drain_seconds"]),
         health_path=str(item["health_path"]),
+        # Absent from endpoints recorded before the check followed the probe: what they were made with.
+        health_codes=str(item.get("health_codes", _OLD_CHECK.health_codes)),
+        health_timeout_seconds=int(item.get("health_timeout_seconds", _OLD_CHECK.health_timeout_seconds)),
+        health_interval_seconds=int(item.get("health_interval_seconds", _OLD_CHECK.health_interval_seconds)),
     )
     dimensions = item.get("dimensions") or {}
     return EndpointRecord(

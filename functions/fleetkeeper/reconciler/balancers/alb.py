@@ -5,8 +5,9 @@ Per service incarnation, created by the reconciler and tagged like its instances
 - a target group named `fk-<uid>` (deterministic, so a retried create finds its own earlier one):
   instance targets, each registered on its own version's port; the spec's policy as its
   `load_balancing.algorithm.type` (least_load -> least_outstanding_requests, round_robin ->
-  round_robin), `drain_seconds` as its deregistration delay, the readiness probe's path as its
-  health check;
+  round_robin), `drain_seconds` as its deregistration delay, a health check derived from the readiness probe
+  (fleetkeeper.reconciler.health_check: the probe's path when the ALB can send it, the versions it
+  holds agreeing on it);
 - a route to it: with a domain name, a host rule `NAME.<domain>` on the stack's shared listener;
   without one, a listener of its own on the next free port of the stack's range, so paths reach
   the replicas unchanged.
@@ -25,6 +26,7 @@ groups tagged with the stack's id).
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -39,6 +41,7 @@ from fleetkeeper.reconciler.balancer import (
     STACK_TAG,
     UID_TAG,
     DrainState,
+    EndpointRefused,
     Target,
     target_group_name,
 )
@@ -55,13 +58,12 @@ if TYPE_CHECKING:
 
 # SkyPilot's policy names -> the target group's load_balancing.algorithm.type.
 ALGORITHMS = {"least_load": "least_outstanding_requests", "round_robin": "round_robin"}
-# The ALB's own health check, on top of the reconciler's readiness probes: a new target is healthy
-# after 2 checks 5 s apart (ALB's minimums are 2 and 5 s), so it serves ~10 s after registration.
+# The ALB's own health check, on top of the reconciler's readiness probes: its path, matcher and
+# timing come from the endpoint's config (fleetkeeper.reconciler.health_check); a new target is
+# healthy after 2 checks (ALB's minimum), so it serves two intervals after registration.
 HEALTH_CHECK = {
     "HealthCheckProtocol": "HTTP",
     "HealthCheckPort": "traffic-port",
-    "HealthCheckIntervalSeconds": 5,
-    "HealthCheckTimeoutSeconds": 4,
     "HealthyThresholdCount": 2,
     "UnhealthyThresholdCount": 2,
 }
@@ -70,7 +72,34 @@ _NOT_FOUND = {"TargetGroupNotFound", "ListenerNotFound", "RuleNotFound"}
 _REGISTRATIONS_PER_CALL = 20
 
 
-class NoListenerPort(Exception):
+# A describe and the create after it are not atomic: a concurrent worker (another shard, a kick and
+# the schedule) may take the same free rule priority or listener port in between. AWS then answers
+# PriorityInUse / DuplicateListener, and the next free value is tried, this many times in all.
+_CONFLICT_ATTEMPTS = 5
+
+# The quota errors of ELB and what they mean for the service (docs/DEPLOY.md, "Quotas"): shown in
+# its status, never a run error (EndpointRefused).
+QUOTA_MESSAGES = {
+    "TooManyTargetGroups": (
+        "the account's target groups in this Region are at their quota (3,000 by default, shared with "
+        "Network Load Balancers): raise it in Service Quotas or delete unused target groups"
+    ),
+    "TooManyListeners": (
+        "the stack's load balancer has as many listeners as its quota allows (50 by default): give the stack "
+        "a domain name (one host rule per service instead of one listener) or raise the quota"
+    ),
+    "TooManyRules": (
+        "the stack's load balancer has as many rules as its quota allows (100 by default, default rules not "
+        "counted): raise the quota or deploy the service in another stack"
+    ),
+    "TooManyTargets": (
+        "the stack's load balancer has as many targets as its quota allows (1,000 by default): the service's "
+        "new replicas run but get no requests until the quota is raised or other replicas go"
+    ),
+}
+
+
+class NoListenerPort(EndpointRefused):
     """Every port of the stack's listener range is taken: the ALB carries as many services as it can."""
 
 
@@ -113,12 +142,16 @@ class AlbBalancer:
     # -- the LoadBalancer protocol ---------------------------------------------------------------------
 
     def ensure(self, service: str, uid: str, config: EndpointConfig, known: EndpointRecord | None) -> EndpointRecord:
+        with _quota_refusals():
+            return self._ensure(service, uid, config, known)
+
+    def _ensure(self, service: str, uid: str, config: EndpointConfig, known: EndpointRecord | None) -> EndpointRecord:
         tags = _tags(service, uid, self.stack_id)
         group = self._target_group(uid, config, tags, known)
         # A waking route stays on the wake target: only `route` moves it.
-        forward_to = self._forward_target(group, waking=known is not None and known.waking)
+        action = self._route_action(group, waking=known is not None and known.waking)
         if self.domain_name:
-            route = self._host_rule(service, forward_to, tags)
+            route = self._host_rule(service, action, tags)
             url = f"{self.scheme}://{service}.{self.domain_name}"
         else:
             route, port = self._service_listener(group, tags, known.route if known is not None else None)
@@ -129,13 +162,31 @@ class AlbBalancer:
         )
         return EndpointRecord(url=url, config=config, target_group=group, route=route, dimensions=dimensions)
 
-    def register(self, endpoint: EndpointRecord, targets: Sequence[Target]) -> None:
+    def register(self, endpoint: EndpointRecord, targets: Sequence[Target]) -> dict[str, str]:
         described = _described(targets)
         self._adopt_recorded(endpoint.target_group)
-        for start in range(0, len(described), _REGISTRATIONS_PER_CALL):
-            self.elbv2.register_targets(
-                TargetGroupArn=endpoint.target_group, Targets=described[start : start + _REGISTRATIONS_PER_CALL]
-            )
+        with _quota_refusals():
+            for start in range(0, len(described), _REGISTRATIONS_PER_CALL):
+                self.elbv2.register_targets(
+                    TargetGroupArn=endpoint.target_group, Targets=described[start : start + _REGISTRATIONS_PER_CALL]
+                )
+        return self._not_in_use(endpoint.target_group, described)
+
+    def _not_in_use(self, group: str, described: list[TargetDescriptionTypeDef]) -> dict[str, str]:
+        """The just-registered targets the ALB will not send requests to (`unused` / `Target.NotInUse`:
+        an instance in an Availability Zone the load balancer is not enabled in), with AWS's words.
+        One DescribeTargetHealth per registration, none while steady."""
+        if not described:
+            return {}
+        health = self.elbv2.describe_target_health(TargetGroupArn=group, Targets=described)
+        unused: dict[str, str] = {}
+        for entry in health.get("TargetHealthDescriptions", []):
+            target_health = entry.get("TargetHealth", {})
+            if target_health.get("Reason") == "Target.NotInUse":
+                unused[entry.get("Target", {}).get("Id", "")] = str(
+                    target_health.get("Description") or "the load balancer is not enabled in its Availability Zone"
+                )
+        return unused
 
     def deregister(self, endpoint: EndpointRecord, targets: Sequence[Target]) -> None:
         described = _described(targets)
@@ -161,25 +212,34 @@ class AlbBalancer:
         described = _described(targets)
         if not described:
             return {}
+        group = endpoint.target_group
         try:
-            health = self.elbv2.describe_target_health(TargetGroupArn=endpoint.target_group, Targets=described)
+            return self._drain_states(group, described)
         except ClientError as exc:
-            if _code(exc) not in ("TargetGroupNotFound", "InvalidTarget"):
+            if _code(exc) == "TargetGroupNotFound":
+                # No target group: nothing can be in flight to its targets.
+                return {t.instance_id: DrainState.DRAINED for t in targets}
+            if _code(exc) != "InvalidTarget":
                 raise
-            # No target group (or the instances are gone): nothing can be in flight to them.
-            return {t.instance_id: DrainState.DRAINED for t in targets}
+        # One target AWS does not know (its instance is gone) fails the whole call: ask per target,
+        # so that it does not hide the others' states (a serving replica taken for drained would be
+        # terminated under its requests).
         states: dict[str, DrainState] = {}
-        for entry in health.get("TargetHealthDescriptions", []):
-            target_id = entry.get("Target", {}).get("Id", "")
-            state = entry.get("TargetHealth", {}).get("State")
-            reason = entry.get("TargetHealth", {}).get("Reason")
-            if state == "draining":
-                states[target_id] = DrainState.DRAINING
-            elif reason == "Target.NotRegistered" or state == "unavailable":
-                states[target_id] = DrainState.DRAINED
-            else:  # healthy, initial, unhealthy, unused because the group is unused: still registered
-                states[target_id] = DrainState.IN_SERVICE
+        for target in described:
+            try:
+                states.update(self._drain_states(group, [target]))
+            except ClientError as exc:
+                if _code(exc) not in ("InvalidTarget", "TargetGroupNotFound"):
+                    raise
+                states[target["Id"]] = DrainState.DRAINED  # no instance, nothing in flight
         return states
+
+    def _drain_states(self, group: str, described: list[TargetDescriptionTypeDef]) -> dict[str, DrainState]:
+        health = self.elbv2.describe_target_health(TargetGroupArn=group, Targets=described)
+        return {
+            entry.get("Target", {}).get("Id", ""): _drain_state(dict(entry.get("TargetHealth", {})))
+            for entry in health.get("TargetHealthDescriptions", [])
+        }
 
     def serves(self, endpoint: EndpointRecord, targets: Sequence[Target]) -> bool:
         """One of them is `healthy`, or all are `unhealthy` (the ALB then fails open and routes to all
@@ -200,7 +260,7 @@ class AlbBalancer:
     def route(self, endpoint: EndpointRecord, *, waking: bool) -> None:
         """Point the service's route (its host rule, or its own listener's default action) at the
         wake target or at its target group. One Modify call; the same twice changes nothing."""
-        action = [_forward(self._forward_target(endpoint.target_group, waking=waking))]
+        action = [self._route_action(endpoint.target_group, waking=waking)]
         if self.domain_name:
             self.elbv2.modify_rule(RuleArn=endpoint.route, Actions=action)
         else:
@@ -223,8 +283,23 @@ class AlbBalancer:
                 self._delete(self.elbv2.delete_listener, ListenerArn=listener["ListenerArn"])
         self._delete(self.elbv2.delete_target_group, TargetGroupArn=group)
 
-    def _forward_target(self, group: str, *, waking: bool) -> str:
-        return self.wake_target_group if waking and self.wake_target_group else group
+    def _route_action(self, group: str, *, waking: bool) -> ActionTypeDef:
+        """What the service's route does: forward to its target group, or, while it wakes, to the
+        wake target with the service's own group kept in the same forward at weight 0. An ALB health
+        checks only the target groups a listener or rule forwards to (a group it does not route to
+        has its targets `unused`, `Target.NotInUse`): kept in the forward, the new replica is health
+        checked while the wake target still answers, so `serves` can see it become healthy."""
+        if not (waking and self.wake_target_group):
+            return _forward(group)
+        return {
+            "Type": "forward",
+            "ForwardConfig": {
+                "TargetGroups": [
+                    {"TargetGroupArn": self.wake_target_group, "Weight": 1},
+                    {"TargetGroupArn": group, "Weight": 0},
+                ]
+            },
+        }
 
     # -- target group ----------------------------------------------------------------------------------
 
@@ -289,21 +364,30 @@ class AlbBalancer:
                 Port=config.port,
                 VpcId=self.vpc_id,
                 TargetType="instance",
-                HealthCheckPath=config.health_path,
-                Matcher={"HttpCode": "200"},
                 Tags=tags,
-                **HEALTH_CHECK,  # type: ignore[arg-type]
+                **_health_check(config),
             )["TargetGroups"][0]["TargetGroupArn"]
+            self._set_attributes(group, config)
         else:
-            self.elbv2.modify_target_group(TargetGroupArn=group, HealthCheckPath=config.health_path)
-        self.elbv2.modify_target_group_attributes(
-            TargetGroupArn=group,
-            Attributes=[
-                {"Key": "deregistration_delay.timeout_seconds", "Value": str(config.drain_seconds)},
-                {"Key": "load_balancing.algorithm.type", "Value": ALGORITHMS[config.policy]},
-            ],
-        )
+            self._bring_to(group, config)
         return group
+
+    def _bring_to(self, group: str, config: EndpointConfig) -> None:
+        """An existing target group brought to `config`, changing only what differs: a service whose
+        route cannot be made (a quota) retries every run, and costs reads only while it waits."""
+        current = self.elbv2.describe_target_groups(TargetGroupArns=[group])["TargetGroups"][0]
+        wanted = _health_check(config)
+        if any(current.get(key) != value for key, value in wanted.items()):
+            self.elbv2.modify_target_group(TargetGroupArn=group, **wanted)
+        attributes = self.elbv2.describe_target_group_attributes(TargetGroupArn=group)["Attributes"]
+        have = {a.get("Key"): a.get("Value") for a in attributes}
+        if any(have.get(key) != value for key, value in _attributes(config).items()):
+            self._set_attributes(group, config)
+
+    def _set_attributes(self, group: str, config: EndpointConfig) -> None:
+        self.elbv2.modify_target_group_attributes(
+            TargetGroupArn=group, Attributes=[{"Key": k, "Value": v} for k, v in _attributes(config).items()]
+        )
 
     # -- routes ----------------------------------------------------------------------------------------
 
@@ -332,7 +416,17 @@ class AlbBalancer:
     def _service_listener(self, group: str, tags: list[TagTypeDef], recorded: str | None) -> tuple[str, int]:
         """The service's own listener (its ARN and port): found by the target group it forwards to
         (or, while it forwards to the wake target, as `recorded`), else created on the lowest free
-        port of the range."""
+        port of the range; a port a concurrent worker took between the describe and the create is
+        given up for the next free one."""
+        for attempt in range(1, _CONFLICT_ATTEMPTS + 1):
+            try:
+                return self._find_or_create_listener(group, tags, recorded)
+            except ClientError as exc:
+                if _code(exc) != "DuplicateListener" or attempt == _CONFLICT_ATTEMPTS:
+                    raise
+        raise AssertionError("unreachable")
+
+    def _find_or_create_listener(self, group: str, tags: list[TagTypeDef], recorded: str | None) -> tuple[str, int]:
         listeners = list(self._listeners())
         mine = sorted(
             (
@@ -367,8 +461,19 @@ class AlbBalancer:
         created = self.elbv2.create_listener(**args)["Listeners"][0]
         return str(created["ListenerArn"]), port
 
-    def _host_rule(self, service: str, group: str, tags: list[TagTypeDef]) -> str:
-        """The service's host rule NAME.<domain> on the shared listener, created or pointed at `group`."""
+    def _host_rule(self, service: str, action: ActionTypeDef, tags: list[TagTypeDef]) -> str:
+        """The service's host rule NAME.<domain> on the shared listener, created or given `action`;
+        a priority a concurrent worker took between the describe and the create is given up for the
+        next free one."""
+        for attempt in range(1, _CONFLICT_ATTEMPTS + 1):
+            try:
+                return self._find_or_create_rule(service, action, tags)
+            except ClientError as exc:
+                if _code(exc) != "PriorityInUse" or attempt == _CONFLICT_ATTEMPTS:
+                    raise
+        raise AssertionError("unreachable")
+
+    def _find_or_create_rule(self, service: str, action: ActionTypeDef, tags: list[TagTypeDef]) -> str:
         host = f"{service}.{self.domain_name}"
         rules = list(self._rules())
         mine = [rule for rule in rules if not rule.get("IsDefault") and _hosts(rule) == [host]]
@@ -376,8 +481,8 @@ class AlbBalancer:
             self._delete(self.elbv2.delete_rule, RuleArn=rule["RuleArn"])
         if mine:
             rule = mine[0]
-            if not _forwards_to(rule.get("Actions", []), group):
-                self.elbv2.modify_rule(RuleArn=rule["RuleArn"], Actions=[_forward(group)])
+            if _forward_weights(rule.get("Actions", [])) != _forward_weights([action]):
+                self.elbv2.modify_rule(RuleArn=rule["RuleArn"], Actions=[action])
             return str(rule["RuleArn"])
         taken = {int(rule["Priority"]) for rule in rules if str(rule.get("Priority", "")).isdigit()}
         priority = next(p for p in range(1, 50_001) if p not in taken)
@@ -385,7 +490,7 @@ class AlbBalancer:
             ListenerArn=str(self.listener_arn),
             Priority=priority,
             Conditions=[{"Field": "host-header", "HostHeaderConfig": {"Values": [host]}}],
-            Actions=[_forward(group)],
+            Actions=[action],
             Tags=tags,
         )["Rules"][0]
         return str(created["RuleArn"])
@@ -397,6 +502,36 @@ class AlbBalancer:
         except ClientError as exc:
             if _code(exc) not in _NOT_FOUND:
                 raise
+
+
+@contextmanager
+def _quota_refusals() -> Iterator[None]:
+    """ELB's quota errors as EndpointRefused, with what they mean for the service."""
+    try:
+        yield
+    except ClientError as exc:
+        code = _code(exc)
+        if code in QUOTA_MESSAGES:
+            raise EndpointRefused(f"{code}: {QUOTA_MESSAGES[code]}") from exc
+        raise
+
+
+def _attributes(config: EndpointConfig) -> dict[str, str]:
+    return {
+        "deregistration_delay.timeout_seconds": str(config.drain_seconds),
+        "load_balancing.algorithm.type": ALGORITHMS[config.policy],
+    }
+
+
+def _health_check(config: EndpointConfig) -> dict[str, Any]:
+    """The target group's health check settings (CreateTargetGroup and ModifyTargetGroup take the same)."""
+    return {
+        **HEALTH_CHECK,
+        "HealthCheckPath": config.health_path,
+        "Matcher": {"HttpCode": config.health_codes},
+        "HealthCheckTimeoutSeconds": config.health_timeout_seconds,
+        "HealthCheckIntervalSeconds": config.health_interval_seconds,
+    }
 
 
 def _tags(service: str, uid: str, stack: str) -> list[TagTypeDef]:
@@ -417,6 +552,20 @@ def _forward(group: str) -> ActionTypeDef:
     return {"Type": "forward", "TargetGroupArn": group}
 
 
+def _forward_weights(actions: Sequence[Any]) -> dict[str, int]:
+    """The target groups a route's forward sends to, with their weights (a plain forward is weight 1;
+    ELB describes one with both `TargetGroupArn` and a one-group `ForwardConfig`)."""
+    for action in actions:
+        if action.get("Type") != "forward":
+            continue
+        groups = (action.get("ForwardConfig") or {}).get("TargetGroups") or []
+        if groups:
+            return {str(g.get("TargetGroupArn")): int(g.get("Weight", 1)) for g in groups}
+        if action.get("TargetGroupArn"):
+            return {str(action["TargetGroupArn"]): 1}
+    return {}
+
+
 def _forwards_to(actions: Sequence[Any], group: str) -> bool:
     for action in actions:
         if action.get("Type") != "forward":
@@ -435,6 +584,18 @@ def _hosts(rule: dict[str, Any]) -> list[str]:
         if condition.get("Field") == "host-header":
             hosts.extend((condition.get("HostHeaderConfig") or {}).get("Values") or condition.get("Values") or [])
     return hosts
+
+
+def _drain_state(health: dict[str, Any]) -> DrainState:
+    """A target's drain, from its TargetHealth (Elastic Load Balancing: target health states)."""
+    state, reason = health.get("State"), health.get("Reason")
+    if state == "draining":
+        return DrainState.DRAINING
+    if reason in ("Target.NotRegistered", "Target.NotInUse") or state == "unavailable":
+        # Not registered, or registered where the ALB sends it nothing (a zone it lacks, a group no
+        # rule uses): no request can be in flight.
+        return DrainState.DRAINED
+    return DrainState.IN_SERVICE  # healthy, initial, unhealthy: still registered and routed to
 
 
 def _described(targets: Sequence[Target]) -> list[TargetDescriptionTypeDef]:
