@@ -82,6 +82,8 @@ LONG_FIRST = (
     "tests/test_local_e2e.py::",
     "tests/test_local_auth_e2e.py::",
     "tests/test_simulation.py::",  # 200 steps per seed
+    "tests/test_simulation_replay.py::",  # each seed run twice
+    "tests/test_local_wake_e2e.py::",  # to zero, a wake, to zero and a wake again
     "tests/test_reclaim_wave.py::",  # eight simulated minutes of a wave per seed
     "tests/test_reconciler_crash.py::test_a_crash_at_every_aws_call_is_completed_by_the_next_runs[replica-died-",
     "tests/test_reconciler_crash.py::test_a_crash_at_every_aws_call_is_completed_by_the_next_runs[update-",
@@ -95,6 +97,10 @@ LONG_FIRST = (
     "tests/test_store.py::test_the_version_being_served_survives_pruning_after_a_rollback",
     "tests/test_reconciler_fanout.py::test_short_runs_stop_in_time_and_rotation_still_brings_every_service_to_ready",
     "tests/test_local_server.py::",  # `fleetkeeper local` subprocesses
+    "tests/test_reactions.py::",
+    "tests/test_stacks_isolation.py::",
+    "tests/test_local_auth_e2e.py::",
+    "tests/test_local_fixed_port_e2e.py::",
 )
 
 
