@@ -9,7 +9,6 @@ import socket
 import subprocess
 import sys
 import time
-import urllib.request
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -20,6 +19,7 @@ from fleetkeeper.local.process_driver import NETNS, PROCESS_EXITED, SHARED, Proc
 from fleetkeeper.reconciler.driver import InstanceState, LaunchRequest
 from fleetkeeper.reconciler.probe import ProbeTarget, probe_one
 from fleetkeeper.spec import ReadinessProbe, parse_spec
+from tests.test_local_process_driver import eventually, fetch
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
@@ -44,25 +44,6 @@ def fixed_port_spec(port: int) -> Any:
 
 def launch(driver: ProcessDriver, replica_id: int, port: int) -> Any:
     return driver.launch(LaunchRequest("web", "uid1", 1, replica_id, fixed_port_spec(port)))
-
-
-def eventually(check: Callable[[], Any], timeout: float = 15.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            result = check()
-        except (OSError, AssertionError):
-            result = None
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise AssertionError(f"condition not met within {timeout}s")
-        time.sleep(0.05)
-
-
-def fetch(url: str) -> str:
-    with urllib.request.urlopen(url, timeout=2) as answer:
-        return str(answer.read().decode())
 
 
 def free_port() -> int:

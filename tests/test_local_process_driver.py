@@ -59,7 +59,7 @@ def driver(tmp_path: Path) -> Iterator[ProcessDriver]:
     d.stop_all(timeout=2)
 
 
-def eventually(check: Callable[[], Any], timeout: float = 10.0) -> Any:
+def eventually(check: Callable[[], Any], timeout: float = 15.0) -> Any:
     deadline = time.monotonic() + timeout
     while True:
         try:
