@@ -94,7 +94,7 @@ test: lint typecheck imports cfn unit
 fuzz: $(STAMP)
 	HYPOTHESIS_PROFILE=fuzz $(MAKE) --no-print-directory unit PYTEST_ARGS="-m hypothesis $(PYTEST_ARGS)"
 
-# The seeded simulation (tests/test_simulation.py; docs/ARCHITECTURE.md, "Simulation"). `make test`
+# The seeded simulation (tests/test_simulation.py; docs/architecture/simulation.md). `make test`
 # runs its fixed seeds; `make sim SIM_SEED=n` replays one seed; `make soak SEEDS=N` runs N random
 # seeds (each printed; a failure prints its seed and steps) of SIM_STEPS steps (default 2000; the
 # fixed seeds of `make test` run 200 each, tests/test_simulation.py).

@@ -1,4 +1,4 @@
-"""The api against moto: every route of the table in docs/ARCHITECTURE.md, and each of its errors."""
+"""The api against moto: every route of the table in docs/architecture/api.md, and each of its errors."""
 
 from __future__ import annotations
 

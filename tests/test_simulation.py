@@ -1,5 +1,5 @@
-"""The seeded simulation of the whole control plane (tests/simulation/sim.py; docs/ARCHITECTURE.md,
-"Simulation").
+"""The seeded simulation of the whole control plane (tests/simulation/sim.py;
+docs/architecture/simulation.md).
 
 `make test` runs the fixed SEEDS; `SIM_SEED=n` replays one seed (and only it); `make soak SEEDS=N`
 runs N random seeds (printed) through `SIM_SOAK`. A failing seed prints itself and its steps. A

@@ -343,7 +343,8 @@ def test_an_upgraded_stack_adopts_its_own_replicas_without_a_restart_and_no_othe
     group_tags = raw_client("elbv2").describe_tags(ResourceArns=[old_group["TargetGroupArn"]])["TagDescriptions"][0]
     assert {t["Key"]: t["Value"] for t in group_tags["Tags"]}.get(STACK_TAG) == old.stack_id
     # The leftover of the service deleted before the upgrade: nothing proves whose it is, so no stack
-    # adopts or sweeps it (docs/ARCHITECTURE.md says what the operator does with it).
+    # adopts or sweeps it (docs/architecture/stacks-and-security.md, "A stack upgraded in place",
+    # says what the operator does with it).
     (described,) = instances({"Name": "instance-id", "Values": [leftover]})
     assert described["State"]["Name"] == "running" and STACK_TAG not in tags(described)
     assert tags(described)[UID_TAG] == gone_uid

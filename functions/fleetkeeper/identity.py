@@ -2,9 +2,9 @@
 
 Every replica's user code runs as root with the instance metadata service reachable, so whatever
 its instance role may do, the service's code may do. Replicas of services of different owners must
-not read each other's secrets or workdirs or write each other's logs (docs/ARCHITECTURE.md, "Replica
-identity"), so each owner (`ServiceRecord.owner`) gets a role and an instance profile of its own,
-created and removed by the stack:
+not read each other's secrets or workdirs or write each other's logs (docs/architecture/replicas.md,
+"Replica identity"), so each owner (`ServiceRecord.owner`) gets a role and an instance profile of its
+own, created and removed by the stack:
 
     role and profile   fk-<stack id>-<scope>, path /fleetkeeper/<stack id>/, tagged
                        fleetkeeper:stack=<stack id> and fleetkeeper-scope=<scope>

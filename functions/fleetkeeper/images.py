@@ -27,7 +27,8 @@ Where the names come from (AWS's documentation, never a guess):
 
 Both are Ubuntu, whose root device is /dev/sda1 (spec.root_device_of_parameter knows the DLAMI
 families). The images' root volumes are larger than a stock Ubuntu's: `Dlami.min_disk_gb` is the
-smallest `disk_size` the api accepts for a type that boots one (see docs/ARCHITECTURE.md, "Placement").
+smallest `disk_size` the api accepts for a type that boots one (see
+docs/architecture/spec-and-placement.md, "Images (GPU and Neuron)").
 """
 
 from __future__ import annotations

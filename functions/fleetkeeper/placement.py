@@ -18,7 +18,7 @@ fleetkeeper.catalogue, resolved when the api accepts the spec:
   what AWS has instead (for accelerators: every one AWS has, with the counts it comes in).
 
 The reconciler launches the first candidate and walks the others on capacity refusals
-(fleetkeeper.reconciler.drivers.ec2; docs/ARCHITECTURE.md, "Placement").
+(fleetkeeper.reconciler.drivers.ec2; docs/architecture/spec-and-placement.md, "Placement").
 """
 
 from __future__ import annotations
@@ -394,7 +394,7 @@ DEFAULT_TIERED_DISK_GB = 256
 
 @dataclass(frozen=True)
 class RootVolume:
-    """The root EBS volume a spec asks for (docs/ARCHITECTURE.md, "Disks" has the table)."""
+    """The root EBS volume a spec asks for (docs/architecture/spec-and-placement.md, "Disks": the table)."""
 
     size_gib: int
     volume_type: str

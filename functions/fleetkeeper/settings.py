@@ -20,8 +20,9 @@ if TYPE_CHECKING:
     from collections.abc import Mapping
 
 TABLE_NAME_ENV = "TABLE_NAME"
-# The stack's identity (docs/ARCHITECTURE.md, "Stacks sharing an account"): template.yaml derives it
-# from AWS::StackId; the embedded mode sets its own. Every AWS resource the stack creates carries it.
+# The stack's identity (docs/architecture/stacks-and-security.md, "Stacks sharing an account"):
+# template.yaml derives it from AWS::StackId; the embedded mode sets its own. Every AWS resource the
+# stack creates carries it.
 STACK_ID_ENV = "FLEETKEEPER_STACK_ID"
 DRIVER_ENV = "FLEETKEEPER_DRIVER"
 PROBE_BUDGET_ENV = "FLEETKEEPER_PROBE_BUDGET_SECONDS"

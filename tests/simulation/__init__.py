@@ -4,6 +4,6 @@ One seed drives API calls through the real api handler, reconciler runs (schedul
 crashed, timed out, two interleaved), cleanup deliveries from the table's stream through the
 template's filter, probe verdicts from the simulation's own model, every fault of the strict-AWS
 layer and clock jumps; DESIGN.md's invariants are checked after every step. See
-docs/ARCHITECTURE.md, "Simulation"; the engine is `tests/simulation/sim.py`, the seeds
+docs/architecture/simulation.md; the engine is `tests/simulation/sim.py`, the seeds
 `tests/test_simulation.py`.
 """

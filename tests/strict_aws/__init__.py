@@ -17,7 +17,7 @@ happens only when scheduled (`strict_aws.dynamodb.tear_next_read(...)`, `strict_
 FaultRates(...)`). Without a fault the layer is transparent.
 
 How it hooks into botocore and moto: `tests/strict_aws/core.py`. What it models and what it does
-not: docs/ARCHITECTURE.md, "The strict-AWS test layer".
+not: docs/architecture/testing.md, "The strict-AWS test layer".
 """
 
 from tests.strict_aws.clock import VirtualClock

@@ -17,8 +17,8 @@ local user could send. Each run of `fleetkeeper local`:
 
 The CLI uses a credential only for the exact URL it was made for, only from a file its user owns
 that nobody else can read, and only while the server that wrote it is alive: a port some other
-process took over gets no token and no secret (docs/ARCHITECTURE.md, "The embedded mode's trust
-boundary").
+process took over gets no token and no secret (docs/architecture/embedded-mode.md, "The embedded
+mode's trust boundary").
 
 This module is imported by the CLI on every run: standard library only.
 """

@@ -27,7 +27,8 @@ VERSION_TAG = "fleetkeeper:version"
 REPLICA_TAG = "fleetkeeper:replica-id"
 # The stack that launched the instance (Settings.stack_id): every describe, sweep and terminate of a
 # stack keys on it, and its IAM policy lets it terminate only instances carrying its own value
-# (fleetkeeper.reconciler.ownership; docs/ARCHITECTURE.md, "Stacks sharing an account").
+# (fleetkeeper.reconciler.ownership; docs/architecture/stacks-and-security.md, "Stacks sharing an
+# account").
 STACK_TAG = "fleetkeeper:stack"
 
 

@@ -11,8 +11,8 @@ token `fk-<uid>-<replica>`. Such an instance is adopted (tagged with this stack'
 any other of its instances) only when its uid is one of this stack's own services' (read from its
 own table: uids are random per incarnation, so another stack's table never holds it). One whose uid
 this stack does not know is never adopted, and never swept as an orphan either: without the tag
-nothing proves it is this stack's (docs/ARCHITECTURE.md, "Stacks sharing an account", says what an
-operator does with the leftovers of services deleted before the upgrade).
+nothing proves it is this stack's (docs/architecture/stacks-and-security.md, "A stack upgraded in
+place", says what an operator does with the leftovers of services deleted before the upgrade).
 
 Every part of the reconciler that acts on an instance asks `ownership` (or `is_ours`) first: the
 shell's runs and sweep, a spot warning's handling, and any later worker that acts on one instance.

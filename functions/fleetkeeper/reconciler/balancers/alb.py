@@ -16,12 +16,12 @@ Routes are found by what they forward to (the target group), never by a name we 
 remember: `ensure` reuses what a crashed run created, and `remove` deletes every route that uses
 the target group before the target group itself.
 
-Stacks sharing an account (docs/ARCHITECTURE.md): a target group is named `fk-<stack id>-<uid>` and
-everything is tagged `fleetkeeper:stack`; listeners and rules are only ever looked for on the stack's
-own load balancer and listener. A target group named before stacks had ids (`fk-<uid>`) is still its
-service's: found by that name for one of this stack's own uids, checked to carry no other stack's
-tag, and tagged with this stack's id before anything changes it (the IAM policy changes only target
-groups tagged with the stack's id).
+Stacks sharing an account (docs/architecture/stacks-and-security.md): a target group is named
+`fk-<stack id>-<uid>` and everything is tagged `fleetkeeper:stack`; listeners and rules are only ever
+looked for on the stack's own load balancer and listener. A target group named before stacks had ids
+(`fk-<uid>`) is still its service's: found by that name for one of this stack's own uids, checked to
+carry no other stack's tag, and tagged with this stack's id before anything changes it (the IAM
+policy changes only target groups tagged with the stack's id).
 """
 
 from __future__ import annotations

@@ -315,7 +315,8 @@ class Ec2Driver:
             "UserData": cast("str", user_data(request.spec, self._boot_source(request), task)),
             # IMDSv2 only, and a hop limit of 1: the token's PUT answer dies at the first network hop,
             # so a container or a forwarding process on the replica cannot fetch the instance role's
-            # credentials (AL2023's AMIs default to 2, docs/ARCHITECTURE.md "Instance metadata").
+            # credentials (AL2023's AMIs default to 2: docs/architecture/stacks-and-security.md,
+            # "Instance metadata").
             "MetadataOptions": {"HttpTokens": "required", "HttpEndpoint": "enabled", "HttpPutResponseHopLimit": 1},
             "TagSpecifications": [
                 {"ResourceType": "instance", "Tags": tags},
