@@ -13,11 +13,16 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from fleetkeeper.model import BalancerState, ReplicaStatus
+from fleetkeeper.model import BalancerState, ReplicaStatus, VersionState
 from fleetkeeper.reconciler.balancer import DrainState, Target
+from fleetkeeper.reconciler.drivers import ec2 as ec2_driver
+from fleetkeeper.reconciler.drivers.ec2 import Ec2Driver
+from tests.aws_calls import AwsCalls
 from tests.reconciler_world import World, make_alb, raw_client
 
 if TYPE_CHECKING:
+    from collections.abc import Iterator
+
     from tests.reconciler_world import ProbeServer
     from tests.strict_aws import StrictAws
 
@@ -70,3 +75,91 @@ def test_a_replica_in_a_covered_zone_has_nothing_to_say(
     assert state is not None
     assert [r.status_message for r in state.replicas.values()] == ["", ""]
     assert state.service.status_message == "2/2 ready"
+
+
+# --- launches go only to zones the load balancer covers (drivers/ec2.py, launch_subnets) ---------
+
+
+@pytest.fixture
+def fresh_zone_cache() -> Iterator[None]:
+    """The driver keeps what DescribeSubnets said per cold start; each test starts cold."""
+    ec2_driver._served_subnets.clear()
+    yield
+    ec2_driver._served_subnets.clear()
+
+
+def _zone_world(
+    server: ProbeServer, monkeypatch: pytest.MonkeyPatch, replica_zones: tuple[str, ...]
+) -> tuple[World, dict[str, str]]:
+    """The ALB in us-east-1a and -1b, replica subnets in `replica_zones`, the template's variables."""
+    monkeypatch.setenv("FLEETKEEPER_REPLICA_HOST", "127.0.0.1")
+    balancer = make_alb()
+    ec2 = raw_client("ec2")
+    alb_subnets = [
+        s["SubnetId"]
+        for s in ec2.describe_subnets(Filters=[{"Name": "vpc-id", "Values": [balancer.vpc_id]}])["Subnets"]
+    ]
+    replica_subnets: dict[str, str] = {}
+    for n, zone in enumerate(replica_zones):
+        made = ec2.create_subnet(VpcId=balancer.vpc_id, CidrBlock=f"10.42.{10 + n}.0/24", AvailabilityZone=zone)
+        replica_subnets[made["Subnet"]["SubnetId"]] = zone
+    monkeypatch.setenv("FLEETKEEPER_SUBNET_IDS", ",".join(replica_subnets))
+    monkeypatch.setenv("FLEETKEEPER_LOAD_BALANCER_SUBNET_IDS", ",".join(alb_subnets))
+    return World(server, balancer=balancer), replica_subnets
+
+
+def test_replicas_launch_only_in_zones_the_load_balancer_covers(
+    aws: None,
+    strict_aws: StrictAws,
+    server: ProbeServer,
+    monkeypatch: pytest.MonkeyPatch,
+    fresh_zone_cache: None,
+) -> None:
+    world, replica_subnets = _zone_world(server, monkeypatch, ("us-east-1a", "us-east-1c", "us-east-1b"))
+    world.create(service={"readiness_probe": "/health", "replicas": 4, "ports": server.port})
+    with AwsCalls() as calls:
+        world.run()
+    # One DescribeSubnets for the whole run's launches, of both lists.
+    assert [c for c in calls.operations() if c == ("ec2", "DescribeSubnets")] == [("ec2", "DescribeSubnets")]
+    world.converge()
+
+    launched_in = {replica_subnets[i["SubnetId"]] for i in world.instances()}
+    assert launched_in == {"us-east-1a", "us-east-1b"}  # spread over the covered zones, never -1c
+    state = world.store.load("svc")
+    assert state is not None
+    assert state.service.status_message == "4/4 ready"
+    assert all("Target.NotInUse" not in r.status_message for r in state.replicas.values())
+
+    with AwsCalls() as calls:  # the next run (same cold start) asks nothing more
+        world.create(name="other", service={"readiness_probe": "/health", "replicas": 1, "ports": server.port})
+        world.run("other")
+    assert ("ec2", "DescribeSubnets") not in calls.operations()
+
+
+def test_no_replica_subnet_in_a_covered_zone_is_the_stacks_problem_not_the_versions(
+    aws: None,
+    strict_aws: StrictAws,
+    server: ProbeServer,
+    monkeypatch: pytest.MonkeyPatch,
+    fresh_zone_cache: None,
+) -> None:
+    world, _ = _zone_world(server, monkeypatch, ("us-east-1c",))
+    world.create(service={"readiness_probe": "/health", "replicas": 2, "ports": server.port})
+    for _ in range(8):  # more runs than the breaker's threshold of failures
+        world.run()
+    assert world.instances() == []
+    state = world.store.load("svc")
+    assert state is not None
+    version = state.versions[state.service.target_version]
+    assert version.state is not VersionState.FAILED  # the breaker never counted it
+    assert "Fleetkeeper.NoSubnetInLoadBalancerZones" in state.service.status_message
+    assert "LoadBalancerSubnetIds" in state.service.status_message
+
+
+def test_without_load_balancer_subnets_every_replica_subnet_is_used(
+    aws: None, server: ProbeServer, monkeypatch: pytest.MonkeyPatch, fresh_zone_cache: None
+) -> None:
+    driver = Ec2Driver(subnet_ids=["subnet-a", "subnet-c"])
+    assert driver.launch_subnets() == ["subnet-a", "subnet-c"]  # no call: nothing to compare with
+    shared = Ec2Driver(subnet_ids=["subnet-a"], load_balancer_subnet_ids=["subnet-a", "subnet-b"])
+    assert shared.launch_subnets() == ["subnet-a"]  # the ALB is on the replicas' own subnets

@@ -31,6 +31,8 @@ KICK_URL_ENV = "FLEETKEEPER_KICK_URL"
 # The embedded mode's API credential, which its kick URL requires (fleetkeeper.local.auth).
 KICK_TOKEN_ENV = "FLEETKEEPER_KICK_TOKEN"
 SUBNET_IDS_ENV = "FLEETKEEPER_SUBNET_IDS"
+# The subnets the stack's load balancer is enabled in (its zones): replicas launch only in zones it covers.
+LOAD_BALANCER_SUBNET_IDS_ENV = "FLEETKEEPER_LOAD_BALANCER_SUBNET_IDS"
 SECURITY_GROUP_IDS_ENV = "FLEETKEEPER_SECURITY_GROUP_IDS"
 INSTANCE_PROFILE_ENV = "FLEETKEEPER_INSTANCE_PROFILE_ARN"
 DEFAULT_IMAGE_PARAMETER_ENV = "FLEETKEEPER_DEFAULT_IMAGE_PARAMETER"
@@ -137,6 +139,10 @@ class Ec2Settings:
     """The ec2 replica driver's configuration (the reconciler function's, in template.yaml)."""
 
     subnet_ids: tuple[str, ...] = ()  # replicas spread over them
+    # The load balancer's subnets (empty: no load balancer, or not known): a replica launched in a
+    # zone none of them is in would be registered but sent nothing (`Target.NotInUse`), so the
+    # driver launches only in the replica subnets whose zones these cover.
+    load_balancer_subnet_ids: tuple[str, ...] = ()
     security_group_ids: tuple[str, ...] = ()
     instance_profile_arn: str | None = None  # the replicas' instance profile
     default_image_parameter: str = DEFAULT_IMAGE_PARAMETER  # SSM parameter naming the default AMI
@@ -167,6 +173,7 @@ class Ec2Settings:
             workdir_bucket=environ.get(WORKDIR_BUCKET_ENV) or None,
             secrets_prefix=f"/fleetkeeper/{table}" if table else None,
             subnet_ids=_list(environ, SUBNET_IDS_ENV),
+            load_balancer_subnet_ids=_list(environ, LOAD_BALANCER_SUBNET_IDS_ENV),
             security_group_ids=_list(environ, SECURITY_GROUP_IDS_ENV),
             instance_profile_arn=environ.get(INSTANCE_PROFILE_ENV) or None,
             default_image_parameter=environ.get(DEFAULT_IMAGE_PARAMETER_ENV) or DEFAULT_IMAGE_PARAMETER,

@@ -336,6 +336,9 @@ ENVIRONMENT_REFUSALS = frozenset(
         "Fleetkeeper.InstanceProfileNotReady",
         # ...and for an owner's role IAM would not make (denied, or the account's role quota is full).
         "Fleetkeeper.IdentityUnavailable",
+        # The ec2 driver's (drivers/ec2.py NO_SERVED_ZONE): no replica subnet is in a zone the
+        # stack's load balancer covers; the stack's parameters must change, not the version.
+        "Fleetkeeper.NoSubnetInLoadBalancerZones",
     }
 )
 # StateReason codes of an instance AWS took back because it was spot. Only these make a preemption a

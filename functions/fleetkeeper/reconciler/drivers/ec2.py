@@ -63,6 +63,12 @@ UNKNOWN_ROOT_DEVICE = "Fleetkeeper.UnknownRootDevice"
 NO_INSTANCE_TYPE = "Fleetkeeper.NoInstanceType"
 # Refusal code of a launch, without image_id, of an accelerated type no Deep Learning AMI drives (p3dn).
 NO_IMAGE = "Fleetkeeper.NoImage"
+# Refusal code of a launch when no replica subnet is in a zone the stack's load balancer is enabled
+# in: the stack's configuration, never the version's (plan.ENVIRONMENT_REFUSALS).
+NO_SERVED_ZONE = "Fleetkeeper.NoSubnetInLoadBalancerZones"
+# A subnet's zone never changes (EC2 CreateSubnet fixes it), so what DescribeSubnets said about a
+# set of subnets holds for the function instance's life: one call per cold start, not per run.
+_served_subnets: dict[tuple[tuple[str, ...], tuple[str, ...]], tuple[str, ...]] = {}
 _MANAGED_FILTER: FilterTypeDef = {"Name": f"tag:{MANAGED_TAG}", "Values": [MANAGED_VALUE]}
 _PAGE_SIZE = 1000
 # EC2's limit on filter values per Describe call, less the managed tag's one value (a listing by uid
@@ -105,6 +111,8 @@ _TRANSIENT = {
 @dataclass
 class Ec2Driver:
     subnet_ids: list[str] = field(default_factory=list)
+    # The load balancer's subnets: replicas launch only in the replica subnets of zones these cover.
+    load_balancer_subnet_ids: list[str] = field(default_factory=list)
     security_group_ids: list[str] = field(default_factory=list)
     instance_profile_arn: str | None = None
     default_image_parameter: str = DEFAULT_IMAGE_PARAMETER
@@ -124,6 +132,7 @@ class Ec2Driver:
     def from_settings(cls, settings: Ec2Settings) -> Ec2Driver:
         return cls(
             subnet_ids=list(settings.subnet_ids),
+            load_balancer_subnet_ids=list(settings.load_balancer_subnet_ids),
             security_group_ids=list(settings.security_group_ids),
             instance_profile_arn=settings.instance_profile_arn,
             default_image_parameter=settings.default_image_parameter,
@@ -228,7 +237,45 @@ class Ec2Driver:
             types = len(self._instance_types(request))
         except LaunchRefused:
             return 1  # no instance type at all: the one launch attempt says why (NO_INSTANCE_TYPE)
-        return types * max(len(self.subnet_ids), 1)
+        try:
+            subnets = len(self.launch_subnets())
+        except LaunchRefused:
+            return 1  # no subnet at all: the one launch attempt says why (NO_SERVED_ZONE)
+        return types * max(subnets, 1)
+
+    def launch_subnets(self) -> list[str]:
+        """The replica subnets a launch may use: those in a zone the load balancer is enabled in.
+
+        A target in a zone the ALB has no subnet in is registered but `unused` with reason
+        `Target.NotInUse`: it would serve nothing (Elastic Load Balancing, "Target health status").
+        CloudFormation cannot check this at deploy (LoadBalancerSubnetIds is an optional plain list,
+        and a rule reads zones only of AWS-typed parameters), so the driver does, from one
+        DescribeSubnets per cold start. Without a load balancer, or when it shares the replicas'
+        subnets, every replica subnet serves and nothing is asked.
+        """
+        if not self.subnet_ids or not self.load_balancer_subnet_ids:
+            return self.subnet_ids
+        if set(self.subnet_ids) <= set(self.load_balancer_subnet_ids):
+            return self.subnet_ids
+        key = (tuple(self.subnet_ids), tuple(self.load_balancer_subnet_ids))
+        served = _served_subnets.get(key)
+        if served is None:
+            served = self._subnets_in_balancer_zones()
+            _served_subnets[key] = served
+        if not served:
+            raise LaunchRefused(
+                NO_SERVED_ZONE,
+                f"no replica subnet ({', '.join(self.subnet_ids)}) is in a zone the load balancer is enabled in: "
+                "give the stack's LoadBalancerSubnetIds a subnet in each zone of ReplicaSubnetIds",
+            )
+        return list(served)
+
+    def _subnets_in_balancer_zones(self) -> tuple[str, ...]:
+        subnets = sorted(set(self.subnet_ids) | set(self.load_balancer_subnet_ids))
+        described = self.ec2.describe_subnets(SubnetIds=subnets).get("Subnets", [])
+        zone = {s["SubnetId"]: s["AvailabilityZone"] for s in described if "SubnetId" in s and "AvailabilityZone" in s}
+        served = {zone[s] for s in self.load_balancer_subnet_ids if s in zone}
+        return tuple(s for s in self.subnet_ids if zone.get(s) in served)
 
     def pool(self, request: LaunchRequest) -> tuple[str, str | None]:
         """The capacity pool (instance type, subnet) launch attempt `request.attempt` goes to.
@@ -239,7 +286,7 @@ class Ec2Driver:
         same type elsewhere is the likeliest to succeed, and the smallest type is preferred.
         """
         types = self._instance_types(request)
-        subnets = self.subnet_ids
+        subnets = self.launch_subnets()
         attempt = request.attempt
         if not subnets:
             return types[attempt % len(types)], None
