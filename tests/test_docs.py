@@ -29,6 +29,8 @@ LINK = re.compile(r"(?<!!)\[(?:[^\]\n]|\n(?!\n))*?\]\(([^)\s]+)(?:\s+\"[^\"]*\")
 FENCE = re.compile(r"^\s*(```|~~~)")
 HEADING = re.compile(r"^(#{1,6})\s+(.*?)\s*#*\s*$")
 DOC_PATH = re.compile(r"\bdocs/[A-Za-z0-9_./-]+\.md\b")
+# A comment naming a part of a document: docs/X.md, "Part" (or docs/X.md ("Part")).
+DOC_PART = re.compile(r"\b(docs/[A-Za-z0-9_./-]+\.md),? \(?\"([^\"\n]+)\"")
 
 
 def doc_files() -> list[Path]:
@@ -106,6 +108,16 @@ def missing_doc_paths(source: Path, root: Path = ROOT, landing: Iterable[Path] =
     ]
 
 
+def missing_doc_parts(source: Path, root: Path = ROOT) -> list[str]:
+    """Quoted parts of documents ("Placement") that a file names and the document no longer has."""
+    problems = []
+    for name, part in sorted(set(DOC_PART.findall(source.read_text(encoding="utf-8")))):
+        document = root / name
+        if document.exists() and part.lower() not in document.read_text(encoding="utf-8").lower():
+            problems.append(f'{source.relative_to(root)}: {name}, "{part}"')
+    return problems
+
+
 def code_and_build_files() -> list[Path]:
     files = [ROOT / name for name in ("README.md", "Makefile", "pyproject.toml", "template.yaml")]
     for folder, pattern in (
@@ -149,6 +161,12 @@ def test_docs_named_in_code_and_build_files_exist() -> None:
     assert found == [], "\n".join(found)
 
 
+def test_parts_of_docs_named_in_code_and_build_files_exist() -> None:
+    sources = [*code_and_build_files(), *doc_files()]
+    found = [problem for source in sources for problem in missing_doc_parts(source)]
+    assert found == [], "\n".join(found)
+
+
 # The checks themselves, each on a planted violation.
 
 
@@ -188,6 +206,14 @@ def test_a_missing_doc_named_in_code_is_found(tmp_path: Path) -> None:
     source = tmp_path / "module.py"
     source.write_text('"""See docs/here.md and docs/ARCHITECTURE.md, "Placement"."""\n', encoding="utf-8")
     assert missing_doc_paths(source, tmp_path) == ["module.py: docs/ARCHITECTURE.md"]
+
+
+def test_a_missing_part_of_a_doc_is_found(tmp_path: Path) -> None:
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "here.md").write_text("# Here\n\n**Placement.** It is here.\n", encoding="utf-8")
+    source = tmp_path / "module.py"
+    source.write_text('# docs/here.md, "Placement"; docs/here.md ("placement"); docs/here.md, "Network"\n')
+    assert missing_doc_parts(source, tmp_path) == ['module.py: docs/here.md, "Network"']
 
 
 def test_github_anchors() -> None:
