@@ -99,3 +99,21 @@ def test_a_planted_violation_breaks_its_contract(
     result = lint_imports(root, contract)
     assert result.returncode == 1, f"{contract} kept despite `{statement}` in {module}:\n{result.stdout}"
     assert "BROKEN" in result.stdout and module in result.stdout, result.stdout
+
+
+def test_every_deployed_handler_is_under_the_lambda_bundle_contract() -> None:
+    # A function added to template.yaml whose module the contract does not name could import the
+    # embedded mode, the CLI or a package its bundle lacks, and only fail once deployed.
+    import tomllib
+
+    from fleetkeeper.template import load_template
+
+    handlers = {
+        body["Properties"]["Handler"].rsplit(".", 1)[0]
+        for body in load_template()["Resources"].values()
+        if body["Type"] == "AWS::Serverless::Function"
+    }
+    contracts = tomllib.loads(CONFIG.read_text(encoding="utf-8"))["tool"]["importlinter"]["contracts"]
+    (bundle,) = (c for c in contracts if c["id"] == "lambda-bundle")
+    assert handlers, "no function found in template.yaml"
+    assert handlers <= set(bundle["source_modules"]), handlers - set(bundle["source_modules"])

@@ -42,7 +42,7 @@ from fleetkeeper.settings import DEFAULT_IMAGE_PARAMETER, DEFAULT_INSTANCE_TYPE,
 from fleetkeeper.spec import root_device_of_parameter
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Iterable, Mapping, Sequence
 
     from mypy_boto3_ec2 import EC2Client
     from mypy_boto3_ec2.literals import InstanceTypeType, VolumeTypeType
@@ -69,6 +69,17 @@ NO_SERVED_ZONE = "Fleetkeeper.NoSubnetInLoadBalancerZones"
 # A subnet's zone never changes (EC2 CreateSubnet fixes it), so what DescribeSubnets said about a
 # set of subnets holds for the function instance's life: one call per cold start, not per run.
 _served_subnets: dict[tuple[tuple[str, ...], tuple[str, ...]], tuple[str, ...]] = {}
+
+
+def served_subnets(
+    replica_subnets: Sequence[str], balancer_subnets: Iterable[str], zone_of: Mapping[str, str]
+) -> list[str]:
+    """The replica subnets in a zone one of the load balancer's subnets is in, in their given order
+    (the launches' and the deployment's rule, fleetkeeper.zone_check)."""
+    served = {zone_of[s] for s in balancer_subnets if s in zone_of}
+    return [s for s in replica_subnets if zone_of.get(s) in served]
+
+
 _MANAGED_FILTER: FilterTypeDef = {"Name": f"tag:{MANAGED_TAG}", "Values": [MANAGED_VALUE]}
 _PAGE_SIZE = 1000
 # EC2's limit on filter values per Describe call, less the managed tag's one value (a listing by uid
@@ -248,9 +259,9 @@ class Ec2Driver:
 
         A target in a zone the ALB has no subnet in is registered but `unused` with reason
         `Target.NotInUse`: it would serve nothing (Elastic Load Balancing, "Target health status").
-        CloudFormation cannot check this at deploy (LoadBalancerSubnetIds is an optional plain list,
-        and a rule reads zones only of AWS-typed parameters), so the driver does, from one
-        DescribeSubnets per cold start. Without a load balancer, or when it shares the replicas'
+        The deployment refuses such a stack (fleetkeeper.zone_check, a custom resource); the driver
+        keeps the guard for a stack deployed before that check, from one DescribeSubnets per cold
+        start. Without a load balancer, or when it shares the replicas'
         subnets, every replica subnet serves and nothing is asked.
         """
         if not self.subnet_ids or not self.load_balancer_subnet_ids:
@@ -274,8 +285,7 @@ class Ec2Driver:
         subnets = sorted(set(self.subnet_ids) | set(self.load_balancer_subnet_ids))
         described = self.ec2.describe_subnets(SubnetIds=subnets).get("Subnets", [])
         zone = {s["SubnetId"]: s["AvailabilityZone"] for s in described if "SubnetId" in s and "AvailabilityZone" in s}
-        served = {zone[s] for s in self.load_balancer_subnet_ids if s in zone}
-        return tuple(s for s in self.subnet_ids if zone.get(s) in served)
+        return tuple(served_subnets(self.subnet_ids, self.load_balancer_subnet_ids, zone))
 
     def pool(self, request: LaunchRequest) -> tuple[str, str | None]:
         """The capacity pool (instance type, subnet) launch attempt `request.attempt` goes to.
