@@ -28,6 +28,28 @@ status messages are for people and are never read back.
 The shell only observes and applies. What it records after a launch is decided here too: `launched`
 and `refused` give the replica's next record, and `service_status` the status of the records as they
 are once AWS refused launches the plan expected to go through.
+
+The package, one module per concern around `plan` here (each opens with what it decides):
+
+    policy.py        the knobs (`Policy`) and the launch backoff
+    actions.py       the action types the shell applies
+    lifecycle.py     which replica statuses are leaving, which instance states are gone
+    failures.py      whose fault a failure is, from its code (`refusal_cause`, `termination_cause`)
+    observe.py       one replica's next record from its instance and probe; ownership and matching
+    work.py          what a plan accumulates, and its replica and cleanup actions
+    scale.py         how many replicas the target wants; the autoscaler's write (`plan_autoscale`)
+    replicas.py      scale down, rolling and blue-green replacement, launches and claims
+    markets.py       the spot / on-demand split and the on-demand fallback
+    spot_warnings.py interruption warnings and rebalance recommendations: record, drain deadline, replace
+    breaker.py       the circuit breaker and the version it rolls back to
+    endpoints.py     the endpoint: config and health check, register, drain, deregister, route
+    launches.py      the record after a launch (`launched`) or a refusal (`refused`)
+    status.py        the service status and its message
+    delete.py        taking a DELETING service down
+    orphans.py       instances of no live service (the scheduled sweep)
+
+Everything other modules use is imported from here (`fleetkeeper.reconciler.plan`), not from the
+concern modules.
 """
 
 from __future__ import annotations
