@@ -36,13 +36,13 @@ VIOLATIONS = [
     # Two modules of one layer are independent of each other.
     ("layers", "fleetkeeper.services", "from fleetkeeper.cleanup.logic import Cleaner", LAZY),
     ("layers", "fleetkeeper.reconciler.handler", "import fleetkeeper.cleanup.handler", LAZY),
-    # The planner does no I/O.
+    # The planner does no I/O: its package and each of its modules.
     ("pure-planner", "fleetkeeper.reconciler.plan", "import socket", TOP),
-    ("pure-planner", "fleetkeeper.reconciler.plan", "import boto3", LAZY),
+    ("pure-planner", "fleetkeeper.reconciler.plan.replicas", "import boto3", LAZY),
     ("pure-planner", "fleetkeeper.reconciler.plan", "from urllib.request import urlopen", LAZY),
-    ("pure-planner", "fleetkeeper.reconciler.plan", "import time", LAZY),
+    ("pure-planner", "fleetkeeper.reconciler.plan.spot_warnings", "import time", LAZY),
     ("pure-planner", "fleetkeeper.reconciler.plan", "from fleetkeeper.reconciler.probe import probe_all", TOP),
-    ("pure-planner", "fleetkeeper.reconciler.plan", "from fleetkeeper.store import Store", TYPE_ONLY),
+    ("pure-planner", "fleetkeeper.reconciler.plan.observe", "from fleetkeeper.store import Store", TYPE_ONLY),
     # Indirectly: the planner imports the model, the model would import the AWS clients.
     ("pure-planner", "fleetkeeper.model", "from fleetkeeper import aws", LAZY),
     # What Lambda runs never imports the embedded mode, the CLI or what its bundle lacks.
@@ -55,7 +55,7 @@ VIOLATIONS = [
     # The local load balancer (and aiohttp, which it runs on) is the embedded mode's alone.
     ("lambda-bundle", "fleetkeeper.reconciler.balancers", "from fleetkeeper.local.balancer import LocalBalancer", LAZY),
     ("lambda-bundle", "fleetkeeper.reconciler.balancers.alb", "import aiohttp", LAZY),
-    ("pure-planner", "fleetkeeper.reconciler.plan", "from fleetkeeper.reconciler.balancers import alb", LAZY),
+    ("pure-planner", "fleetkeeper.reconciler.plan.endpoints", "from fleetkeeper.reconciler.balancers import alb", LAZY),
 ]  # fmt: skip
 
 

@@ -54,7 +54,7 @@ SCOPE_LENGTH = 16
 # InvalidParameterValue ("Invalid IAM Instance Profile name"): AWS documents IAM changes as eventually
 # consistent (typically seconds). A refusal within this long is the profile's youth, retried next run.
 PROFILE_SETTLE_SECONDS = 60.0
-# The reconciler's own refusal code for it (an ENVIRONMENT refusal: reconciler/plan.py).
+# The reconciler's own refusal code for it (an ENVIRONMENT refusal: reconciler/plan/failures.py).
 PROFILE_NOT_READY = "Fleetkeeper.InstanceProfileNotReady"
 # ...and for an owner's identity IAM would not make (a denied permission, a full quota): the stack's
 # configuration or the account's limits, never the version's (an ENVIRONMENT refusal too).

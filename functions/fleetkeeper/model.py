@@ -58,7 +58,7 @@ class FailureCause(StrEnum):
     """Whose fault a failed replica's failure is: it decides what the circuit breaker counts.
 
     Derived from codes (a RunInstances error code, an instance's StateReason code, fleetkeeper's own
-    codes), never from a message; the table of codes is in reconciler/plan.py.
+    codes), never from a message; the table of codes is in reconciler/plan/failures.py.
     """
 
     # The version's: its image, its spec, its app (probe and initial-delay failures, a refused launch

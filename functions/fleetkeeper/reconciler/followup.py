@@ -72,7 +72,7 @@ def _moments(
                 yield now, True
         else:
             # Kept while an instance DescribeInstances does not show yet may still appear
-            # (plan._may_be_unseen): the item goes once that grace is over.
+            # (plan.observe._may_be_unseen): the item goes once that grace is over.
             since = from_iso(record.launched_at or record.updated_at)
             yield since + policy.lost_instance_grace, False
         return
@@ -99,7 +99,7 @@ def _moments(
 
 def _drain_over(record: ReplicaRecord, state: ServiceState) -> Iterable[tuple[datetime, bool]]:
     """A draining replica's deadline (the endpoint's drain time after its drain began): its instance
-    is terminated then, drained or not (plan._Balance)."""
+    is terminated then, drained or not (plan.endpoints._Balance)."""
     endpoint = state.service.endpoint
     if record.drain_started_at is not None and endpoint is not None:
         yield from_iso(record.drain_started_at) + timedelta(seconds=endpoint.config.drain_seconds + 1), False

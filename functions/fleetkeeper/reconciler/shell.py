@@ -243,7 +243,7 @@ class Reconciler:
     def interrupt(self, interruption: Interruption) -> RunReport:
         """EC2 warned about an instance (fleetkeeper.reconciler.interruptions): record the warning on
         the replica whose instance it is, then reconcile that service at once (the plan drains and
-        replaces it, fleetkeeper.reconciler.plan._plan_warned).
+        replaces it, fleetkeeper.reconciler.plan.spot_warnings._plan_warned).
 
         The warning names an instance only: the instance's tags and ClientToken say whose it is (an
         instance fleetkeeper did not launch, or another stack launched, is ignored, as every

@@ -1,0 +1,50 @@
+"""How many replicas the target version wants: the spec's count, or the autoscaler's target and the
+write of its decision (`plan_autoscale`)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from fleetkeeper import autoscale, wake
+from fleetkeeper.model import (
+    Lifecycle,
+    ServiceState,
+)
+from fleetkeeper.reconciler.plan.actions import RecordAutoscale
+
+if TYPE_CHECKING:
+    from datetime import datetime
+
+
+def wanted_replicas(state: ServiceState) -> int:
+    """The replicas the target version should run: the autoscaled target (the service item's
+    autoscaler state, within the policy's bounds) when it autoscales, else the spec's count."""
+    target = state.target
+    if target is None:
+        return 0
+    policy = autoscale.policy_of(target.spec)
+    if policy is None:
+        return target.spec.target_replicas
+    return autoscale.current_target(policy, state.service.autoscaler)
+
+
+def plan_autoscale(state: ServiceState, request_rate: float | None, now: datetime) -> RecordAutoscale | None:
+    """The autoscaler's decision for an ACTIVE service, as the write it needs (None: nothing changes).
+
+    A target version that does not autoscale drops a state left from one that did (written once),
+    so turning autoscaling on again starts from the policy's minimum and a fresh window.
+    """
+    service = state.service
+    if service.lifecycle is not Lifecycle.ACTIVE or state.target is None:
+        return None
+    policy = autoscale.policy_of(state.target.spec)
+    before = service.autoscaler
+    if policy is None:
+        return RecordAutoscale(before, None) if before is not None else None
+    # Requests the endpoint's wake target answered (no replica served them, so the load balancer's
+    # metric did not count them) are demand too: without them a service at zero never wakes.
+    endpoint = service.endpoint
+    waking_since = endpoint.waking_since if endpoint is not None else None
+    rate = wake.demand_rate(request_rate, service.wake_at, waking_since, now)
+    after = autoscale.decide(policy, before, rate, now)
+    return None if after is before else RecordAutoscale(before, after)
