@@ -1,6 +1,10 @@
-"""Request and response bodies of the HTTPS API (also the OpenAPI document's schemas)."""
+"""Request and response bodies of the HTTPS API (also the OpenAPI document's schemas).
 
-from __future__ import annotations
+No `from __future__ import annotations` here: pydantic would evaluate every field's annotation
+from its text (typing.ForwardRef compiles each one) when the api is imported; written as objects,
+they cost nothing to read. The functions' annotations of types imported for type checking only are
+quoted instead.
+"""
 
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
@@ -302,7 +306,7 @@ class ErrorBody(_Model):
     error: ErrorDetail
 
 
-def summary(service: ServiceRecord) -> dict[str, Any]:
+def summary(service: "ServiceRecord") -> dict[str, Any]:
     return {
         "name": service.name,
         "uid": service.uid,
@@ -322,15 +326,15 @@ def summary(service: ServiceRecord) -> dict[str, Any]:
     }
 
 
-def access_list(service: ServiceRecord) -> list[dict[str, str]]:
+def access_list(service: "ServiceRecord") -> list[dict[str, str]]:
     return [{"principal": g.principal, "mode": g.mode} for g in service.access]
 
 
-def access_view(service: ServiceRecord) -> dict[str, Any]:
+def access_view(service: "ServiceRecord") -> dict[str, Any]:
     return {"name": service.name, "owner": service.owner, "access": access_list(service)}
 
 
-def replica_view(replica: ReplicaRecord) -> dict[str, Any]:
+def replica_view(replica: "ReplicaRecord") -> dict[str, Any]:
     return {
         "replica_id": replica.replica_id,
         "version": replica.version,
@@ -355,7 +359,7 @@ def replica_view(replica: ReplicaRecord) -> dict[str, Any]:
     }
 
 
-def target_view(state: ServiceState) -> dict[str, Any]:
+def target_view(state: "ServiceState") -> dict[str, Any]:
     """A write's answer: the service and its target version's spec, no replicas."""
     target = state.target
     return {
@@ -366,7 +370,7 @@ def target_view(state: ServiceState) -> dict[str, Any]:
     }
 
 
-def service_view(state: ServiceState, now: datetime | None = None) -> dict[str, Any]:
+def service_view(state: "ServiceState", now: "datetime | None" = None) -> dict[str, Any]:
     return {
         **target_view(state),
         "replicas": [replica_view(state.replicas[r]) for r in sorted(state.replicas)],
@@ -374,7 +378,7 @@ def service_view(state: ServiceState, now: datetime | None = None) -> dict[str, 
     }
 
 
-def autoscaling_view(state: ServiceState, now: datetime) -> dict[str, Any] | None:
+def autoscaling_view(state: "ServiceState", now: "datetime") -> dict[str, Any] | None:
     # Imported here: only a GET of one service shows its autoscaler.
     from fleetkeeper import autoscale
 
@@ -406,7 +410,7 @@ def autoscaling_view(state: ServiceState, now: datetime) -> dict[str, Any] | Non
     }
 
 
-def version_view(version: VersionRecord) -> dict[str, Any]:
+def version_view(version: "VersionRecord") -> dict[str, Any]:
     return {
         "version": version.version,
         "mode": version.mode,
@@ -423,7 +427,7 @@ def placement_view(spec: ServiceSpec) -> dict[str, Any]:
     return {"instance_types": list(placed.instance_types), "notes": list(placed.notes)}
 
 
-def event_view(record: EventRecord) -> dict[str, Any]:
+def event_view(record: "EventRecord") -> dict[str, Any]:
     event = record.event
     view: dict[str, Any] = {
         "time": record.last_seen,
