@@ -1,20 +1,16 @@
-"""Prints the DynamoDB calls each api operation makes, and the api's cold-start import ratio.
+"""Prints the DynamoDB calls each api operation makes.
 
     python bench/api_calls.py
 
 Calls are counted on the handler's own boto3 client (botocore `before-call` events) against an
-in-process moto; the ratio is the wall time of a fresh `import fleetkeeper.api.handler` over a fresh
-`import boto3`, median of 9 runs each. Target: at most 1.6.
+in-process moto. The cold-start import ratios of every handler are bench/cold_start.py's.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import statistics
-import subprocess
 import sys
-import time
 from collections import Counter
 from pathlib import Path
 
@@ -92,25 +88,5 @@ def count_calls() -> None:
         run("delete", "DELETE", "/v1/services/web")
 
 
-def import_seconds(statement: str) -> float:
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "functions")}
-    start = time.perf_counter()
-    subprocess.run([sys.executable, "-c", statement], check=True, env=env, cwd=ROOT)
-    return time.perf_counter() - start
-
-
-def cold_start_ratio(runs: int = 9) -> None:
-    import_seconds("import boto3")  # warm the OS file cache once for both
-    handler = [import_seconds("import fleetkeeper.api.handler") for _ in range(runs)]
-    boto = [import_seconds("import boto3") for _ in range(runs)]
-    h, b = statistics.median(handler), statistics.median(boto)
-    print()
-    print(
-        f"cold start: import fleetkeeper.api.handler {h * 1000:.0f} ms, import boto3 {b * 1000:.0f} ms "
-        f"(median of {runs}); ratio {h / b:.2f} (target <= 1.6)"
-    )
-
-
 if __name__ == "__main__":
     count_calls()
-    cold_start_ratio()

@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import logging
 import time
-import urllib.request
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -71,6 +70,8 @@ class ReconcilerKick:
                 headers = {"Content-Type": "application/json"}
                 if self.token:
                     headers["Authorization"] = f"Bearer {self.token}"
+                import urllib.request  # the embedded mode's kick only: on AWS the kick is an SQS message
+
                 request = urllib.request.Request(self.url, data=body.encode(), method="POST", headers=headers)
                 with urllib.request.urlopen(request, timeout=KICK_URL_TIMEOUT_SECONDS):
                     pass

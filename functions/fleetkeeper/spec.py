@@ -24,14 +24,18 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from fleetkeeper import images, skypilot_fields, task_variables
-from fleetkeeper import placement as placing
-from fleetkeeper.catalogue import REGION, ZONE
 from fleetkeeper.errors import InvalidRequest
 from fleetkeeper.settings import MAX_READINESS_TIMEOUT_SECONDS
 
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
+
+    from fleetkeeper import placement as placing
+
+# Imported where they are used, not here (every handler imports this module, and the api's cold start
+# pays for what it imports; docs/PERFORMANCE.md): placement with the instance catalogue, the Deep
+# Learning AMI table (images), SkyPilot's field table (skypilot_fields) and the task variables are
+# needed only while a spec is validated or placed, so only the invocations that do it load them.
 
 DEFAULT_PORT = 8080
 # The lowest port a replica may serve on: infra/network.yaml opens ReplicaPortFrom (1024) to
@@ -166,7 +170,9 @@ def _variables(value: Any) -> set[str]:
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+    # defer_build: the validators are built on the first validation, not when this module is imported:
+    # an api invocation that never sees a spec (a list, a page of events, a refused request) skips them.
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True, defer_build=True)
 
 
 class ReadinessProbe(_Strict):
@@ -341,6 +347,8 @@ class _Placed(_Strict):
     @field_validator("region")
     @classmethod
     def _aws_region(cls, value: str | None) -> str | None:
+        from fleetkeeper.catalogue import REGION
+
         if value is not None and not REGION.fullmatch(value):
             raise ValueError(
                 f"{value!r} is not an AWS region name (e.g. us-east-1): fleetkeeper runs on AWS only, "
@@ -360,6 +368,8 @@ class _Placed(_Strict):
     @classmethod
     def _aws_infra(cls, value: str | None) -> str | None:
         """SkyPilot's `infra: aws/us-east-1` is `cloud: aws` and `region: us-east-1` (a `*` is any)."""
+        from fleetkeeper.catalogue import REGION
+
         if value is None:
             return value
         cloud, _, rest = value.strip().partition("/")
@@ -390,6 +400,8 @@ class _Placed(_Strict):
     @field_validator("cpus", "memory")
     @classmethod
     def _bound(cls, value: Cpus | None, info: ValidationInfo) -> Cpus | None:
+        from fleetkeeper import placement as placing
+
         if value is not None:
             placing.parse_bound(value, "vCPUs" if info.field_name == "cpus" else "GB of memory")
         return value
@@ -397,12 +409,16 @@ class _Placed(_Strict):
     @field_validator("accelerators", mode="before")
     @classmethod
     def _accelerators(cls, value: Any) -> Any:
+        from fleetkeeper import placement as placing
+
         if value is not None:
             placing.parse_accelerators(value)  # every form's own message, before the union's
         return value
 
 
 def _no_zone(value: str) -> None:
+    from fleetkeeper.catalogue import ZONE
+
     if not ZONE.fullmatch(value):
         raise ValueError(
             f"{value!r} is not an AWS availability zone name (e.g. us-east-1a): fleetkeeper runs on AWS only"
@@ -493,6 +509,8 @@ class Resources(_Placed):
         """Without image_id, an accelerated candidate boots its Deep Learning AMI (fleetkeeper.images):
         one no DLAMI drives is refused, and so is a disk_size below the DLAMI's root volume (EC2 would
         refuse every launch). A stored spec keeps loading (the launch is refused instead)."""
+        from fleetkeeper import images
+
         if self.image_id is not None or _stored(info):
             return self
         floors: dict[str, images.Dlami] = {}
@@ -519,6 +537,8 @@ class Resources(_Placed):
         sky/resources.py): a set of alternatives has no order to merge with `ordered`, and a list (an
         order) none to keep inside `any_of`. An `any_of` entry's own set is a union, an `ordered` entry's
         own set or list is tried at that entry's turn (SkyPilot's schema takes one accelerator there)."""
+        from fleetkeeper import placement as placing
+
         if self.any_of is not None and self.ordered is not None:
             raise _refused("ordered", "give either `any_of` (a set, smallest first) or `ordered` (in turn), not both")
         several = self.accelerators is not None and len(placing.parse_accelerators(self.accelerators)) > 1
@@ -542,6 +562,8 @@ class Resources(_Placed):
     def _exists_on_aws(self, info: ValidationInfo) -> Resources:
         """A spec none of whose choices AWS has is refused with what AWS has instead; a stored one
         keeps loading (the reconciler refuses its launch, fleetkeeper.reconciler.drivers.ec2)."""
+        from fleetkeeper import placement as placing
+
         if _stored(info):
             return self  # not resolved on every load of every stored version: views and launches do
         try:
@@ -557,6 +579,8 @@ class Resources(_Placed):
         `any_of` or `ordered` entry over the top-level fields, and each accelerator of a set or list.
         `instance_type` wins over the requirements beside it. Preferences: `ordered` entries and the
         items of a list of accelerators are tried in turn; everything else is one set."""
+        from fleetkeeper import placement as placing
+
         fields = ("instance_type", "cpus", "memory", "accelerators")
         top = {f: getattr(self, f) for f in fields}
         entries = [top] if not (self.any_of or self.ordered) else [
@@ -598,6 +622,8 @@ class Resources(_Placed):
     def placement(self) -> placing.Placement:
         """The candidate instance types (empty: the stack's default) and notes on dropped choices.
         A stored spec AWS no longer satisfies has no candidates and says why in its notes."""
+        from fleetkeeper import placement as placing
+
         try:
             return placing.resolve(self.choices())
         except placing.Unsatisfiable as exc:
@@ -605,6 +631,8 @@ class Resources(_Placed):
 
     @property
     def root_volume(self) -> placing.RootVolume | None:
+        from fleetkeeper import placement as placing
+
         return placing.root_volume(self.disk_size, self.disk_tier)
 
 
@@ -698,6 +726,8 @@ class ServiceSpec(_Strict):
     @field_validator("workdir", mode="before")
     @classmethod
     def _workdir_is_uploaded(cls, value: Any) -> Any:
+        from fleetkeeper import skypilot_fields
+
         remote = value.get("url") if isinstance(value, dict) else value if isinstance(value, str) else None
         if isinstance(remote, str) and skypilot_fields.remote_workdir(remote):
             ref = value.get("ref") if isinstance(value, dict) else None
@@ -773,6 +803,8 @@ class ServiceSpec(_Strict):
     def _task_variables_are_fleetkeepers(self, info: ValidationInfo) -> ServiceSpec:
         """SkyPilot's task variables and fleetkeeper's own are set for every replica
         (fleetkeeper.task_variables): a spec may not set them (a stored one cannot shadow them)."""
+        from fleetkeeper import task_variables
+
         taken = sorted((set(self.envs) | set(self.secrets)) & task_variables.NAMES)
         if taken and not _stored(info):
             raise ValueError(
@@ -927,6 +959,8 @@ def _unknown_field(loc: tuple[int | str, ...], prefix: str) -> str:
     """An unknown field's problem, most specific first: SkyPilot's fields fleetkeeper does not take say
     what to do instead (skypilot_fields); a field of another section says where it belongs; a typo
     gets `did you mean ...?`, from its own section's fields, else from every section's."""
+    from fleetkeeper import skypilot_fields
+
     parts = [p for p in loc if not (isinstance(p, str) and ("[" in p or p.startswith("function-")))]
     if parts and parts[0] in {prefix, "spec"}:  # parse_spec's prefix, or the api body's `spec`
         parts = parts[1:]

@@ -1,12 +1,15 @@
-"""Request and response bodies of the HTTPS API (also the OpenAPI document's schemas)."""
+"""Request and response bodies of the HTTPS API (also the OpenAPI document's schemas).
 
-from __future__ import annotations
+No `from __future__ import annotations` here: pydantic would evaluate every field's annotation
+from its text (typing.ForwardRef compiles each one) when the api is imported; written as objects,
+they cost nothing to read. The functions' annotations of types imported for type checking only are
+quoted instead.
+"""
 
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from fleetkeeper import autoscale
 from fleetkeeper.access import MAX_GRANTS
 from fleetkeeper.model import to_iso, utcnow
 from fleetkeeper.principals import MAX_PRINCIPAL_LENGTH
@@ -25,7 +28,13 @@ MAX_CLIENT_INTEGER = 10**9
 ServiceName = Annotated[str, Field(pattern=NAME_PATTERN, description="lower-case letters, digits and dashes")]
 
 
-class _Request(BaseModel):
+class _Model(BaseModel):
+    # defer_build: a model's validator and serializer are built when a route first uses it, not when
+    # the api is imported: an invocation builds those of its own route only (docs/PERFORMANCE.md).
+    model_config = ConfigDict(defer_build=True)
+
+
+class _Request(_Model):
     model_config = ConfigDict(extra="forbid")
 
 
@@ -88,13 +97,13 @@ class WorkdirUploadRequest(_Request):
     )
 
 
-class UploadView(BaseModel):
+class UploadView(_Model):
     url: str = Field(description="where to send the archive (a presigned S3 URL on AWS)")
     method: str = Field(description="the HTTP method: PUT")
     headers: dict[str, str] = Field(description="headers the request must carry as they are (they are signed)")
 
 
-class WorkdirUpload(BaseModel):
+class WorkdirUpload(_Model):
     digest: str
     upload: UploadView | None = Field(
         description="null: the archive is stored already; else send it with this one request, then name the digest "
@@ -103,13 +112,13 @@ class WorkdirUpload(BaseModel):
     max_bytes: int = Field(description="the largest archive a version may name")
 
 
-class InterruptionView(BaseModel):
+class InterruptionView(_Model):
     kind: str = Field(description="spot-interruption or rebalance-recommendation")
     instance_id: str
     at: str = Field(description="when AWS sent it")
 
 
-class ReplicaView(BaseModel):
+class ReplicaView(_Model):
     replica_id: int
     version: int
     status: str
@@ -129,12 +138,12 @@ class ReplicaView(BaseModel):
     updated_at: str
 
 
-class GrantView(BaseModel):
+class GrantView(_Model):
     principal: str = Field(description="the principal ARN or pattern, as stored (a role without its path)")
     mode: Literal["read", "write"]
 
 
-class ServiceSummary(BaseModel):
+class ServiceSummary(_Model):
     name: str
     uid: str = Field(
         description="the incarnation's id: a service deleted and created again under its name gets another"
@@ -166,7 +175,7 @@ class ServiceSummary(BaseModel):
     updated_at: str
 
 
-class AccessView(BaseModel):
+class AccessView(_Model):
     """Who may access a service: its owner, the stack's administrators, and its grants."""
 
     name: str
@@ -175,7 +184,7 @@ class AccessView(BaseModel):
     changed: bool = Field(description="false when the request named nothing new: nothing was written")
 
 
-class PlacementView(BaseModel):
+class PlacementView(_Model):
     """Where the spec's replicas run: its `resources` resolved against AWS's instance types
     (fleetkeeper.placement) when the api accepted it."""
 
@@ -198,7 +207,7 @@ class ServiceTarget(ServiceSummary):
     mode: str | None = Field(description="how the target version rolls out: rolling or blue_green")
 
 
-class PendingScaling(BaseModel):
+class PendingScaling(_Model):
     direction: Literal["up", "down"]
     replicas: int = Field(description="the target it goes to")
     at: str = Field(description="when, if the request rate stays where it is (the next run at or after it acts)")
@@ -209,7 +218,7 @@ class PendingScaling(BaseModel):
     message: str = Field(description="what `fleetkeeper status` prints: scaling up to 3 in 2m: <reason>")
 
 
-class AutoscalingView(BaseModel):
+class AutoscalingView(_Model):
     """The request-rate autoscaler of a service whose target version has a `replica_policy` with
     `target_qps_per_replica`: its target, the rate behind its current recommendation, what it will
     do next."""
@@ -248,12 +257,12 @@ class ServiceView(ServiceTarget):
     )
 
 
-class ServiceList(BaseModel):
+class ServiceList(_Model):
     services: list[ServiceSummary]
     next_token: str | None
 
 
-class VersionView(BaseModel):
+class VersionView(_Model):
     version: int
     mode: str
     state: str
@@ -263,14 +272,14 @@ class VersionView(BaseModel):
     placement: PlacementView
 
 
-class VersionList(BaseModel):
+class VersionList(_Model):
     name: str
     target_version: int
     versions: list[VersionView] = Field(description="a page of versions, oldest first")
     next_token: str | None = Field(description="pass as next_token for the next page; null on the last")
 
 
-class EventView(BaseModel):
+class EventView(_Model):
     time: str = Field(description="when it was last seen (ISO 8601)")
     first_seen: str = Field(description="when it was first seen (ISO 8601)")
     count: int = Field(description="how many times it was seen: repeats are folded into one event")
@@ -282,22 +291,22 @@ class EventView(BaseModel):
     code: str | None = Field(default=None, description="the typed failure code (a refused launch, a failed replica)")
 
 
-class EventList(BaseModel):
+class EventList(_Model):
     events: list[EventView] = Field(description="a page of the service's newest 100 events, newest first")
     next_token: str | None = Field(description="pass as next_token for the next page; null on the last")
 
 
-class ErrorDetail(BaseModel):
+class ErrorDetail(_Model):
     code: str
     message: str
     details: list[dict[str, Any]]
 
 
-class ErrorBody(BaseModel):
+class ErrorBody(_Model):
     error: ErrorDetail
 
 
-def summary(service: ServiceRecord) -> dict[str, Any]:
+def summary(service: "ServiceRecord") -> dict[str, Any]:
     return {
         "name": service.name,
         "uid": service.uid,
@@ -317,15 +326,15 @@ def summary(service: ServiceRecord) -> dict[str, Any]:
     }
 
 
-def access_list(service: ServiceRecord) -> list[dict[str, str]]:
+def access_list(service: "ServiceRecord") -> list[dict[str, str]]:
     return [{"principal": g.principal, "mode": g.mode} for g in service.access]
 
 
-def access_view(service: ServiceRecord) -> dict[str, Any]:
+def access_view(service: "ServiceRecord") -> dict[str, Any]:
     return {"name": service.name, "owner": service.owner, "access": access_list(service)}
 
 
-def replica_view(replica: ReplicaRecord) -> dict[str, Any]:
+def replica_view(replica: "ReplicaRecord") -> dict[str, Any]:
     return {
         "replica_id": replica.replica_id,
         "version": replica.version,
@@ -350,7 +359,7 @@ def replica_view(replica: ReplicaRecord) -> dict[str, Any]:
     }
 
 
-def target_view(state: ServiceState) -> dict[str, Any]:
+def target_view(state: "ServiceState") -> dict[str, Any]:
     """A write's answer: the service and its target version's spec, no replicas."""
     target = state.target
     return {
@@ -361,7 +370,7 @@ def target_view(state: ServiceState) -> dict[str, Any]:
     }
 
 
-def service_view(state: ServiceState, now: datetime | None = None) -> dict[str, Any]:
+def service_view(state: "ServiceState", now: "datetime | None" = None) -> dict[str, Any]:
     return {
         **target_view(state),
         "replicas": [replica_view(state.replicas[r]) for r in sorted(state.replicas)],
@@ -369,7 +378,10 @@ def service_view(state: ServiceState, now: datetime | None = None) -> dict[str, 
     }
 
 
-def autoscaling_view(state: ServiceState, now: datetime) -> dict[str, Any] | None:
+def autoscaling_view(state: "ServiceState", now: "datetime") -> dict[str, Any] | None:
+    # Imported here: only a GET of one service shows its autoscaler.
+    from fleetkeeper import autoscale
+
     target = state.target
     policy = autoscale.policy_of(target.spec) if target is not None else None
     if policy is None:
@@ -398,7 +410,7 @@ def autoscaling_view(state: ServiceState, now: datetime) -> dict[str, Any] | Non
     }
 
 
-def version_view(version: VersionRecord) -> dict[str, Any]:
+def version_view(version: "VersionRecord") -> dict[str, Any]:
     return {
         "version": version.version,
         "mode": version.mode,
@@ -415,7 +427,7 @@ def placement_view(spec: ServiceSpec) -> dict[str, Any]:
     return {"instance_types": list(placed.instance_types), "notes": list(placed.notes)}
 
 
-def event_view(record: EventRecord) -> dict[str, Any]:
+def event_view(record: "EventRecord") -> dict[str, Any]:
     event = record.event
     view: dict[str, Any] = {
         "time": record.last_seen,

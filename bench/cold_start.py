@@ -1,0 +1,230 @@
+"""Prints every Lambda handler's cold-start import against a fresh `import boto3`, and what the api's
+first GET and first POST cost in a fresh interpreter.
+
+Import ratio: each handler module of template.yaml (every `Handler:` line) and `import boto3`, each in
+a fresh interpreter (`python -c "import X"`, the process's wall time, interpreter start included on
+both sides), median of 9 runs each. The runs are interleaved, round by round, in an order that rotates
+each round, so that load from other processes on the machine falls on both sides alike. Target: at
+most 1.3 for every handler.
+
+First request: a fresh interpreter imports fleetkeeper.api.handler and answers one request, against a
+moto server on 127.0.0.1 (in this process): the time of the import, of that first request (which
+includes creating the botocore session and the DynamoDB client) and of a second, warm one. The first
+GET reads a service created beforehand; the first POST creates a new one. Median of 9 each. Moving cost
+from the import into the first request is no win for a route that every invocation's first request
+pays, so both are printed.
+
+    .venv/bin/python bench/cold_start.py [--runs 9] [--no-requests]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "functions"))
+BASELINE = "import boto3"
+
+# The child that answers the first request: prints {"import", "first", "second", "status"} as JSON.
+_FIRST_REQUEST = """
+import json, sys, time
+t0 = time.perf_counter()
+from fleetkeeper.api.handler import lambda_handler
+t1 = time.perf_counter()
+from fleetkeeper.apigw import rest_event
+
+class Context:
+    function_name = "fleetkeeper-api"
+    function_version = "$LATEST"
+    invoked_function_arn = "arn:aws:lambda:us-east-1:123456789012:function:fleetkeeper-api"
+    memory_limit_in_mb = 512
+    aws_request_id = "bench"
+    log_group_name = "/aws/lambda/fleetkeeper-api"
+    log_stream_name = "bench"
+
+    @staticmethod
+    def get_remaining_time_in_millis():
+        return 30_000
+
+method, path, body = json.loads(sys.argv[1])
+def event():
+    return rest_event(method, path, body=None if body is None else json.dumps(body),
+                      principal="arn:aws:sts::123456789012:assumed-role/fleetkeeper-bench/bench")
+e = event()
+t2 = time.perf_counter()
+status = lambda_handler(e, Context())["statusCode"]
+t3 = time.perf_counter()
+if method == "POST":  # the same body again would be a conflict: a second, warm create of another name
+    body = {**body, "name": body["name"] + "-2"}
+e = event()
+t4 = time.perf_counter()
+second = lambda_handler(e, Context())["statusCode"]
+t5 = time.perf_counter()
+print(json.dumps({"import": t1 - t0, "first": t3 - t2, "second": t5 - t4, "status": [status, second]}))
+"""
+
+
+# A small valid spec (tests/conftest.py's hello_spec; that module is not imported here: it resets the
+# environment for the tests, the endpoint included).
+HELLO_SPEC = {
+    "service": {"readiness_probe": "/health", "replicas": 2, "ports": 8080},
+    "resources": {"instance_type": "t3.micro"},
+    "run": "python3 -m http.server $PORT",
+}
+
+
+def handler_modules() -> list[str]:
+    """The modules of template.yaml's `Handler:` lines, each once, in the template's order."""
+    text = (ROOT / "template.yaml").read_text()
+    modules: list[str] = []
+    for handler in re.findall(r"^\s*Handler:\s*(\S+)\s*$", text, flags=re.MULTILINE):
+        module = handler.rsplit(".", 1)[0]
+        if module not in modules:
+            modules.append(module)
+    return modules
+
+
+def _env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "functions"), "POWERTOOLS_LOG_LEVEL": "ERROR"}
+    env.update(extra or {})
+    return env
+
+
+def import_seconds(statement: str) -> float:
+    """The wall time of a fresh interpreter running `statement`."""
+    return import_times(statement)[0]
+
+
+def import_times(statement: str) -> tuple[float, float]:
+    """The wall time and the CPU time (user + system) of a fresh interpreter running `statement`."""
+    env = _env()
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    start = time.perf_counter()
+    subprocess.run([sys.executable, "-c", statement], check=True, env=env, cwd=ROOT)
+    wall = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return wall, cpu
+
+
+def import_ratios(runs: int) -> None:
+    statements = [BASELINE] + [f"import {module}" for module in handler_modules()]
+    import_seconds(BASELINE)  # warm the OS file cache once for all
+    for statement in statements[1:]:
+        import_seconds(statement)
+    times: dict[str, list[float]] = {s: [] for s in statements}
+    cpus: dict[str, list[float]] = {s: [] for s in statements}
+    load = os.getloadavg()[0]
+    for round_ in range(runs):
+        shift = round_ % len(statements)
+        for statement in statements[shift:] + statements[:shift]:
+            wall, cpu = import_times(statement)
+            times[statement].append(wall)
+            cpus[statement].append(cpu)
+    load = max(load, os.getloadavg()[0])
+    base, base_cpu = statistics.median(times[BASELINE]), statistics.median(cpus[BASELINE])
+    print(f"cold-start import, fresh interpreter each, median of {runs}, interleaved (load average up to {load:.1f})")
+    print(f"{'module':34} {'wall ms':>8} {'min ms':>7} {'ratio':>6} {'CPU ms':>7} {'CPU ratio':>9}")
+    worst = 0.0
+    for statement in statements:
+        median, cpu = statistics.median(times[statement]), statistics.median(cpus[statement])
+        ratio = median / base
+        if statement != BASELINE:
+            worst = max(worst, ratio)
+        module = statement.removeprefix("import ")
+        print(
+            f"{module:34} {median * 1000:8.0f} {min(times[statement]) * 1000:7.0f} {ratio:6.2f}"
+            f" {cpu * 1000:7.0f} {cpu / base_cpu:9.2f}"
+        )
+    print(f"highest ratio {worst:.2f} (wall; target <= 1.3)")
+
+
+def first_requests(runs: int) -> None:
+    import logging
+
+    from moto.server import ThreadedMotoServer
+
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # no line per request
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    try:
+        host, port = server.get_host_and_port()
+        endpoint = f"http://{host}:{port}"
+        aws_env = {
+            "AWS_ACCESS_KEY_ID": "bench",
+            "AWS_SECRET_ACCESS_KEY": "bench",
+            "AWS_DEFAULT_REGION": "us-east-1",
+            "AWS_REGION": "us-east-1",
+            "TABLE_NAME": "fleetkeeper-bench",
+            "FLEETKEEPER_AWS_ENDPOINT_URL": endpoint,
+        }
+        os.environ.update(aws_env)
+        for var in ("FLEETKEEPER_KICK_QUEUE_URL", "FLEETKEEPER_KICK_URL"):
+            os.environ.pop(var, None)
+        from fleetkeeper import aws
+        from fleetkeeper.template import create_table
+
+        aws.reset_clients()
+        assert os.environ["FLEETKEEPER_AWS_ENDPOINT_URL"] == endpoint  # nothing may leave 127.0.0.1
+        create_table(aws.dynamodb(), "fleetkeeper-bench")
+        env = _env(aws_env)
+
+        def child(method: str, path: str, body: object) -> dict[str, float]:
+            out = subprocess.run(
+                [sys.executable, "-c", _FIRST_REQUEST, json.dumps([method, path, body])],
+                check=True,
+                env=env,
+                cwd=ROOT,
+                capture_output=True,
+                text=True,
+            ).stdout
+            result: dict[str, float] = json.loads(out.strip().splitlines()[-1])
+            return result
+
+        seeded = child("POST", "/v1/services", {"name": "web", "spec": HELLO_SPEC})
+        assert seeded["status"] == [201, 201], seeded
+        rows: dict[str, list[dict[str, float]]] = {"GET": [], "POST": []}
+        for n in range(runs):
+            get = child("GET", "/v1/services/web", None)
+            post = child("POST", "/v1/services", {"name": f"svc{n}", "spec": HELLO_SPEC})
+            assert get["status"] == [200, 200], get
+            assert post["status"] == [201, 201], post
+            rows["GET"].append(get)
+            rows["POST"].append(post)
+    finally:
+        server.stop()
+    print()
+    print(f"api, fresh interpreter per request kind, median of {runs} (ms; the first request creates the client)")
+    print(f"{'first request':24} {'import':>7} {'first':>7} {'import+first':>13} {'second (warm)':>14}")
+    for label, path in (("GET", "GET /v1/services/NAME"), ("POST", "POST /v1/services")):
+        got = rows[label]
+
+        def med(key: str, got: list[dict[str, float]] = got) -> float:
+            return statistics.median(r[key] for r in got) * 1000
+
+        total = statistics.median((r["import"] + r["first"]) for r in got) * 1000
+        print(f"{path:24} {med('import'):7.0f} {med('first'):7.0f} {total:13.0f} {med('second'):14.1f}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=9)
+    parser.add_argument("--no-requests", action="store_true", help="only the import ratios")
+    args = parser.parse_args()
+    import_ratios(args.runs)
+    if not args.no_requests:
+        first_requests(args.runs)
+
+
+if __name__ == "__main__":
+    main()
