@@ -98,9 +98,9 @@ def service_of(headers: Mapping[str, str], environ: Mapping[str, str], target_gr
         return None
     stack = stack_id_of(environ)
     group_name = target_group.split(":targetgroup/", 1)[-1].split("/", 1)[0] if target_group else ""
-    shard = wake_group_shard(group_name, stack) if group_name else 0
-    if shard is None:
-        return None  # not a wake group of this stack's
+    # Only this stack's wake groups may invoke the function (its permissions' SourceArn): a group
+    # that is not a shard's is the template's.
+    shard = (wake_group_shard(group_name, stack) if group_name else None) or 0
     return _service_on_port(port, shard, stack, environ.get(ALB_ARN_ENV, ""))
 
 

@@ -55,7 +55,7 @@ from fleetkeeper.reconciler.balancer import (
 from fleetkeeper.settings import ALB_SECURITY_GROUP_ENV, DEFAULT_LISTENER_PORTS, DEFAULT_STACK_ID
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator, Sequence
+    from collections.abc import Callable, Iterator, Sequence
     from datetime import datetime
 
     from mypy_boto3_elbv2 import ElasticLoadBalancingv2Client
@@ -175,6 +175,7 @@ class Shard:
     dns_name: str
     zone_id: str = ""  # its CanonicalHostedZoneId: the alias target of a record naming it
     retiring: bool = False  # found with no service route: placements pass it over
+    ready: bool = True  # its wake group, idle timeout and listeners are made (READY_TAG)
 
 
 @dataclass
@@ -209,6 +210,10 @@ class AlbBalancer:
     _wake_groups: dict[str, str | None] = field(default_factory=dict, repr=False)
     _prepared: set[str] = field(default_factory=set, repr=False)
     _attached: dict[str, list[str]] = field(default_factory=dict, repr=False)  # target group -> its ALBs
+    # A shard's listeners (no domain) or its host listener's rules (a domain), as placements this run
+    # saw and changed them: placing many services reads each shard's once. A conflict (another
+    # worker's route: DuplicateListener, PriorityInUse) reads it again.
+    _listings: dict[str, list[dict[str, Any]]] = field(default_factory=dict, repr=False)
 
     @classmethod
     def from_settings(cls, settings: AlbSettings) -> AlbBalancer:
@@ -257,6 +262,7 @@ class AlbBalancer:
         shard = self._placed(known, group, attached)
         if shard is not None:
             # Placed: it stays on its shard, whatever room another has (never moved while serving).
+            self._prepare(shard)
             try:
                 route, url = self._route_on(shard, service, group, tags, recorded, waking)
             except ShardFull as full:
@@ -318,8 +324,9 @@ class AlbBalancer:
             assert shard is not None
             if shard.retiring:
                 continue  # going: the dispatcher deletes it once it stayed empty
+            self._prepare(shard)
             try:
-                route, url = self._route_on(shard, service, group, tags, None, waking)
+                route, url = self._route_on(shard, service, group, tags, None, waking, placing=True)
             except ShardFull as refused:
                 reason = refused.reason
                 self._full[number] = (time.monotonic(), reason)
@@ -338,7 +345,6 @@ class AlbBalancer:
                 reason = f"{_code(exc)}: {QUOTA_MESSAGES.get(_code(exc), 'the load balancer is full')}"
                 self._full[number] = (time.monotonic(), reason)
                 continue
-            self._prepare(shard)
             return shard, route, url
         raise EndpointRefused(
             f"every one of the {MAX_SHARDS} load balancers a stack may have is full ({reason}): "
@@ -497,6 +503,7 @@ class AlbBalancer:
         self._wake_groups.clear()
         self._prepared.clear()
         self._attached.clear()
+        self._listings.clear()
 
     def retire_shards(self, now: datetime) -> list[str]:
         """The dispatcher's sweep of the stack's extra shards (n >= 1): one with no service route is
@@ -652,11 +659,9 @@ class AlbBalancer:
         """What a shard needs besides its routes, made once (the `fleetkeeper:shard-ready` tag says it
         was): the idle timeout, the wake group with the wake function in it, and with a domain the
         listeners the template gives its ALB. Each step finds what an earlier, crashed one made."""
-        if shard.number == 0 or shard.arn in self._prepared:
+        if shard.number == 0 or shard.ready or shard.arn in self._prepared:
             return
         self._prepared.add(shard.arn)
-        if self._tags_of(shard.arn).get(READY_TAG) == "true":
-            return
         self.elbv2.modify_load_balancer_attributes(
             LoadBalancerArn=shard.arn, Attributes=[{"Key": _IDLE_TIMEOUT, "Value": str(self.idle_timeout)}]
         )
@@ -942,9 +947,20 @@ class AlbBalancer:
             kwargs["Marker"] = marker
 
     def _route_on(
-        self, shard: Shard, service: str, group: str, tags: list[TagTypeDef], recorded: str | None, waking: bool
+        self,
+        shard: Shard,
+        service: str,
+        group: str,
+        tags: list[TagTypeDef],
+        recorded: str | None,
+        waking: bool,
+        *,
+        placing: bool = False,
     ) -> tuple[str, str]:
-        """The service's route on `shard` (found, else made) and its URL. ShardFull: no room there."""
+        """The service's route on `shard` (found, else made) and its URL. ShardFull: no room there.
+        `placing`: a new placement, which may use what this run already read of the shard."""
+        if not placing:
+            self._listings.clear()
         action = self._route_action(group, waking=waking, shard=shard)
         if self.domain_name:
             return self._host_rule(shard, service, group, action, tags), f"{self.scheme}://{service}.{self.domain_name}"
@@ -962,6 +978,7 @@ class AlbBalancer:
             try:
                 return self._find_or_create_listener(shard, group, tags, recorded)
             except ClientError as exc:
+                self._listings.pop(shard.arn, None)
                 if _code(exc) != "DuplicateListener" or attempt == _CONFLICT_ATTEMPTS:
                     raise
         raise AssertionError("unreachable")
@@ -969,7 +986,7 @@ class AlbBalancer:
     def _find_or_create_listener(
         self, shard: Shard, group: str, tags: list[TagTypeDef], recorded: str | None
     ) -> tuple[str, int]:
-        listeners = list(self._listeners(shard.arn))
+        listeners = self._listing(shard.arn, lambda: self._listeners(shard.arn))
         mine = sorted(
             (
                 listener
@@ -1004,7 +1021,16 @@ class AlbBalancer:
         if self.certificate_arn:
             args.update(Protocol="HTTPS", Certificates=[{"CertificateArn": self.certificate_arn}], SslPolicy=TLS_POLICY)
         created = self.elbv2.create_listener(**args)["Listeners"][0]
+        listeners.append(
+            {"ListenerArn": created["ListenerArn"], "Port": port, "DefaultActions": args["DefaultActions"]}
+        )
         return str(created["ListenerArn"]), port
+
+    def _listing(self, key: str, read: Callable[[], Iterator[dict[str, Any]]]) -> list[dict[str, Any]]:
+        listing = self._listings.get(key)
+        if listing is None:
+            listing = self._listings[key] = list(read())
+        return listing
 
     def _host_rule(self, shard: Shard, service: str, group: str, action: ActionTypeDef, tags: list[TagTypeDef]) -> str:
         """The service's host rule NAME.<domain> on the shard's listener, created or given `action`;
@@ -1016,6 +1042,7 @@ class AlbBalancer:
             try:
                 return self._find_or_create_rule(shard, service, group, action, tags)
             except ClientError as exc:
+                self._listings.clear()
                 if _code(exc) != "PriorityInUse":
                     raise
                 if attempt == _CONFLICT_ATTEMPTS:
@@ -1029,7 +1056,7 @@ class AlbBalancer:
     ) -> str:
         host = f"{service}.{self.domain_name}"
         listener = self._host_listener(shard)
-        rules = list(self._rules(listener))
+        rules = self._listing(str(listener), lambda: self._rules(listener))
         mine = [rule for rule in rules if not rule.get("IsDefault") and _hosts(rule) == [host]]
         for rule in mine[1:]:
             self._delete(self.elbv2.delete_rule, RuleArn=rule["RuleArn"])
@@ -1054,6 +1081,15 @@ class AlbBalancer:
             Actions=[action],
             Tags=tags,
         )["Rules"][0]
+        rules.append(
+            {
+                "RuleArn": created["RuleArn"],
+                "Priority": str(priority),
+                "IsDefault": False,
+                "Conditions": [{"Field": "host-header", "HostHeaderConfig": {"Values": [host]}}],
+                "Actions": [action],
+            }
+        )
         return str(created["RuleArn"])
 
     @staticmethod
@@ -1084,6 +1120,7 @@ def _shard(number: int, balancer: dict[str, Any], tags: dict[str, str]) -> Shard
         dns_name=str(balancer.get("DNSName", "")),
         zone_id=str(balancer.get("CanonicalHostedZoneId", "")),
         retiring=EMPTY_SINCE_TAG in tags,
+        ready=tags.get(READY_TAG) == "true",
     )
 
 
