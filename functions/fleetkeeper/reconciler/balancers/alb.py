@@ -141,7 +141,6 @@ EMPTY_SINCE_TAG = "fleetkeeper:empty-since"
 RETIRE_AFTER_SECONDS = 960
 # How long a balancer trusts what it learnt of the shards (a run's placements share it).
 CACHE_SECONDS = 30.0
-READY_TAG = "fleetkeeper:shard-ready"
 NOT_FOUND_RESPONSE: ActionTypeDef = {
     "Type": "fixed-response",
     "FixedResponseConfig": {
@@ -175,7 +174,6 @@ class Shard:
     dns_name: str
     zone_id: str = ""  # its CanonicalHostedZoneId: the alias target of a record naming it
     retiring: bool = False  # found with no service route: placements pass it over
-    ready: bool = True  # its wake group, idle timeout and listeners are made (READY_TAG)
 
 
 @dataclass
@@ -656,19 +654,21 @@ class AlbBalancer:
         return shard
 
     def _prepare(self, shard: Shard) -> None:
-        """What a shard needs besides its routes, made once (the `fleetkeeper:shard-ready` tag says it
-        was): the idle timeout, the wake group with the wake function in it, and with a domain the
-        listeners the template gives its ALB. Each step finds what an earlier, crashed one made."""
-        if shard.number == 0 or shard.ready or shard.arn in self._prepared:
+        """What a shard needs besides its routes, checked once per run that routes a service there:
+        the idle timeout, the wake group with the wake function in it, and with a domain the
+        listeners the template gives its ALB. Each step finds what an earlier, crashed one made, and
+        changes only what is missing or differs (RegisterTargets of the function is idempotent)."""
+        if shard.number == 0 or shard.arn in self._prepared:
             return
         self._prepared.add(shard.arn)
-        self.elbv2.modify_load_balancer_attributes(
-            LoadBalancerArn=shard.arn, Attributes=[{"Key": _IDLE_TIMEOUT, "Value": str(self.idle_timeout)}]
-        )
+        attributes = self.elbv2.describe_load_balancer_attributes(LoadBalancerArn=shard.arn)["Attributes"]
+        if {a.get("Key"): a.get("Value") for a in attributes}.get(_IDLE_TIMEOUT) != str(self.idle_timeout):
+            self.elbv2.modify_load_balancer_attributes(
+                LoadBalancerArn=shard.arn, Attributes=[{"Key": _IDLE_TIMEOUT, "Value": str(self.idle_timeout)}]
+            )
         self._wake_group(shard, make=True)
         if self.domain_name:
             self._host_listener(shard, make=True)
-        self.elbv2.add_tags(ResourceArns=[shard.arn], Tags=[{"Key": READY_TAG, "Value": "true"}])
 
     def _wake_group(self, shard: Shard, *, make: bool) -> str | None:
         """The shard's wake target group (a lambda target group with the wake function registered):
@@ -1120,7 +1120,6 @@ def _shard(number: int, balancer: dict[str, Any], tags: dict[str, str]) -> Shard
         dns_name=str(balancer.get("DNSName", "")),
         zone_id=str(balancer.get("CanonicalHostedZoneId", "")),
         retiring=EMPTY_SINCE_TAG in tags,
-        ready=tags.get(READY_TAG) == "true",
     )
 
 
