@@ -29,7 +29,7 @@ from fleetkeeper.reconciler.balancers.alb import (
     AlbBalancer,
 )
 from fleetkeeper.store.codec import endpoint_from_item, endpoint_item
-from tests.reconciler_world import World, make_alb, raw_client
+from tests.reconciler_world import World, make_sharded_alb, raw_client
 from tests.strict_aws.elbv2 import ElbQuotas
 
 if TYPE_CHECKING:
@@ -43,35 +43,7 @@ CONFIG = EndpointConfig(port=8080, policy="least_load", drain_seconds=30, health
 
 
 def sharded(*, domain: str | None = None, zone: bool = False, wake: bool = True, stack: str = STACK) -> AlbBalancer:
-    """The stack's ALB (make_alb) with what the template passes for shards: its subnets, its security
-    group, the wake group and function, and with `zone` a hosted zone of the domain in moto."""
-    alb = make_alb(domain=domain, name=f"tpl-{stack}")
-    elbv2 = raw_client("elbv2")
-    described = elbv2.describe_load_balancers(LoadBalancerArns=[alb.arn])["LoadBalancers"][0]
-    subnets = tuple(az["SubnetId"] for az in described["AvailabilityZones"])
-    group = World._raw_ec2().create_security_group(
-        GroupName=f"fk-alb-{stack}", Description="the stack's load balancers", VpcId=alb.vpc_id
-    )["GroupId"]
-    wake_group = None
-    if wake:
-        wake_group = elbv2.create_target_group(Name=f"fkwake-{stack}", TargetType="lambda")["TargetGroups"][0][
-            "TargetGroupArn"
-        ]
-        elbv2.register_targets(TargetGroupArn=wake_group, Targets=[{"Id": FUNCTION}])
-    hosted_zone = None
-    if zone:
-        assert domain is not None
-        hosted_zone = raw_client("route53").create_hosted_zone(Name=domain, CallerReference=stack)["HostedZone"]["Id"]
-        hosted_zone = hosted_zone.rsplit("/", 1)[-1]
-    return replace(
-        alb,
-        stack_id=stack,
-        subnet_ids=subnets,
-        security_group_id=group,
-        wake_target_group=wake_group,
-        wake_function_arn=FUNCTION if wake else None,
-        hosted_zone_id=hosted_zone,
-    )
+    return make_sharded_alb(domain=domain, zone=zone, wake=wake, stack=stack, function=FUNCTION)
 
 
 def uid(n: int) -> str:
