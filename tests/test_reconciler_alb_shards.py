@@ -102,6 +102,7 @@ def test_a_thousand_services_without_a_domain_fill_twenty_load_balancers(aws: No
         )
         attributes = raw_client("elbv2").describe_load_balancer_attributes(LoadBalancerArn=balancer["LoadBalancerArn"])
         assert {"Key": "idle_timeout.timeout_seconds", "Value": "300"} in attributes["Attributes"]
+        assert {"Key": "routing.http.drop_invalid_header_fields.enabled", "Value": "true"} in attributes["Attributes"]
         # Its own wake group, with the wake function in it.
         wake = raw_client("elbv2").describe_target_groups(Names=[f"fkwake-{STACK}-{number}"])["TargetGroups"][0]
         health = raw_client("elbv2").describe_target_health(TargetGroupArn=wake["TargetGroupArn"])

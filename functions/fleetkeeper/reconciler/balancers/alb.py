@@ -655,16 +655,25 @@ class AlbBalancer:
 
     def _prepare(self, shard: Shard) -> None:
         """What a shard needs besides its routes, checked once per run that routes a service there:
-        the idle timeout, the wake group with the wake function in it, and with a domain the
-        listeners the template gives its ALB. Each step finds what an earlier, crashed one made, and
-        changes only what is missing or differs (RegisterTargets of the function is idempotent)."""
+        the template ALB's attributes (idle timeout, invalid headers dropped, desync mitigation), the
+        wake group with the wake function in it, and with a domain the listeners the template gives
+        its ALB. Each step finds what an earlier, crashed one made, and changes only what is missing
+        or differs (RegisterTargets of the function is idempotent)."""
         if shard.number == 0 or shard.arn in self._prepared:
             return
         self._prepared.add(shard.arn)
+        wanted = {
+            _IDLE_TIMEOUT: str(self.idle_timeout),
+            # As the template's ALB: a request with a header field name HTTP does not allow never
+            # reaches a replica.
+            "routing.http.drop_invalid_header_fields.enabled": "true",
+            "routing.http.desync_mitigation_mode": "defensive",
+        }
         attributes = self.elbv2.describe_load_balancer_attributes(LoadBalancerArn=shard.arn)["Attributes"]
-        if {a.get("Key"): a.get("Value") for a in attributes}.get(_IDLE_TIMEOUT) != str(self.idle_timeout):
+        have = {a.get("Key"): a.get("Value") for a in attributes}
+        if any(have.get(key) != value for key, value in wanted.items()):
             self.elbv2.modify_load_balancer_attributes(
-                LoadBalancerArn=shard.arn, Attributes=[{"Key": _IDLE_TIMEOUT, "Value": str(self.idle_timeout)}]
+                LoadBalancerArn=shard.arn, Attributes=[{"Key": k, "Value": v} for k, v in wanted.items()]
             )
         self._wake_group(shard, make=True)
         if self.domain_name:
