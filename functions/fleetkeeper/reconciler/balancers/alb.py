@@ -322,7 +322,6 @@ class AlbBalancer:
             assert shard is not None
             if shard.retiring:
                 continue  # going: the dispatcher deletes it once it stayed empty
-            self._prepare(shard)
             try:
                 route, url = self._route_on(shard, service, group, tags, None, waking, placing=True)
             except ShardFull as refused:
@@ -343,6 +342,9 @@ class AlbBalancer:
                 reason = f"{_code(exc)}: {QUOTA_MESSAGES.get(_code(exc), 'the load balancer is full')}"
                 self._full[number] = (time.monotonic(), reason)
                 continue
+            # Only the shard that takes the service: a run that dies before this is completed by
+            # the next `ensure` (the service's group is attached to the shard, which is prepared then).
+            self._prepare(shard)
             return shard, route, url
         raise EndpointRefused(
             f"every one of the {MAX_SHARDS} load balancers a stack may have is full ({reason}): "
@@ -1045,8 +1047,6 @@ class AlbBalancer:
         """The service's host rule NAME.<domain> on the shard's listener, created or given `action`;
         a priority a concurrent worker took between the describe and the create is given up for the
         next free one."""
-        if shard.number > 0:
-            self._prepare(shard)  # its listener first
         for attempt in range(1, _CONFLICT_ATTEMPTS + 1):
             try:
                 return self._find_or_create_rule(shard, service, group, action, tags)
@@ -1065,6 +1065,9 @@ class AlbBalancer:
     ) -> str:
         host = f"{service}.{self.domain_name}"
         listener = self._host_listener(shard)
+        if listener is None:
+            self._prepare(shard)  # a new shard: its listener first
+            listener = self._host_listener(shard)
         rules = self._listing(str(listener), lambda: self._rules(listener))
         mine = [rule for rule in rules if not rule.get("IsDefault") and _hosts(rule) == [host]]
         for rule in mine[1:]:
