@@ -14,7 +14,6 @@ group, CreateLoadBalancer's idempotency) and moto's Route 53.
 
 from __future__ import annotations
 
-import os
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -37,7 +36,7 @@ if TYPE_CHECKING:
     from tests.strict_aws import StrictAws
 
 STACK = "0123456789ab"
-N = int(os.environ.get("SHARD_N", "1000"))
+N = 1000
 FUNCTION = "arn:aws:lambda:us-east-1:123456789012:function:fk-wake"
 CONFIG = EndpointConfig(port=8080, policy="least_load", drain_seconds=30, health_path="/")
 
