@@ -1,4 +1,10 @@
-"""The alb load balancer: one Application Load Balancer per stack (template.yaml), shared by its services.
+"""The alb load balancer: the stack's Application Load Balancers, shared by its services.
+
+The template's ALB is shard 0; once it is full the adapter makes more like it (`fk-<stack id>-<n>`,
+with a wake group each) and places each new service on the lowest shard with room, recorded in its
+endpoint (`EndpointRecord.load_balancer`) and never moved while it has one; with a domain it
+publishes `NAME.<domain>` for services past shard 0 in the stack's hosted zone; the dispatcher
+retires a shard no service uses (`retire_shards`). docs/architecture/load-balancer-shards.md.
 
 Per service incarnation, created by the reconciler and tagged like its instances:
 
