@@ -211,3 +211,12 @@ def test_every_elbv2_call_of_the_adapter_is_granted(translated: dict[str, Any]) 
     assert called - granted["ReconcilerFunction"] == retiring
     assert retiring <= granted["DispatcherFunction"]
     assert "DeleteLoadBalancer" not in granted["ReconcilerFunction"]
+
+
+def test_a_scheme_the_template_cannot_give_is_refused() -> None:
+    from fleetkeeper.settings import SettingsError
+
+    with pytest.raises(SettingsError, match="FLEETKEEPER_ALB_SCHEME"):
+        Settings.from_env({"TABLE_NAME": "t", "FLEETKEEPER_ALB_SCHEME": "none"})
+    bare = Settings.from_env({"TABLE_NAME": "t"})
+    assert not bare.alb.shards  # no security group, no subnets: no shard is ever made
