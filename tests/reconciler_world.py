@@ -14,7 +14,7 @@ import os
 import threading
 import time
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any
@@ -342,6 +342,45 @@ def make_alb(
         domain_name=domain,
         certificate_arn=cert,
         listener_ports=ports,
+    )
+
+
+def make_sharded_alb(
+    *,
+    domain: str | None = None,
+    zone: bool = False,
+    wake: bool = True,
+    stack: str = "0123456789ab",
+    function: str = "arn:aws:lambda:us-east-1:123456789012:function:fk-wake",
+) -> AlbBalancer:
+    """The stack's ALB (make_alb) with what the template passes for shards: its subnets, its security
+    group, the wake group and function, and with `zone` a hosted zone of the domain in moto."""
+    alb = make_alb(domain=domain, name=f"tpl-{stack}")
+    elbv2 = raw_client("elbv2")
+    described = elbv2.describe_load_balancers(LoadBalancerArns=[alb.arn])["LoadBalancers"][0]
+    subnets = tuple(az["SubnetId"] for az in described["AvailabilityZones"])
+    group = World._raw_ec2().create_security_group(
+        GroupName=f"fk-alb-{stack}", Description="the stack's load balancers", VpcId=alb.vpc_id
+    )["GroupId"]
+    wake_group = None
+    if wake:
+        wake_group = elbv2.create_target_group(Name=f"fkwake-{stack}", TargetType="lambda")["TargetGroups"][0][
+            "TargetGroupArn"
+        ]
+        elbv2.register_targets(TargetGroupArn=wake_group, Targets=[{"Id": function}])
+    hosted_zone = None
+    if zone:
+        assert domain is not None
+        hosted_zone = raw_client("route53").create_hosted_zone(Name=domain, CallerReference=stack)["HostedZone"]["Id"]
+        hosted_zone = hosted_zone.rsplit("/", 1)[-1]
+    return replace(
+        alb,
+        stack_id=stack,
+        subnet_ids=subnets,
+        security_group_id=group,
+        wake_target_group=wake_group,
+        wake_function_arn=function if wake else None,
+        hosted_zone_id=hosted_zone,
     )
 
 

@@ -80,9 +80,11 @@ def test_every_ec2_and_elb_mutation_requires_this_stacks_id(translated: dict[str
 
 def test_target_groups_are_created_only_under_this_stacks_name(translated: dict[str, Any]) -> None:
     statements = all_statements(translated, function_role(translated, "ReconcilerFunction"))
-    (create,) = [s for s in statements if "elasticloadbalancing:CreateTargetGroup" in as_list(s["Action"])]
-    assert as_list(create["Resource"]) == [
-        f"arn:aws:elasticloadbalancing:us-east-1:123456789012:targetgroup/fk-{STACK_KEY}-*/*"
+    creates = [s for s in statements if "elasticloadbalancing:CreateTargetGroup" in as_list(s["Action"])]
+    # The services' target groups, and the wake groups of the load balancers the stack makes.
+    assert sorted(r for create in creates for r in as_list(create["Resource"])) == [
+        f"arn:aws:elasticloadbalancing:us-east-1:123456789012:targetgroup/fk-{STACK_KEY}-*/*",
+        f"arn:aws:elasticloadbalancing:us-east-1:123456789012:targetgroup/fkwake-{STACK_KEY}-*/*",
     ]
 
 

@@ -193,6 +193,7 @@ def test_the_reconciler_may_do_what_the_alb_adapter_does(translated: dict[str, A
         "".join(part.title() for part in name.split("_"))
         for name in (
             "describe_target_groups",
+            "describe_target_group_attributes",
             "describe_target_health",
             "describe_listeners",
             "describe_rules",

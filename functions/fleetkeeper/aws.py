@@ -156,6 +156,11 @@ def iam() -> Any:
     return _client("iam")
 
 
+def route53() -> Any:
+    """Route 53 (no type stubs installed): the reconciler's records for services on extra shards."""
+    return _client("route53")
+
+
 def reset_clients() -> None:
     with _lock:
         _clients.clear()

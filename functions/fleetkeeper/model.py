@@ -184,6 +184,10 @@ class EndpointRecord:
     # (fleetkeeper.wake): set by the reconciler while an autoscaled service has no replica in its
     # endpoint; None: the route forwards to the target group.
     waking_since: str | None = None
+    # The load balancer the endpoint is on (its ARN): the stack's template ALB or one of the shards
+    # the reconciler made (fleetkeeper.reconciler.balancers.shards). None: recorded before shards,
+    # so the template's. A service never moves while it has an endpoint.
+    load_balancer: str | None = None
 
     @property
     def waking(self) -> bool:

@@ -61,6 +61,15 @@ ALB_LISTENER_PORTS_ENV = "FLEETKEEPER_ALB_LISTENER_PORTS"
 # The stack's wake target: a target group of type lambda (template.yaml's WakeTargetGroup) that a
 # service's route forwards to while it has no replica (fleetkeeper.wake).
 WAKE_TARGET_GROUP_ENV = "FLEETKEEPER_WAKE_TARGET_GROUP_ARN"
+# Load-balancer shards (docs/architecture/load-balancer-shards.md): what the reconciler needs to make
+# more ALBs like the template's when one is full. Without a security group no shard is made.
+ALB_SECURITY_GROUP_ENV = "FLEETKEEPER_ALB_SECURITY_GROUP_ID"
+ALB_SCHEME_ENV = "FLEETKEEPER_ALB_SCHEME"
+ALB_IDLE_TIMEOUT_ENV = "FLEETKEEPER_ALB_IDLE_TIMEOUT"
+WAKE_FUNCTION_ARN_ENV = "FLEETKEEPER_WAKE_FUNCTION_ARN"
+# With a domain: the Route 53 hosted zone where the reconciler publishes NAME.<domain> for services
+# on shards past the first (the user's wildcard record points at the template's ALB only).
+HOSTED_ZONE_ID_ENV = "FLEETKEEPER_HOSTED_ZONE_ID"
 DOMAIN_NAME_ENV = "FLEETKEEPER_DOMAIN_NAME"
 # The autoscaler's request-rate window (fleetkeeper.reconciler.metrics): its length and how far back
 # it ends (the ALB publishes a minute's RequestCount about a minute later).
@@ -201,6 +210,18 @@ class AlbSettings:
     # The wake target's target group (None: routes stay on the target groups; a service at zero
     # then cannot wake by itself on AWS).
     wake_target_group: str | None = None
+    # Shards (fleetkeeper.reconciler.balancers.shards): more ALBs made by the reconciler like the
+    # template's. No security group: none is made, and a full ALB refuses the next service.
+    subnet_ids: tuple[str, ...] = ()
+    security_group_id: str | None = None
+    scheme: str = "internal"
+    idle_timeout: int = 300
+    wake_function_arn: str | None = None
+    hosted_zone_id: str | None = None
+
+    @property
+    def shards(self) -> bool:
+        return bool(self.security_group_id and self.subnet_ids)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> AlbSettings:
@@ -214,6 +235,12 @@ class AlbSettings:
             certificate_arn=environ.get(CERTIFICATE_ARN_ENV) or None,
             listener_ports=_port_range(environ.get(ALB_LISTENER_PORTS_ENV) or ""),
             wake_target_group=environ.get(WAKE_TARGET_GROUP_ENV) or None,
+            subnet_ids=_list(environ, LOAD_BALANCER_SUBNET_IDS_ENV),
+            security_group_id=environ.get(ALB_SECURITY_GROUP_ENV) or None,
+            scheme=_scheme(environ.get(ALB_SCHEME_ENV) or "internal"),
+            idle_timeout=int(_seconds(environ, ALB_IDLE_TIMEOUT_ENV, 300)),
+            wake_function_arn=environ.get(WAKE_FUNCTION_ARN_ENV) or None,
+            hosted_zone_id=environ.get(HOSTED_ZONE_ID_ENV) or None,
         )
 
     def check(self) -> None:
@@ -386,6 +413,12 @@ def _balancer(kind: str) -> BalancerKind:
     if kind == "local":
         return "local"
     raise SettingsError(f"{BALANCER_ENV}={kind!r}: expected 'none', 'alb' or 'local'")
+
+
+def _scheme(text: str) -> str:
+    if text not in ("internal", "internet-facing"):
+        raise SettingsError(f"{ALB_SCHEME_ENV}={text!r}: expected 'internal' or 'internet-facing'")
+    return text
 
 
 def _port_range(text: str) -> tuple[int, int]:

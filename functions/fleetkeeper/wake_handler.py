@@ -7,9 +7,13 @@ Retry-After.
 Which service a request is for, from what the ALB passes (its Lambda event: the request's headers,
 with the ALB's own `x-forwarded-port`):
 - with a domain (FLEETKEEPER_DOMAIN_NAME): the Host header, NAME.<domain>;
-- without one: the listener port (`x-forwarded-port`): each service has a listener of its own, which
-  the reconciler tagged with the service's name; looked up once per port and process
-  (DescribeListeners + DescribeTags), for `_PORT_CACHE_SECONDS`.
+- without one: the listener port (`x-forwarded-port`) on the load balancer that invoked it: each
+  service has a listener of its own, which the reconciler tagged with the service's name. The load
+  balancer is the one whose wake group the event names (`requestContext.elb.targetGroupArn`): the
+  template's `fkwake-<stack>` is the template's ALB, a shard's `fkwake-<stack>-<n>` the shard
+  `fk-<stack>-<n>` (docs/architecture/load-balancer-shards.md). Looked up once per (group, port) and
+  process (DescribeLoadBalancers for a shard, DescribeListeners + DescribeTags), for
+  `_PORT_CACHE_SECONDS`.
 
 Small and quick to start: it imports boto3 and the store's one write, nothing of the api or the
 reconciler; outside the VPC (it calls DynamoDB, SQS and ELB only).
@@ -22,10 +26,18 @@ import os
 import time
 from typing import TYPE_CHECKING, Any
 
+from botocore.exceptions import ClientError
+
 from fleetkeeper import aws
 from fleetkeeper.kick import ReconcilerKick
-from fleetkeeper.reconciler.balancer import MANAGED_TAG, MANAGED_VALUE, SERVICE_TAG
-from fleetkeeper.settings import ALB_ARN_ENV, DOMAIN_NAME_ENV, Settings
+from fleetkeeper.reconciler.balancer import (
+    MANAGED_TAG,
+    MANAGED_VALUE,
+    SERVICE_TAG,
+    shard_name,
+    wake_group_shard,
+)
+from fleetkeeper.settings import ALB_ARN_ENV, DOMAIN_NAME_ENV, Settings, stack_id_of
 from fleetkeeper.store.table import Table
 from fleetkeeper.wake_target import DemandRecorder, waking_body, waking_headers
 
@@ -36,13 +48,15 @@ logger = logging.getLogger(__name__)
 logger.setLevel(logging.INFO)
 
 _PORT_CACHE_SECONDS = 60.0
-_ports: dict[int, tuple[str | None, float]] = {}
+_ports: dict[tuple[str, int], tuple[str | None, float]] = {}
+_shards: dict[int, str | None] = {}  # shard number -> its load balancer's ARN
 _recorder: DemandRecorder | None = None
 
 
 def lambda_handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
     headers = {str(k).lower(): str(v) for k, v in (event.get("headers") or {}).items()}
-    service = service_of(headers, os.environ)
+    group = str(((event.get("requestContext") or {}).get("elb") or {}).get("targetGroupArn") or "")
+    service = service_of(headers, os.environ, group)
     if service is None:
         return _response(
             404,
@@ -67,8 +81,9 @@ def recorder() -> DemandRecorder:
     return _recorder
 
 
-def service_of(headers: Mapping[str, str], environ: Mapping[str, str]) -> str | None:
-    """The service a request is for (None: none of this stack's)."""
+def service_of(headers: Mapping[str, str], environ: Mapping[str, str], target_group: str = "") -> str | None:
+    """The service a request is for (None: none of this stack's); `target_group`: the wake group the
+    load balancer invoked the function for (its event's `requestContext.elb.targetGroupArn`)."""
     domain = (environ.get(DOMAIN_NAME_ENV) or "").strip(".").lower()
     if domain:
         host = headers.get("host", "").split(":", 1)[0].strip().rstrip(".").lower()
@@ -81,17 +96,36 @@ def service_of(headers: Mapping[str, str], environ: Mapping[str, str]) -> str | 
         port = int(headers.get("x-forwarded-port", ""))
     except ValueError:
         return None
-    return _service_on_port(port, environ.get(ALB_ARN_ENV, ""))
+    stack = stack_id_of(environ)
+    group_name = target_group.split(":targetgroup/", 1)[-1].split("/", 1)[0] if target_group else ""
+    # Only this stack's wake groups may invoke the function (its permissions' SourceArn): a group
+    # that is not a shard's is the template's.
+    shard = (wake_group_shard(group_name, stack) if group_name else None) or 0
+    return _service_on_port(port, shard, stack, environ.get(ALB_ARN_ENV, ""))
 
 
-def _service_on_port(port: int, alb_arn: str) -> str | None:
-    cached = _ports.get(port)
+def _service_on_port(port: int, shard: int, stack: str, alb_arn: str) -> str | None:
+    cached = _ports.get((str(shard), port))
     now = time.monotonic()
     if cached is not None and cached[1] > now:
         return cached[0]
-    name = _look_up_port(port, alb_arn) if alb_arn else None
-    _ports[port] = (name, now + _PORT_CACHE_SECONDS)
+    balancer = alb_arn if shard == 0 else _shard_arn(shard, stack)
+    name = _look_up_port(port, balancer) if balancer else None
+    _ports[(str(shard), port)] = (name, now + _PORT_CACHE_SECONDS)
     return name
+
+
+def _shard_arn(shard: int, stack: str) -> str | None:
+    """The ARN of the stack's load balancer shard `shard` (>= 1), by its deterministic name."""
+    if shard not in _shards:
+        try:
+            found = aws.elbv2().describe_load_balancers(Names=[shard_name(stack, shard)])["LoadBalancers"]
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") != "LoadBalancerNotFound":
+                raise
+            found = []
+        _shards[shard] = str(found[0]["LoadBalancerArn"]) if found else None
+    return _shards[shard]
 
 
 def _look_up_port(port: int, alb_arn: str) -> str | None:
@@ -133,3 +167,4 @@ def reset() -> None:
     global _recorder
     _recorder = None
     _ports.clear()
+    _shards.clear()

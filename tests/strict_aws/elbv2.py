@@ -94,6 +94,8 @@ class ElbQuotas:
     listeners_per_load_balancer: int = 50
     target_groups_per_region: int = 3000
     targets_per_load_balancer: int = 1000
+    load_balancers_per_region: int = 50  # Application Load Balancers
+    target_groups_per_load_balancer: int = 100  # unique ones its listeners and rules forward to
 
 
 class Elbv2Layer:
@@ -134,6 +136,15 @@ class Elbv2Layer:
             refused = self._refusal(call, backend)
             if refused is not None:
                 return refused
+            if call.operation == "CreateLoadBalancer":
+                existing = _named_balancer(backend, call.param("Name") or "")
+                if existing is not None:
+                    return _same_balancer(call, existing)
+            if call.operation in _ROUTE_CHANGES:
+                answer = call.send()
+                if answer[0] == 200:
+                    _attach(backend)
+                return answer
             if call.operation == "DeregisterTargets":
                 return self._deregister(call, backend)
             if call.operation == "DescribeTargetHealth":
@@ -321,6 +332,19 @@ class Elbv2Layer:
             balancer = _balancer_of_listener(backend, call.param("ListenerArn") or "")
             if balancer is not None and _rules(balancer) >= quotas.rules_per_load_balancer:
                 return elb_error("TooManyRules", "You've reached the limit on the number of rules per load balancer.")
+        if operation == "CreateLoadBalancer" and _named_balancer(backend, call.param("Name") or "") is None:
+            applications = [
+                b for b in backend.load_balancers.values() if getattr(b, "type", "application") == "application"
+            ]
+            if len(applications) >= quotas.load_balancers_per_region:
+                return elb_error(
+                    "TooManyLoadBalancers",
+                    "You've reached the limit on the number of load balancers for your AWS account.",
+                )
+        if operation in ("CreateListener", "CreateRule", "ModifyListener", "ModifyRule"):
+            refused = _association_refusal(call, backend, quotas)
+            if refused is not None:
+                return refused
         if operation == "RegisterTargets":
             group_arn = call.param("TargetGroupArn") or ""
             group = backend.target_groups.get(group_arn)
@@ -401,6 +425,129 @@ def _health_check_refusal(call: Call, backend: Any) -> Response | None:
                     f"Health check matcher HTTP code '{codes}' must be within '200-499' for an Application Load Balancer",  # noqa: E501
                 )
     return None
+
+
+# Calls after which moto's target groups' LoadBalancerArns must be recomputed: moto appends a load
+# balancer when a listener or rule is created, never when one is modified, and never removes one.
+_ROUTE_CHANGES = {
+    "CreateListener",
+    "CreateRule",
+    "ModifyListener",
+    "ModifyRule",
+    "DeleteListener",
+    "DeleteRule",
+    "DeleteLoadBalancer",
+}
+
+
+def _attach(backend: Any) -> None:
+    """Each target group's LoadBalancerArns as AWS reports them: the load balancers whose listeners
+    or rules forward to it (at any weight)."""
+    routed: dict[str, list[str]] = {}
+    for arn, balancer in backend.load_balancers.items():
+        for group in _routed_groups(balancer):
+            routed.setdefault(group, []).append(arn)
+    for arn, group in backend.target_groups.items():
+        group.load_balancer_arns = routed.get(arn, [])
+
+
+def _named_balancer(backend: Any, name: str) -> Any:
+    return next((b for b in backend.load_balancers.values() if b.name == name), None) if name else None
+
+
+def _same_balancer(call: Call, existing: Any) -> Response:
+    """CreateLoadBalancer of a name that exists: the existing one when the settings are the same
+    (the call is idempotent: "If you attempt to create multiple load balancers with the same
+    settings, each call succeeds", API_CreateLoadBalancer), else DuplicateLoadBalancerName (moto
+    makes a second one: its ARN has a random id, so it never finds the first)."""
+    form = call.form()
+    subnets = {v for k, v in form if k.startswith("Subnets.member.")}
+    groups = {v for k, v in form if k.startswith("SecurityGroups.member.")}
+    scheme = call.param("Scheme") or "internet-facing"
+    same = (
+        subnets == {subnet.id for subnet in existing.subnets}
+        and groups == set(existing.security_groups or [])
+        and scheme == existing.scheme
+        and (call.param("Type") or "application") == getattr(existing, "type", "application")
+    )
+    if not same:
+        return elb_error("DuplicateLoadBalancerName", "A load balancer with the same name already exists.")
+    body = (
+        '<CreateLoadBalancerResponse xmlns="http://elasticloadbalancing.amazonaws.com/doc/2015-12-01/">'
+        "<CreateLoadBalancerResult><LoadBalancers><member>"
+        f"<LoadBalancerArn>{escape(existing.arn)}</LoadBalancerArn>"
+        f"<LoadBalancerName>{escape(existing.name)}</LoadBalancerName>"
+        f"<DNSName>{escape(existing.dns_name)}</DNSName>"
+        f"<CanonicalHostedZoneId>{escape(existing.canonical_hosted_zone_id)}</CanonicalHostedZoneId>"
+        f"<Scheme>{escape(existing.scheme)}</Scheme><VpcId>{escape(existing.vpc_id or '')}</VpcId>"
+        "<Type>application</Type><State><Code>active</Code></State>"
+        "</member></LoadBalancers></CreateLoadBalancerResult>"
+        f"<ResponseMetadata><RequestId>{request_id()}</RequestId></ResponseMetadata></CreateLoadBalancerResponse>"
+    )
+    return 200, {"Content-Type": "text/xml"}, body.encode()
+
+
+def _association_refusal(call: Call, backend: Any, quotas: ElbQuotas) -> Response | None:
+    """A target group is attached to one load balancer only ("You can specify the same target group
+    in multiple listeners, but these listeners must belong to the same Application Load Balancer",
+    *Create a target group for your Application Load Balancer*): forwarding to one another load
+    balancer routes is TargetGroupAssociationLimit. And a load balancer forwards to at most 100
+    unique target groups (TooManyUniqueTargetGroupsPerLoadBalancer)."""
+    named = {v for k, v in call.form() if k.endswith("TargetGroupArn") and k.split(".", 1)[0] in _ACTION_PARAMS}
+    if not named:
+        return None
+    operation = call.operation
+    if operation == "CreateListener":
+        balancer = backend.load_balancers.get(call.param("LoadBalancerArn"))
+        replaced: set[str] = set()
+    elif operation == "CreateRule":
+        balancer = _balancer_of_listener(backend, call.param("ListenerArn") or "")
+        replaced = set()
+    elif operation == "ModifyListener":
+        listener_arn = call.param("ListenerArn") or ""
+        balancer = _balancer_of_listener(backend, listener_arn)
+        replaced = _forwarded(balancer.listeners[listener_arn].default_actions) if balancer is not None else set()
+    else:
+        rule_arn = call.param("RuleArn") or ""
+        balancer = next(
+            (b for b in backend.load_balancers.values() for lst in b.listeners.values() if rule_arn in lst.rules),
+            None,
+        )
+        replaced = set()
+        if balancer is not None:
+            for listener in balancer.listeners.values():
+                if rule_arn in listener._non_default_rules:
+                    replaced = _forwarded(listener._non_default_rules[rule_arn].actions)
+    if balancer is None:
+        return None  # moto's own not-found answer
+    for other in backend.load_balancers.values():
+        if other is not balancer and named & _routed_groups(other):
+            return elb_error(
+                "TargetGroupAssociationLimit",
+                "You've reached the limit on the number of load balancers per target group.",
+            )
+    others = {g for g in _routed_groups(balancer) if g not in replaced or _still_routed(balancer, g, call)}
+    if len(others | named) > quotas.target_groups_per_load_balancer:
+        return elb_error(
+            "TooManyUniqueTargetGroupsPerLoadBalancer",
+            "You've reached the limit on the number of unique target groups per load balancer across all listeners.",
+        )
+    return None
+
+
+_ACTION_PARAMS = {"Actions", "DefaultActions"}
+
+
+def _still_routed(balancer: Any, group: str, call: Call) -> bool:
+    """Whether `group` stays routed by another listener or rule of `balancer` once the modified one changes."""
+    changed = call.param("ListenerArn") if call.operation == "ModifyListener" else call.param("RuleArn")
+    for listener in balancer.listeners.values():
+        if listener.arn != changed and group in _forwarded(listener.default_actions):
+            return True
+        for arn, rule in listener._non_default_rules.items():
+            if arn != changed and group in _forwarded(rule.actions):
+                return True
+    return False
 
 
 def _instance(ec2: Any, instance_id: str) -> Any:

@@ -225,6 +225,12 @@ class LocalBalancer:
     def remove(self, service: str, uid: str, known: EndpointRecord | None) -> None:
         self._call(self._remove(uid))
 
+    def forget(self) -> None:
+        return None  # nothing learnt: the local balancer is its own state
+
+    def retire_shards(self, now: datetime) -> list[str]:
+        return []  # one local balancer, no quota: never a shard to retire
+
     # -- embedded mode ------------------------------------------------------------------------------
 
     def endpoints(self) -> dict[str, str]:

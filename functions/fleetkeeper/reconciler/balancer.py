@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
+    from datetime import datetime
 
     from fleetkeeper.model import EndpointConfig, EndpointRecord
 
@@ -89,6 +90,57 @@ def target_group_name(uid: str, stack: str = "") -> str:
     return name
 
 
+# Load-balancer shards (docs/architecture/load-balancer-shards.md). Shard 0 is the template's ALB and
+# its wake target group `fkwake-<stack>`; shard n >= 1 is the ALB `fk-<stack>-<n>` the reconciler
+# made, with the wake target group `fkwake-<stack>-<n>`. Deterministic names: a retried or
+# concurrent create finds the same one. ("This name must be unique per region per account, can have
+# a maximum of 32 characters, must contain only alphanumeric characters or hyphens, must not begin or
+# end with a hyphen, and must not begin with "internal-"", CreateLoadBalancer's Name in botocore's
+# model; fk-<12>-<2 digits> is 18.)
+SHARD_TAG = "fleetkeeper:shard"
+MAX_LOAD_BALANCER_NAME = 32
+
+
+def shard_name(stack: str, number: int) -> str:
+    """The ALB name of extra shard `number` (>= 1)."""
+    if number < 1:
+        raise ValueError("shard 0 is the template's load balancer")
+    name = f"fk-{stack}-{number}"
+    if len(name) > MAX_LOAD_BALANCER_NAME:
+        raise ValueError(f"load balancer name {name!r} is over ELB's {MAX_LOAD_BALANCER_NAME} characters")
+    return name
+
+
+def wake_group_name(stack: str, number: int) -> str:
+    """The wake target group of shard `number` (a target group is attached to one load balancer only)."""
+    return f"fkwake-{stack}" if number == 0 else f"fkwake-{stack}-{number}"
+
+
+def shard_number(name: str, stack: str) -> int | None:
+    """The shard a load balancer name `fk-<stack>-<n>` is (None: not one of this stack's shards)."""
+    prefix = f"fk-{stack}-"
+    rest = name[len(prefix) :] if name.startswith(prefix) else ""
+    if not rest.isdigit() or rest.startswith("0"):
+        return None
+    return int(rest)
+
+
+def wake_group_shard(name: str, stack: str) -> int | None:
+    """The shard a wake target group name serves (None: not this stack's)."""
+    if name == f"fkwake-{stack}":
+        return 0
+    prefix = f"fkwake-{stack}-"
+    rest = name[len(prefix) :] if name.startswith(prefix) else ""
+    if not rest.isdigit() or rest.startswith("0"):
+        return None
+    return int(rest)
+
+
+def load_balancer_name(arn: str) -> str:
+    """A load balancer's name from its ARN (`...:loadbalancer/app/<name>/<id>`)."""
+    return arn.split(":loadbalancer/", 1)[-1].split("/")[1] if ":loadbalancer/" in arn else ""
+
+
 class LoadBalancer(Protocol):
     def ensure(self, service: str, uid: str, config: EndpointConfig, known: EndpointRecord | None) -> EndpointRecord:
         """Create the service's endpoint, or bring it to `config`; returns it. Idempotent: what an
@@ -124,4 +176,14 @@ class LoadBalancer(Protocol):
     def remove(self, service: str, uid: str, known: EndpointRecord | None) -> None:
         """Delete everything the incarnation's endpoint used (route, target group, local port),
         including what a crashed `ensure` created but never recorded. Nothing left: no error."""
+        ...
+
+    def forget(self) -> None:
+        """A new run begins: forget what earlier runs learnt of the load balancers (level-triggered:
+        each run observes again)."""
+        ...
+
+    def retire_shards(self, now: datetime) -> list[str]:
+        """Delete the load balancers the stack made for more endpoints and no longer uses (the
+        dispatcher's, once a period); the names of those deleted. A balancer without shards: []."""
         ...

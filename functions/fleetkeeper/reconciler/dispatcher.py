@@ -17,6 +17,7 @@ from fleetkeeper.reconciler.dispatch import make_shards, run_index
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
+    from datetime import datetime
 
     from fleetkeeper.identity import ReplicaIdentities
     from fleetkeeper.reconciler.queue import ShardQueue
@@ -39,10 +40,12 @@ class DispatchReport:
     unsent_services: int = 0
     sweep: dict[str, Any] = field(default_factory=dict)
     identities_removed: list[str] = field(default_factory=list)  # owners' scopes
+    shards_retired: list[str] = field(default_factory=list)  # load balancers the stack made and deleted
 
     def as_dict(self) -> dict[str, Any]:
         return {
             "identities_removed": self.identities_removed,
+            "shards_retired": self.shards_retired,
             "services": self.services,
             "shards": self.shards,
             "send_calls": self.send_calls,
@@ -90,7 +93,24 @@ class Dispatcher:
         }
         if self.identities is not None:
             report.identities_removed = self._sweep_identities(listed)
+        report.shards_retired = self._retire_shards(now)
         return report
+
+    def _retire_shards(self, now: datetime) -> list[str]:
+        """The load balancers the stack made for more endpoints and no longer uses go (their own
+        grace period keeps one a worker may be placing a service on); a failure is logged, and the
+        next period tries again."""
+        balancer = self.reconciler.balancer
+        if balancer is None:
+            return []
+        try:
+            retired = balancer.retire_shards(now)
+        except Exception:
+            logger.exception("the sweep of load balancer shards failed; the next dispatch retries")
+            return []
+        for name in retired:
+            logger.info("load balancer shard %s deleted: it carried no service any more", name)
+        return retired
 
     def _sweep_identities(self, listed: Sequence[Listed]) -> list[str]:
         """Remove the roles of owners none of the listed services has. A listing with an unreadable

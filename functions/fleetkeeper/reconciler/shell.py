@@ -466,6 +466,8 @@ class Reconciler:
         followup: int | None = None,
     ) -> RunReport:
         report.services += len(states)
+        if self.balancer is not None:
+            self.balancer.forget()  # what it learnt of the load balancers is this run's only
         for state in states:
             if not observed(state):
                 # Half of the api's transaction: acting on it would fail a healthy service.

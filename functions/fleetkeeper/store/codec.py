@@ -169,6 +169,7 @@ def endpoint_item(endpoint: EndpointRecord) -> Item:
         "route": endpoint.route,
         "dimensions": dict(endpoint.dimensions),
         "waking_since": endpoint.waking_since,
+        "load_balancer": endpoint.load_balancer,
     }
 
 
@@ -194,6 +195,8 @@ def endpoint_from_item(item: Mapping[str, Any]) -> EndpointRecord:
         route=str(item["route"]),
         dimensions=tuple(sorted((str(k), str(v)) for k, v in dimensions.items())),
         waking_since=str(item["waking_since"]) if item.get("waking_since") else None,
+        # Absent from endpoints recorded before shards: the stack's template ALB.
+        load_balancer=str(item["load_balancer"]) if item.get("load_balancer") else None,
     )
 
 
