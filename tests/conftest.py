@@ -44,7 +44,7 @@ os.environ["FLEETKEEPER_RUNTIME_DIR"] = tempfile.mkdtemp(prefix="fleetkeeper-run
 # Before any mock starts (moto reads MOTO_AMIS_PATH when its EC2 models are imported): see
 # tests/moto_tuning.py.
 os.environ.setdefault("MOTO_AMIS_PATH", moto_tuning.amis_file())
-moto_tuning.share_stream_records()
+moto_tuning.install()
 
 TABLE = "fleetkeeper-test"
 
