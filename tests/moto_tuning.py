@@ -19,6 +19,10 @@ in them (tests/conftest.py applies both before any mock starts).
   or filters by tag) by matching a pattern of its id against every tag of every resource: quadratic
   in a test's instances, terminated ones included. An id with no wildcard in it matches only itself,
   so its tags are read from moto's tag dict directly, in the same order, with the same fields.
+- `remembered_attribute_names()`: moto's response serializer asks six alias providers, for every
+  field of every object it answers with, which attribute names to try: a pure function of the
+  object's class (and its `Meta`), the field and its shape (and the shape's parent), worked out
+  anew each time (a fifth of a DescribeInstances answer's cost). Worked out once per combination.
 """
 
 from __future__ import annotations
@@ -184,8 +188,39 @@ def direct_tag_lookup() -> None:
     TaggedEC2Resource.get_tags = get_tags  # type: ignore[method-assign]
 
 
+_ALIAS_MEMO_LIMIT = 200_000
+
+
+def remembered_attribute_names() -> None:
+    from moto.core.serialize import AttributePicker
+
+    original = AttributePicker.get_possible_keys
+    if getattr(original, "remembered", False):
+        return
+    # (providers, class, field, id(Meta), id(shape), id(parent)) -> (Meta, shape, parent, names): the
+    # objects themselves are kept, so that an id is never another object's while its entry stands.
+    memo: dict[tuple[Any, ...], tuple[Any, Any, Any, tuple[str, ...]]] = {}
+
+    def get_possible_keys(self: Any, context: Any) -> Iterator[str]:
+        obj, shape = context.obj, context.shape
+        meta = getattr(obj, "Meta", None)
+        parent = getattr(shape, "parent", None)
+        key = (tuple(self.alias_providers), type(obj), context.key, id(meta), id(shape), id(parent))
+        entry = memo.get(key)
+        if entry is None or entry[0] is not meta or entry[1] is not shape or entry[2] is not parent:
+            if len(memo) >= _ALIAS_MEMO_LIMIT:
+                memo.clear()
+            entry = (meta, shape, parent, tuple(original(self, context)))
+            memo[key] = entry
+        return iter(entry[3])
+
+    get_possible_keys.remembered = True  # type: ignore[attr-defined]
+    AttributePicker.get_possible_keys = get_possible_keys  # type: ignore[method-assign]
+
+
 def install() -> None:
     """Every tuning above that patches moto's classes (conftest applies them before any mock starts)."""
     share_stream_records()
     lean_transaction_backups()
     direct_tag_lookup()
+    remembered_attribute_names()
