@@ -88,9 +88,10 @@ unit: $(STAMP)
 
 # Everything at once, on make's jobs: the three venvs install side by side, the suite starts as soon
 # as .venv is ready (while checkov's and the SAM CLI's venvs are still installing) and the checks run
-# beside it. The suite's output streams as it runs (the `+` on unit's recipe); each check's prints as
-# one block when that check ends (--output-sync=target). Any step that fails fails `make test` (make
-# still lets the others finish, -k, so one run reports every failure). TEST_JOBS=1 runs them one by one.
+# beside it. The suite's output streams as it runs (the `+` on unit's recipe, which also makes
+# `make -n` run it); each check's prints as one block when that check ends (--output-sync=target).
+# Any step that fails fails `make test` (make still lets the others finish, -k, so one run reports
+# every failure). TEST_JOBS=1 runs them one by one.
 TEST_JOBS ?= 8
 
 test:
