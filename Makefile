@@ -78,7 +78,7 @@ cfn: $(STAMP) $(CHECKOV_STAMP) $(SAM_STAMP)
 # The suite runs inside a network namespace with only loopback up where Linux allows it, so a
 # test that tried to reach anything but 127.0.0.1 fails instead of sending traffic.
 unit: $(STAMP)
-	@if unshare -rn true 2>/dev/null && command -v ip >/dev/null 2>&1; then \
+	+@if unshare -rn true 2>/dev/null && command -v ip >/dev/null 2>&1; then \
 	   echo "running pytest in a loopback-only network namespace"; \
 	   unshare -rn sh -c 'ip link set lo up && exec $(BIN)/python -m pytest -n $(PYTEST_WORKERS) $(PYTEST_DIST) $(PYTEST_ARGS)'; \
 	 else \
@@ -86,7 +86,16 @@ unit: $(STAMP)
 	   $(BIN)/python -m pytest -n $(PYTEST_WORKERS) $(PYTEST_DIST) $(PYTEST_ARGS); \
 	 fi
 
-test: lint typecheck imports cfn unit
+# Everything at once, on make's jobs: the three venvs install side by side, the suite starts as soon
+# as .venv is ready (while checkov's and the SAM CLI's venvs are still installing) and the checks run
+# beside it. The suite's output streams as it runs (the `+` on unit's recipe, which also makes
+# `make -n` run it); each check's prints as one block when that check ends (--output-sync=target).
+# Any step that fails fails `make test` (make still lets the others finish, -k, so one run reports
+# every failure). TEST_JOBS=1 runs them one by one.
+TEST_JOBS ?= 8
+
+test:
+	@$(MAKE) --no-print-directory -k -j $(TEST_JOBS) --output-sync=target lint typecheck imports cfn unit
 
 # The property tests (every @given test: hypothesis marks them) as a random search, FUZZ_EXAMPLES
 # examples per test (default 3000) instead of `make test`'s fixed, derandomized 200. A failure

@@ -42,9 +42,11 @@ for _var in ("FLEETKEEPER_AWS_ENDPOINT_URL", "FLEETKEEPER_KICK_QUEUE_URL", "FLEE
 os.environ["FLEETKEEPER_RUNTIME_DIR"] = tempfile.mkdtemp(prefix="fleetkeeper-run-")
 
 # Before any mock starts (moto reads MOTO_AMIS_PATH when its EC2 models are imported): see
-# tests/moto_tuning.py.
+# tests/moto_tuning.py. FLEETKEEPER_MOTO_TUNING=0 runs moto's own code paths instead (the same
+# answers, slower: bench/simulation_speed.py compares the two), to tell a tuning's fault from the code's.
 os.environ.setdefault("MOTO_AMIS_PATH", moto_tuning.amis_file())
-moto_tuning.share_stream_records()
+if os.environ.get("FLEETKEEPER_MOTO_TUNING", "1") != "0":
+    moto_tuning.install()
 
 TABLE = "fleetkeeper-test"
 

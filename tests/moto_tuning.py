@@ -11,7 +11,18 @@ in them (tests/conftest.py applies both before any mock starts).
 - `share_stream_records()`: moto backs up every table a TransactWriteItems touches with a deepcopy
   (to roll back a cancelled one), stream shard included, a copy that grows with every write of the
   test. A record is never changed once written, so the backup's shard shares them (it still gets a
-  list of its own, so a rollback restores the shard as it was).
+  list of its own, so a rollback restores the shard as it was). The rest of that backup is lean
+  too: a transaction writes only the items it names, so the backup copies those items and shares
+  every other (an item is changed in place only by a write to its key); the table's partitions get
+  dicts of their own, so a rollback restores them as they were.
+- `direct_tag_lookup()`: moto finds an EC2 resource's tags (every instance DescribeInstances lists
+  or filters by tag) by matching a pattern of its id against every tag of every resource: quadratic
+  in a test's instances, terminated ones included. An id with no wildcard in it matches only itself,
+  so its tags are read from moto's tag dict directly, in the same order, with the same fields.
+- `remembered_attribute_names()`: moto's response serializer asks six alias providers, for every
+  field of every object it answers with, which attribute names to try: a pure function of the
+  object's class (and its `Meta`), the field and its shape (and the shape's parent), worked out
+  anew each time (a fifth of a DescribeInstances answer's cost). Worked out once per combination.
 """
 
 from __future__ import annotations
@@ -21,6 +32,8 @@ import copy
 import json
 import os
 import tempfile
+import threading
+from collections import defaultdict
 from importlib.metadata import version
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -74,3 +87,140 @@ def share_stream_records() -> None:
     from moto.dynamodb.models.table import StreamShard
 
     StreamShard.__deepcopy__ = _copy_shard  # type: ignore[attr-defined]
+
+
+# The keys a TransactWriteItems on this thread names, per table, while moto backs its tables up
+# (None outside one: every other deepcopy of a table is a whole one).
+_TRANSACTION = threading.local()
+
+
+def _transaction_keys(backend: Any, transact_items: Any) -> dict[str, list[tuple[Any, Any]]] | None:
+    """(hash, range) DynamoTypes of every item the transaction names, per table; None when the
+    request is malformed (moto then refuses it, after a whole backup, as it always did)."""
+    from moto.dynamodb.models.dynamo_type import DynamoType
+
+    keys: dict[str, list[tuple[Any, Any]]] = {}
+    try:
+        for entry in transact_items:
+            op_type, op = next(iter(entry.items()))
+            table = backend.tables.get(op.get("TableName"))
+            if table is None:
+                continue
+            raw = op["Item"] if op_type == "Put" else op["Key"]
+            range_value = DynamoType(raw[table.range_key_attr]) if table.range_key_attr else None
+            keys.setdefault(table.name, []).append((DynamoType(raw[table.hash_key_attr]), range_value))
+    except Exception:
+        return None
+    return keys
+
+
+def _copy_table(table: Any, memo: dict[int, Any]) -> Any:
+    """`copy.deepcopy` of moto's dynamodb Table: whole, but inside a TransactWriteItems' backup,
+    where only the items the transaction names are copied (see the module's docstring)."""
+    cls = type(table)
+    clone = cls.__new__(cls)
+    memo[id(table)] = clone
+    keys = getattr(_TRANSACTION, "keys", None)
+    named = None if keys is None else keys.get(table.name)
+    if named is None:
+        for attribute, value in table.__dict__.items():
+            setattr(clone, attribute, copy.deepcopy(value, memo))
+        return clone
+    clone.__dict__.update(table.__dict__)
+    items: defaultdict[Any, Any] = defaultdict(dict)
+    for hash_value, bucket in table.items.items():
+        items[hash_value] = dict(bucket) if isinstance(bucket, dict) else bucket
+    for hash_value, range_value in named:
+        bucket = items.get(hash_value)
+        if range_value is None:
+            if bucket is not None and not isinstance(bucket, dict):
+                items[hash_value] = copy.deepcopy(bucket, memo)
+        elif isinstance(bucket, dict) and range_value in bucket:
+            bucket[range_value] = copy.deepcopy(bucket[range_value], memo)
+    clone.items = items
+    if table.stream_shard is not None:
+        clone.stream_shard = copy.deepcopy(table.stream_shard, memo)
+    return clone
+
+
+def lean_transaction_backups() -> None:
+    from moto.dynamodb.models import DynamoDBBackend
+    from moto.dynamodb.models.table import Table
+
+    Table.__deepcopy__ = _copy_table  # type: ignore[attr-defined]
+    original = DynamoDBBackend.transact_write_items
+    if getattr(original, "lean_backup", False):
+        return
+
+    def transact_write_items(self: Any, transact_items: Any) -> None:
+        _TRANSACTION.keys = _transaction_keys(self, transact_items)
+        try:
+            original(self, transact_items)
+        finally:
+            _TRANSACTION.keys = None
+
+    transact_write_items.lean_backup = True  # type: ignore[attr-defined]
+    DynamoDBBackend.transact_write_items = transact_write_items  # type: ignore[method-assign]
+
+
+_WILDCARDS = frozenset("*?[\\")
+
+
+def direct_tag_lookup() -> None:
+    from moto.ec2.models.core import TaggedEC2Resource
+    from moto.ec2.utils import EC2_PREFIX_TO_RESOURCE, get_prefix
+
+    original = TaggedEC2Resource.get_tags
+    if getattr(original, "direct", False):
+        return
+
+    def get_tags(self: Any) -> list[dict[str, str]]:
+        resource_id = self.id
+        if not resource_id or not isinstance(resource_id, str) or _WILDCARDS & set(resource_id):
+            return original(self)
+        tags = self.ec2_backend.tags.get(resource_id)
+        if not tags:
+            return []
+        kind = EC2_PREFIX_TO_RESOURCE.get(get_prefix(resource_id), "")
+        return [{"resource_id": resource_id, "key": k, "value": v, "resource_type": kind} for k, v in tags.items()]
+
+    get_tags.direct = True  # type: ignore[attr-defined]
+    TaggedEC2Resource.get_tags = get_tags  # type: ignore[method-assign]
+
+
+_ALIAS_MEMO_LIMIT = 200_000
+
+
+def remembered_attribute_names() -> None:
+    from moto.core.serialize import AttributePicker
+
+    original = AttributePicker.get_possible_keys
+    if getattr(original, "remembered", False):
+        return
+    # (providers, class, field, id(Meta), id(shape), id(parent)) -> (Meta, shape, parent, names): the
+    # objects themselves are kept, so that an id is never another object's while its entry stands.
+    memo: dict[tuple[Any, ...], tuple[Any, Any, Any, tuple[str, ...]]] = {}
+
+    def get_possible_keys(self: Any, context: Any) -> Iterator[str]:
+        obj, shape = context.obj, context.shape
+        meta = getattr(obj, "Meta", None)
+        parent = getattr(shape, "parent", None)
+        key = (tuple(self.alias_providers), type(obj), context.key, id(meta), id(shape), id(parent))
+        entry = memo.get(key)
+        if entry is None or entry[0] is not meta or entry[1] is not shape or entry[2] is not parent:
+            if len(memo) >= _ALIAS_MEMO_LIMIT:
+                memo.clear()
+            entry = (meta, shape, parent, tuple(original(self, context)))
+            memo[key] = entry
+        return iter(entry[3])
+
+    get_possible_keys.remembered = True  # type: ignore[attr-defined]
+    AttributePicker.get_possible_keys = get_possible_keys  # type: ignore[method-assign]
+
+
+def install() -> None:
+    """Every tuning above that patches moto's classes (conftest applies them before any mock starts)."""
+    share_stream_records()
+    lean_transaction_backups()
+    direct_tag_lookup()
+    remembered_attribute_names()

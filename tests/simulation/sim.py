@@ -130,6 +130,17 @@ class Expected:
     generation: int = 0
 
 
+@dataclass(frozen=True)
+class _TableView:
+    """What `Simulation._view` decoded from moto's table, and the state of the table it read."""
+
+    table: Any
+    shard: Any
+    mark: tuple[int, int]
+    items: list[dict[str, Any]]
+    states: dict[str, ServiceState]
+
+
 class _Hooks:
     """botocore `before-call` on fleetkeeper's clients: counts calls per thread, crashes or pauses
     a thread at its k-th call, and records every call (for the steady-state check)."""
@@ -218,6 +229,7 @@ class Simulation:
         self._stream_read = 0  # records of moto's stream shard already read
         self._uids = itertools.count(1)
         self._live_before: dict[Any, int] = {}
+        self._table_view: _TableView | None = None
         self.known_failed: set[tuple[str, int]] = set()
         self.known_hits: list[Violation] = []  # known defects met on the way (the run goes on)
         self.reclaims: list[tuple[float, str]] = []  # (virtual time, instance id): AWS takes it back then
@@ -1003,17 +1015,34 @@ class Simulation:
 
         return dynamodb_backends[DEFAULT_ACCOUNT_ID][REGION].get_table(TABLE)
 
-    def _items(self) -> list[dict[str, Any]]:
+    def _view(self) -> _TableView:
+        """The table's items and service states as moto holds them now, decoded once per change.
+
+        The checks after every step read them many times over, and the table changes only by a
+        write, which appends a stream record (moto's rollback of a cancelled transaction puts back
+        another table object, shard and all); an AWS call made meanwhile also starts a new view.
+        Callers only read what they are given.
+        """
         table = self._backend_table()
-        return [from_raw(item.to_json()["Attributes"]) for item in table.all_items()]
+        shard = table.stream_shard
+        mark = (len(shard.items), len(self.hooks.calls))
+        view = self._table_view
+        if view is None or view.table is not table or view.shard is not shard or view.mark != mark:
+            items = [from_raw(item.to_json()["Attributes"]) for item in table.all_items()]
+            partitions: dict[str, list[dict[str, Any]]] = {}
+            for item in items:
+                if str(item["PK"]).startswith("SVC#"):
+                    partitions.setdefault(str(item["PK"])[4:], []).append(item)
+            states = {name: state_from_items(found) for name, found in partitions.items()}
+            live = {name: state for name, state in states.items() if state is not None}
+            view = self._table_view = _TableView(table, shard, mark, items, live)
+        return view
+
+    def _items(self) -> list[dict[str, Any]]:
+        return self._view().items
 
     def _states(self) -> dict[str, ServiceState]:
-        partitions: dict[str, list[dict[str, Any]]] = {}
-        for item in self._items():
-            if str(item["PK"]).startswith("SVC#"):
-                partitions.setdefault(str(item["PK"])[4:], []).append(item)
-        states = {name: state_from_items(items) for name, items in partitions.items()}
-        return {name: state for name, state in states.items() if state is not None}
+        return self._view().states
 
     def _spec_in_table(self, name: str, uid: str, version: int) -> dict[str, Any]:
         state = self._states().get(name)

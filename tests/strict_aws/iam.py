@@ -18,6 +18,7 @@ until IAM has propagated them.
 
 from __future__ import annotations
 
+import functools
 import re
 import threading
 from typing import TYPE_CHECKING
@@ -33,8 +34,12 @@ PROPAGATION_SECONDS = 10.0
 _PATH = re.compile(r"^(/|/[\x21-\x7e]+/)$")
 
 
+@functools.cache
 def _limits() -> dict[str, int]:
-    """The max lengths of botocore's IAM model, by shape: roleNameType, instanceProfileNameType, pathType."""
+    """The max lengths of botocore's IAM model, by shape: roleNameType, instanceProfileNameType, pathType.
+
+    Read once per process: a session of its own parses IAM's whole model, which every test's
+    controller would otherwise pay for again. Callers copy it (`IamLayer.limits`)."""
     import botocore.session
 
     model = botocore.session.get_session().get_service_model("iam")
@@ -60,7 +65,7 @@ class IamLayer:
     def __init__(self, strict: StrictAws) -> None:
         self._strict = strict
         self.lock = threading.RLock()
-        self.limits = _limits()
+        self.limits = dict(_limits())
         # instance profile name -> layer time from which EC2 accepts it
         self.usable_from: dict[str, float] = {}
 
