@@ -6,7 +6,6 @@ from __future__ import annotations
 import copy
 import json
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from botocore.exceptions import ClientError
@@ -17,13 +16,14 @@ from fleetkeeper.spec import ServiceSpec
 from fleetkeeper.store.codec import replica_item, to_raw, version_item
 from fleetkeeper.store.keys import SERVICE_SK, child_prefixes, service_pk
 from fleetkeeper.store.table import BATCH_WRITE_LIMIT
+from tests import REPO_ROOT
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable
 
 from tests.conftest import FakeContext, hello_spec
 
-EVENT_PATH = Path(__file__).resolve().parents[1] / "events" / "cleanup_remove.json"
+EVENT_PATH = REPO_ROOT / "events" / "cleanup_remove.json"
 
 
 def seed_children(table: str, name: str, uid: str, *, versions: int, replicas: int = 0) -> None:

@@ -12,10 +12,11 @@ from __future__ import annotations
 import functools
 import json
 import re
-from pathlib import Path
 from typing import Any
 
-DOCUMENT = Path(__file__).resolve().parents[1] / "docs" / "openapi.json"
+from tests import REPO_ROOT
+
+DOCUMENT = REPO_ROOT / "docs" / "openapi.json"
 
 
 @functools.cache

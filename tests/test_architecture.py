@@ -16,7 +16,9 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests import REPO_ROOT
+
+ROOT = REPO_ROOT
 PACKAGE = ROOT / "functions" / "fleetkeeper"
 CONFIG = ROOT / "pyproject.toml"
 LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")

@@ -25,6 +25,7 @@ from fleetkeeper.autoscale import (
 from fleetkeeper.model import AutoscalerState, Lifecycle, Recommendation, ServiceRecord, ServiceStatus, to_iso
 from fleetkeeper.spec import ServiceSpec
 from fleetkeeper.store.codec import from_raw, service_from_item, service_item, to_raw
+from tests import REPO_ROOT
 
 T0 = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
 # min 1, max 5, 2 req/s per replica, SkyPilot's default delays.
@@ -255,10 +256,9 @@ def test_rates_are_kept_to_thousandths_so_they_read_back_equal() -> None:
 
 
 def test_the_example_autoscales() -> None:
-    from pathlib import Path
 
     import yaml
 
-    example = Path(__file__).resolve().parents[1] / "examples" / "autoscale" / "service.yaml"
+    example = REPO_ROOT / "examples" / "autoscale" / "service.yaml"
     policy = policy_of(ServiceSpec.model_validate(yaml.safe_load(example.read_text())))
     assert policy == ScalingPolicy(1, 4, 2.0, 60, 300)

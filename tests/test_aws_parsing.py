@@ -24,6 +24,7 @@ from fleetkeeper import aws as clients
 from fleetkeeper import aws_parsing
 from fleetkeeper.aws_parsing import ResponseParsers, only, parse_timestamp
 from fleetkeeper.reconciler.drivers.ec2 import _DESCRIBED, Ec2Driver, _instance
+from tests import REPO_ROOT
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -326,9 +327,8 @@ def test_the_collector_is_on_again_only_when_the_last_thread_is_done_and_after_a
 
 
 def _pins() -> dict[str, str]:
-    from pathlib import Path
 
-    text = (Path(__file__).resolve().parents[1] / "functions" / "requirements.txt").read_text(encoding="utf-8")
+    text = (REPO_ROOT / "functions" / "requirements.txt").read_text(encoding="utf-8")
     pins = {}
     for line in text.splitlines():
         requirement = line.split("#", 1)[0].strip()

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import re
 import tomllib
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests import REPO_ROOT
+
+ROOT = REPO_ROOT
 
 
 def test_every_checkov_skip_says_why() -> None:

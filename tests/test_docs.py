@@ -14,7 +14,9 @@ import re
 from collections.abc import Iterable
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests import REPO_ROOT
+
+ROOT = REPO_ROOT
 DOCS = ROOT / "docs"
 OVERVIEW = DOCS / "ARCHITECTURE.md"
 OVERVIEW_MAX_LINES = 220

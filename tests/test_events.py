@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 from fleetkeeper.api.handler import lambda_handler
+from tests import REPO_ROOT
 from tests.conftest import FakeContext
 
-EVENTS = Path(__file__).resolve().parents[1] / "events"
+EVENTS = REPO_ROOT / "events"
 # A service's life, one event per route, with the status each must produce.
 SEQUENCE = [
     ("api_create_service", 201),

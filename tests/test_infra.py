@@ -3,15 +3,15 @@ gives the reconciler what it needs without a route to the internet."""
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from fleetkeeper.template import load_template
+from tests import REPO_ROOT
 from tests.cfn import PSEUDO, Resolver, as_list, parameter_values, resources_of_type
 
-INFRA = Path(__file__).resolve().parents[1] / "infra"
+INFRA = REPO_ROOT / "infra"
 
 
 @pytest.fixture(scope="module")

@@ -18,9 +18,10 @@ from urllib.parse import urlsplit
 import pytest
 
 from fleetkeeper.local.auth import CREDENTIAL_FILE, RUNTIME_DIR_ENV
+from tests import REPO_ROOT
 from tests.local_process import LocalPlane, eventually, start_local
 
-EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "hello" / "service.yaml"
+EXAMPLE = REPO_ROOT / "examples" / "hello" / "service.yaml"
 SECRET = "hf_e2e_never_leaves"
 
 pytestmark = pytest.mark.e2e

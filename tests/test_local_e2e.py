@@ -15,18 +15,18 @@ import os
 import signal
 import threading
 import time
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
 import yaml
 
+from tests import REPO_ROOT
 from tests.local_process import LocalPlane, eventually, http_get, process_running, start_local
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
-EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "hello" / "service.yaml"
+EXAMPLE = REPO_ROOT / "examples" / "hello" / "service.yaml"
 NAME = "hello-e2e"
 WAIT = "60"  # seconds any one --wait may take
 

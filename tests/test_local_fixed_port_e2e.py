@@ -12,12 +12,13 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from fleetkeeper.local.process_driver import namespaces_available
+from tests import TESTS_DIR
 from tests.local_process import LocalPlane, eventually, free_port, http_get, start_local
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
-FIXTURE = Path(__file__).resolve().parent / "fixtures" / "fixed_port" / "service.yaml"
+FIXTURE = TESTS_DIR / "fixtures" / "fixed_port" / "service.yaml"
 WAIT = "60"
 
 pytestmark = pytest.mark.e2e
@@ -56,7 +57,7 @@ def test_two_replicas_of_a_fixed_port_8080_app_serve_through_the_endpoint(plane:
     ok(plane.cli("down", "fixed-port", "--wait", "--timeout", WAIT))
 
 
-SKYPILOT_MINIMAL = Path(__file__).resolve().parent / "fixtures" / "skypilot" / "examples" / "serve" / "minimal.yaml"
+SKYPILOT_MINIMAL = TESTS_DIR / "fixtures" / "skypilot" / "examples" / "serve" / "minimal.yaml"
 
 
 @pytest.mark.skipif(not namespaces_available()[0], reason=f"no network namespaces here: {namespaces_available()[1]}")

@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from tests import REPO_ROOT
 from tests.local_process import eventually, process_running, start_local
 
-EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "hello" / "service.yaml"
+EXAMPLE = REPO_ROOT / "examples" / "hello" / "service.yaml"
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])

@@ -36,6 +36,7 @@ from fleetkeeper.spec import ServiceSpec, stored_spec
 from fleetkeeper.store.codec import state_from_items
 from fleetkeeper.store.errors import CorruptItem
 from fleetkeeper.store.keys import service_pk
+from tests import REPO_ROOT
 from tests.conftest import TABLE, hello_spec
 from tests.public_images import publish_deep_learning_amis
 from tests.reconciler_world import World, assert_converged, instance_state, run_tagged, spec_dict
@@ -360,11 +361,10 @@ def test_a_stored_spec_is_decoded_without_the_rules_for_new_specs() -> None:
 
 
 def test_hello_binds_every_interface_unless_host_says_otherwise() -> None:
-    from pathlib import Path
 
     import yaml
 
-    root = Path(__file__).resolve().parents[1]
+    root = REPO_ROOT
     run = yaml.safe_load((root / "examples/hello/service.yaml").read_text())["run"]
     assert 'os.environ.get("HOST", "0.0.0.0")' in run
 

@@ -25,12 +25,13 @@ import yaml
 from fleetkeeper.api.handler import lambda_handler
 from fleetkeeper.cli.main import run
 from fleetkeeper.workdir_store import LocalWorkdirStore
+from tests import TESTS_DIR
 from tests.local_process import serving_bridge
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
-FIXTURES = Path(__file__).parent / "fixtures" / "skypilot"
+FIXTURES = TESTS_DIR / "fixtures" / "skypilot"
 
 ONE_A100 = "no AWS instance type has 1 A100; p4d.24xlarge has 8; for one GPU use A10G:1, L4:1 or L40S:1"
 # A set of accelerators is candidates: what AWS has not is dropped with a note each, the rest kept.

@@ -7,11 +7,11 @@ assertions live in test_template_reconciler.py and test_template_cleanup.py.
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
 import yaml
 
+from tests import TESTS_DIR
 from tests.cfn import (
     Resolver,
     as_list,
@@ -23,7 +23,7 @@ from tests.cfn import (
     role_statements,
 )
 
-ALLOWLIST_PATH = Path(__file__).with_name("parliament_allowlist.yaml")
+ALLOWLIST_PATH = TESTS_DIR / "parliament_allowlist.yaml"
 
 
 def roles(translated: dict[str, Any]) -> list[str]:

@@ -21,6 +21,7 @@ from fleetkeeper.reconciler.userdata import log_stream
 from fleetkeeper.secret_store import SecretStore, parameter_prefix
 from fleetkeeper.template import load_template
 from fleetkeeper.workdir_store import service_key
+from tests import REPO_ROOT
 from tests.cfn import ACCOUNT, REGION, Resolver, as_list, resources_of_type, translate
 from tests.iam_evaluator import Decision, Request, evaluate
 
@@ -331,7 +332,7 @@ def _ci_policy(stack: Stack) -> dict[str, Any]:
     """infra/ci-role.yaml's policy, with ApiExecuteArn = the stack's ApiInvokeArn output."""
     invoke = str(stack.resolver.resolve(stack.translated["Outputs"]["ApiInvokeArn"]["Value"]))
     invoke = invoke.replace(str(stack.resolver.ref("Api")), API_ID)
-    ci = load_template(__import__("pathlib").Path(__file__).resolve().parents[1] / "infra" / "ci-role.yaml")
+    ci = load_template(REPO_ROOT / "infra" / "ci-role.yaml")
     (policy,) = ci["Resources"]["CiRole"]["Properties"]["Policies"]
     return dict(
         json.loads(json.dumps(policy["PolicyDocument"]).replace('{"Ref": "ApiExecuteArn"}', json.dumps(invoke)))

@@ -6,6 +6,7 @@ from __future__ import annotations
 from fleetkeeper.api.handler import app
 from fleetkeeper.apigw import ROUTES
 from fleetkeeper.template import load_template, resource
+from tests import REPO_ROOT
 
 
 def handler_routes() -> set[tuple[str, str]]:
@@ -29,11 +30,10 @@ def test_the_local_event_builder_knows_every_route() -> None:
 
 def test_the_checked_in_openapi_document_matches_the_code() -> None:
     import json
-    from pathlib import Path
 
     from fleetkeeper.api.handler import openapi_json
 
-    checked_in = Path(__file__).resolve().parents[1] / "docs" / "openapi.json"
+    checked_in = REPO_ROOT / "docs" / "openapi.json"
     assert json.loads(checked_in.read_text()) == json.loads(openapi_json()), (
         "docs/openapi.json is stale: run `make openapi` and commit it"
     )

@@ -12,11 +12,14 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
+import fleetkeeper
+
 if TYPE_CHECKING:
     from mypy_boto3_dynamodb import DynamoDBClient
     from mypy_boto3_sqs import SQSClient
 
-TEMPLATE_PATH = Path(__file__).resolve().parents[2] / "template.yaml"
+# From the package, not from this file: the module may sit anywhere in it.
+TEMPLATE_PATH = Path(fleetkeeper.__file__).resolve().parents[2] / "template.yaml"
 
 
 class _CfnLoader(yaml.SafeLoader):
