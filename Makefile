@@ -103,31 +103,31 @@ test:
 fuzz: $(STAMP)
 	HYPOTHESIS_PROFILE=fuzz $(MAKE) --no-print-directory unit PYTEST_ARGS="-m hypothesis $(PYTEST_ARGS)"
 
-# The seeded simulation (tests/test_simulation.py; docs/architecture/simulation.md). `make test`
+# The seeded simulation (tests/simulation/test_simulation.py; docs/architecture/simulation.md). `make test`
 # runs its fixed seeds; `make sim SIM_SEED=n` replays one seed; `make soak SEEDS=N` runs N random
 # seeds (each printed; a failure prints its seed and steps) of SIM_STEPS steps (default 2000; the
-# fixed seeds of `make test` run 200 each, tests/test_simulation.py).
+# fixed seeds of `make test` run 200 each, tests/simulation/test_simulation.py).
 SEEDS     ?= 20
 SIM_STEPS ?= 2000
 SOAK_BASE ?= $(shell date +%s)
 
 sim: $(STAMP)
-	SIM_SEED=$(SIM_SEED) SIM_STEPS=$(SIM_STEPS) $(BIN)/python -m pytest tests/test_simulation.py -p no:xdist -s -q $(PYTEST_ARGS)
+	SIM_SEED=$(SIM_SEED) SIM_STEPS=$(SIM_STEPS) $(BIN)/python -m pytest tests/simulation/test_simulation.py -p no:xdist -s -q $(PYTEST_ARGS)
 
 soak: $(STAMP)
 	@echo "soak: $(SEEDS) seeds drawn from SOAK_BASE=$(SOAK_BASE)"
-	SIM_SOAK=$(SEEDS) SIM_SOAK_BASE=$(SOAK_BASE) SIM_STEPS=$(SIM_STEPS) $(MAKE) --no-print-directory unit PYTEST_ARGS="tests/test_simulation.py -rxX $(PYTEST_ARGS)"
+	SIM_SOAK=$(SEEDS) SIM_SOAK_BASE=$(SOAK_BASE) SIM_STEPS=$(SIM_STEPS) $(MAKE) --no-print-directory unit PYTEST_ARGS="tests/simulation/test_simulation.py -rxX $(PYTEST_ARGS)"
 
 # Mutation testing (slow, so not part of `make test`): mutmut changes MUTATE_PATHS (paths under
 # functions/, globs allowed) one small edit at a time and runs only MUTATE_TESTS, the tests that
 # exercise them, against each mutant; a mutant no test fails on "survived". It runs in $(MUTATE_DIR)
 # (the package and tests linked in, mutmut's copy under $(MUTATE_DIR)/mutants), fresh each time.
 # The default scope is the planner's package (reconciler/plan/) and the store (store.py or store/).
-# `make mutate MUTATE_PATHS=fleetkeeper/store/conditions.py MUTATE_TESTS=tests/test_store.py` narrows it;
+# `make mutate MUTATE_PATHS=fleetkeeper/store/conditions.py MUTATE_TESTS=tests/store/test_store.py` narrows it;
 # then `cd $(MUTATE_DIR) && ../$(BIN)/mutmut show NAME` prints one mutant's diff.
 MUTATE_PATHS   ?= fleetkeeper/reconciler/plan/*.py \
                   $(patsubst functions/%,%,$(wildcard functions/fleetkeeper/store.py functions/fleetkeeper/store/*.py))
-MUTATE_TESTS   ?= tests/test_reconciler_plan.py $(wildcard tests/test_store*.py tests/test_reconciler_store*.py)
+MUTATE_TESTS   ?= tests/reconciler/plan/test_plan.py $(wildcard tests/store/test_*.py tests/reconciler/test_store*.py)
 MUTATE_WORKERS ?= $(PYTEST_WORKERS)
 MUTATE_DIR     := .mutmut
 MUTATE_STAMP   := $(VENV)/.installed-mutate

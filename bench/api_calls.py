@@ -37,8 +37,8 @@ def count_calls() -> None:
 
     from fleetkeeper import aws
     from fleetkeeper.api.handler import lambda_handler
-    from fleetkeeper.apigw import rest_event
-    from fleetkeeper.template import create_table
+    from fleetkeeper.aws.apigw import rest_event
+    from fleetkeeper.local.template import create_table
     from tests.conftest import FakeContext, hello_spec
 
     with mock_aws():

@@ -31,7 +31,7 @@ os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "bench")
 os.environ.setdefault("AWS_REGION", "us-east-1")
 
 from fleetkeeper import aws
-from fleetkeeper.autoscale import ScalingPolicy, decide
+from fleetkeeper.reconciler.autoscale import ScalingPolicy, decide
 from fleetkeeper.reconciler.metrics import RequestRates
 
 PRICE_PER_1000_METRICS = 0.01  # USD, GetMetricData, "per 1,000 metrics requested"

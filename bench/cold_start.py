@@ -40,7 +40,7 @@ import json, sys, time
 t0 = time.perf_counter()
 from fleetkeeper.api.handler import lambda_handler
 t1 = time.perf_counter()
-from fleetkeeper.apigw import rest_event
+from fleetkeeper.aws.apigw import rest_event
 
 class Context:
     function_name = "fleetkeeper-api"
@@ -172,7 +172,7 @@ def first_requests(runs: int) -> None:
         for var in ("FLEETKEEPER_KICK_QUEUE_URL", "FLEETKEEPER_KICK_URL"):
             os.environ.pop(var, None)
         from fleetkeeper import aws
-        from fleetkeeper.template import create_table
+        from fleetkeeper.local.template import create_table
 
         aws.reset_clients()
         assert os.environ["FLEETKEEPER_AWS_ENDPOINT_URL"] == endpoint  # nothing may leave 127.0.0.1

@@ -69,7 +69,7 @@ from fleetkeeper.reconciler.driver import MANAGED_TAG, REPLICA_TAG, SERVICE_TAG,
 from fleetkeeper.reconciler.drivers.ec2 import Ec2Driver  # noqa: E402
 from fleetkeeper.reconciler.shell import Reconciler  # noqa: E402
 from fleetkeeper.settings import Ec2Settings  # noqa: E402
-from fleetkeeper.spec import ServiceSpec  # noqa: E402
+from fleetkeeper.spec.service import ServiceSpec  # noqa: E402
 from fleetkeeper.store.codec import from_raw, replica_item, service_item, to_raw, version_item  # noqa: E402
 from fleetkeeper.store.keys import new_uid  # noqa: E402
 from fleetkeeper.store.reconciler import ReconcilerStore  # noqa: E402
@@ -395,7 +395,7 @@ def _driver() -> Ec2Driver:
 def measure(services: int, port: int, meter: Meter, versions: int = 1) -> dict[str, Any]:
     from moto import mock_aws
 
-    from fleetkeeper.template import create_table
+    from fleetkeeper.local.template import create_table
 
     with mock_aws():
         aws.reset_clients()

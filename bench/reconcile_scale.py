@@ -44,6 +44,7 @@ from reconcile_cost import (
 )
 
 from fleetkeeper import aws
+from fleetkeeper.local.template import create_queue, create_table
 from fleetkeeper.model import to_iso
 from fleetkeeper.reconciler.budget import Budget
 from fleetkeeper.reconciler.dispatch import Shard
@@ -54,7 +55,6 @@ from fleetkeeper.reconciler.shell import Reconciler
 from fleetkeeper.settings import DEFAULT_READ_CONCURRENCY, DEFAULT_SHARD_SIZE
 from fleetkeeper.store.reconciler import ReconcilerStore
 from fleetkeeper.store.table import Table
-from fleetkeeper.template import create_queue, create_table
 
 
 def _index_moto_tags() -> None:

@@ -88,7 +88,7 @@ def place(services: int, run: int, *, domain: str | None) -> dict[str, Any]:
         placing = dict(calls.counts)
         shards = len({r.load_balancer for r in records})
         # The steady state of the shards: the dispatcher's sweep, once a period (a steady service's
-        # run calls no balancer at all: test_reconciler_endpoint.py shows it, not measured here).
+        # run calls no balancer at all: tests/reconciler/test_endpoint.py shows it, not measured here).
         calls.counts.clear()
         balancer = replace(template)
         balancer.forget()

@@ -6,7 +6,7 @@ Translation needs no AWS account: the managed-policy loader is a stub (SAM only 
 managed policy *names*, which this template does not use).
 
 The `translated` fixture (template.yaml translated once per test process; read it, never change it)
-is registered for every test by tests/conftest.py; the test_template_*.py files share it.
+is registered for every test by tests/conftest.py; the tests/template/ files share it.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from fleetkeeper.template import load_template
+from fleetkeeper.local.template import load_template
 
 REGION = "us-east-1"
 ACCOUNT = "123456789012"

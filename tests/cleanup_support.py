@@ -12,7 +12,7 @@ from botocore.exceptions import ClientError
 
 from fleetkeeper import aws
 from fleetkeeper.model import ReplicaRecord, ReplicaStatus, VersionRecord
-from fleetkeeper.spec import ServiceSpec
+from fleetkeeper.spec.service import ServiceSpec
 from fleetkeeper.store.codec import replica_item, to_raw, version_item
 from fleetkeeper.store.keys import SERVICE_SK, child_prefixes, service_pk
 from fleetkeeper.store.table import BATCH_WRITE_LIMIT

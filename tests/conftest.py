@@ -80,29 +80,29 @@ pytest_plugins = ["tests.cfn", "tests.reconciler_world"]
 # worker starts its `fleetkeeper local` once. The rest are CPU-bound on moto. Within an entry, tests
 # keep their collection order.
 LONG_FIRST = (
-    "tests/test_local_endpoint_e2e.py::",
-    "tests/test_local_e2e.py::",
-    "tests/test_local_auth_e2e.py::",
-    "tests/test_simulation.py::",  # 200 steps per seed
-    "tests/test_simulation_replay.py::",  # each seed run twice
-    "tests/test_local_wake_e2e.py::",  # to zero, a wake, to zero and a wake again
-    "tests/test_reclaim_wave.py::",  # eight simulated minutes of a wave per seed
-    "tests/test_reconciler_crash.py::test_a_crash_at_every_aws_call_is_completed_by_the_next_runs[replica-died-",
-    "tests/test_reconciler_crash.py::test_a_crash_at_every_aws_call_is_completed_by_the_next_runs[update-",
-    "tests/test_reconciler_crash.py::",  # a fresh world per crash point
-    "tests/test_cleanup.py::test_every_version_goes_in_ceil_n_over_25_batch_calls[10000]",
-    "tests/test_api_aws_semantics.py::test_versions_pages_stay_under_the_lambda_response_limit",
-    "tests/test_api_aws_semantics.py::test_the_idempotency_record_of_a_service_of_1000_replicas_is_small",
-    "tests/test_reconciler_fanout.py::test_the_schedule_through_dispatcher_queue_and_workers_converges_many_services",
-    "tests/test_cleanup_handler.py::test_recreating_the_name_loses_nothing_of_the_new_incarnation",
-    "tests/test_store.py::test_updates_keep_the_newest_versions_and_never_prune_what_is_in_use",
-    "tests/test_store.py::test_the_version_being_served_survives_pruning_after_a_rollback",
-    "tests/test_reconciler_fanout.py::test_short_runs_stop_in_time_and_rotation_still_brings_every_service_to_ready",
-    "tests/test_local_server.py::",  # `fleetkeeper local` subprocesses
-    "tests/test_reactions.py::",
-    "tests/test_stacks_isolation.py::",
-    "tests/test_local_auth_e2e.py::",
-    "tests/test_local_fixed_port_e2e.py::",
+    "tests/local/test_endpoint_e2e.py::",
+    "tests/local/test_e2e.py::",
+    "tests/local/test_auth_e2e.py::",
+    "tests/simulation/test_simulation.py::",  # 200 steps per seed
+    "tests/simulation/test_replay.py::",  # each seed run twice
+    "tests/local/test_wake_e2e.py::",  # to zero, a wake, to zero and a wake again
+    "tests/simulation/test_reclaim_wave.py::",  # eight simulated minutes of a wave per seed
+    "tests/reconciler/test_crash.py::test_a_crash_at_every_aws_call_is_completed_by_the_next_runs[replica-died-",
+    "tests/reconciler/test_crash.py::test_a_crash_at_every_aws_call_is_completed_by_the_next_runs[update-",
+    "tests/reconciler/test_crash.py::",  # a fresh world per crash point
+    "tests/cleanup/test_cleanup.py::test_every_version_goes_in_ceil_n_over_25_batch_calls[10000]",
+    "tests/api/test_aws_semantics.py::test_versions_pages_stay_under_the_lambda_response_limit",
+    "tests/api/test_aws_semantics.py::test_the_idempotency_record_of_a_service_of_1000_replicas_is_small",
+    "tests/reconciler/test_fanout.py::test_the_schedule_through_dispatcher_queue_and_workers_converges_many_services",
+    "tests/cleanup/test_handler.py::test_recreating_the_name_loses_nothing_of_the_new_incarnation",
+    "tests/store/test_store.py::test_updates_keep_the_newest_versions_and_never_prune_what_is_in_use",
+    "tests/store/test_store.py::test_the_version_being_served_survives_pruning_after_a_rollback",
+    "tests/reconciler/test_fanout.py::test_short_runs_stop_in_time_and_rotation_still_brings_every_service_to_ready",
+    "tests/local/test_server.py::",  # `fleetkeeper local` subprocesses
+    "tests/simulation/test_reactions.py::",
+    "tests/stacks/test_isolation.py::",
+    "tests/local/test_auth_e2e.py::",
+    "tests/local/test_fixed_port_e2e.py::",
 )
 
 
@@ -169,7 +169,7 @@ def strict_aws(aws: None, request: pytest.FixtureRequest) -> strict_layer.Strict
 @pytest.fixture
 def table(aws: None, monkeypatch: pytest.MonkeyPatch) -> str:
     from fleetkeeper import aws as aws_clients
-    from fleetkeeper.template import create_table
+    from fleetkeeper.local.template import create_table
 
     create_table(aws_clients.dynamodb(), TABLE)
     monkeypatch.setenv("TABLE_NAME", TABLE)
@@ -236,7 +236,7 @@ class FakeContext:
 
 
 # Who the suite's api calls are signed as, unless a test says otherwise: a session of one CI role,
-# not an administrator (tests/test_api_owners.py tries other roles, users and administrators).
+# not an administrator (tests/api/test_owners.py tries other roles, users and administrators).
 TEST_CALLER = "arn:aws:sts::123456789012:assumed-role/fleetkeeper-test/pytest"
 
 
@@ -260,7 +260,7 @@ class ApiClient:
         raw: str | bytes | None = None,
     ) -> HttpResult:
         from fleetkeeper.api.handler import lambda_handler
-        from fleetkeeper.apigw import response_parts, rest_event
+        from fleetkeeper.aws.apigw import response_parts, rest_event
 
         payload = raw if raw is not None else (json.dumps(body) if body is not None else None)
         all_headers = {"Content-Type": "application/json", **(headers or {})}

@@ -4,7 +4,7 @@ Why our own: the maintained Python tools are auditors (parliament, already a dev
 cloudsplaining look at a policy without a request) or compute an entity's effective action set from
 account authorization details without a request context (iam-ape, judged from its description); none
 decides one request with its condition keys, policy variables and a permissions boundary. So this
-module does, for what the stack uses, and tests/test_iam_evaluator.py checks it against the
+module does, for what the stack uses, and tests/strict_aws/test_iam_evaluator.py checks it against the
 evaluation examples of AWS's IAM documentation before any stack policy is judged with it.
 
 Semantics, from AWS's IAM User Guide:

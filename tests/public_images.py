@@ -4,7 +4,7 @@ has, so a launch with `resolve:ssm:<DLAMI parameter>` resolves on the strict-AWS
 
 from __future__ import annotations
 
-from fleetkeeper.images import GPU_DLAMI_PARAMETER, NEURON_DLAMI_PARAMETER
+from fleetkeeper.spec.images import GPU_DLAMI_PARAMETER, NEURON_DLAMI_PARAMETER
 
 
 def publish_deep_learning_amis(region: str = "us-east-1") -> dict[str, str]:

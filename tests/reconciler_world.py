@@ -22,19 +22,19 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from fleetkeeper import aws
+from fleetkeeper.api.services import ServiceCommands
+from fleetkeeper.local.template import create_table
 from fleetkeeper.model import Lifecycle, ReplicaStatus, ServiceState, to_iso
 from fleetkeeper.reconciler.balancers.alb import AlbBalancer
 from fleetkeeper.reconciler.driver import MANAGED_TAG, REPLICA_TAG, UID_TAG
 from fleetkeeper.reconciler.drivers.ec2 import Ec2Driver
 from fleetkeeper.reconciler.plan import Policy
 from fleetkeeper.reconciler.shell import Reconciler, RunReport
-from fleetkeeper.services import ServiceCommands
 from fleetkeeper.settings import Ec2Settings
-from fleetkeeper.spec import ServiceSpec
+from fleetkeeper.spec.service import ServiceSpec
 from fleetkeeper.store.commands import CommandStore
 from fleetkeeper.store.reconciler import ReconcilerStore
 from fleetkeeper.store.table import Table
-from fleetkeeper.template import create_table
 from tests.conftest import TABLE, hello_spec
 
 if TYPE_CHECKING:

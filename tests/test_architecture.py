@@ -30,13 +30,13 @@ TOP = "\n{}\n"
 # (contract id, module the import is planted in, the import, how it is planted)
 VIOLATIONS = [
     # handlers -> services -> store -> model/spec
-    ("layers", "fleetkeeper.store", "import fleetkeeper.services", LAZY),
+    ("layers", "fleetkeeper.store", "import fleetkeeper.api.services", LAZY),
     ("layers", "fleetkeeper.store", "from fleetkeeper.reconciler import shell", TOP),
     ("layers", "fleetkeeper.model", "from fleetkeeper.store import Store", TYPE_ONLY),
-    ("layers", "fleetkeeper.spec", "from fleetkeeper.cleanup import logic", LAZY),
-    ("layers", "fleetkeeper.services", "import fleetkeeper.api.handler", LAZY),
+    ("layers", "fleetkeeper.spec.service", "from fleetkeeper.cleanup import logic", LAZY),
+    ("layers", "fleetkeeper.api.services", "import fleetkeeper.api.handler", LAZY),
     # Two modules of one layer are independent of each other.
-    ("layers", "fleetkeeper.services", "from fleetkeeper.cleanup.logic import Cleaner", LAZY),
+    ("layers", "fleetkeeper.api.services", "from fleetkeeper.cleanup.logic import Cleaner", LAZY),
     ("layers", "fleetkeeper.reconciler.handler", "import fleetkeeper.cleanup.handler", LAZY),
     # The planner does no I/O: its package and each of its modules.
     ("pure-planner", "fleetkeeper.reconciler.plan", "import socket", TOP),
@@ -52,7 +52,7 @@ VIOLATIONS = [
     ("lambda-bundle", "fleetkeeper.reconciler.drivers", "import fleetkeeper.local.process_driver", LAZY),
     ("lambda-bundle", "fleetkeeper.cleanup.logic", "from fleetkeeper.cli import main", LAZY),
     ("lambda-bundle", "fleetkeeper.kick", "import yaml", LAZY),
-    ("lambda-bundle", "fleetkeeper.store.table", "from fleetkeeper.template import load_template", LAZY),
+    ("lambda-bundle", "fleetkeeper.store.table", "from fleetkeeper.local.template import load_template", LAZY),
     ("lambda-bundle", "fleetkeeper.errors", "import moto", LAZY),
     # The local load balancer (and aiohttp, which it runs on) is the embedded mode's alone.
     ("lambda-bundle", "fleetkeeper.reconciler.balancers", "from fleetkeeper.local.balancer import LocalBalancer", LAZY),
@@ -108,7 +108,7 @@ def test_every_deployed_handler_is_under_the_lambda_bundle_contract() -> None:
     # embedded mode, the CLI or a package its bundle lacks, and only fail once deployed.
     import tomllib
 
-    from fleetkeeper.template import load_template
+    from fleetkeeper.local.template import load_template
 
     handlers = {
         body["Properties"]["Handler"].rsplit(".", 1)[0]

@@ -28,7 +28,7 @@ def models(module):
     return [v for v in vars(module).values() if isinstance(v, type) and issubclass(v, BaseModel) and v is not BaseModel]
 
 built = []
-for name in ("fleetkeeper.spec", "fleetkeeper.api.models"):
+for name in ("fleetkeeper.spec.service", "fleetkeeper.api.models"):
     if name in sys.modules:
         built += [f"{{name}}.{{m.__name__}}" for m in models(sys.modules[name]) if m.__pydantic_complete__]
 print(json.dumps({{"modules": modules, "built": built}}))
@@ -53,20 +53,20 @@ def cold_import(module: str) -> dict[str, list[str]]:
 # Needed by some api invocations only: each is imported by the code that uses it.
 API_DEFERRED = [
     # Placing a spec: only a spec's validation and the views of a service or version need them.
-    "fleetkeeper.placement",
-    "fleetkeeper.catalogue",
-    "fleetkeeper.images",
-    "fleetkeeper.skypilot_fields",
-    "fleetkeeper.task_variables",
+    "fleetkeeper.spec.placement",
+    "fleetkeeper.spec.catalogue",
+    "fleetkeeper.spec.images",
+    "fleetkeeper.spec.skypilot_fields",
+    "fleetkeeper.spec.task_variables",
     # The autoscaler's view: only GET of one service.
-    "fleetkeeper.autoscale",
+    "fleetkeeper.reconciler.autoscale",
     # The commands and what they are built from: not for a request refused before any route.
-    "fleetkeeper.services",
+    "fleetkeeper.api.services",
     "fleetkeeper.store",
     "fleetkeeper.store.commands",
     "fleetkeeper.kick",
-    "fleetkeeper.secret_store",
-    "fleetkeeper.request_hmac",
+    "fleetkeeper.replicas.secrets",
+    "fleetkeeper.api.request_hmac",
     # Never in the api's import: the reconciler's code, boto3, botocore's clients.
     "fleetkeeper.reconciler",
     "boto3",
@@ -78,7 +78,7 @@ def test_the_api_imports_only_what_every_invocation_needs() -> None:
     loaded = set(cold_import("fleetkeeper.api.handler")["modules"])
     assert sorted(m for m in API_DEFERRED if m in loaded) == []
     # What it does import at module level, so the list above cannot pass by the import failing.
-    assert {"fleetkeeper.api.models", "fleetkeeper.spec", "aws_lambda_powertools.event_handler"} <= loaded
+    assert {"fleetkeeper.api.models", "fleetkeeper.spec.service", "aws_lambda_powertools.event_handler"} <= loaded
 
 
 def test_the_api_builds_no_model_at_import() -> None:
@@ -91,9 +91,9 @@ def test_the_api_builds_no_model_at_import() -> None:
     ("module", "deferred"),
     [
         # The reconciler's whole work (shell, planner, drivers, spec) is imported by its first run.
-        ("fleetkeeper.reconciler.handler", ["fleetkeeper.reconciler.shell", "fleetkeeper.spec", "boto3"]),
-        ("fleetkeeper.cleanup.handler", ["fleetkeeper.spec", "fleetkeeper.placement", "boto3"]),
-        ("fleetkeeper.wake_handler", ["fleetkeeper.spec", "fleetkeeper.placement", "boto3", "pydantic"]),
+        ("fleetkeeper.reconciler.handler", ["fleetkeeper.reconciler.shell", "fleetkeeper.spec.service", "boto3"]),
+        ("fleetkeeper.cleanup.handler", ["fleetkeeper.spec.service", "fleetkeeper.spec.placement", "boto3"]),
+        ("fleetkeeper.wake.handler", ["fleetkeeper.spec.service", "fleetkeeper.spec.placement", "boto3", "pydantic"]),
     ],
 )
 def test_the_other_handlers_keep_their_imports_small(module: str, deferred: list[str]) -> None:
@@ -105,7 +105,7 @@ def test_the_other_handlers_keep_their_imports_small(module: str, deferred: list
 def test_the_deferred_models_still_validate_on_first_use() -> None:
     """A deferred model builds itself on first use and answers as before (here in this process)."""
     from fleetkeeper.api.models import CreateServiceRequest
-    from fleetkeeper.spec import parse_spec
+    from fleetkeeper.spec.service import parse_spec
 
     spec = parse_spec({"resources": {"instance_type": "t3.micro"}, "run": "x", "service": {"readiness_probe": "/"}})
     assert spec.resources.placement.instance_types == ("t3.micro",)

@@ -144,7 +144,7 @@ def test_the_alb_says_what_it_lacks() -> None:
 
 def test_each_handler_refuses_to_run_without_its_table(monkeypatch: pytest.MonkeyPatch) -> None:
     from fleetkeeper.api.handler import lambda_handler as api
-    from fleetkeeper.apigw import rest_event
+    from fleetkeeper.aws.apigw import rest_event
     from fleetkeeper.cleanup.handler import lambda_handler as cleanup
     from fleetkeeper.reconciler.handler import dispatch_handler as dispatcher
     from fleetkeeper.reconciler.handler import lambda_handler as reconciler

@@ -8,7 +8,7 @@ from enum import StrEnum
 from typing import TYPE_CHECKING, Literal
 
 if TYPE_CHECKING:
-    from fleetkeeper.spec import ServiceSpec
+    from fleetkeeper.spec.service import ServiceSpec
 
 
 class Lifecycle(StrEnum):
@@ -181,7 +181,7 @@ class EndpointRecord:
     # TargetGroup), which both adapters publish: what the autoscaler reads.
     dimensions: tuple[tuple[str, str], ...] = ()
     # Since when the route forwards to the stack's wake target instead of the target group
-    # (fleetkeeper.wake): set by the reconciler while an autoscaled service has no replica in its
+    # (fleetkeeper.wake.demand): set by the reconciler while an autoscaled service has no replica in its
     # endpoint; None: the route forwards to the target group.
     waking_since: str | None = None
     # The load balancer the endpoint is on (its ARN): the stack's template ALB or one of the shards
@@ -212,7 +212,7 @@ class AutoscalerState:
     entry per *change* of recommendation (so a steady rate appends nothing and writes nothing), kept
     while any stabilization window still reaches them. Everything a decision needs is here, so a
     reconciler that crashes or is replaced decides exactly as the one before would have
-    (fleetkeeper.autoscale). `rev` conditions every write on the state it was computed from.
+    (fleetkeeper.reconciler.autoscale). `rev` conditions every write on the state it was computed from.
     """
 
     target: int
@@ -227,7 +227,7 @@ AccessMode = Literal["read", "write"]
 class AccessGrant:
     """A principal (or a pattern of them) a service names as allowed to read it, or to change it too.
 
-    `principal` is canonical (fleetkeeper.principals.canonical_pattern): a role without its path."""
+    `principal` is canonical (fleetkeeper.owners.principals.canonical_pattern): a role without its path."""
 
     principal: str
     mode: AccessMode
@@ -260,14 +260,14 @@ class ServiceRecord:
     # Who the incarnation belongs to: the canonical principal that created it (an IAM role's ARN
     # without its path for an assumed-role session, an IAM user's ARN, `local:<os-user>` in embedded
     # mode); "" for services created before ownership existed (only administrators see them). Its
-    # hash scopes the replicas' identity (fleetkeeper.identity).
+    # hash scopes the replicas' identity (fleetkeeper.replicas.identity).
     owner: str = ""
-    # More principals the service answers to (fleetkeeper.access), and the revision every change of
+    # More principals the service answers to (fleetkeeper.owners.access), and the revision every change of
     # them is conditioned on.
     access: tuple[AccessGrant, ...] = ()
     access_rev: int = 0
     # When the endpoint last received a request it could not serve (no replica in it), written by
-    # the wake target (fleetkeeper.wake), at most once per WAKE_COALESCE_SECONDS; None: never.
+    # the wake target (fleetkeeper.wake.demand), at most once per WAKE_COALESCE_SECONDS; None: never.
     wake_at: str | None = None
 
 
@@ -281,7 +281,7 @@ class VersionRecord:
     created_at: str
     state: VersionState = VersionState.NEW
     state_message: str = ""
-    # Where the version's secret values are (fleetkeeper.secret_store): the spec keeps their names
+    # Where the version's secret values are (fleetkeeper.replicas.secrets): the spec keeps their names
     # only. None: the version has no secrets.
     secrets_ref: str | None = None
 

@@ -86,7 +86,7 @@ def deleting() -> Event:
 
 
 def access_changed(by: str, changes: list[str]) -> Event:
-    """Who may read or change the service changed (fleetkeeper.access): who did it, and what."""
+    """Who may read or change the service changed (fleetkeeper.owners.access): who did it, and what."""
     return Event("AccessChanged", f"access changed by {by or 'fleetkeeper'}: {'; '.join(changes)}")
 
 

@@ -39,7 +39,7 @@ DEFAULT_IMAGE_PARAMETER_ENV = "FLEETKEEPER_DEFAULT_IMAGE_PARAMETER"
 DEFAULT_INSTANCE_TYPE_ENV = "FLEETKEEPER_DEFAULT_INSTANCE_TYPE"
 REPLICA_HOST_ENV = "FLEETKEEPER_REPLICA_HOST"
 REPLICA_LOG_GROUP_ENV = "FLEETKEEPER_REPLICA_LOG_GROUP"
-# Replica identity (fleetkeeper.identity): `owner` (a role per owner, the default in template.yaml) or
+# Replica identity (fleetkeeper.replicas.identity): `owner` (a role per owner, the default in template.yaml) or
 # `shared` (every replica runs with INSTANCE_PROFILE_ENV's profile), and the managed policy that is both
 # the permissions and the permissions boundary of an owner's role.
 REPLICA_IDENTITY_ENV = "FLEETKEEPER_REPLICA_IDENTITY"
@@ -59,7 +59,7 @@ ALB_VPC_ID_ENV = "FLEETKEEPER_ALB_VPC_ID"
 ALB_LISTENER_ARN_ENV = "FLEETKEEPER_ALB_LISTENER_ARN"
 ALB_LISTENER_PORTS_ENV = "FLEETKEEPER_ALB_LISTENER_PORTS"
 # The stack's wake target: a target group of type lambda (template.yaml's WakeTargetGroup) that a
-# service's route forwards to while it has no replica (fleetkeeper.wake).
+# service's route forwards to while it has no replica (fleetkeeper.wake.demand).
 WAKE_TARGET_GROUP_ENV = "FLEETKEEPER_WAKE_TARGET_GROUP_ARN"
 # Load-balancer shards (docs/architecture/load-balancer-shards.md): what the reconciler needs to make
 # more ALBs like the template's when one is full. Without a security group no shard is made.
@@ -82,7 +82,7 @@ WORKDIR_BUCKET_ENV = "WORKDIR_BUCKET"
 WORKDIR_DIR_ENV = "FLEETKEEPER_WORKDIR_DIR"
 WORKDIR_UPLOAD_URL_ENV = "FLEETKEEPER_WORKDIR_UPLOAD_URL"
 # The stack's administrators (template.yaml's AdministratorPrincipals): principal ARN patterns,
-# comma-separated, that may read and change every service (fleetkeeper.access).
+# comma-separated, that may read and change every service (fleetkeeper.owners.access).
 ADMIN_PRINCIPALS_ENV = "FLEETKEEPER_ADMIN_PRINCIPALS"
 # The KMS key (id or ARN) the api encrypts secret values with: the stack's SecretsKey. Unset (embedded
 # mode, tests): Parameter Store's default, the account's aws/ssm key.
@@ -101,7 +101,7 @@ MIN_PROBE_BUDGET_SECONDS = MAX_PROBE_TIMEOUT_SECONDS + PROBE_HEADROOM_SECONDS
 # controller is resident), but a probe here must end inside one reconciler invocation (template.yaml's
 # ReconcilerFunction Timeout, 120 s): a long probe (longer than the run's probe budget) starts with
 # the run's probes, runs while the run reconciles its services (~55 s at most), and its verdict is
-# planned in a second pass before the invocation ends (reconciler.shell). spec.py refuses longer
+# planned in a second pass before the invocation ends (reconciler.shell). spec/service.py refuses longer
 # ones with a 400.
 MAX_READINESS_TIMEOUT_SECONDS = 60
 DEFAULT_SCHEDULE = "rate(1 minute)"
@@ -167,7 +167,7 @@ class Ec2Settings:
     replica_log_group: str | None = None
     # The stack's identity: tagged on every instance, part of every ClientToken, filtered on.
     stack_id: str = DEFAULT_STACK_ID
-    # Replica identity (fleetkeeper.identity): a role per owner (`owner`) or the one shared profile.
+    # Replica identity (fleetkeeper.replicas.identity): a role per owner (`owner`) or the one shared profile.
     replica_identity: ReplicaIdentityKind = "shared"
     # The managed policy of owners' roles (their permissions and their permissions boundary).
     replica_policy_arn: str | None = None
@@ -384,9 +384,9 @@ def _list(environ: Mapping[str, str], name: str) -> tuple[str, ...]:
 
 
 def _principals(environ: Mapping[str, str], name: str) -> tuple[str, ...]:
-    """Principal ARN patterns (fleetkeeper.principals), each checked: a typo must not silently
+    """Principal ARN patterns (fleetkeeper.owners.principals), each checked: a typo must not silently
     leave a stack without the administrators it was deployed with."""
-    from fleetkeeper.principals import PrincipalError, canonical_pattern
+    from fleetkeeper.owners.principals import PrincipalError, canonical_pattern
 
     patterns = []
     for item in _list(environ, name):

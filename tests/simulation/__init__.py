@@ -5,5 +5,5 @@ crashed, timed out, two interleaved), cleanup deliveries from the table's stream
 template's filter, probe verdicts from the simulation's own model, every fault of the strict-AWS
 layer and clock jumps; DESIGN.md's invariants are checked after every step. See
 docs/architecture/simulation.md; the engine is `tests/simulation/sim.py`, the seeds
-`tests/test_simulation.py`.
+`tests/simulation/test_simulation.py`.
 """

@@ -169,7 +169,7 @@ def _serving(world: World, name: str, version: int, replicas: int) -> bool:
 
 
 def _create(timeline: Timeline, name: str, replicas: int) -> None:
-    from fleetkeeper.spec import ServiceSpec
+    from fleetkeeper.spec.service import ServiceSpec
     from tests.reconciler_world import spec_dict
 
     spec = spec_dict(timeline.world.server.port, replicas=replicas)

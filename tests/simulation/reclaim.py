@@ -27,7 +27,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from fleetkeeper.model import Interruption, InterruptionKind, ReplicaStatus, to_iso
-from fleetkeeper.spec import ServiceSpec
+from fleetkeeper.spec.service import ServiceSpec
 from tests.reconciler_world import spec_dict
 
 if TYPE_CHECKING:

@@ -114,7 +114,7 @@ class SimulationFailure(AssertionError):
         listing = "\n".join(f"  {n:3d}. {s}" for n, s in enumerate(steps, 1))
         super().__init__(
             f"simulation seed {seed} failed at step {len(steps)}: {violation}\n"
-            f"replay: SIM_SEED={seed} .venv/bin/python -m pytest tests/test_simulation.py -p no:xdist\n"
+            f"replay: SIM_SEED={seed} .venv/bin/python -m pytest tests/simulation/test_simulation.py -p no:xdist\n"
             f"steps:\n{listing}"
         )
 
@@ -180,7 +180,7 @@ def service_message(state: ServiceState) -> str:
 @cache
 def _cleanup_patterns() -> list[dict[str, Any]]:
     """The cleanup mapping's FilterCriteria, from template.yaml as CloudFormation receives it."""
-    from fleetkeeper.eventfilter import patterns_of
+    from fleetkeeper.aws.eventfilter import patterns_of
     from tests.cfn import refers_to, resources_of_type, translate
 
     mappings = [
@@ -266,8 +266,8 @@ class Simulation:
         from moto import mock_aws
         from moto.moto_api._internal import mock_random
 
+        from fleetkeeper.local.template import create_table
         from fleetkeeper.store import keys
-        from fleetkeeper.template import create_table
 
         saved_env = {k: os.environ.get(k) for k in ("TABLE_NAME", "FLEETKEEPER_REPLICA_HOST")}
         saved_utcnow, saved_uid = moto_instances.utcnow, keys.new_uid
@@ -723,7 +723,7 @@ class Simulation:
         a fleetkeeper call, so no fault is drawn for it (and re-serialising the whole stream through
         botocore at every read was most of a seed's time).
         """
-        from fleetkeeper.eventfilter import matches_any
+        from fleetkeeper.aws.eventfilter import matches_any
 
         table = self._backend_table()
         fresh = table.stream_shard.items[self._stream_read :]
@@ -899,11 +899,11 @@ class Simulation:
 
     def _neighbour_setup(self) -> None:
         """The neighbouring stack: its table, and two services named as the simulated stack's are."""
-        from fleetkeeper.services import ServiceCommands
-        from fleetkeeper.spec import ServiceSpec
+        from fleetkeeper.api.services import ServiceCommands
+        from fleetkeeper.local.template import create_table
+        from fleetkeeper.spec.service import ServiceSpec
         from fleetkeeper.store.commands import CommandStore
         from fleetkeeper.store.table import Table
-        from fleetkeeper.template import create_table
 
         create_table(aws.dynamodb(), NEIGHBOUR_TABLE)
         commands = ServiceCommands(CommandStore(Table(NEIGHBOUR_TABLE)), now=lambda: to_iso(self.now()))
@@ -947,7 +947,7 @@ class Simulation:
 
     def _neighbour_step(self) -> None:
         if not self.neighbour_deleted and self.neighbourly.random() < 0.1:
-            from fleetkeeper.services import ServiceCommands
+            from fleetkeeper.api.services import ServiceCommands
             from fleetkeeper.store.commands import CommandStore
             from fleetkeeper.store.table import Table
 

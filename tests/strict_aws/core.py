@@ -150,7 +150,7 @@ class StrictAws:
         self.attempts: Counter[tuple[str, str]] = Counter()
         self.faults_injected: list[Fault] = []
         # Every attempt in order, (service, operation, digest of its body), when `record_calls` is set:
-        # a seeded simulation replays call for call (tests/test_simulation_replay.py).
+        # a seeded simulation replays call for call (tests/simulation/test_replay.py).
         self.record_calls = False
         self.call_log: list[tuple[str, str, str]] = []
         # Requests refused for breaking their service model's constraints (model_validation), in order.

@@ -28,7 +28,6 @@ from aws_lambda_powertools.event_handler.openapi.exceptions import (
 )
 from aws_lambda_powertools.event_handler.openapi.params import Header, Path, Query
 
-from fleetkeeper.access import Caller, grant
 from fleetkeeper.api.models import (
     MAX_CLIENT_INTEGER,
     AccessChangeRequest,
@@ -52,13 +51,14 @@ from fleetkeeper.api.models import (
     version_view,
 )
 from fleetkeeper.errors import FleetkeeperError, Forbidden, InvalidRequest, PayloadTooLarge, UnsupportedMediaType
-from fleetkeeper.principals import PrincipalError, canonical_caller
+from fleetkeeper.owners.access import Caller, grant
+from fleetkeeper.owners.principals import PrincipalError, canonical_caller
+from fleetkeeper.replicas.workdirs import MAX_WORKDIR_BYTES
 from fleetkeeper.service_events import EVENTS_KEPT
 from fleetkeeper.settings import Settings
-from fleetkeeper.spec import NAME_PATTERN, NAME_RULE, describe_validation_errors
-from fleetkeeper.workdir_store import MAX_WORKDIR_BYTES
+from fleetkeeper.spec.service import NAME_PATTERN, NAME_RULE, describe_validation_errors
 
-# Not imported here: the commands and what they are built from (fleetkeeper.services, the store, the
+# Not imported here: the commands and what they are built from (fleetkeeper.api.services, the store, the
 # kick, the secret store, the request HMAC, the workdir store). A request refused before any route
 # (no identity, a body too large or not JSON) needs none of them; build_commands imports them.
 if TYPE_CHECKING:
@@ -67,8 +67,8 @@ if TYPE_CHECKING:
     from aws_lambda_powertools.event_handler.openapi.types import OpenAPIResponse
     from aws_lambda_powertools.utilities.typing import LambdaContext
 
+    from fleetkeeper.api.services import ServiceCommands, Written
     from fleetkeeper.model import ServiceState
-    from fleetkeeper.services import ServiceCommands, Written
 
 MAX_BODY_BYTES = 64 * 1024
 # A page of GET .../versions. A version's spec comes from a body of at most 64 KiB and is answered
@@ -137,13 +137,13 @@ app = APIGatewayRestResolver(enable_validation=True)
 def build_commands(settings: Settings, caller: Caller) -> ServiceCommands:
     """The commands of one invocation, acting as `caller`: cheap (the clients are cached in fleetkeeper.aws)."""
     # Imported on the first invocation that reaches a route, not with the module (see the imports above).
+    from fleetkeeper.api.request_hmac import RequestHmac
+    from fleetkeeper.api.services import ServiceCommands
     from fleetkeeper.kick import ReconcilerKick
-    from fleetkeeper.request_hmac import RequestHmac
-    from fleetkeeper.secret_store import SecretStore
-    from fleetkeeper.services import ServiceCommands
+    from fleetkeeper.replicas.secrets import SecretStore
+    from fleetkeeper.replicas.workdirs import store_from_settings
     from fleetkeeper.store.commands import CommandStore
     from fleetkeeper.store.table import Table
-    from fleetkeeper.workdir_store import store_from_settings
 
     return ServiceCommands(
         store=CommandStore(Table(settings.table_name)),
@@ -334,7 +334,7 @@ def _success(description: str, model: Any, *, etag_header: bool = True) -> OpenA
 def create_service(
     request: CreateServiceRequest, idempotency_key: IdempotencyKeyHeader = None
 ) -> Response[ServiceWritten]:
-    from fleetkeeper.services import Written  # build_commands imported it already
+    from fleetkeeper.api.services import Written  # build_commands imported it already
 
     return _replayable(
         "create",

@@ -10,11 +10,11 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from fleetkeeper.access import MAX_GRANTS
 from fleetkeeper.model import to_iso, utcnow
-from fleetkeeper.principals import MAX_PRINCIPAL_LENGTH
-from fleetkeeper.spec import NAME_PATTERN, WORKDIR_DIGEST, ServiceSpec
-from fleetkeeper.workdir_store import MAX_WORKDIR_BYTES
+from fleetkeeper.owners.access import MAX_GRANTS
+from fleetkeeper.owners.principals import MAX_PRINCIPAL_LENGTH
+from fleetkeeper.replicas.workdirs import MAX_WORKDIR_BYTES
+from fleetkeeper.spec.service import NAME_PATTERN, WORKDIR_DIGEST, ServiceSpec
 
 if TYPE_CHECKING:
     from datetime import datetime
@@ -186,7 +186,7 @@ class AccessView(_Model):
 
 class PlacementView(_Model):
     """Where the spec's replicas run: its `resources` resolved against AWS's instance types
-    (fleetkeeper.placement) when the api accepted it."""
+    (fleetkeeper.spec.placement) when the api accepted it."""
 
     instance_types: list[str] = Field(
         description="candidate instance types, smallest first: the reconciler launches the first; "
@@ -380,7 +380,7 @@ def service_view(state: "ServiceState", now: "datetime | None" = None) -> dict[s
 
 def autoscaling_view(state: "ServiceState", now: "datetime") -> dict[str, Any] | None:
     # Imported here: only a GET of one service shows its autoscaler.
-    from fleetkeeper import autoscale
+    from fleetkeeper.reconciler import autoscale
 
     target = state.target
     policy = autoscale.policy_of(target.spec) if target is not None else None

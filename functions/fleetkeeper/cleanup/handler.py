@@ -16,12 +16,12 @@ from aws_lambda_powertools.utilities.batch import BatchProcessor, EventType, pro
 from aws_lambda_powertools.utilities.data_classes.dynamo_db_stream_event import DynamoDBRecordEventName
 
 from fleetkeeper.cleanup.logic import Budget, Cleaner, Incarnation, IncarnationStore
-from fleetkeeper.secret_store import SecretStore
+from fleetkeeper.replicas.secrets import SecretStore
+from fleetkeeper.replicas.workdirs import store_from_settings
 from fleetkeeper.settings import Settings
 from fleetkeeper.store.cleanup import ChildKeys
 from fleetkeeper.store.keys import is_service_key
 from fleetkeeper.store.table import Table
-from fleetkeeper.workdir_store import store_from_settings
 
 if TYPE_CHECKING:
     from aws_lambda_powertools.utilities.batch.types import PartialItemFailureResponse

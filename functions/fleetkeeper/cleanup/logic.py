@@ -53,7 +53,7 @@ class Incarnation:
     name: str
     uid: str
     # Its owner (""; before ownership existed): its secrets and workdir copies are under the owner's
-    # scope (fleetkeeper.identity).
+    # scope (fleetkeeper.replicas.identity).
     owner: str = ""
 
     @classmethod

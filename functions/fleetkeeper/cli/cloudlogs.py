@@ -15,7 +15,7 @@ import time
 from typing import IO, TYPE_CHECKING, Any
 
 from fleetkeeper.cli.http import UsageError
-from fleetkeeper.terminal import printable
+from fleetkeeper.cli.terminal import printable
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -70,8 +70,8 @@ def stream_prefix(service: str, uid: str, replica: int | None, owner: str = "") 
     """The streams of one incarnation's replicas (or of one replica). A replica's stream name ends
     with its id and a slash-free suffix is never a prefix of another id: `3` would match `30`, so a
     single replica is asked for by its exact name. A service with an owner has its streams under the
-    owner's scope (`_o/<scope>/...`, fleetkeeper.identity), where only its owner's replicas write."""
-    from fleetkeeper.identity import owner_scope, scope_prefix
+    owner's scope (`_o/<scope>/...`, fleetkeeper.replicas.identity), where only its owner's replicas write."""
+    from fleetkeeper.replicas.identity import owner_scope, scope_prefix
 
     base = f"{scope_prefix(owner_scope(owner))}{service}/{uid}/"
     return base if replica is None else f"{base}{replica}"
@@ -135,7 +135,7 @@ def print_logs(
                 if event_id in seen:
                     continue
                 seen.add(event_id)
-                # One event, one printed line, with nothing a terminal would obey (fleetkeeper.terminal):
+                # One event, one printed line, with nothing a terminal would obey (fleetkeeper.cli.terminal):
                 # the text is whatever the service wrote.
                 line = str(event["message"]).rstrip("\n").replace("\n", " ")
                 if replica is None:

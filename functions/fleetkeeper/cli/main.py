@@ -20,7 +20,6 @@ from typing import IO, TYPE_CHECKING, Any, NoReturn
 
 import yaml
 
-from fleetkeeper import yaml_errors
 from fleetkeeper.cli import cloudlogs, render
 from fleetkeeper.cli.cloudlogs import since_seconds
 from fleetkeeper.cli.http import (
@@ -32,10 +31,11 @@ from fleetkeeper.cli.http import (
     local_token,
     resolve_api_url,
 )
+from fleetkeeper.cli.terminal import printable
 from fleetkeeper.cli.waiting import EXIT_FAILED, EXIT_OK, Goal, Progress, wait_for
 from fleetkeeper.local.options import add_arguments, options_from, seconds
-from fleetkeeper.skypilot_fields import remote_workdir
-from fleetkeeper.terminal import printable
+from fleetkeeper.spec import yaml_errors
+from fleetkeeper.spec.skypilot_fields import remote_workdir
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence

@@ -29,7 +29,7 @@ from pathspec import GitIgnoreSpec
 
 from fleetkeeper.cli.http import UsageError
 from fleetkeeper.reconciler.replica_boot import MAX_MEMBERS, MAX_UNPACKED_BYTES
-from fleetkeeper.workdir_store import MAX_WORKDIR_BYTES
+from fleetkeeper.replicas.workdirs import MAX_WORKDIR_BYTES
 
 SKYIGNORE = ".skyignore"
 GITIGNORE = ".gitignore"

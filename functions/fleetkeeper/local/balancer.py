@@ -18,7 +18,7 @@ port. Like the ALB it
   (and 502 when no target could be reached), never queueing a request, and counts no request it
   sent to no target (as the ALB's RequestCount);
 - while the reconciler has routed a service to the wake target (`route(waking=True)`: an autoscaled
-  service with no replica serving, fleetkeeper.wake), it is that wake target too: a request records
+  service with no replica serving, fleetkeeper.wake.demand), it is that wake target too: a request records
   the demand on the service item and kicks the reconciler (`on_demand`, coalesced), and gets 503
   with `Retry-After`;
 - publishes each endpoint's requests as the ALB's CloudWatch metric (`AWS/ApplicationELB`
@@ -59,7 +59,7 @@ if TYPE_CHECKING:
 
     from fleetkeeper.model import EndpointConfig
     from fleetkeeper.reconciler.balancer import Target
-    from fleetkeeper.wake_target import DemandRecorder
+    from fleetkeeper.wake.target import DemandRecorder
 
 logger = logging.getLogger("local.balancer")
 
@@ -445,7 +445,7 @@ class LocalBalancer:
         kick), then 503 with Retry-After. The request is not counted: no target served it."""
         from aiohttp import web
 
-        from fleetkeeper.wake_target import waking_body, waking_headers
+        from fleetkeeper.wake.target import waking_body, waking_headers
 
         on_demand = self.on_demand
         if on_demand is not None:
@@ -505,7 +505,7 @@ class LocalBalancer:
 
 
 def put_request_counts(data: Sequence[MetricDatumTypeDef]) -> None:
-    """RequestCount datapoints into CloudWatch: the embedded mode's in-memory AWS (aws.py's endpoint)."""
+    """RequestCount datapoints into CloudWatch: the embedded mode's in-memory AWS (aws/__init__.py's endpoint)."""
     aws.cloudwatch().put_metric_data(Namespace=METRIC_NAMESPACE, MetricData=data)
 
 
@@ -522,7 +522,7 @@ def record_wake_demand(service: str) -> None:
             from fleetkeeper.kick import ReconcilerKick
             from fleetkeeper.settings import Settings
             from fleetkeeper.store.table import Table
-            from fleetkeeper.wake_target import DemandRecorder
+            from fleetkeeper.wake.target import DemandRecorder
 
             settings = Settings.from_env(os.environ)
             kick = ReconcilerKick.from_settings(settings)

@@ -6,7 +6,7 @@ import time
 import uuid
 from typing import Any
 
-from fleetkeeper.template import resource
+from fleetkeeper.local.template import resource
 
 DEFAULT_TIMEOUT_SECONDS = 3  # Lambda's own default when neither the function nor Globals set one
 

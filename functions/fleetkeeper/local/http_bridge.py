@@ -4,7 +4,7 @@ Every request, /v1 and /_local alike, must first pass the run's `ApiGate` (fleet
 `Host: 127.0.0.1:<port>`, no foreign Origin, `Authorization: Bearer <token>`, and a JSON body on a
 write; else 403, 401 or 415 in the api's error shape, before any of the body is read.
 
-Every request under /v1 is turned into an API Gateway REST proxy event (`fleetkeeper.apigw`), given
+Every request under /v1 is turned into an API Gateway REST proxy event (`fleetkeeper.aws.apigw`), given
 to the api Lambda handler, and its response becomes the HTTP response: status, headers and body.
 A few embedded-mode routes live beside the API under /_local:
 
@@ -42,18 +42,18 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs
 
-from fleetkeeper.apigw import response_parts, rest_event
+from fleetkeeper.aws.apigw import response_parts, rest_event
 from fleetkeeper.kick import MAX_DELAY_SECONDS
 from fleetkeeper.local.auth import ApiGate
 from fleetkeeper.local.context import LocalContext
-from fleetkeeper.spec import NAME_PATTERN
-from fleetkeeper.workdir_store import MAX_WORKDIR_BYTES, WorkdirInvalid
+from fleetkeeper.replicas.workdirs import MAX_WORKDIR_BYTES, WorkdirInvalid
+from fleetkeeper.spec.service import NAME_PATTERN
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
     from pathlib import Path
 
-    from fleetkeeper.workdir_store import LocalWorkdirStore
+    from fleetkeeper.replicas.workdirs import LocalWorkdirStore
 
 # Outside the `fleetkeeper` logger tree: Powertools' logger there would stamp these with a handler's context.
 logger = logging.getLogger("local.http_bridge")

@@ -22,7 +22,7 @@ through the API does: `Client.UserInitiatedShutdown`.
 Instance ids look like `local-3-pid4242`: the pid is there so a person (or a test) can find and
 kill a replica's process.
 
-It also sets SkyPilot's task variables and fleetkeeper's own (fleetkeeper.task_variables) as an EC2
+It also sets SkyPilot's task variables and fleetkeeper's own (fleetkeeper.spec.task_variables) as an EC2
 replica has them: SKYPILOT_NODE_IPS is 127.0.0.1, SKYPILOT_NUM_GPUS_PER_NODE the accelerators of the
 spec's first candidate instance type (0 without one), whatever this host has.
 
@@ -56,7 +56,6 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, ClassVar
 
-from fleetkeeper import task_variables
 from fleetkeeper.local import netns
 from fleetkeeper.model import Market, to_iso, utcnow
 from fleetkeeper.reconciler.driver import (
@@ -74,6 +73,7 @@ from fleetkeeper.reconciler.driver import (
 from fleetkeeper.reconciler.ownership import is_ours
 from fleetkeeper.reconciler.replica_boot import BootError, unpack
 from fleetkeeper.settings import LOCAL_STACK_ID, TABLE_NAME_ENV, WORKDIR_DIR_ENV, stack_id_of
+from fleetkeeper.spec import task_variables
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
@@ -552,7 +552,7 @@ class ProcessDriver:
         workdir = request.spec.workdir
         if workdir is None:
             return
-        from fleetkeeper.workdir_store import service_key
+        from fleetkeeper.replicas.workdirs import service_key
 
         archive = (self.workdirs or self.local_dir / "workdirs") / service_key(
             request.service, request.uid, workdir.digest, request.owner
@@ -566,7 +566,7 @@ class ProcessDriver:
         """The version's secret values, from Parameter Store (the in-memory AWS's)."""
         if request.secrets_ref is None or self.secrets_prefix is None:
             return {}
-        from fleetkeeper.secret_store import SecretStore
+        from fleetkeeper.replicas.secrets import SecretStore
 
         try:
             return SecretStore(self.secrets_prefix).get(

@@ -14,7 +14,7 @@ import sys
 from datetime import datetime
 from typing import Any
 
-from fleetkeeper.terminal import printable
+from fleetkeeper.cli.terminal import printable
 
 # Fields every Powertools record carries that say nothing new at a terminal.
 _NOISE = {

@@ -44,8 +44,10 @@ from fleetkeeper.local.process_driver import (
 )
 from fleetkeeper.local.reconcile_loop import ReconcileLoop
 from fleetkeeper.local.stream_pump import StreamPump, StreamSource
+from fleetkeeper.local.template import create_queue, create_table, load_template
 from fleetkeeper.reconciler.balancers import EMBEDDED_BALANCER, register_balancer
 from fleetkeeper.reconciler.drivers import EMBEDDED_DRIVER, register_driver
+from fleetkeeper.replicas.workdirs import LocalWorkdirStore
 from fleetkeeper.settings import (
     ADMIN_PRINCIPALS_ENV,
     BALANCER_ENV,
@@ -59,8 +61,6 @@ from fleetkeeper.settings import (
     WORKDIR_DIR_ENV,
     WORKDIR_UPLOAD_URL_ENV,
 )
-from fleetkeeper.template import create_queue, create_table, load_template
-from fleetkeeper.workdir_store import LocalWorkdirStore
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence

@@ -4,7 +4,7 @@ It does locally what Lambda's DynamoDB event source mapping does for the cleanup
 the settings template.yaml declares for it (read at startup, never restated here):
 
 - reads every shard with the dynamodbstreams API (DescribeStream, GetShardIterator, GetRecords);
-- drops records the mapping's FilterCriteria rejects (`fleetkeeper.eventfilter`), so the cleanup's
+- drops records the mapping's FilterCriteria rejects (`fleetkeeper.aws.eventfilter`), so the cleanup's
   own deletes of version and replica items never reach it, as in AWS;
 - hands the rest over in batches of at most BatchSize, as Lambda shapes them;
 - ReportBatchItemFailures: the shard's checkpoint stops at the lowest failed SequenceNumber, and
@@ -27,9 +27,9 @@ from typing import TYPE_CHECKING, Any
 
 from botocore.exceptions import ClientError
 
-from fleetkeeper.eventfilter import matches_any, patterns_of
+from fleetkeeper.aws.eventfilter import matches_any, patterns_of
 from fleetkeeper.local.context import LocalContext, function_timeout
-from fleetkeeper.template import resource
+from fleetkeeper.local.template import resource
 
 if TYPE_CHECKING:
     import threading

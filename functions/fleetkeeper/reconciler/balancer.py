@@ -170,7 +170,7 @@ class LoadBalancer(Protocol):
 
     def route(self, endpoint: EndpointRecord, *, waking: bool) -> None:
         """Send the endpoint's requests to the stack's wake target (`waking`: the service has no
-        replica in it; fleetkeeper.wake) or to its target group. Idempotent."""
+        replica in it; fleetkeeper.wake.demand) or to its target group. Idempotent."""
         ...
 
     def remove(self, service: str, uid: str, known: EndpointRecord | None) -> None:

@@ -4,7 +4,7 @@ It lists the services from the index (one paginated Query), sends them to the re
 shards (fleetkeeper.reconciler.dispatch), then runs the orphan sweep: the one step that needs every
 managed instance (a full DescribeInstances) and every live uid, so it runs here, once a period,
 and never in the workers, which describe only their shard's instances. For the same reason it
-removes the replica identities (fleetkeeper.identity) of owners with no service left.
+removes the replica identities (fleetkeeper.replicas.identity) of owners with no service left.
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ if TYPE_CHECKING:
     from collections.abc import Sequence
     from datetime import datetime
 
-    from fleetkeeper.identity import ReplicaIdentities
     from fleetkeeper.reconciler.queue import ShardQueue
     from fleetkeeper.reconciler.shell import Reconciler, RunReport
+    from fleetkeeper.replicas.identity import ReplicaIdentities
     from fleetkeeper.store.reconciler import Listed
 
 logger = logging.getLogger(__name__)

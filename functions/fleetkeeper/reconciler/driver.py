@@ -15,7 +15,7 @@ from fleetkeeper.model import Market
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-    from fleetkeeper.spec import ServiceSpec
+    from fleetkeeper.spec.service import ServiceSpec
 
 # Tags every instance fleetkeeper launches carries; the managed tag is what its IAM policy keys on.
 MANAGED_TAG = "fleetkeeper:managed"
@@ -82,10 +82,10 @@ class LaunchRequest:
     # crash keeps the token, and the pool with it.
     attempt: int = 0
     market: Market = Market.ON_DEMAND
-    # Where the version's secret values are (fleetkeeper.secret_store): the replica reads them at boot.
+    # Where the version's secret values are (fleetkeeper.replicas.secrets): the replica reads them at boot.
     secrets_ref: str | None = None
     # The service's owner (ServiceRecord.owner): its secrets, workdir copy and log stream are under the
-    # owner's scope, and on AWS the replica runs with the owner's role (fleetkeeper.identity).
+    # owner's scope, and on AWS the replica runs with the owner's role (fleetkeeper.replicas.identity).
     owner: str = ""
 
     def client_token(self, stack: str) -> str:

@@ -100,7 +100,7 @@ def build_dispatcher(settings: Settings) -> Dispatcher:
 
     if settings.reconcile_queue_url is None:
         raise SettingsError("FLEETKEEPER_RECONCILE_QUEUE_URL is not set: the dispatcher has nowhere to send shards")
-    from fleetkeeper.identity import ReplicaIdentities
+    from fleetkeeper.replicas.identity import ReplicaIdentities
 
     ec2 = settings.ec2
     identities = None

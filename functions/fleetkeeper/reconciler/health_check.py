@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from collections.abc import Iterable, Mapping
 
-    from fleetkeeper.spec import ReadinessProbe
+    from fleetkeeper.spec.service import ReadinessProbe
 
 PATH_MAX = 1024  # HealthCheckPath: 1-1,024 characters
 TIMEOUT_RANGE = (2, 120)  # HealthCheckTimeoutSeconds

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 
     from _typeshed import ReadableBuffer, WriteableBuffer
 
-    from fleetkeeper.spec import ReadinessProbe
+    from fleetkeeper.spec.service import ReadinessProbe
 
 _MAX_WORKERS = 32
 
@@ -72,7 +72,7 @@ class _StatusResponse(http.client.HTTPResponse):
     same errors, the same deadline), without making the headers an email message nobody reads:
     parsing them was a third of a probe's CPU. `begin` is http.client's own, less that parse (it
     uses http.client's `_read_status` and `_read_headers`, private but the same in 3.11 to 3.13);
-    tests/test_reconciler_probe_status.py holds its verdicts to http.client's."""
+    tests/reconciler/test_probe_status.py holds its verdicts to http.client's."""
 
     def begin(self) -> None:
         if self.headers is not None:

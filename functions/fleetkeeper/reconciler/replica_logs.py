@@ -5,7 +5,7 @@ uses) and runs it as the `fleetkeeper-logs` unit, started before setup so that s
 shipped too. It follows `journalctl -o json -u fleetkeeper-setup -u fleetkeeper-replica`, resuming
 from a cursor file after a restart, and sends what it reads with PutLogEvents to the stack's log
 group, in the stream its user data names (`_o/<owner scope>/<service>/<uid>/<replica id>`, or
-`<service>/<uid>/<replica id>` for a service without an owner: fleetkeeper.identity), created if
+`<service>/<uid>/<replica id>` for a service without an owner: fleetkeeper.replicas.identity), created if
 missing, at most every 2 seconds.
 
 It needs python3, journalctl (systemd 242+: `--cursor-file`) and a route to CloudWatch Logs: in the

@@ -27,7 +27,6 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-from fleetkeeper import autoscale
 from fleetkeeper.model import (
     BalancerState,
     FailureCause,
@@ -38,6 +37,7 @@ from fleetkeeper.model import (
     to_iso,
     utcnow,
 )
+from fleetkeeper.reconciler import autoscale
 from fleetkeeper.reconciler.balancer import EndpointRefused, Target
 from fleetkeeper.reconciler.driver import Instance, LaunchRefused, LaunchRequest
 from fleetkeeper.reconciler.followup import follow_up, next_reconcile
@@ -94,7 +94,7 @@ if TYPE_CHECKING:
     from fleetkeeper.reconciler.driver import ReplicaDriver
     from fleetkeeper.reconciler.metrics import RequestRates
     from fleetkeeper.reconciler.state_changes import StateChange
-    from fleetkeeper.spec import ReadinessProbe
+    from fleetkeeper.spec.service import ReadinessProbe
     from fleetkeeper.store.reconciler import Listed, ReconcilerStore
 
 logger = logging.getLogger(__name__)
@@ -785,7 +785,7 @@ class _ProbeSecrets:
             return spec.probe_for({})
         key = (version.uid, version.secrets_ref)
         if key not in self._values:
-            from fleetkeeper.secret_store import SecretStore, parameter_prefix
+            from fleetkeeper.replicas.secrets import SecretStore, parameter_prefix
 
             try:
                 self._values[key] = SecretStore(parameter_prefix(self.table_name)).get(

@@ -9,7 +9,7 @@ fetches the workdir archive from the stack's bucket into the working directory a
 from Parameter Store into a second, root-only EnvironmentFile, with the instance's role. Neither the
 values nor anything but their parameter's name is in the user data.
 
-SkyPilot's task variables and fleetkeeper's own (fleetkeeper.task_variables) go to a third
+SkyPilot's task variables and fleetkeeper's own (fleetkeeper.spec.task_variables) go to a third
 EnvironmentFile, `task.env`, which both units read last (nothing in `envs` or the secrets can shadow
 them): the launch writes the values it knows, and the script adds the instance's private IP
 (SKYPILOT_NODE_IPS), read from the instance metadata service with an IMDSv2 token (the launch
@@ -33,13 +33,13 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from fleetkeeper import task_variables
-from fleetkeeper.identity import owner_scope, scope_prefix
+from fleetkeeper.replicas.identity import owner_scope, scope_prefix
+from fleetkeeper.spec import task_variables
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
-    from fleetkeeper.spec import ServiceSpec
+    from fleetkeeper.spec.service import ServiceSpec
 
 
 @dataclass(frozen=True)
@@ -55,7 +55,7 @@ class BootSource:
 
 def log_stream(service: str, uid: str, replica_id: int, owner: str = "") -> str:
     """The replica's CloudWatch Logs stream: `fleetkeeper logs` lists an incarnation's by prefix.
-    Under the owner's scope (`_o/<scope>/...`, fleetkeeper.identity): only the owner's replica role may
+    Under the owner's scope (`_o/<scope>/...`, fleetkeeper.replicas.identity): only the owner's replica role may
     create or write it."""
     return f"{scope_prefix(owner_scope(owner))}{service}/{uid}/{replica_id}"
 
@@ -237,7 +237,7 @@ def _logs(source: BootSource | None) -> str:
 
 
 def render(spec: ServiceSpec, source: BootSource | None = None, task: Mapping[str, str] | None = None) -> str:
-    """The boot script for one replica of `spec`, with its task variables (fleetkeeper.task_variables)."""
+    """The boot script for one replica of `spec`, with its task variables (fleetkeeper.spec.task_variables)."""
     setup = "set -euo pipefail\n" + (spec.setup or "true") + "\n"
     run = "set -uo pipefail\n" + spec.run + "\n"
     boot = _boot(source, spec.workdir.digest if spec.workdir is not None else None)

@@ -3,7 +3,7 @@ move the target, mark deleting).
 
 Each write is ONE conditional DynamoDB call, conditioned on what the caller read. A refused write
 raises a typed fact (fleetkeeper.store.errors) read from the item DynamoDB returns with the
-failure; how to phrase it for a person is the caller's (fleetkeeper.services).
+failure; how to phrase it for a person is the caller's (fleetkeeper.api.services).
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ if TYPE_CHECKING:
 
     from fleetkeeper.model import AccessGrant
     from fleetkeeper.service_events import Event, EventRecord
-    from fleetkeeper.spec import ServiceSpec
+    from fleetkeeper.spec.service import ServiceSpec
     from fleetkeeper.store.table import Table
 
 # Versions kept per service, like a Kubernetes Deployment's revisionHistoryLimit: an update prunes

@@ -1,7 +1,7 @@
 """What the store raises instead of doing what it was asked: facts, typed, with no words for people.
 
 The store knows nothing of HTTP or of how to phrase a refusal. Its callers decide what a fact
-means to their own audience: `fleetkeeper.services` maps the api's to HTTP errors and messages in
+means to their own audience: `fleetkeeper.api.services` maps the api's to HTTP errors and messages in
 one place; the reconciler stops for a service on Superseded. The `str()` of each is for logs.
 """
 

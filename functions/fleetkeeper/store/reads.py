@@ -111,7 +111,7 @@ class ServiceReads:
     ) -> tuple[list[ServiceRecord], str | None]:
         """A page of service items from the sparse index (never version or replica items).
 
-        `visible`: only the services it accepts are answered (a caller's own, fleetkeeper.access).
+        `visible`: only the services it accepts are answered (a caller's own, fleetkeeper.owners.access).
         The index is read in order until `limit` of them are found, the index ends, or
         `examine_at_most` (default LIST_EXAMINED_PER_PAGE) items were read; the token continues
         right after the last item read. So a page may hold fewer than `limit` services (even none)

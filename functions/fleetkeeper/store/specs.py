@@ -23,10 +23,10 @@ import threading
 from collections import OrderedDict
 from typing import TYPE_CHECKING
 
-from fleetkeeper.spec import stored_spec
+from fleetkeeper.spec.service import stored_spec
 
 if TYPE_CHECKING:
-    from fleetkeeper.spec import ServiceSpec
+    from fleetkeeper.spec.service import ServiceSpec
 
 MAX_SPECS = 8192
 MAX_TEXT_BYTES = 32 * 1024 * 1024

@@ -1,4 +1,4 @@
-"""The wake target's one write: demand for a service that has no replica serving (fleetkeeper.wake).
+"""The wake target's one write: demand for a service that has no replica serving (fleetkeeper.wake.demand).
 
 One conditional UpdateItem on the service item, setting `wake_at` to now, only when
 
@@ -23,7 +23,7 @@ from fleetkeeper.model import Lifecycle, to_iso
 from fleetkeeper.store import keys
 from fleetkeeper.store.codec import expression_values, to_raw
 from fleetkeeper.store.table import error_code
-from fleetkeeper.wake import coalesce_before
+from fleetkeeper.wake.demand import coalesce_before
 
 if TYPE_CHECKING:
     from datetime import datetime

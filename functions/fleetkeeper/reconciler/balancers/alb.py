@@ -192,7 +192,7 @@ class AlbBalancer:
     certificate_arn: str | None = None
     listener_ports: tuple[int, int] = DEFAULT_LISTENER_PORTS
     stack_id: str = DEFAULT_STACK_ID
-    # The stack's wake target (a lambda target group, fleetkeeper.wake); None: routes never leave
+    # The stack's wake target (a lambda target group, fleetkeeper.wake.demand); None: routes never leave
     # the services' target groups.
     wake_target_group: str | None = None
     # Shards: made like the template's ALB (its subnets, security group, scheme, idle timeout) once

@@ -12,16 +12,8 @@ from typing import TYPE_CHECKING, Any, cast
 
 from botocore.exceptions import ClientError
 
-from fleetkeeper import aws, images, task_variables
-from fleetkeeper.aws_parsing import only
-from fleetkeeper.identity import (
-    IDENTITY_UNAVAILABLE,
-    PROFILE_NOT_READY,
-    IdentityError,
-    Profile,
-    ReplicaIdentities,
-    owner_scope,
-)
+from fleetkeeper import aws
+from fleetkeeper.aws.parsing import only
 from fleetkeeper.model import Market, to_iso
 from fleetkeeper.reconciler.driver import (
     MANAGED_TAG,
@@ -38,8 +30,17 @@ from fleetkeeper.reconciler.driver import (
 )
 from fleetkeeper.reconciler.ownership import is_ours
 from fleetkeeper.reconciler.userdata import BootSource, log_stream, user_data
+from fleetkeeper.replicas.identity import (
+    IDENTITY_UNAVAILABLE,
+    PROFILE_NOT_READY,
+    IdentityError,
+    Profile,
+    ReplicaIdentities,
+    owner_scope,
+)
 from fleetkeeper.settings import DEFAULT_IMAGE_PARAMETER, DEFAULT_INSTANCE_TYPE, DEFAULT_STACK_ID
-from fleetkeeper.spec import root_device_of_parameter
+from fleetkeeper.spec import images, task_variables
+from fleetkeeper.spec.service import root_device_of_parameter
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Mapping, Sequence
@@ -75,7 +76,7 @@ def served_subnets(
     replica_subnets: Sequence[str], balancer_subnets: Iterable[str], zone_of: Mapping[str, str]
 ) -> list[str]:
     """The replica subnets in a zone one of the load balancer's subnets is in, in their given order
-    (the launches' and the deployment's rule, fleetkeeper.zone_check)."""
+    (the launches' and the deployment's rule, fleetkeeper.deploy.zone_check)."""
     served = {zone_of[s] for s in balancer_subnets if s in zone_of}
     return [s for s in replica_subnets if zone_of.get(s) in served]
 
@@ -85,7 +86,7 @@ _PAGE_SIZE = 1000
 # EC2's limit on filter values per Describe call, less the managed tag's one value (a listing by uid
 # carries no stack filter: it must see this stack's replicas from before stacks had ids).
 _UIDS_PER_CALL = 200 - 1
-# What `_instance` reads of a DescribeInstances answer: the only members parsed (aws_parsing.only).
+# What `_instance` reads of a DescribeInstances answer: the only members parsed (aws.parsing.only).
 # Most of an instance's description (network interfaces, block devices...) is never parsed.
 _DESCRIBED: dict[str, frozenset[str]] = {
     "DescribeInstancesResult": frozenset({"Reservations", "NextToken"}),
@@ -133,7 +134,7 @@ class Ec2Driver:
     secrets_prefix: str | None = None
     replica_log_group: str | None = None
     stack_id: str = DEFAULT_STACK_ID
-    # Replica identity "owner": the owners' roles (fleetkeeper.identity). None: every replica runs with
+    # Replica identity "owner": the owners' roles (fleetkeeper.replicas.identity). None: every replica runs with
     # `instance_profile_arn` (identity "shared", and services without an owner in either mode).
     identities: ReplicaIdentities | None = None
     # Per run (a driver lives for one run): AMI id -> root device name.
@@ -259,7 +260,7 @@ class Ec2Driver:
 
         A target in a zone the ALB has no subnet in is registered but `unused` with reason
         `Target.NotInUse`: it would serve nothing (Elastic Load Balancing, "Target health status").
-        The deployment refuses such a stack (fleetkeeper.zone_check, a custom resource); the driver
+        The deployment refuses such a stack (fleetkeeper.deploy.zone_check, a custom resource); the driver
         keeps the guard for a stack deployed before that check, from one DescribeSubnets per cold
         start. Without a load balancer, or when it shares the replicas'
         subnets, every replica subnet serves and nothing is asked.
@@ -409,7 +410,7 @@ class Ec2Driver:
 
     def _instance_types(self, request: LaunchRequest) -> tuple[str, ...]:
         """The spec's candidate instance types, smallest first (its instance_type, or the types meeting
-        its cpus/memory/accelerators: fleetkeeper.placement), else the stack's default."""
+        its cpus/memory/accelerators: fleetkeeper.spec.placement), else the stack's default."""
         placed = request.spec.resources.placement
         if placed.instance_types:
             return placed.instance_types
@@ -420,8 +421,8 @@ class Ec2Driver:
 
     def _boot_source(self, request: LaunchRequest) -> BootSource:
         """Where this replica's workdir and secrets are (read at boot with the replica's own role)."""
-        from fleetkeeper.secret_store import SecretStore
-        from fleetkeeper.workdir_store import service_key
+        from fleetkeeper.replicas.secrets import SecretStore
+        from fleetkeeper.replicas.workdirs import service_key
 
         spec = request.spec
         key = service_key(request.service, request.uid, spec.workdir.digest, request.owner) if spec.workdir else None
@@ -444,7 +445,7 @@ class Ec2Driver:
         )
 
     def _image(self, instance_type: str, image: str | None) -> str:
-        """The ImageId to launch `instance_type` with (fleetkeeper.images): the spec's AMI id or
+        """The ImageId to launch `instance_type` with (fleetkeeper.spec.images): the spec's AMI id or
         `resolve:ssm:` parameter, else the type's Deep Learning AMI parameter, else the stack's
         default parameter, as `resolve:ssm:`. EC2 resolves parameters itself, so the reconciler makes
         no SSM call (the shipped network has no SSM endpoint unless asked for one). A stored spec
@@ -457,7 +458,7 @@ class Ec2Driver:
     def _root_device(self, image_id: str) -> str:
         """The root device name to size for disk_size/disk_tier, never a guess.
 
-        A parameter's image is known only to EC2 at launch: its family's device (spec.py knows AWS's
+        A parameter's image is known only to EC2 at launch: its family's device (spec/service.py knows AWS's
         public families; the api refuses other parameters with disk_size) or a refusal with the
         reason. An AMI id is described; a throttled DescribeImages fails this service's run (the next
         run retries) instead of defaulting to a device the image may not have.

@@ -133,7 +133,7 @@ class RecordAutoscale:
 @dataclass(frozen=True)
 class RouteEndpoint:
     """Point the endpoint's route at the stack's wake target (`waking`: an autoscaled service with no
-    replica in its endpoint, fleetkeeper.wake) or back at its target group, then record which.
+    replica in its endpoint, fleetkeeper.wake.demand) or back at its target group, then record which.
     Planned after the registrations and deregistrations: the route returns to the wake target only
     once the last replica is out, and leaves it only once the balancer serves a registered one."""
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-from fleetkeeper import autoscale
 from fleetkeeper.model import (
     BalancerState,
     EndpointConfig,
@@ -17,7 +16,7 @@ from fleetkeeper.model import (
     ServiceState,
     to_iso,
 )
-from fleetkeeper.reconciler import health_check
+from fleetkeeper.reconciler import autoscale, health_check
 from fleetkeeper.reconciler.balancer import DrainState
 from fleetkeeper.reconciler.driver import Instance, InstanceState
 from fleetkeeper.reconciler.plan.actions import Action, Deregister, EnsureEndpoint, Register, RouteEndpoint
@@ -30,7 +29,7 @@ if TYPE_CHECKING:
     from datetime import datetime
 
     from fleetkeeper.reconciler.plan.work import _Work
-    from fleetkeeper.spec import ServiceSpec
+    from fleetkeeper.spec.service import ServiceSpec
 
 
 def drain_targets(state: ServiceState, instances: Sequence[Instance]) -> dict[int, Instance]:

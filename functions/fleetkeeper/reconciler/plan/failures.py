@@ -52,7 +52,7 @@ ENVIRONMENT_REFUSALS = frozenset(
         # The process driver's (embedded mode): the laptop ran out of ports or could not start bash.
         "NoFreePort",
         "ProcessLaunchFailed",
-        # The ec2 driver's (fleetkeeper.identity.PROFILE_NOT_READY): an owner's instance profile made
+        # The ec2 driver's (fleetkeeper.replicas.identity.PROFILE_NOT_READY): an owner's instance profile made
         # seconds ago, which EC2 refuses until IAM has propagated it.
         "Fleetkeeper.InstanceProfileNotReady",
         # ...and for an owner's role IAM would not make (denied, or the account's role quota is full).

@@ -9,7 +9,7 @@ from fleetkeeper.model import (
 )
 
 if TYPE_CHECKING:
-    from fleetkeeper.spec import MarketPolicy
+    from fleetkeeper.spec.service import MarketPolicy
 
 
 def wanted_by_market(markets: MarketPolicy | None, wanted: int, spot_ready: int) -> dict[Market, int]:

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from fleetkeeper import autoscale, wake
 from fleetkeeper.model import (
     Lifecycle,
     ServiceState,
 )
+from fleetkeeper.reconciler import autoscale
 from fleetkeeper.reconciler.plan.actions import RecordAutoscale
+from fleetkeeper.wake import demand as wake
 
 if TYPE_CHECKING:
     from datetime import datetime

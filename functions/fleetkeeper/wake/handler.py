@@ -1,0 +1,170 @@
+"""The wake target on AWS: a Lambda function behind the stack's ALB (template.yaml's WakeFunction and
+WakeTargetGroup, a target group of type `lambda`). A service's route forwards to it while the service
+has no replica in its endpoint (fleetkeeper.wake.demand); for each request it records the demand on the
+service item, kicks the reconciler through the kick queue (both coalesced), and answers 503 with
+Retry-After.
+
+Which service a request is for, from what the ALB passes (its Lambda event: the request's headers,
+with the ALB's own `x-forwarded-port`):
+- with a domain (FLEETKEEPER_DOMAIN_NAME): the Host header, NAME.<domain>;
+- without one: the listener port (`x-forwarded-port`) on the load balancer that invoked it: each
+  service has a listener of its own, which the reconciler tagged with the service's name. The load
+  balancer is the one whose wake group the event names (`requestContext.elb.targetGroupArn`): the
+  template's `fkwake-<stack>` is the template's ALB, a shard's `fkwake-<stack>-<n>` the shard
+  `fk-<stack>-<n>` (docs/architecture/load-balancer-shards.md). Looked up once per (group, port) and
+  process (DescribeLoadBalancers for a shard, DescribeListeners + DescribeTags), for
+  `_PORT_CACHE_SECONDS`.
+
+Small and quick to start: it imports boto3 and the store's one write, nothing of the api or the
+reconciler; outside the VPC (it calls DynamoDB, SQS and ELB only).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from typing import TYPE_CHECKING, Any
+
+from botocore.exceptions import ClientError
+
+from fleetkeeper import aws
+from fleetkeeper.kick import ReconcilerKick
+from fleetkeeper.reconciler.balancer import (
+    MANAGED_TAG,
+    MANAGED_VALUE,
+    SERVICE_TAG,
+    shard_name,
+    wake_group_shard,
+)
+from fleetkeeper.settings import ALB_ARN_ENV, DOMAIN_NAME_ENV, Settings, stack_id_of
+from fleetkeeper.store.table import Table
+from fleetkeeper.wake.target import DemandRecorder, waking_body, waking_headers
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+logger = logging.getLogger(__name__)
+logger.setLevel(logging.INFO)
+
+_PORT_CACHE_SECONDS = 60.0
+_ports: dict[tuple[str, int], tuple[str | None, float]] = {}
+_shards: dict[int, str | None] = {}  # shard number -> its load balancer's ARN
+_recorder: DemandRecorder | None = None
+
+
+def lambda_handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
+    headers = {str(k).lower(): str(v) for k, v in (event.get("headers") or {}).items()}
+    group = str(((event.get("requestContext") or {}).get("elb") or {}).get("targetGroupArn") or "")
+    service = service_of(headers, os.environ, group)
+    if service is None:
+        return _response(
+            404,
+            '{"error": {"code": "no_such_service", "message": "no service has this endpoint", "details": []}}',
+            {"Content-Type": "application/json"},
+        )
+    try:
+        recorder()(service)
+    except Exception:
+        # The client still gets its 503 and Retry-After; its retry records the demand.
+        logger.exception("service %s: could not record the demand", service)
+    return _response(503, waking_body(service), waking_headers())
+
+
+def recorder() -> DemandRecorder:
+    """One per process (a warm Lambda instance keeps its memo of recent demands)."""
+    global _recorder
+    if _recorder is None:
+        settings = Settings.from_env(os.environ)
+        kick = ReconcilerKick.from_settings(settings)
+        _recorder = DemandRecorder(Table(settings.table_name), lambda name: kick(name))
+    return _recorder
+
+
+def service_of(headers: Mapping[str, str], environ: Mapping[str, str], target_group: str = "") -> str | None:
+    """The service a request is for (None: none of this stack's); `target_group`: the wake group the
+    load balancer invoked the function for (its event's `requestContext.elb.targetGroupArn`)."""
+    domain = (environ.get(DOMAIN_NAME_ENV) or "").strip(".").lower()
+    if domain:
+        host = headers.get("host", "").split(":", 1)[0].strip().rstrip(".").lower()
+        suffix = "." + domain
+        if not host.endswith(suffix):
+            return None
+        name = host[: -len(suffix)]
+        return name if name and "." not in name else None
+    try:
+        port = int(headers.get("x-forwarded-port", ""))
+    except ValueError:
+        return None
+    stack = stack_id_of(environ)
+    group_name = target_group.split(":targetgroup/", 1)[-1].split("/", 1)[0] if target_group else ""
+    # Only this stack's wake groups may invoke the function (its permissions' SourceArn): a group
+    # that is not a shard's is the template's.
+    shard = (wake_group_shard(group_name, stack) if group_name else None) or 0
+    return _service_on_port(port, shard, stack, environ.get(ALB_ARN_ENV, ""))
+
+
+def _service_on_port(port: int, shard: int, stack: str, alb_arn: str) -> str | None:
+    cached = _ports.get((str(shard), port))
+    now = time.monotonic()
+    if cached is not None and cached[1] > now:
+        return cached[0]
+    balancer = alb_arn if shard == 0 else _shard_arn(shard, stack)
+    name = _look_up_port(port, balancer) if balancer else None
+    _ports[(str(shard), port)] = (name, now + _PORT_CACHE_SECONDS)
+    return name
+
+
+def _shard_arn(shard: int, stack: str) -> str | None:
+    """The ARN of the stack's load balancer shard `shard` (>= 1), by its deterministic name."""
+    if shard not in _shards:
+        try:
+            found = aws.elbv2().describe_load_balancers(Names=[shard_name(stack, shard)])["LoadBalancers"]
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") != "LoadBalancerNotFound":
+                raise
+            found = []
+        _shards[shard] = str(found[0]["LoadBalancerArn"]) if found else None
+    return _shards[shard]
+
+
+def _look_up_port(port: int, alb_arn: str) -> str | None:
+    """The service whose listener is on `port` of the stack's ALB: its fleetkeeper:service tag."""
+    elbv2 = aws.elbv2()
+    kwargs: dict[str, Any] = {"LoadBalancerArn": alb_arn}
+    listener_arn: str | None = None
+    while listener_arn is None:
+        page = elbv2.describe_listeners(**kwargs)
+        listener_arn = next(
+            (str(item["ListenerArn"]) for item in page.get("Listeners", []) if int(item.get("Port", 0)) == port),
+            None,
+        )
+        marker = page.get("NextMarker")
+        if listener_arn is None and not marker:
+            return None
+        kwargs["Marker"] = marker
+    descriptions = elbv2.describe_tags(ResourceArns=[listener_arn]).get("TagDescriptions", [])
+    tags = {tag["Key"]: tag.get("Value", "") for d in descriptions for tag in d.get("Tags", [])}
+    if tags.get(MANAGED_TAG) != MANAGED_VALUE:
+        return None  # not a listener the reconciler made
+    return tags.get(SERVICE_TAG) or None
+
+
+def _response(status: int, body: str, headers: dict[str, str]) -> dict[str, Any]:
+    """An ALB Lambda target's answer (single-value headers: the target group's default)."""
+    reasons = {404: "Not Found", 503: "Service Unavailable"}
+    return {
+        "statusCode": status,
+        "statusDescription": f"{status} {reasons.get(status, '')}".strip(),
+        "isBase64Encoded": False,
+        "headers": headers,
+        "body": body,
+    }
+
+
+def reset() -> None:
+    """Forget the process's caches (tests)."""
+    global _recorder
+    _recorder = None
+    _ports.clear()
+    _shards.clear()

@@ -1,0 +1,1 @@
+"""The api function: routes, validation, owners, idempotency, the OpenAPI contract."""

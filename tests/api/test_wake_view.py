@@ -1,0 +1,32 @@
+"""What a user sees of a service at zero: the api's autoscaling view says `waking` while the endpoint
+routes to the wake target, and `fleetkeeper status` says what a request does then."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from fleetkeeper.api.models import AutoscalingView, autoscaling_view
+from fleetkeeper.cli.render import autoscaling_line
+from tests.reconciler.plan.test_endpoint import ENDPOINT
+from tests.reconciler.plan.test_plan import NOW
+from tests.reconciler.plan.test_wake import WAKING, at_zero
+
+
+def test_the_view_says_waking_while_the_endpoint_routes_to_the_wake_target() -> None:
+    shown = autoscaling_view(at_zero(), NOW)
+    assert shown is not None and shown["waking"] is True and shown["target_replicas"] == 0
+    AutoscalingView.model_validate(shown)  # the documented shape
+    serving = at_zero(endpoint=ENDPOINT)
+    assert autoscaling_view(serving, NOW)["waking"] is False  # type: ignore[index]
+    no_endpoint = at_zero(endpoint=None)
+    assert autoscaling_view(no_endpoint, NOW)["waking"] is False  # type: ignore[index]
+    assert WAKING.waking and not replace(WAKING, waking_since=None).waking
+
+
+def test_status_says_a_request_wakes_it() -> None:
+    shown = autoscaling_view(at_zero(), NOW)
+    line = autoscaling_line(shown, NOW)
+    assert line is not None
+    assert line.startswith("  autoscaling: 0 replica(s) (0-2, 2 req/s each)")
+    assert line.endswith("; no replica serving: a request gets 503 + Retry-After and wakes it")
+    assert "wakes it" not in (autoscaling_line({**shown, "waking": False}, NOW) or "")  # type: ignore[dict-item]

@@ -1,0 +1,1 @@
+"""botocore's parsers and their shortcuts."""

@@ -1,0 +1,1 @@
+"""Principals and access rules."""

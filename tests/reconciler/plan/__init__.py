@@ -1,0 +1,1 @@
+"""The planner's table tests: pure, whole action lists."""

@@ -1,0 +1,450 @@
+"""Endpoints past one ALB: load-balancer shards (docs/architecture/load-balancer-shards.md), on the
+strict layer's ELB (its per-ALB quotas, the per-Region ALB quota, one load balancer per target
+group, CreateLoadBalancer's idempotency) and moto's Route 53.
+
+- 1,000 services without a domain fill the template's ALB and 19 shards of 50 listeners; with a
+  domain and a hosted zone, 11 load balancers of 99 host rules (100 target groups with the wake
+  group), and a record NAME.<domain> -> its shard for each service past the first 99.
+- A placed service never moves; a shard that filled up meanwhile (ELB's quota error) is passed over;
+  a target group another worker attached meanwhile is followed to its shard.
+- A crash before any ELB call of a shard's creation converges to one shard, complete.
+- An empty shard is tagged, then deleted once it stayed empty; one that got a route again is kept;
+  a neighbouring stack's load balancer is never touched.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from fleetkeeper.model import EndpointConfig
+from fleetkeeper.reconciler.balancer import EndpointRefused, target_group_name
+from fleetkeeper.reconciler.balancers.alb import (
+    EMPTY_SINCE_TAG,
+    RETIRE_AFTER_SECONDS,
+    AlbBalancer,
+)
+from fleetkeeper.store.codec import endpoint_from_item, endpoint_item
+from fleetkeeper.wake import handler as wake_handler
+from tests.reconciler_world import World, make_sharded_alb, raw_client
+from tests.strict_aws.elbv2 import ElbQuotas
+
+if TYPE_CHECKING:
+    from tests.reconciler_world import ProbeServer
+    from tests.strict_aws import StrictAws
+
+STACK = "0123456789ab"
+N = 1000
+FUNCTION = "arn:aws:lambda:us-east-1:123456789012:function:fk-wake"
+CONFIG = EndpointConfig(port=8080, policy="least_load", drain_seconds=30, health_path="/")
+
+
+def sharded(*, domain: str | None = None, zone: bool = False, wake: bool = True, stack: str = STACK) -> AlbBalancer:
+    return make_sharded_alb(domain=domain, zone=zone, wake=wake, stack=stack, function=FUNCTION)
+
+
+def uid(n: int) -> str:
+    return f"{n:016x}"
+
+
+def balancers(stack: str = STACK) -> dict[str, dict[str, Any]]:
+    """The Region's load balancers named like this stack's shards, by name."""
+    found = raw_client("elbv2").describe_load_balancers()["LoadBalancers"]
+    return {b["LoadBalancerName"]: b for b in found if b["LoadBalancerName"].startswith(f"fk-{stack}-")}
+
+
+def listeners(arn: str) -> list[dict[str, Any]]:
+    listed: list[dict[str, Any]] = raw_client("elbv2").describe_listeners(LoadBalancerArn=arn)["Listeners"]
+    return listed
+
+
+def records(zone: str) -> dict[str, str]:
+    """The hosted zone's A records: name -> alias target DNS name."""
+    route53 = raw_client("route53")
+    found: dict[str, str] = {}
+    kwargs: dict[str, Any] = {"HostedZoneId": zone}
+    while True:
+        page = route53.list_resource_record_sets(**kwargs)
+        for record in page["ResourceRecordSets"]:
+            if record["Type"] == "A":
+                found[record["Name"].rstrip(".")] = record["AliasTarget"]["DNSName"].rstrip(".")
+        if not page.get("IsTruncated"):
+            return found
+        kwargs.update(StartRecordName=page["NextRecordName"], StartRecordType=page["NextRecordType"])
+
+
+# -- 1,000 services ----------------------------------------------------------------------------------
+
+
+def test_a_thousand_services_without_a_domain_fill_twenty_load_balancers(aws: None, strict_aws: StrictAws) -> None:
+    alb = sharded()
+    placed = [alb.ensure(f"s{n}", uid(n), CONFIG, None) for n in range(N)]
+    on: dict[str, list[int]] = {}
+    for n, record in enumerate(placed):
+        assert record.load_balancer is not None
+        on.setdefault(record.load_balancer, []).append(n)
+    made = balancers()
+    assert sorted(made) == sorted(f"fk-{STACK}-{n}" for n in range(1, 20))
+    # Lowest first: the template's ALB takes the first 50, shard n the next 50 each.
+    assert on[alb.arn] == list(range(50))
+    for name, balancer in made.items():
+        number = int(name.rsplit("-", 1)[1])
+        assert on[balancer["LoadBalancerArn"]] == list(range(50 * number, 50 * number + 50))
+        assert len(listeners(balancer["LoadBalancerArn"])) == 50
+        assert balancer["Scheme"] == "internal"
+        assert placed[50 * number].url == f"http://{balancer['DNSName']}:10000"
+        assert placed[50 * number].dimensions[0] == (
+            "LoadBalancer",
+            balancer["LoadBalancerArn"].split(":loadbalancer/")[1],
+        )
+        attributes = raw_client("elbv2").describe_load_balancer_attributes(LoadBalancerArn=balancer["LoadBalancerArn"])
+        assert {"Key": "idle_timeout.timeout_seconds", "Value": "300"} in attributes["Attributes"]
+        assert {"Key": "routing.http.drop_invalid_header_fields.enabled", "Value": "true"} in attributes["Attributes"]
+        # Its own wake group, with the wake function in it.
+        wake = raw_client("elbv2").describe_target_groups(Names=[f"fkwake-{STACK}-{number}"])["TargetGroups"][0]
+        health = raw_client("elbv2").describe_target_health(TargetGroupArn=wake["TargetGroupArn"])
+        assert [t["Target"]["Id"] for t in health["TargetHealthDescriptions"]] == [FUNCTION]
+    # Ensured again with what was recorded: the same load balancer and route, nothing made.
+    mark = dict(strict_aws.attempts)
+    fresh = replace(alb)
+    fresh.forget()
+    for n in (0, 49, 50, 999):
+        again = fresh.ensure(f"s{n}", uid(n), CONFIG, placed[n])
+        assert (again.load_balancer, again.route, again.url) == (
+            placed[n].load_balancer,
+            placed[n].route,
+            placed[n].url,
+        )
+    made_calls = {
+        op: count - mark.get((svc, op), 0)
+        for (svc, op), count in strict_aws.attempts.items()
+        if svc == "elastic-load-balancing-v2" and op.startswith("Create") and count - mark.get((svc, op), 0)
+    }
+    assert made_calls == {}
+
+
+def test_a_thousand_services_with_a_domain_fill_eleven_and_each_gets_its_record(
+    aws: None, strict_aws: StrictAws
+) -> None:
+    domain = "svc.example.com"
+    alb = sharded(domain=domain, zone=True)
+    assert alb.hosted_zone_id is not None
+    placed = [alb.ensure(f"s{n}", uid(n), CONFIG, None) for n in range(N)]
+    made = balancers()
+    assert sorted(made) == sorted(f"fk-{STACK}-{n}" for n in range(1, 11))
+    by_arn = {b["LoadBalancerArn"]: b for b in made.values()}
+    on_template = [n for n, r in enumerate(placed) if r.load_balancer == alb.arn]
+    # 100 target groups per ALB, the wake group counted: 99 services each.
+    assert on_template == list(range(99))
+    published = records(alb.hosted_zone_id)
+    assert len(published) == 1000 - 99
+    for n, record in enumerate(placed):
+        assert record.url == f"http://s{n}.{domain}"
+        if n < 99:
+            assert f"s{n}.{domain}" not in published  # the user's wildcard record points at shard 0
+            continue
+        shard = by_arn[str(record.load_balancer)]
+        assert published[f"s{n}.{domain}"] == shard["DNSName"].lower()
+    for balancer in made.values():
+        (host,) = [item for item in listeners(balancer["LoadBalancerArn"]) if item["Port"] == 80]
+        rules = raw_client("elbv2").describe_rules(ListenerArn=host["ListenerArn"])["Rules"]
+        assert len([r for r in rules if not r["IsDefault"]]) <= 99
+        assert host["DefaultActions"][0]["FixedResponseConfig"]["StatusCode"] == "404"
+    # Removed: its record goes with its rule.
+    alb.remove("s500", uid(500), placed[500])
+    assert f"s500.{domain}" not in records(alb.hosted_zone_id)
+    assert len(records(alb.hosted_zone_id)) == 1000 - 99 - 1
+
+
+# -- placement -----------------------------------------------------------------------------------------
+
+
+def test_a_shard_that_elb_says_is_full_is_passed_over(aws: None, strict_aws: StrictAws) -> None:
+    """The adapter counts 50 listeners per ALB; ELB says 2 (another worker's routes, a lowered quota):
+    its TooManyListeners moves the service to the next shard."""
+    alb = sharded()
+    strict_aws.elbv2.quotas = ElbQuotas(listeners_per_load_balancer=2)
+    placed = [alb.ensure(f"s{n}", uid(n), CONFIG, None) for n in range(5)]
+    shards = [r.load_balancer for r in placed]
+    made = balancers()
+    assert shards == [
+        alb.arn,
+        alb.arn,
+        made[f"fk-{STACK}-1"]["LoadBalancerArn"],
+        made[f"fk-{STACK}-1"]["LoadBalancerArn"],
+        made[f"fk-{STACK}-2"]["LoadBalancerArn"],
+    ]
+
+
+def test_a_placed_service_never_moves(aws: None, strict_aws: StrictAws) -> None:
+    alb = sharded()
+    strict_aws.elbv2.quotas = ElbQuotas(listeners_per_load_balancer=1)
+    first = alb.ensure("first", uid(1), CONFIG, None)
+    second = alb.ensure("second", uid(2), CONFIG, None)
+    assert first.load_balancer == alb.arn and second.load_balancer != alb.arn
+    alb.remove("first", uid(1), first)  # room on the template's ALB again
+    alb.forget()
+    again = alb.ensure("second", uid(2), replace(CONFIG, drain_seconds=60), second)
+    assert again.load_balancer == second.load_balancer and again.route == second.route
+    # A crashed run's unrecorded route (the group attached to a shard) is found there, not placed anew.
+    alb.forget()
+    unrecorded = alb.ensure("second", uid(2), CONFIG, None)
+    assert unrecorded.load_balancer == second.load_balancer and unrecorded.route == second.route
+
+
+def test_a_group_another_worker_attached_meanwhile_is_followed_to_its_shard(aws: None, strict_aws: StrictAws) -> None:
+    """Two workers place the same service: the other put its target group on shard 1 between our
+    describe and our CreateListener on the template's ALB. ELB refuses ours (a target group is
+    attached to one load balancer only: TargetGroupAssociationLimit); the service is on shard 1."""
+    alb = sharded()
+    strict_aws.elbv2.quotas = ElbQuotas(listeners_per_load_balancer=2)
+    zero = alb.ensure("zero", uid(0), CONFIG, None)
+    alb.ensure("also", uid(1), CONFIG, None)
+    alb.ensure("one", uid(2), CONFIG, None)  # on shard 1
+    alb.remove("zero", uid(0), zero)  # room on the template's ALB again
+    alb.forget()
+    elbv2 = raw_client("elbv2")
+    shard = balancers()[f"fk-{STACK}-1"]
+
+    def other_worker() -> None:
+        group = elbv2.describe_target_groups(Names=[target_group_name(uid(7), STACK)])["TargetGroups"][0]
+        elbv2.create_listener(
+            LoadBalancerArn=shard["LoadBalancerArn"],
+            Protocol="HTTP",
+            Port=10001,
+            DefaultActions=[{"Type": "forward", "TargetGroupArn": group["TargetGroupArn"]}],
+        )
+
+    strict_aws.elbv2.before("CreateListener", other_worker)
+    record = alb.ensure("seven", uid(7), CONFIG, None)
+    assert strict_aws.attempts[("elastic-load-balancing-v2", "CreateListener")] >= 1
+    assert record.load_balancer == shard["LoadBalancerArn"]
+    assert record.url.endswith(":10001")
+    assert record.route in [r["ListenerArn"] for r in listeners(shard["LoadBalancerArn"])]
+    assert all(
+        record.target_group not in str(r["DefaultActions"]) for r in listeners(alb.arn)
+    )  # nothing of it on the template's ALB
+
+
+def test_the_per_region_quota_of_load_balancers_is_the_services_status(
+    aws: None, strict_aws: StrictAws, server: ProbeServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("FLEETKEEPER_REPLICA_HOST", "127.0.0.1")
+    server.status = 200
+    alb = sharded()
+    strict_aws.elbv2.quotas = ElbQuotas(listeners_per_load_balancer=1, load_balancers_per_region=2)
+    world = World(server, balancer=alb)
+    service = {"readiness_probe": "/health", "replicas": 1, "ports": server.port}
+    world.create("one", service=service)
+    world.create("two", service=service)
+    world.converge()
+    world.create("three", service=service)
+    assert world.run().errors == []
+    three = world.store.load("three")
+    assert three is not None and three.service.endpoint is None
+    assert "TooManyLoadBalancers" in three.service.status_message
+    two = world.store.load("two")
+    assert two is not None and two.service.endpoint is not None
+    assert two.service.endpoint.load_balancer == balancers()[f"fk-{STACK}-1"]["LoadBalancerArn"]
+    # The record round-trips through the table with its load balancer.
+    assert endpoint_from_item(endpoint_item(two.service.endpoint)) == two.service.endpoint
+
+
+def test_a_domain_without_a_hosted_zone_is_refused_past_the_first_load_balancer(
+    aws: None, strict_aws: StrictAws
+) -> None:
+    alb = sharded(domain="svc.example.com")
+    strict_aws.elbv2.quotas = ElbQuotas(rules_per_load_balancer=1)
+    assert alb.ensure("one", uid(1), CONFIG, None).load_balancer == alb.arn
+    with pytest.raises(EndpointRefused, match="HostedZoneId"):
+        alb.ensure("two", uid(2), CONFIG, None)
+    assert balancers() == {}
+
+
+def test_without_a_security_group_no_shard_is_made(aws: None, strict_aws: StrictAws) -> None:
+    alb = replace(sharded(), security_group_id=None)
+    strict_aws.elbv2.quotas = ElbQuotas(listeners_per_load_balancer=1)
+    alb.ensure("one", uid(1), CONFIG, None)
+    with pytest.raises(EndpointRefused, match="TooManyListeners"):
+        alb.ensure("two", uid(2), CONFIG, None)
+    assert balancers() == {}
+
+
+def test_an_old_record_without_a_load_balancer_is_the_template_albs(aws: None, strict_aws: StrictAws) -> None:
+    alb = sharded()
+    record = alb.ensure("old", uid(1), CONFIG, None)
+    item = endpoint_item(record)
+    del item["load_balancer"]
+    old = endpoint_from_item(item)
+    assert old.load_balancer is None
+    again = alb.ensure("old", uid(1), CONFIG, old)
+    assert again.load_balancer == alb.arn and again.route == record.route
+
+
+# -- crashes --------------------------------------------------------------------------------------------
+
+
+class Crash(Exception):
+    pass
+
+
+def test_a_crash_before_any_call_of_a_shards_creation_converges(aws: None, strict_aws: StrictAws) -> None:
+    """For each ELB call of placing a service on a new shard: crash just before it, then run again
+    (a new balancer, as a new invocation): one shard, complete, and the service's route on it."""
+    strict_aws.elbv2.quotas = ElbQuotas(listeners_per_load_balancer=1, load_balancers_per_region=200)
+    layer = strict_aws.elbv2
+    original = layer.send
+    calls: list[str] = []
+    crash_at: list[int] = []
+
+    def send(call: Any) -> Any:
+        calls.append(call.operation)
+        if crash_at and len(calls) == crash_at[0]:
+            raise Crash(call.operation)
+        return original(call)
+
+    layer.send = send  # type: ignore[method-assign]
+    # A clean placement first: the calls to crash before.
+    alb = sharded(stack="c1ea0000c1ea")
+    alb.ensure("zero", uid(0), CONFIG, None)
+    calls.clear()
+    alb.ensure("one", uid(1), CONFIG, None)
+    clean = list(calls)
+    assert "CreateLoadBalancer" in clean and "RegisterTargets" in clean and "ModifyLoadBalancerAttributes" in clean
+    for k in range(1, len(clean) + 1):
+        stack = f"{k:012x}"
+        alb = sharded(stack=stack)
+        alb.ensure("zero", uid(0), CONFIG, None)
+        calls.clear()
+        crash_at[:] = [k]
+        with pytest.raises(Crash):
+            alb.ensure("one", uid(1), CONFIG, None)
+        crash_at.clear()
+        fresh = replace(alb)
+        fresh.forget()
+        record = fresh.ensure("one", uid(1), CONFIG, None)
+        made = balancers(stack)
+        assert list(made) == [f"fk-{stack}-1"], (k, clean[k - 1])
+        shard = made[f"fk-{stack}-1"]
+        assert record.load_balancer == shard["LoadBalancerArn"]
+        assert [r["ListenerArn"] for r in listeners(shard["LoadBalancerArn"])] == [record.route]
+        attributes = raw_client("elbv2").describe_load_balancer_attributes(LoadBalancerArn=shard["LoadBalancerArn"])
+        assert {"Key": "idle_timeout.timeout_seconds", "Value": "300"} in attributes["Attributes"], clean[k - 1]
+        wake = raw_client("elbv2").describe_target_groups(Names=[f"fkwake-{stack}-1"])["TargetGroups"]
+        health = raw_client("elbv2").describe_target_health(TargetGroupArn=wake[0]["TargetGroupArn"])
+        assert [t["Target"]["Id"] for t in health["TargetHealthDescriptions"]] == [FUNCTION], clean[k - 1]
+
+
+# -- removal --------------------------------------------------------------------------------------------
+
+
+def test_an_empty_shard_is_retired_once_it_stayed_empty(aws: None, strict_aws: StrictAws) -> None:
+    alb = sharded()
+    strict_aws.elbv2.quotas = ElbQuotas(listeners_per_load_balancer=1)
+    placed = [alb.ensure(f"s{n}", uid(n), CONFIG, None) for n in range(4)]  # shards 0, 1, 2, 3
+    made = balancers()
+    assert sorted(made) == [f"fk-{STACK}-1", f"fk-{STACK}-2", f"fk-{STACK}-3"]
+    # A neighbouring stack's shard (another id) and an ALB of this name pattern it does not own.
+    other = sharded(stack="ffffffffffff")
+    other.ensure("x", uid(9), CONFIG, None)
+    other.ensure("y", uid(10), CONFIG, None)
+    neighbour = balancers("ffffffffffff")["fk-ffffffffffff-1"]
+    alb.remove("s2", uid(2), placed[2])
+    alb.remove("s3", uid(3), placed[3])
+    from datetime import UTC, datetime, timedelta
+
+    now = datetime(2026, 1, 1, tzinfo=UTC)
+    assert alb.retire_shards(now) == []  # first seen empty: tagged
+    tags = raw_client("elbv2").describe_tags(ResourceArns=[made[f"fk-{STACK}-2"]["LoadBalancerArn"]])
+    assert EMPTY_SINCE_TAG in {t["Key"] for t in tags["TagDescriptions"][0]["Tags"]}
+    # A placement passes a retiring shard over: a new service goes to a new shard 4, not 2 or 3.
+    alb.forget()
+    newcomer = alb.ensure("new", uid(5), CONFIG, None)
+    assert newcomer.load_balancer == balancers()[f"fk-{STACK}-4"]["LoadBalancerArn"]
+    # Shard 3 gets a route again before it is deleted (a worker that placed before the tag): kept.
+    raw_client("elbv2").create_listener(
+        LoadBalancerArn=made[f"fk-{STACK}-3"]["LoadBalancerArn"],
+        Protocol="HTTP",
+        Port=10000,
+        DefaultActions=[{"Type": "fixed-response", "FixedResponseConfig": {"StatusCode": "404"}}],
+    )
+    assert alb.retire_shards(now + timedelta(seconds=RETIRE_AFTER_SECONDS - 1)) == []
+    assert alb.retire_shards(now + timedelta(seconds=RETIRE_AFTER_SECONDS)) == [f"fk-{STACK}-2"]
+    left = balancers()
+    assert sorted(left) == [f"fk-{STACK}-1", f"fk-{STACK}-3", f"fk-{STACK}-4"]
+    tags = raw_client("elbv2").describe_tags(ResourceArns=[left[f"fk-{STACK}-3"]["LoadBalancerArn"]])
+    assert EMPTY_SINCE_TAG not in {t["Key"] for t in tags["TagDescriptions"][0]["Tags"]}
+    groups = {g["TargetGroupName"] for g in raw_client("elbv2").describe_target_groups()["TargetGroups"]}
+    assert f"fkwake-{STACK}-2" not in groups and f"fkwake-{STACK}-1" in groups
+    # The neighbour's shard, empty too, is its own stack's to retire.
+    other.remove("y", uid(10), None)
+    alb.retire_shards(now + timedelta(days=1))
+    alb.retire_shards(now + timedelta(days=2))
+    assert neighbour["LoadBalancerName"] in balancers("ffffffffffff")
+
+
+def test_a_deleted_services_shard_goes_through_the_dispatchers_sweep(
+    aws: None, strict_aws: StrictAws, server: ProbeServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("FLEETKEEPER_REPLICA_HOST", "127.0.0.1")
+    server.status = 200
+    alb = sharded()
+    strict_aws.elbv2.quotas = ElbQuotas(listeners_per_load_balancer=1)
+    world = World(server, balancer=alb)
+    service = {"readiness_probe": "/health", "replicas": 1, "ports": server.port}
+    world.create("one", service=service)
+    world.create("two", service=service)
+    world.converge()
+    two = world.store.load("two")
+    assert two is not None and two.service.endpoint is not None
+    assert two.service.endpoint.load_balancer == balancers()[f"fk-{STACK}-1"]["LoadBalancerArn"]
+    world.delete("two")
+    world.converge()
+    from datetime import timedelta
+
+    start = world.clock()
+    assert alb.retire_shards(start) == []
+    assert alb.retire_shards(start + timedelta(seconds=RETIRE_AFTER_SECONDS)) == [f"fk-{STACK}-1"]
+    assert balancers() == {}
+
+
+# -- wake from zero on a shard ----------------------------------------------------------------------------
+
+
+def test_the_wake_function_finds_a_service_on_a_shard_by_its_port(
+    aws: None, strict_aws: StrictAws, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    alb = sharded()
+    strict_aws.elbv2.quotas = ElbQuotas(listeners_per_load_balancer=1)
+    alb.ensure("zero", uid(0), CONFIG, None)
+    record = alb.ensure("napper", uid(1), CONFIG, None)
+    shard = balancers()[f"fk-{STACK}-1"]
+    assert record.load_balancer == shard["LoadBalancerArn"]
+    alb.route(record, waking=True)
+    (listener,) = listeners(shard["LoadBalancerArn"])
+    forward = listener["DefaultActions"][0]["ForwardConfig"]["TargetGroups"]
+    wake = raw_client("elbv2").describe_target_groups(Names=[f"fkwake-{STACK}-1"])["TargetGroups"][0]
+    assert {g["TargetGroupArn"]: g["Weight"] for g in forward} == {wake["TargetGroupArn"]: 1, record.target_group: 0}
+    monkeypatch.setenv("FLEETKEEPER_STACK_ID", STACK)
+    monkeypatch.setenv("FLEETKEEPER_ALB_ARN", alb.arn)
+    monkeypatch.delenv("FLEETKEEPER_DOMAIN_NAME", raising=False)
+    wake_handler.reset()
+    seen: list[str | None] = []
+
+    def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
+        group = event["requestContext"]["elb"]["targetGroupArn"]
+        seen.append(wake_handler.service_of(event["headers"], {"FLEETKEEPER_STACK_ID": STACK}, group))
+        return {"statusCode": 503, "body": "waking", "headers": {}}
+
+    strict_aws.elbv2.register_lambda(FUNCTION, handler)
+    from datetime import UTC, datetime
+
+    answer = strict_aws.elbv2.request(shard["LoadBalancerArn"], 10000, datetime.now(UTC))
+    assert answer.status == 503 and answer.target_group == wake["TargetGroupArn"]
+    # Port 10000 is also the template ALB's "zero": the wake group tells the load balancers apart.
+    assert seen == ["napper"]
+    alb.route(record, waking=False)
+    (listener,) = listeners(shard["LoadBalancerArn"])
+    assert listener["DefaultActions"][0]["TargetGroupArn"] == record.target_group

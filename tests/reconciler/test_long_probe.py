@@ -1,0 +1,76 @@
+"""Readiness probes longer than the run's probe budget, as SkyPilot allows them (issue 24, Deliver 5).
+
+A probe whose timeout the run's probe phase is not made to hold (over MAX_PROBE_TIMEOUT_SECONDS)
+starts with the run's probes, runs while the run reconciles its services, and its verdict is planned
+in a second pass of the same run, before the invocation ends. The scale is lowered (the phase holds
+1 s probes, the run's budget is 1 s, the slow replica answers after 1.5 s) so the tests take
+seconds, as tests/reconciler/test_probe_deadline.py lowers its limits.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import pytest
+
+from fleetkeeper.model import ReplicaStatus
+from fleetkeeper.reconciler import shell
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+    from tests.reconciler_world import ProbeServer, World
+
+
+@pytest.fixture
+def lowered(world: World, server: ProbeServer, monkeypatch: pytest.MonkeyPatch) -> Iterator[World]:
+    monkeypatch.setattr(shell, "MAX_PROBE_TIMEOUT_SECONDS", 1)  # the run's phase holds 1 s probes
+    world.reconciler.probe_budget_seconds = 1
+    try:
+        yield world
+    finally:
+        server.delay = 0.0
+
+
+def slow_service(timeout: int) -> dict[str, object]:
+    return {"readiness_probe": {"path": "/health", "timeout_seconds": timeout}, "replicas": 1}
+
+
+def test_a_replica_slower_than_the_runs_probe_budget_becomes_ready(lowered: World, server: ProbeServer) -> None:
+    """Before: probed inside the run's 1 s phase, it had no verdict every run and never got READY."""
+    world = lowered
+    server.delay = 1.5
+    world.create(service={**slow_service(3), "ports": server.port})
+    world.converge()
+    state = world.store.load("svc")
+    assert state is not None
+    assert [r.status for r in state.replicas.values()] == [ReplicaStatus.READY]
+    assert state.service.status_message == "1/1 ready"
+
+
+def test_a_hung_long_probe_ends_at_its_own_timeout_and_the_replica_is_not_ready(
+    lowered: World, server: ProbeServer
+) -> None:
+    world = lowered
+    server.delay = 2.5  # longer than the probe's 2 s: it never answers in time
+    world.create(service={**slow_service(2), "ports": server.port})
+    for _ in range(3):
+        report = world.run()
+        assert report.errors == []
+    state = world.store.load("svc")
+    assert state is not None
+    (replica,) = state.replicas.values()
+    assert replica.status is not ReplicaStatus.READY
+    assert "timed out after 2s" in replica.status_message
+
+
+def test_short_probes_are_decided_in_the_first_pass_only(lowered: World, server: ProbeServer) -> None:
+    """A service whose probes fit the run's phase costs no second pass (no second read of it)."""
+    world = lowered
+    world.create(service={**slow_service(1), "ports": server.port})
+    world.converge()
+    mark = world.log.mark()
+    world.run()
+    # The index's listing and the service's own Query; a second pass would read the service again.
+    assert world.log.since(mark).count(("dynamodb", "Query")) == 2
+    assert world.log.since(mark).count(("ec2", "DescribeInstances")) == 1

@@ -1,0 +1,1 @@
+"""Replica identity, secrets and workdirs, boot and logs."""

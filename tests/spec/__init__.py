@@ -1,0 +1,1 @@
+"""The spec, placement, images, task variables, SkyPilot's YAMLs."""

@@ -1,0 +1,1 @@
+"""Stacks sharing an account never touch each other's resources."""

@@ -1,0 +1,1 @@
+"""The table: keys, codec, commands, reads, events."""

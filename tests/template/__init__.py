@@ -1,0 +1,1 @@
+"""template.yaml and infra/: translated, linted, evaluated."""
