@@ -65,10 +65,18 @@ from fleetkeeper.model import (  # noqa: E402
     VersionState,
     to_iso,
 )
-from fleetkeeper.reconciler.driver import MANAGED_TAG, REPLICA_TAG, SERVICE_TAG, UID_TAG, VERSION_TAG, LaunchRequest  # noqa: E402
+from fleetkeeper.reconciler.driver import (  # noqa: E402
+    MANAGED_TAG,
+    REPLICA_TAG,
+    SERVICE_TAG,
+    STACK_TAG,
+    UID_TAG,
+    VERSION_TAG,
+    LaunchRequest,
+)
 from fleetkeeper.reconciler.drivers.ec2 import Ec2Driver  # noqa: E402
 from fleetkeeper.reconciler.shell import Reconciler  # noqa: E402
-from fleetkeeper.settings import Ec2Settings  # noqa: E402
+from fleetkeeper.settings import DEFAULT_STACK_ID, Ec2Settings  # noqa: E402
 from fleetkeeper.spec.service import ServiceSpec  # noqa: E402
 from fleetkeeper.store.codec import from_raw, replica_item, service_item, to_raw, version_item  # noqa: E402
 from fleetkeeper.store.keys import new_uid  # noqa: E402
@@ -337,6 +345,9 @@ def _seed(store: ReconcilerStore, services: int, spec: ServiceSpec, now: str, ve
         for replica_id in range(REPLICAS):
             tags = [
                 {"Key": MANAGED_TAG, "Value": "true"},
+                # The stack whose reconciler runs here (no FLEETKEEPER_STACK_ID: the default): an
+                # instance of no stack, or another's, is never this reconciler's.
+                {"Key": STACK_TAG, "Value": DEFAULT_STACK_ID},
                 {"Key": SERVICE_TAG, "Value": name},
                 {"Key": UID_TAG, "Value": uid},
                 {"Key": VERSION_TAG, "Value": str(version.version)},
@@ -349,7 +360,7 @@ def _seed(store: ReconcilerStore, services: int, spec: ServiceSpec, now: str, ve
                 # The token fleetkeeper derives for this replica: without it the instance is not ours.
                 ClientToken=LaunchRequest(
                     service=name, uid=uid, version=version.version, replica_id=replica_id, spec=version.spec
-                ).client_token,
+                ).client_token(DEFAULT_STACK_ID),
                 TagSpecifications=[{"ResourceType": "instance", "Tags": tags}],  # type: ignore[list-item]
             )["Instances"][0]
             replicas.append(

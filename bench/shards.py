@@ -36,7 +36,6 @@ for key, value in {
     "AWS_SECRET_ACCESS_KEY": "testing",
     "AWS_DEFAULT_REGION": "us-east-1",
     "AWS_REGION": "us-east-1",
-    "MOTO_AMIS_PATH": "",
 }.items():
     os.environ.setdefault(key, value)
 
