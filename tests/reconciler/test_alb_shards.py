@@ -15,6 +15,7 @@ group, CreateLoadBalancer's idempotency) and moto's Route 53.
 from __future__ import annotations
 
 from dataclasses import replace
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -353,7 +354,6 @@ def test_an_empty_shard_is_retired_once_it_stayed_empty(aws: None, strict_aws: S
     neighbour = balancers("ffffffffffff")["fk-ffffffffffff-1"]
     alb.remove("s2", uid(2), placed[2])
     alb.remove("s3", uid(3), placed[3])
-    from datetime import UTC, datetime, timedelta
 
     now = datetime(2026, 1, 1, tzinfo=UTC)
     assert alb.retire_shards(now) == []  # first seen empty: tagged
@@ -402,7 +402,6 @@ def test_a_deleted_services_shard_goes_through_the_dispatchers_sweep(
     assert two.service.endpoint.load_balancer == balancers()[f"fk-{STACK}-1"]["LoadBalancerArn"]
     world.delete("two")
     world.converge()
-    from datetime import timedelta
 
     start = world.clock()
     assert alb.retire_shards(start) == []
@@ -439,7 +438,6 @@ def test_the_wake_function_finds_a_service_on_a_shard_by_its_port(
         return {"statusCode": 503, "body": "waking", "headers": {}}
 
     strict_aws.elbv2.register_lambda(FUNCTION, handler)
-    from datetime import UTC, datetime
 
     answer = strict_aws.elbv2.request(shard["LoadBalancerArn"], 10000, datetime.now(UTC))
     assert answer.status == 503 and answer.target_group == wake["TargetGroupArn"]
@@ -448,3 +446,37 @@ def test_the_wake_function_finds_a_service_on_a_shard_by_its_port(
     alb.route(record, waking=False)
     (listener,) = listeners(shard["LoadBalancerArn"])
     assert listener["DefaultActions"][0]["TargetGroupArn"] == record.target_group
+
+
+def test_a_warm_wake_function_finds_a_shard_made_again_under_its_name(
+    aws: None, strict_aws: StrictAws, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A shard the dispatcher retired and the reconciler made again has a new ARN: the wake function
+    that looked the old one up (a warm Lambda instance) must not keep asking for it, which ELB
+    answers LoadBalancerNotFound (before: the invocation failed, for ever)."""
+    alb = sharded()
+    strict_aws.elbv2.quotas = ElbQuotas(listeners_per_load_balancer=1)
+    alb.ensure("zero", uid(0), CONFIG, None)
+    first = alb.ensure("napper", uid(1), CONFIG, None)
+    wake_group = raw_client("elbv2").describe_target_groups(Names=[f"fkwake-{STACK}-1"])["TargetGroups"][0]
+    environ = {"FLEETKEEPER_STACK_ID": STACK, "FLEETKEEPER_ALB_ARN": alb.arn}
+    wake_handler.reset()
+    headers = {"x-forwarded-port": "10000"}
+    assert wake_handler.service_of(headers, environ, wake_group["TargetGroupArn"]) == "napper"
+
+    # The service goes, its shard is retired and made again for another service on the same port.
+    alb.remove("napper", uid(1), first)
+    start = datetime(2026, 1, 1, tzinfo=UTC)
+    alb.forget()
+    assert alb.retire_shards(start) == []
+    assert alb.retire_shards(start + timedelta(seconds=RETIRE_AFTER_SECONDS)) == [f"fk-{STACK}-1"]
+    alb.forget()
+    again = alb.ensure("sleeper", uid(2), CONFIG, None)
+    assert again.load_balancer != first.load_balancer
+    assert again.load_balancer == balancers()[f"fk-{STACK}-1"]["LoadBalancerArn"]
+    wake_group = raw_client("elbv2").describe_target_groups(Names=[f"fkwake-{STACK}-1"])["TargetGroups"][0]
+
+    # A minute on, the port's answer is stale and looked up again, on the shard as it is now.
+    later = wake_handler.time.monotonic() + 61
+    monkeypatch.setattr(wake_handler.time, "monotonic", lambda: later)
+    assert wake_handler.service_of(headers, environ, wake_group["TargetGroupArn"]) == "sleeper"

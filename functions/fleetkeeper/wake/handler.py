@@ -11,9 +11,9 @@ with the ALB's own `x-forwarded-port`):
   service has a listener of its own, which the reconciler tagged with the service's name. The load
   balancer is the one whose wake group the event names (`requestContext.elb.targetGroupArn`): the
   template's `fkwake-<stack>` is the template's ALB, a shard's `fkwake-<stack>-<n>` the shard
-  `fk-<stack>-<n>` (docs/architecture/load-balancer-shards.md). Looked up once per (group, port) and
-  process (DescribeLoadBalancers for a shard, DescribeListeners + DescribeTags), for
-  `_PORT_CACHE_SECONDS`.
+  `fk-<stack>-<n>` (docs/architecture/load-balancer-shards.md). Looked up per (shard, port) and
+  process (DescribeLoadBalancers for a shard, DescribeListeners + DescribeTags) and kept for
+  `_PORT_CACHE_SECONDS`, the shard's ARN too: a retired shard made again has another ARN.
 
 Small and quick to start: it imports boto3 and the store's one write, nothing of the api or the
 reconciler; outside the VPC (it calls DynamoDB, SQS and ELB only).
@@ -48,8 +48,11 @@ logger = logging.getLogger(__name__)
 logger.setLevel(logging.INFO)
 
 _PORT_CACHE_SECONDS = 60.0
-_ports: dict[tuple[str, int], tuple[str | None, float]] = {}
-_shards: dict[int, str | None] = {}  # shard number -> its load balancer's ARN
+_ports: dict[tuple[int, int], tuple[str | None, float]] = {}
+# Shard number -> (its load balancer's ARN, until when that is trusted): a shard the dispatcher
+# retired and the reconciler made again under the same name has another ARN, so the answer is kept
+# no longer than a port's.
+_shards: dict[int, tuple[str | None, float]] = {}
 _recorder: DemandRecorder | None = None
 
 
@@ -105,27 +108,42 @@ def service_of(headers: Mapping[str, str], environ: Mapping[str, str], target_gr
 
 
 def _service_on_port(port: int, shard: int, stack: str, alb_arn: str) -> str | None:
-    cached = _ports.get((str(shard), port))
+    cached = _ports.get((shard, port))
     now = time.monotonic()
     if cached is not None and cached[1] > now:
         return cached[0]
-    balancer = alb_arn if shard == 0 else _shard_arn(shard, stack)
-    name = _look_up_port(port, balancer) if balancer else None
-    _ports[(str(shard), port)] = (name, now + _PORT_CACHE_SECONDS)
+    balancer = alb_arn if shard == 0 else _shard_arn(shard, stack, now)
+    try:
+        name = _look_up_port(port, balancer) if balancer else None
+    except ClientError as exc:
+        if _code(exc) != "LoadBalancerNotFound" or shard == 0:
+            raise
+        # The shard went since its ARN was looked up (retired, perhaps made again): look again.
+        _shards.pop(shard, None)
+        balancer = _shard_arn(shard, stack, now)
+        name = _look_up_port(port, balancer) if balancer else None
+    _ports[(shard, port)] = (name, now + _PORT_CACHE_SECONDS)
     return name
 
 
-def _shard_arn(shard: int, stack: str) -> str | None:
+def _shard_arn(shard: int, stack: str, now: float) -> str | None:
     """The ARN of the stack's load balancer shard `shard` (>= 1), by its deterministic name."""
-    if shard not in _shards:
-        try:
-            found = aws.elbv2().describe_load_balancers(Names=[shard_name(stack, shard)])["LoadBalancers"]
-        except ClientError as exc:
-            if exc.response.get("Error", {}).get("Code") != "LoadBalancerNotFound":
-                raise
-            found = []
-        _shards[shard] = str(found[0]["LoadBalancerArn"]) if found else None
-    return _shards[shard]
+    cached = _shards.get(shard)
+    if cached is not None and cached[1] > now:
+        return cached[0]
+    try:
+        found = aws.elbv2().describe_load_balancers(Names=[shard_name(stack, shard)])["LoadBalancers"]
+    except ClientError as exc:
+        if _code(exc) != "LoadBalancerNotFound":
+            raise
+        found = []
+    arn = str(found[0]["LoadBalancerArn"]) if found else None
+    _shards[shard] = (arn, now + _PORT_CACHE_SECONDS)
+    return arn
+
+
+def _code(exc: ClientError) -> str:
+    return str(exc.response.get("Error", {}).get("Code", ""))
 
 
 def _look_up_port(port: int, alb_arn: str) -> str | None:
