@@ -26,6 +26,7 @@ from fleetkeeper.reconciler.balancers.alb import (
     EMPTY_SINCE_TAG,
     RETIRE_AFTER_SECONDS,
     AlbBalancer,
+    ShardQuotas,
 )
 from fleetkeeper.store.codec import endpoint_from_item, endpoint_item
 from fleetkeeper.wake import handler as wake_handler
@@ -62,14 +63,14 @@ def listeners(arn: str) -> list[dict[str, Any]]:
 
 
 def records(zone: str) -> dict[str, str]:
-    """The hosted zone's A records: name -> alias target DNS name."""
+    """The hosted zone's alias A records: name -> alias target DNS name."""
     route53 = raw_client("route53")
     found: dict[str, str] = {}
     kwargs: dict[str, Any] = {"HostedZoneId": zone}
     while True:
         page = route53.list_resource_record_sets(**kwargs)
         for record in page["ResourceRecordSets"]:
-            if record["Type"] == "A":
+            if record["Type"] == "A" and "AliasTarget" in record:
                 found[record["Name"].rstrip(".")] = record["AliasTarget"]["DNSName"].rstrip(".")
         if not page.get("IsTruncated"):
             return found
@@ -480,3 +481,55 @@ def test_a_warm_wake_function_finds_a_shard_made_again_under_its_name(
     later = wake_handler.time.monotonic() + 61
     monkeypatch.setattr(wake_handler.time, "monotonic", lambda: later)
     assert wake_handler.service_of(headers, environ, wake_group["TargetGroupArn"]) == "sleeper"
+
+
+def test_a_name_the_hosted_zone_gives_to_something_else_is_refused_and_nothing_is_made(
+    aws: None, strict_aws: StrictAws
+) -> None:
+    """Another system's record NAME.<domain> shadows the wildcard that serves shard 0, and UPSERT would
+    overwrite it for a shard past it: a service (any team may name one) never takes over such a name.
+    An alias to one of the stack's own load balancers (a crashed removal's, an earlier incarnation's)
+    is the stack's, and is brought to the service's shard."""
+    domain = "svc.example.com"
+    alb = replace(sharded(domain=domain, zone=True), quotas=ShardQuotas(rules=1))
+    assert alb.hosted_zone_id is not None
+    route53 = raw_client("route53")
+
+    def put(name: str, record: dict[str, Any]) -> None:
+        route53.change_resource_record_sets(
+            HostedZoneId=alb.hosted_zone_id,
+            ChangeBatch={"Changes": [{"Action": "CREATE", "ResourceRecordSet": {"Name": name, **record}}]},
+        )
+
+    put(f"www.{domain}", {"Type": "A", "TTL": 60, "ResourceRecords": [{"Value": "192.0.2.10"}]})
+    put(f"docs.{domain}", {"Type": "CNAME", "TTL": 60, "ResourceRecords": [{"Value": "elsewhere.example.org"}]})
+    for name, kind in (("www", "A"), ("docs", "CNAME")):
+        with pytest.raises(EndpointRefused) as refused:
+            alb.ensure(name, uid(1), CONFIG, None)
+        assert str(refused.value) == (
+            f"the hosted zone {alb.hosted_zone_id} already has a record {name}.{domain} ({kind}) that is not "
+            "this stack's: give the service another name, or delete that record"
+        )
+    groups = raw_client("elbv2").describe_target_groups()["TargetGroups"]
+    assert target_group_name(uid(1), STACK) not in [g["TargetGroupName"] for g in groups]
+    # Both records as they were, and no other (the zone's own NS and SOA at its apex aside).
+    zone_records = route53.list_resource_record_sets(HostedZoneId=alb.hosted_zone_id)["ResourceRecordSets"]
+    assert [(r["Name"], r["Type"], r.get("ResourceRecords")) for r in zone_records if r["Name"] != f"{domain}."] == [
+        (f"docs.{domain}.", "CNAME", [{"Value": "elsewhere.example.org"}]),
+        (f"www.{domain}.", "A", [{"Value": "192.0.2.10"}]),
+    ]
+
+    # The stack's own stale record (an alias to its template ALB) is no obstacle: the service's shard
+    # takes it over.
+    alb.ensure("first", uid(2), CONFIG, None)  # fills the template ALB (one rule)
+    put(
+        f"second.{domain}",
+        {
+            "Type": "A",
+            "AliasTarget": {"HostedZoneId": "Z35SXDOTRQ7X7K", "DNSName": alb.dns_name, "EvaluateTargetHealth": False},
+        },
+    )
+    second = alb.ensure("second", uid(3), CONFIG, None)
+    shard = balancers()[f"fk-{STACK}-1"]
+    assert second.load_balancer == shard["LoadBalancerArn"]
+    assert records(alb.hosted_zone_id) == {f"second.{domain}": shard["DNSName"].lower()}

@@ -258,6 +258,8 @@ class AlbBalancer:
             return self._ensure(service, uid, config, known)
 
     def _ensure(self, service: str, uid: str, config: EndpointConfig, known: EndpointRecord | None) -> EndpointRecord:
+        if self.domain_name and self.hosted_zone_id:
+            self._claim_name(service)
         tags = _tags(service, uid, self.stack_id)
         group, attached = self._target_group(uid, config, tags, known)
         # A waking route stays on the wake target: only `route` moves it.
@@ -788,6 +790,39 @@ class AlbBalancer:
     def _record_name(self, service: str) -> str:
         return f"{service}.{self.domain_name}".lower()
 
+    def _claim_name(self, service: str) -> None:
+        """NAME.<domain> must be free in the hosted zone, or this stack's own record (an alias to one
+        of its load balancers). A record of another system shadows the wildcard that serves shard 0,
+        and UPSERT would overwrite it for a shard past it: a service is not allowed to take over a
+        name the zone already gives to something else. Refused before anything is made."""
+        record = self._record(service)
+        if record is not None and not self._ours_record(record):
+            raise EndpointRefused(
+                f"the hosted zone {self.hosted_zone_id} already has a record {self._record_name(service)} "
+                f"({record.get('Type')}) that is not this stack's: give the service another name, or delete "
+                "that record"
+            )
+
+    def _record(self, service: str) -> dict[str, Any] | None:
+        """The hosted zone's record named NAME.<domain> (the first of its types), or None."""
+        name = self._record_name(service)
+        found = (
+            aws.route53()
+            .list_resource_record_sets(HostedZoneId=self.hosted_zone_id, StartRecordName=name, MaxItems="1")
+            .get("ResourceRecordSets", [])
+        )
+        if found and str(found[0].get("Name", "")).rstrip(".").lower() == name:
+            return dict(found[0])
+        return None
+
+    def _ours_record(self, record: dict[str, Any]) -> bool:
+        """An A alias to one of this stack's load balancers (the template's or a shard)."""
+        if record.get("Type") != "A":
+            return False
+        self._discover()
+        ours = {self.dns_name.lower(), *(shard.dns_name.lower() for shard in self._shards.values())}
+        return _alias_target(record) in ours - {""}
+
     def _publish(self, service: str, shard: Shard) -> None:
         """NAME.<domain> as an alias A record to the shard (the user's wildcard points at shard 0
         only): UPSERT, so a retry changes nothing (*ChangeResourceRecordSets*)."""
@@ -814,19 +849,11 @@ class AlbBalancer:
         """The service's record, if it still names this shard (a DELETE must give the record as it is)."""
         if not self.hosted_zone_id:
             return
-        route53 = aws.route53()
-        name = self._record_name(service)
-        found = route53.list_resource_record_sets(
-            HostedZoneId=self.hosted_zone_id, StartRecordName=name, StartRecordType="A", MaxItems="1"
-        ).get("ResourceRecordSets", [])
-        record = found[0] if found else None
-        if record is None or str(record.get("Name", "")).rstrip(".").lower() != name or record.get("Type") != "A":
-            return
-        target = str((record.get("AliasTarget") or {}).get("DNSName", "")).rstrip(".").lower()
-        if not target.endswith(shard.dns_name.lower()):
-            return  # another shard's (a later incarnation's): not this one's to delete
+        record = self._record(service)
+        if record is None or record.get("Type") != "A" or _alias_target(record) != shard.dns_name.lower():
+            return  # none, or another's (a later incarnation's, on another shard): not this one's to delete
         try:
-            route53.change_resource_record_sets(
+            aws.route53().change_resource_record_sets(
                 HostedZoneId=self.hosted_zone_id,
                 ChangeBatch={"Changes": [{"Action": "DELETE", "ResourceRecordSet": record}]},
             )
@@ -1129,6 +1156,12 @@ def _quota_refusals() -> Iterator[None]:
         if code in QUOTA_MESSAGES:
             raise EndpointRefused(f"{code}: {QUOTA_MESSAGES[code]}") from exc
         raise
+
+
+def _alias_target(record: dict[str, Any]) -> str:
+    """The load balancer DNS name an alias record points at ("" for a record that is no alias)."""
+    target = str((record.get("AliasTarget") or {}).get("DNSName", "")).rstrip(".").lower()
+    return target.removeprefix("dualstack.")
 
 
 def _shard(number: int, balancer: dict[str, Any], tags: dict[str, str]) -> Shard:
