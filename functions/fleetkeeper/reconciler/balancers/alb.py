@@ -179,7 +179,13 @@ class Shard:
     arn: str
     dns_name: str
     zone_id: str = ""  # its CanonicalHostedZoneId: the alias target of a record naming it
-    retiring: bool = False  # found with no service route: placements pass it over
+    # When the dispatcher found it with no service route (its EMPTY_SINCE_TAG); None: it has routes.
+    empty_since: str | None = None
+
+    @property
+    def retiring(self) -> bool:
+        """Found with no service route: placements pass it over (the dispatcher deletes it soon)."""
+        return self.empty_since is not None
 
 
 @dataclass
@@ -528,8 +534,7 @@ class AlbBalancer:
             if number == 0:
                 continue
             routes = self._service_routes(shard)
-            tags = self._tags_of(shard.arn)
-            since = tags.get(EMPTY_SINCE_TAG)
+            since = shard.empty_since  # its tags, read by the discovery above
             if routes:
                 if since is not None:
                     self.elbv2.remove_tags(ResourceArns=[shard.arn], TagKeys=[EMPTY_SINCE_TAG])
@@ -1170,7 +1175,7 @@ def _shard(number: int, balancer: dict[str, Any], tags: dict[str, str]) -> Shard
         arn=str(balancer["LoadBalancerArn"]),
         dns_name=str(balancer.get("DNSName", "")),
         zone_id=str(balancer.get("CanonicalHostedZoneId", "")),
-        retiring=EMPTY_SINCE_TAG in tags,
+        empty_since=tags.get(EMPTY_SINCE_TAG),
     )
 
 
