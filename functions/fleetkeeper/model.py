@@ -185,7 +185,7 @@ class EndpointRecord:
     # endpoint; None: the route forwards to the target group.
     waking_since: str | None = None
     # The load balancer the endpoint is on (its ARN): the stack's template ALB or one of the shards
-    # the reconciler made (fleetkeeper.reconciler.balancers.shards). None: recorded before shards,
+    # the reconciler made (fleetkeeper.reconciler.balancers.alb). None: recorded before shards,
     # so the template's. A service never moves while it has an endpoint.
     load_balancer: str | None = None
 

@@ -210,18 +210,15 @@ class AlbSettings:
     # The wake target's target group (None: routes stay on the target groups; a service at zero
     # then cannot wake by itself on AWS).
     wake_target_group: str | None = None
-    # Shards (fleetkeeper.reconciler.balancers.shards): more ALBs made by the reconciler like the
-    # template's. No security group: none is made, and a full ALB refuses the next service.
+    # Shards (fleetkeeper.reconciler.balancers.alb, docs/architecture/load-balancer-shards.md): more
+    # ALBs made by the reconciler like the template's. No security group: none is made, and a full
+    # ALB refuses the next service (AlbBalancer.shards_enabled).
     subnet_ids: tuple[str, ...] = ()
     security_group_id: str | None = None
     scheme: str = "internal"
     idle_timeout: int = 300
     wake_function_arn: str | None = None
     hosted_zone_id: str | None = None
-
-    @property
-    def shards(self) -> bool:
-        return bool(self.security_group_id and self.subnet_ids)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> AlbSettings:

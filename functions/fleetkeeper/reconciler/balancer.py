@@ -118,20 +118,18 @@ def wake_group_name(stack: str, number: int) -> str:
 
 def shard_number(name: str, stack: str) -> int | None:
     """The shard a load balancer name `fk-<stack>-<n>` is (None: not one of this stack's shards)."""
-    prefix = f"fk-{stack}-"
-    rest = name[len(prefix) :] if name.startswith(prefix) else ""
-    if not rest.isdigit() or rest.startswith("0"):
-        return None
-    return int(rest)
+    return _numbered(name, f"fk-{stack}-")
 
 
 def wake_group_shard(name: str, stack: str) -> int | None:
     """The shard a wake target group name serves (None: not this stack's)."""
-    if name == f"fkwake-{stack}":
-        return 0
-    prefix = f"fkwake-{stack}-"
-    rest = name[len(prefix) :] if name.startswith(prefix) else ""
-    if not rest.isdigit() or rest.startswith("0"):
+    return 0 if name == f"fkwake-{stack}" else _numbered(name, f"fkwake-{stack}-")
+
+
+def _numbered(name: str, prefix: str) -> int | None:
+    """n of `<prefix><n>`, n >= 1 written as the names are made (ASCII digits, no leading zero)."""
+    rest = name.removeprefix(prefix) if name.startswith(prefix) else ""
+    if not (rest.isascii() and rest.isdigit()) or rest.startswith("0"):
         return None
     return int(rest)
 

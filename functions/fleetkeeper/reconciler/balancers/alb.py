@@ -65,7 +65,12 @@ if TYPE_CHECKING:
     from datetime import datetime
 
     from mypy_boto3_elbv2 import ElasticLoadBalancingv2Client
-    from mypy_boto3_elbv2.type_defs import ActionTypeDef, TagTypeDef, TargetDescriptionTypeDef
+    from mypy_boto3_elbv2.type_defs import (
+        ActionTypeDef,
+        RuleConditionTypeDef,
+        TagTypeDef,
+        TargetDescriptionTypeDef,
+    )
 
     from fleetkeeper.model import EndpointConfig
     from fleetkeeper.settings import AlbSettings
@@ -1064,7 +1069,7 @@ class AlbBalancer:
             "LoadBalancerArn": shard.arn,
             "Protocol": "HTTP",
             "Port": port,
-            "DefaultActions": [self._route_action(group, waking=False, shard=shard)],
+            "DefaultActions": [_forward(group)],
             "Tags": tags,
         }
         if self.certificate_arn:
@@ -1124,19 +1129,17 @@ class AlbBalancer:
             raise ShardFull(f"shard {shard.number}: TooManyRules: {QUOTA_MESSAGES['TooManyRules']}")
         taken = {int(rule["Priority"]) for rule in rules if str(rule.get("Priority", "")).isdigit()}
         priority = next(p for p in range(1, 50_001) if p not in taken)
+        conditions: list[RuleConditionTypeDef] = [{"Field": "host-header", "HostHeaderConfig": {"Values": [host]}}]
         created = self.elbv2.create_rule(
-            ListenerArn=str(listener),
-            Priority=priority,
-            Conditions=[{"Field": "host-header", "HostHeaderConfig": {"Values": [host]}}],
-            Actions=[action],
-            Tags=tags,
+            ListenerArn=str(listener), Priority=priority, Conditions=conditions, Actions=[action], Tags=tags
         )["Rules"][0]
+        # This run's listing of the shard's rules, as ELB now has them (the next placement reads it).
         rules.append(
             {
                 "RuleArn": created["RuleArn"],
                 "Priority": str(priority),
                 "IsDefault": False,
-                "Conditions": [{"Field": "host-header", "HostHeaderConfig": {"Values": [host]}}],
+                "Conditions": conditions,
                 "Actions": [action],
             }
         )
