@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from fleetkeeper.deploy import zone_check
-from fleetkeeper.reconciler.drivers.ec2 import served_subnets
+from fleetkeeper.reconciler.balancer import served_subnets
 from tests.cfn import Resolver, translate
 from tests.iam_evaluator import Decision, Request, evaluate
 from tests.reconciler_world import raw_client

@@ -24,7 +24,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from fleetkeeper import aws
-from fleetkeeper.reconciler.drivers.ec2 import served_subnets
+from fleetkeeper.reconciler.balancer import served_subnets
 
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence

@@ -18,7 +18,7 @@ from enum import StrEnum
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping, Sequence
+    from collections.abc import Iterable, Mapping, Sequence
     from datetime import datetime
 
     from fleetkeeper.model import EndpointConfig, EndpointRecord
@@ -74,6 +74,16 @@ STACK_TAG = "fleetkeeper:stack"
 # only alphanumeric characters or hyphens, and must not begin or end with a hyphen."
 # (https://docs.aws.amazon.com/elasticloadbalancing/latest/APIReference/API_CreateTargetGroup.html)
 MAX_TARGET_GROUP_NAME = 32
+
+
+def served_subnets(
+    replica_subnets: Sequence[str], balancer_subnets: Iterable[str], zone_of: Mapping[str, str]
+) -> list[str]:
+    """The replica subnets in a zone one of the load balancer's subnets is in, in their given order:
+    a target elsewhere is `unused`, `Target.NotInUse` (the ec2 driver's launches and the deployment's
+    check, fleetkeeper.deploy.zone_check, both keep to it)."""
+    served = {zone_of[s] for s in balancer_subnets if s in zone_of}
+    return [s for s in replica_subnets if zone_of.get(s) in served]
 
 
 def target_group_name(uid: str, stack: str = "") -> str:

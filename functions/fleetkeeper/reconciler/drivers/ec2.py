@@ -15,6 +15,7 @@ from botocore.exceptions import ClientError
 from fleetkeeper import aws
 from fleetkeeper.aws.parsing import only
 from fleetkeeper.model import Market, to_iso
+from fleetkeeper.reconciler.balancer import served_subnets
 from fleetkeeper.reconciler.driver import (
     MANAGED_TAG,
     MANAGED_VALUE,
@@ -43,7 +44,7 @@ from fleetkeeper.spec import images, task_variables
 from fleetkeeper.spec.service import root_device_of_parameter
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable, Mapping, Sequence
+    from collections.abc import Sequence
 
     from mypy_boto3_ec2 import EC2Client
     from mypy_boto3_ec2.literals import InstanceTypeType, VolumeTypeType
@@ -70,17 +71,6 @@ NO_SERVED_ZONE = "Fleetkeeper.NoSubnetInLoadBalancerZones"
 # A subnet's zone never changes (EC2 CreateSubnet fixes it), so what DescribeSubnets said about a
 # set of subnets holds for the function instance's life: one call per cold start, not per run.
 _served_subnets: dict[tuple[tuple[str, ...], tuple[str, ...]], tuple[str, ...]] = {}
-
-
-def served_subnets(
-    replica_subnets: Sequence[str], balancer_subnets: Iterable[str], zone_of: Mapping[str, str]
-) -> list[str]:
-    """The replica subnets in a zone one of the load balancer's subnets is in, in their given order
-    (the launches' and the deployment's rule, fleetkeeper.deploy.zone_check)."""
-    served = {zone_of[s] for s in balancer_subnets if s in zone_of}
-    return [s for s in replica_subnets if zone_of.get(s) in served]
-
-
 _MANAGED_FILTER: FilterTypeDef = {"Name": f"tag:{MANAGED_TAG}", "Values": [MANAGED_VALUE]}
 _PAGE_SIZE = 1000
 # EC2's limit on filter values per Describe call, less the managed tag's one value (a listing by uid
