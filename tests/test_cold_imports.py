@@ -12,11 +12,10 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests import REPO_ROOT
 
 _PROBE = """
 import json, sys
@@ -36,10 +35,10 @@ print(json.dumps({{"modules": modules, "built": built}}))
 
 
 def cold_import(module: str) -> dict[str, list[str]]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "functions"), "TABLE_NAME": "unused"}
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT / "functions"), "TABLE_NAME": "unused"}
     out = subprocess.run(
         [sys.executable, "-c", _PROBE.format(module=module)],
-        cwd=ROOT,
+        cwd=REPO_ROOT,
         env=env,
         capture_output=True,
         text=True,

@@ -58,8 +58,29 @@ def balancers(stack: str = STACK) -> dict[str, dict[str, Any]]:
 
 
 def listeners(arn: str) -> list[dict[str, Any]]:
-    listed: list[dict[str, Any]] = raw_client("elbv2").describe_listeners(LoadBalancerArn=arn)["Listeners"]
-    return listed
+    """Every listener of a load balancer, through DescribeListeners' pages."""
+    elbv2 = raw_client("elbv2")
+    found: list[dict[str, Any]] = []
+    kwargs: dict[str, Any] = {"LoadBalancerArn": arn}
+    while True:
+        page = elbv2.describe_listeners(**kwargs)
+        found += page["Listeners"]
+        if not page.get("NextMarker"):
+            return found
+        kwargs["Marker"] = page["NextMarker"]
+
+
+def all_rules(listener: str) -> list[dict[str, Any]]:
+    """Every rule of a listener, through DescribeRules' pages."""
+    elbv2 = raw_client("elbv2")
+    found: list[dict[str, Any]] = []
+    kwargs: dict[str, Any] = {"ListenerArn": listener}
+    while True:
+        page = elbv2.describe_rules(**kwargs)
+        found += page["Rules"]
+        if not page.get("NextMarker"):
+            return found
+        kwargs["Marker"] = page["NextMarker"]
 
 
 def records(zone: str) -> dict[str, str]:
@@ -151,8 +172,11 @@ def test_a_thousand_services_with_a_domain_fill_eleven_and_each_gets_its_record(
         assert published[f"s{n}.{domain}"] == shard["DNSName"].lower()
     for balancer in made.values():
         (host,) = [item for item in listeners(balancer["LoadBalancerArn"]) if item["Port"] == 80]
-        rules = raw_client("elbv2").describe_rules(ListenerArn=host["ListenerArn"])["Rules"]
-        assert len([r for r in rules if not r["IsDefault"]]) <= 99
+        rules = all_rules(host["ListenerArn"])
+        # Exactly the host rules of the services placed there, one each.
+        on_shard = [n for n, r in enumerate(placed) if r.load_balancer == balancer["LoadBalancerArn"]]
+        hosts = [r["Conditions"][0]["HostHeaderConfig"]["Values"][0] for r in rules if not r["IsDefault"]]
+        assert sorted(hosts) == sorted(f"s{n}.{domain}" for n in on_shard)
         assert host["DefaultActions"][0]["FixedResponseConfig"]["StatusCode"] == "404"
     # Removed: its record goes with its rule.
     alb.remove("s500", uid(500), placed[500])

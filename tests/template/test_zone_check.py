@@ -125,6 +125,15 @@ def test_coverage_problem(replicas: list[str], balancer: list[str], expected: st
         assert problem is not None and expected in problem
 
 
+def test_the_reason_names_the_subnets_their_zones_and_the_zone_to_add() -> None:
+    assert zone_check.coverage_problem(["subnet-a", "subnet-c"], ["subnet-pa", "subnet-pb"], ZONES) == (
+        "ReplicaSubnetIds subnet-c are in us-east-1c, where LoadBalancerSubnetIds (subnet-pa, subnet-pb: "
+        "us-east-1a, us-east-1b) has no subnet: the load balancer would send replicas there no request "
+        "(Target.NotInUse). Add a subnet of us-east-1c to LoadBalancerSubnetIds, or leave those zones out of "
+        "ReplicaSubnetIds"
+    )
+
+
 def test_served_subnets_keeps_the_replica_order() -> None:
     assert served_subnets(["subnet-c", "subnet-b", "subnet-a"], ["subnet-pa", "subnet-pb"], ZONES) == [
         "subnet-b",
