@@ -631,7 +631,11 @@ class Simulation:
                 return "timed out", None
             except Exception as exc:  # the whole run failed (AWS contention); the schedule retries
                 return f"failed ({type(exc).__name__})", None
-        if name is None and budget is None and not report.errors:
+        # Only the scheduled run sweeps orphans: an interruption's or a state change's run (no name
+        # either: the reconciler finds the service from the instance) reconciles one service and
+        # sweeps nothing, so it proves nothing about what the sweep leaves.
+        scheduled = name is None and budget is None and interruption is None and change is None
+        if scheduled and not report.errors:
             self.full_runs_at.append(self.strict.clock.time())
         return "done", report
 
