@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from fleetkeeper.reconciler.balancers.alb import AlbBalancer
 from fleetkeeper.settings import Settings
 from tests.cfn import ACCOUNT, Resolver, function_role, translate
 from tests.iam_evaluator import Request, allowed
@@ -67,7 +68,8 @@ def test_the_reconciler_is_given_what_a_shard_is_made_with(translated: dict[str,
     values = {k: str(v) for k, v in env.items()} | {"TABLE_NAME": "t"}
     values["FLEETKEEPER_LOAD_BALANCER_SUBNET_IDS"] = subnets if isinstance(subnets, str) else ",".join(subnets)
     settings = Settings.from_env(values)
-    assert settings.alb.shards and settings.alb.scheme == "internal" and settings.alb.idle_timeout == 300
+    assert AlbBalancer.from_settings(settings.alb).shards_enabled
+    assert settings.alb.scheme == "internal" and settings.alb.idle_timeout == 300
     assert settings.alb.subnet_ids and settings.alb.security_group_id
 
 
@@ -219,4 +221,5 @@ def test_a_scheme_the_template_cannot_give_is_refused() -> None:
     with pytest.raises(SettingsError, match="FLEETKEEPER_ALB_SCHEME"):
         Settings.from_env({"TABLE_NAME": "t", "FLEETKEEPER_ALB_SCHEME": "none"})
     bare = Settings.from_env({"TABLE_NAME": "t"})
-    assert not bare.alb.shards  # no security group, no subnets: no shard is ever made
+    # No security group, no subnets: no shard is ever made.
+    assert not AlbBalancer.from_settings(bare.alb).shards_enabled
