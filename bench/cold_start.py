@@ -1,18 +1,25 @@
-"""Prints every Lambda handler's cold-start import against a fresh `import boto3`, and what the api's
-first GET and first POST cost in a fresh interpreter.
+"""Prints every Lambda handler's cold-start import against a fresh `import boto3`, in the bundle as
+Lambda runs it, and what the api's first GET and first POST cost in a fresh interpreter.
 
-Import ratio: each handler module of template.yaml (every `Handler:` line) and `import boto3`, each in
-a fresh interpreter (`python -c "import X"`, the process's wall time, interpreter start included on
-both sides), median of 9 runs each. The runs are interleaved, round by round, in an order that rotates
-each round, so that load from other processes on the machine falls on both sides alike. Target: at
-most 1.3 for every handler.
+Bundles: the wheels of functions/requirements.txt (copied from this venv's installs) and the
+fleetkeeper package in a temporary folder, laid out twice: as SAM's Python builder bundles them (no
+bytecode at all: it leaves out every .pyc and unpacks wheels without compiling), and as
+functions/Makefile does (the same, compiled; its `code` step is run with this interpreter). Each
+import runs in a fresh interpreter that sees the bundle and the standard library only (`-S`,
+PYTHONPATH) and writes no bytecode (Lambda's /var/task is read-only), so a module without a .pyc is
+compiled at every cold start, as on Lambda.
 
-First request: a fresh interpreter imports fleetkeeper.api.handler and answers one request, against a
-moto server on 127.0.0.1 (in this process): the time of the import, of that first request (which
-includes creating the botocore session and the DynamoDB client) and of a second, warm one. The first
-GET reads a service created beforehand; the first POST creates a new one. Median of 9 each. Moving cost
-from the import into the first request is no win for a route that every invocation's first request
-pays, so both are printed.
+Import ratio: each handler module of template.yaml (every `Handler:` line) against `import boto3`
+from the same bundle, the process's wall time, interpreter start included on both sides, median of 9
+runs each. The runs are interleaved, round by round, in an order that rotates each round, so that
+load from other processes on the machine falls on all alike. Target: at most 1.3 for every handler.
+
+First request: a fresh interpreter imports fleetkeeper.api.handler from the compiled bundle and
+answers one request, against a moto server on 127.0.0.1 (in this process): the time of the import,
+of that first request (which includes creating the botocore session and the DynamoDB client) and of
+a second, warm one. The first GET reads a service created beforehand; the first POST creates a new
+one. Median of 9 each. Moving cost from the import into the first request is no win for a route that
+every invocation's first request pays, so both are printed.
 
     .venv/bin/python bench/cold_start.py [--runs 9] [--no-requests]
 """
@@ -24,11 +31,16 @@ import json
 import os
 import re
 import resource
+import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
+from importlib import metadata
 from pathlib import Path
+
+from packaging.requirements import Requirement
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "functions"))
@@ -93,62 +105,116 @@ def handler_modules() -> list[str]:
     return modules
 
 
-def _env(extra: dict[str, str] | None = None) -> dict[str, str]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "functions"), "POWERTOOLS_LOG_LEVEL": "ERROR"}
+def _env(bundle: Path, extra: dict[str, str] | None = None) -> dict[str, str]:
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(bundle),
+        "PYTHONDONTWRITEBYTECODE": "1",
+        "POWERTOOLS_LOG_LEVEL": "ERROR",
+    }
     env.update(extra or {})
     return env
 
 
-def import_seconds(statement: str) -> float:
-    """The wall time of a fresh interpreter running `statement`."""
-    return import_times(statement)[0]
+def _distributions() -> list[metadata.Distribution]:
+    """functions/requirements.txt's distributions and what they require, as installed here."""
+    wanted = [
+        Requirement(line.split("#")[0].strip())
+        for line in (ROOT / "functions" / "requirements.txt").read_text().splitlines()
+        if line.split("#")[0].strip()
+    ]
+    found: dict[str, metadata.Distribution] = {}
+    while wanted:
+        requirement = wanted.pop()
+        if requirement.marker is not None and not requirement.marker.evaluate({"extra": ""}):
+            continue
+        name = requirement.name.lower().replace("_", "-")
+        if name in found:
+            continue
+        found[name] = dist = metadata.distribution(requirement.name)
+        wanted.extend(Requirement(r) for r in dist.requires or [])
+    return list(found.values())
 
 
-def import_times(statement: str) -> tuple[float, float]:
+def make_bundles(root: Path) -> dict[str, Path]:
+    """The two bundles, under root: {"SAM's Python builder": ..., "functions/Makefile": ...}."""
+    source = root / "no-bytecode"
+    source.mkdir()
+    for dist in _distributions():
+        for file in dist.files or []:
+            if file.parts[0] == ".." or "__pycache__" in file.parts or file.suffix == ".pyc":
+                continue
+            target = source / file
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(Path(str(dist.locate_file(file))), target)
+    compiled = root / "bytecode"
+    shutil.copytree(source, compiled)
+    version = "{}.{}".format(*sys.version_info[:2])
+    subprocess.run(
+        ["make", "--no-print-directory", "-s", "-C", str(ROOT / "functions"), "code",
+         f"ARTIFACTS_DIR={compiled}", f"PYTHON={sys.executable}", f"RUNTIME={version}"],
+        check=True,
+    )  # fmt: skip
+    shutil.copytree(
+        ROOT / "functions" / "fleetkeeper", source / "fleetkeeper", ignore=shutil.ignore_patterns("__pycache__")
+    )
+    return {"SAM's Python builder": source, "functions/Makefile": compiled}
+
+
+def import_times(bundle: Path, statement: str) -> tuple[float, float]:
     """The wall time and the CPU time (user + system) of a fresh interpreter running `statement`."""
-    env = _env()
+    env = _env(bundle)
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
-    subprocess.run([sys.executable, "-c", statement], check=True, env=env, cwd=ROOT)
+    subprocess.run([sys.executable, "-S", "-c", statement], check=True, env=env, cwd=bundle)
     wall = time.perf_counter() - start
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     return wall, cpu
 
 
-def import_ratios(runs: int) -> None:
+def import_ratios(bundles: dict[str, Path], runs: int) -> None:
     statements = [BASELINE] + [f"import {module}" for module in handler_modules()]
-    import_seconds(BASELINE)  # warm the OS file cache once for all
-    for statement in statements[1:]:
-        import_seconds(statement)
-    times: dict[str, list[float]] = {s: [] for s in statements}
-    cpus: dict[str, list[float]] = {s: [] for s in statements}
+    cases = [(layout, statement) for layout in bundles for statement in statements]
+    for layout, statement in cases:  # warm the OS file cache once for all
+        import_times(bundles[layout], statement)
+    times: dict[tuple[str, str], list[float]] = {case: [] for case in cases}
+    cpus: dict[tuple[str, str], list[float]] = {case: [] for case in cases}
     load = os.getloadavg()[0]
     for round_ in range(runs):
-        shift = round_ % len(statements)
-        for statement in statements[shift:] + statements[:shift]:
-            wall, cpu = import_times(statement)
-            times[statement].append(wall)
-            cpus[statement].append(cpu)
+        shift = round_ % len(cases)
+        for layout, statement in cases[shift:] + cases[:shift]:
+            wall, cpu = import_times(bundles[layout], statement)
+            times[layout, statement].append(wall)
+            cpus[layout, statement].append(cpu)
     load = max(load, os.getloadavg()[0])
-    base, base_cpu = statistics.median(times[BASELINE]), statistics.median(cpus[BASELINE])
     print(f"cold-start import, fresh interpreter each, median of {runs}, interleaved (load average up to {load:.1f})")
-    print(f"{'module':34} {'wall ms':>8} {'min ms':>7} {'ratio':>6} {'CPU ms':>7} {'CPU ratio':>9}")
     worst = 0.0
+    for layout in bundles:
+        base = statistics.median(times[layout, BASELINE])
+        base_cpu = statistics.median(cpus[layout, BASELINE])
+        print(f"\nbundled as {layout}")
+        print(f"{'module':34} {'wall ms':>8} {'min ms':>7} {'ratio':>6} {'CPU ms':>7} {'CPU ratio':>9}")
+        for statement in statements:
+            wall, cpu = statistics.median(times[layout, statement]), statistics.median(cpus[layout, statement])
+            ratio = wall / base
+            if statement != BASELINE and layout == "functions/Makefile":
+                worst = max(worst, ratio)
+            module = statement.removeprefix("import ")
+            print(
+                f"{module:34} {wall * 1000:8.0f} {min(times[layout, statement]) * 1000:7.0f} {ratio:6.2f}"
+                f" {cpu * 1000:7.0f} {cpu / base_cpu:9.2f}"
+            )
+    before, after = bundles
+    print(f"\n{after} against {before} (wall; CPU)")
     for statement in statements:
-        median, cpu = statistics.median(times[statement]), statistics.median(cpus[statement])
-        ratio = median / base
-        if statement != BASELINE:
-            worst = max(worst, ratio)
-        module = statement.removeprefix("import ")
-        print(
-            f"{module:34} {median * 1000:8.0f} {min(times[statement]) * 1000:7.0f} {ratio:6.2f}"
-            f" {cpu * 1000:7.0f} {cpu / base_cpu:9.2f}"
-        )
-    print(f"highest ratio {worst:.2f} (wall; target <= 1.3)")
+        wall = statistics.median(times[after, statement]) / statistics.median(times[before, statement])
+        cpu = statistics.median(cpus[after, statement]) / statistics.median(cpus[before, statement])
+        print(f"{statement.removeprefix('import '):34} {wall:6.2f} {cpu:6.2f}")
+    print(f"highest ratio, as functions/Makefile bundles: {worst:.2f} (wall; target <= 1.3)")
 
 
-def first_requests(runs: int) -> None:
+def first_requests(bundle: Path, runs: int) -> None:
     import logging
 
     from moto.server import ThreadedMotoServer
@@ -177,14 +243,14 @@ def first_requests(runs: int) -> None:
         aws.reset_clients()
         assert os.environ["FLEETKEEPER_AWS_ENDPOINT_URL"] == endpoint  # nothing may leave 127.0.0.1
         create_table(aws.dynamodb(), "fleetkeeper-bench")
-        env = _env(aws_env)
+        env = _env(bundle, aws_env)
 
         def child(method: str, path: str, body: object) -> dict[str, float]:
             out = subprocess.run(
-                [sys.executable, "-c", _FIRST_REQUEST, json.dumps([method, path, body])],
+                [sys.executable, "-S", "-c", _FIRST_REQUEST, json.dumps([method, path, body])],
                 check=True,
                 env=env,
-                cwd=ROOT,
+                cwd=bundle,
                 capture_output=True,
                 text=True,
             ).stdout
@@ -221,9 +287,11 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=9)
     parser.add_argument("--no-requests", action="store_true", help="only the import ratios")
     args = parser.parse_args()
-    import_ratios(args.runs)
-    if not args.no_requests:
-        first_requests(args.runs)
+    with tempfile.TemporaryDirectory(prefix="fleetkeeper-bundle-") as root:
+        bundles = make_bundles(Path(root))
+        import_ratios(bundles, args.runs)
+        if not args.no_requests:
+            first_requests(bundles["functions/Makefile"], args.runs)
 
 
 if __name__ == "__main__":
