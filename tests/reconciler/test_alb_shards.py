@@ -557,3 +557,45 @@ def test_a_name_the_hosted_zone_gives_to_something_else_is_refused_and_nothing_i
     shard = balancers()[f"fk-{STACK}-1"]
     assert second.load_balancer == shard["LoadBalancerArn"]
     assert records(alb.hosted_zone_id) == {f"second.{domain}": shard["DNSName"].lower()}
+
+
+def test_a_record_already_naming_the_services_shard_is_not_written_again(aws: None, strict_aws: StrictAws) -> None:
+    """Route 53's request rate is the account's (its other callers share it): an ensure whose claim
+    read finds NAME.<domain> already aliased to the service's shard writes nothing; a record gone
+    meanwhile is written again."""
+    from fleetkeeper import aws as aws_clients
+
+    domain = "svc.example.com"
+    alb = replace(sharded(domain=domain, zone=True), quotas=ShardQuotas(rules=1))
+    assert alb.hosted_zone_id is not None
+    alb.ensure("first", uid(1), CONFIG, None)  # fills the template ALB (one rule)
+    placed = alb.ensure("second", uid(2), CONFIG, None)
+    shard = balancers()[f"fk-{STACK}-1"]
+    assert records(alb.hosted_zone_id) == {f"second.{domain}": shard["DNSName"].lower()}
+
+    writes: list[str] = []
+    aws_clients.route53().meta.events.register(
+        "before-parameter-build.route53.ChangeResourceRecordSets",
+        lambda params, **_: writes.extend(c["Action"] for c in params["ChangeBatch"]["Changes"]),
+    )
+    changed = replace(CONFIG, health_path="/ready")
+    again = alb.ensure("second", uid(2), changed, placed)
+    assert (again.load_balancer, again.url, writes) == (placed.load_balancer, placed.url, [])
+
+    raw_client("route53").change_resource_record_sets(
+        HostedZoneId=alb.hosted_zone_id,
+        ChangeBatch={
+            "Changes": [
+                {
+                    "Action": "DELETE",
+                    "ResourceRecordSet": raw_client("route53").list_resource_record_sets(
+                        HostedZoneId=alb.hosted_zone_id, StartRecordName=f"second.{domain}", MaxItems="1"
+                    )["ResourceRecordSets"][0],
+                }
+            ]
+        },
+    )
+    assert records(alb.hosted_zone_id) == {}
+    alb.ensure("second", uid(2), CONFIG, again)
+    assert writes == ["UPSERT"]
+    assert records(alb.hosted_zone_id) == {f"second.{domain}": shard["DNSName"].lower()}

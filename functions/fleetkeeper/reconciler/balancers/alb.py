@@ -269,8 +269,8 @@ class AlbBalancer:
             return self._ensure(service, uid, config, known)
 
     def _ensure(self, service: str, uid: str, config: EndpointConfig, known: EndpointRecord | None) -> EndpointRecord:
-        if self.domain_name and self.hosted_zone_id:
-            self._claim_name(service)
+        # With a hosted zone, the name's record as this ensure found it (None: none yet).
+        record = self._claim_name(service) if self.domain_name and self.hosted_zone_id else None
         tags = _tags(service, uid, self.stack_id)
         group, attached = self._target_group(uid, config, tags, known)
         # A waking route stays on the wake target: only `route` moves it.
@@ -286,7 +286,7 @@ class AlbBalancer:
                 raise EndpointRefused(full.reason) from None
         else:
             shard, route, url = self._place(service, group, tags, waking)
-        if self.domain_name and shard.number > 0:
+        if self.domain_name and shard.number > 0 and not _names(record, shard):
             self._publish(service, shard)
         dimensions = (
             ("LoadBalancer", shard.arn.split(":loadbalancer/", 1)[-1]),
@@ -800,11 +800,12 @@ class AlbBalancer:
     def _record_name(self, service: str) -> str:
         return f"{service}.{self.domain_name}".lower()
 
-    def _claim_name(self, service: str) -> None:
+    def _claim_name(self, service: str) -> dict[str, Any] | None:
         """NAME.<domain> must be free in the hosted zone, or this stack's own record (an alias to one
         of its load balancers). A record of another system shadows the wildcard that serves shard 0,
         and UPSERT would overwrite it for a shard past it: a service is not allowed to take over a
-        name the zone already gives to something else. Refused before anything is made."""
+        name the zone already gives to something else. Refused before anything is made; else the
+        record found (None: the name is free)."""
         record = self._record(service)
         if record is not None and not self._ours_record(record):
             raise EndpointRefused(
@@ -812,6 +813,7 @@ class AlbBalancer:
                 f"({record.get('Type')}) that is not this stack's: give the service another name, or delete "
                 "that record"
             )
+        return record
 
     def _record(self, service: str) -> dict[str, Any] | None:
         """The hosted zone's record named NAME.<domain> (the first of its types), or None."""
@@ -835,7 +837,9 @@ class AlbBalancer:
 
     def _publish(self, service: str, shard: Shard) -> None:
         """NAME.<domain> as an alias A record to the shard (the user's wildcard points at shard 0
-        only): UPSERT, so a retry changes nothing (*ChangeResourceRecordSets*)."""
+        only): UPSERT, so a retry changes nothing (*ChangeResourceRecordSets*). Not called when the
+        claim's read found the record naming the shard already: Route 53's request rate is the
+        account's, shared with every other caller in it (docs/architecture/load-balancer-shards.md)."""
         aws.route53().change_resource_record_sets(
             HostedZoneId=self.hosted_zone_id,
             ChangeBatch={
@@ -860,7 +864,7 @@ class AlbBalancer:
         if not self.hosted_zone_id:
             return
         record = self._record(service)
-        if record is None or record.get("Type") != "A" or _alias_target(record) != shard.dns_name.lower():
+        if not _names(record, shard):
             return  # none, or another's (a later incarnation's, on another shard): not this one's to delete
         try:
             aws.route53().change_resource_record_sets(
@@ -1164,6 +1168,11 @@ def _quota_refusals() -> Iterator[None]:
         if code in QUOTA_MESSAGES:
             raise EndpointRefused(f"{code}: {QUOTA_MESSAGES[code]}") from exc
         raise
+
+
+def _names(record: dict[str, Any] | None, shard: Shard) -> bool:
+    """Whether a record is the alias A record to this shard."""
+    return record is not None and record.get("Type") == "A" and _alias_target(record) == shard.dns_name.lower()
 
 
 def _alias_target(record: dict[str, Any]) -> str:
