@@ -77,6 +77,12 @@ def eventually(check: Any, timeout: float, interval: float = 0.25, what: str = "
     raise AssertionError(f"{what} not met within {timeout}s (last: {last!r})")
 
 
+def ok(result: Any) -> str:
+    """A CLI run's stdout, once it exited 0 (else what it printed, in the failure)."""
+    assert result.returncode == 0, f"exit {result.returncode}\nstdout: {result.stdout}\nstderr: {result.stderr}"
+    return str(result.stdout)
+
+
 @dataclass
 class LocalPlane:
     """A running `fleetkeeper local` subprocess."""
@@ -106,6 +112,13 @@ class LocalPlane:
     def get(self, path: str, timeout: float = 2.0) -> tuple[int, bytes]:
         """GET <plane>PATH with the run's credential, as the CLI sends it."""
         return http_get(self.url + path, timeout=timeout, headers=self.auth())
+
+    def service(self, name: str) -> dict[str, Any]:
+        """GET /v1/services/NAME: the service's view (it must exist)."""
+        status, body = self.get(f"/v1/services/{name}")
+        assert status == 200, body
+        shown: dict[str, Any] = json.loads(body)
+        return shown
 
     def info(self) -> dict[str, Any]:
         status, body = self.get("/_local/info")

@@ -21,7 +21,7 @@ import pytest
 import yaml
 
 from tests import REPO_ROOT
-from tests.local_process import LocalPlane, eventually, http_get, process_running, start_local
+from tests.local_process import LocalPlane, eventually, http_get, ok, process_running, start_local
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -51,18 +51,6 @@ def spec_file(plane: LocalPlane, greeting: str) -> str:
     path = plane.workdir / f"{greeting}.yaml"
     path.write_text(yaml.safe_dump(spec))
     return str(path)
-
-
-def ok(result: Any) -> str:
-    assert result.returncode == 0, f"exit {result.returncode}\nstdout: {result.stdout}\nstderr: {result.stderr}"
-    return str(result.stdout)
-
-
-def view(plane: LocalPlane) -> dict[str, Any]:
-    status, body = plane.get(f"/v1/services/{NAME}")
-    assert status == 200, body
-    shown: dict[str, Any] = json.loads(body)
-    return shown
 
 
 def ready_replicas(shown: dict[str, Any]) -> list[dict[str, Any]]:
@@ -111,7 +99,7 @@ class Poller(threading.Thread):
 
     def run(self) -> None:
         while not self.stop.is_set():
-            shown = view(self.plane)
+            shown = self.plane.service(NAME)
             ready = ready_replicas(shown)
             self.seen_pids.update(pid_of(r) for r in shown["replicas"] if r.get("instance_id"))
             answered = False
@@ -150,7 +138,7 @@ def test_the_whole_lifecycle_through_the_cli(plane: LocalPlane) -> None:
     assert poller.rounds > 10
     assert poller.failures == []
     seen_pids |= poller.seen_pids
-    shown = view(plane)
+    shown = plane.service(NAME)
     assert shown["target_version"] == 2 and greetings(shown) == {"v2"}
     assert all(r["version"] == 2 for r in ready_replicas(shown))
 
@@ -161,7 +149,7 @@ def test_the_whole_lifecycle_through_the_cli(plane: LocalPlane) -> None:
 
     # rollback --wait: back to v1's spec.
     ok(plane.cli("rollback", NAME, "--wait", "--timeout", WAIT))
-    shown = view(plane)
+    shown = plane.service(NAME)
     assert shown["status"] == "READY" and shown["target_version"] == 1
     assert greetings(shown) == {"v1"} and len(ready_replicas(shown)) == 2
     seen_pids.update(pid_of(r) for r in shown["replicas"])
@@ -171,7 +159,7 @@ def test_the_whole_lifecycle_through_the_cli(plane: LocalPlane) -> None:
     os.killpg(pid_of(victim), signal.SIGKILL)
 
     def replaced() -> dict[str, Any] | None:
-        now = view(plane)
+        now = plane.service(NAME)
         ready = ready_replicas(now)
         fresh = [r for r in ready if r["replica_id"] != victim["replica_id"]]
         return now if now["status"] == "READY" and len(fresh) == 2 else None

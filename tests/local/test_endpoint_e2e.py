@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 import yaml
 
-from tests.local_process import LocalPlane, eventually, http_get, start_local
+from tests.local_process import LocalPlane, eventually, http_get, ok, start_local
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -91,18 +91,6 @@ def spec_file(plane: LocalPlane, greeting: str, mode: str) -> str:
     return str(path)
 
 
-def ok(result: Any) -> str:
-    assert result.returncode == 0, f"exit {result.returncode}\nstdout: {result.stdout}\nstderr: {result.stderr}"
-    return str(result.stdout)
-
-
-def view(plane: LocalPlane) -> dict[str, Any]:
-    status, body = plane.get(f"/v1/services/{NAME}")
-    assert status == 200, body
-    shown: dict[str, Any] = json.loads(body)
-    return shown
-
-
 def port_of(url: str) -> int:
     return int(url.rsplit(":", 1)[1])
 
@@ -164,7 +152,7 @@ class Stream(threading.Thread):
 
 def drained_under_stream(plane: LocalPlane, stream: Stream) -> bool:
     """True once the API shows the stream's replica DRAINING (or gone) while the stream still runs."""
-    replicas = view(plane)["replicas"]
+    replicas = plane.service(NAME)["replicas"]
     mine = [r for r in replicas if r["replica_id"] == stream.replica_id]
     return stream.is_alive() and (not mine or mine[0]["endpoint_state"] == "DRAINING")
 
@@ -188,7 +176,7 @@ def update_under_load(plane: LocalPlane, endpoint: str, greeting: str, mode: str
 
 def test_the_endpoint_balances_drains_and_closes(plane: LocalPlane) -> None:
     out = ok(plane.cli("up", spec_file(plane, "v1", "rolling"), "--name", NAME, "--wait", "--timeout", WAIT))
-    shown = view(plane)
+    shown = plane.service(NAME)
     endpoint = shown["endpoint"]
     assert endpoint.startswith("http://127.0.0.1:")
     assert out.splitlines()[-1].startswith(f"{NAME} is READY at {endpoint} at v1")
@@ -213,7 +201,7 @@ def test_the_endpoint_balances_drains_and_closes(plane: LocalPlane) -> None:
         lines = stream.lines()
         assert len(lines) == CHUNKS and lines[-1].endswith(f"chunk {CHUNKS - 1}")
         assert len({line.rsplit(" chunk", 1)[0] for line in lines}) == 1  # one replica, start to end
-        assert all(r["version"] == int(greeting[1]) for r in view(plane)["replicas"])
+        assert all(r["version"] == int(greeting[1]) for r in plane.service(NAME)["replicas"])
 
     # The requests were counted as the ALB counts them, in the in-memory AWS.
     cloudwatch = plane.aws_client("cloudwatch")

@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import pytest
 
 from fleetkeeper.local.process_driver import namespaces_available
 from tests import TESTS_DIR
-from tests.local_process import LocalPlane, eventually, free_port, http_get, start_local
+from tests.local_process import LocalPlane, eventually, free_port, http_get, ok, start_local
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -22,11 +22,6 @@ FIXTURE = TESTS_DIR / "fixtures" / "fixed_port" / "service.yaml"
 WAIT = "60"
 
 pytestmark = pytest.mark.e2e
-
-
-def ok(result: Any) -> str:
-    assert result.returncode == 0, f"exit {result.returncode}\nstdout: {result.stdout}\nstderr: {result.stderr}"
-    return str(result.stdout)
 
 
 @pytest.fixture

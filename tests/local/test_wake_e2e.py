@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 import yaml
 
-from tests.local_process import LocalPlane, eventually, http_get, start_local
+from tests.local_process import LocalPlane, eventually, http_get, ok, start_local
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -57,25 +57,13 @@ def plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalPlane]:
     assert plane.stop() == 0, plane.output()
 
 
-def ok(result: Any) -> str:
-    assert result.returncode == 0, f"exit {result.returncode}\nstdout: {result.stdout}\nstderr: {result.stderr}"
-    return str(result.stdout)
-
-
-def view(plane: LocalPlane) -> dict[str, Any]:
-    status, body = plane.get(f"/v1/services/{NAME}")
-    assert status == 200, body
-    shown: dict[str, Any] = json.loads(body)
-    return shown
-
-
 def replicas(plane: LocalPlane) -> list[dict[str, Any]]:
-    found: list[dict[str, Any]] = view(plane).get("replicas") or []
+    found: list[dict[str, Any]] = plane.service(NAME).get("replicas") or []
     return found
 
 
 def target(plane: LocalPlane) -> int | None:
-    autoscaling = view(plane).get("autoscaling") or {}
+    autoscaling = plane.service(NAME).get("autoscaling") or {}
     value = autoscaling.get("target_replicas")
     return int(value) if value is not None else None
 
@@ -148,7 +136,7 @@ def test_a_service_at_zero_wakes_on_a_request_and_returns_to_zero(plane: LocalPl
     path = plane.workdir / "wake.yaml"
     path.write_text(yaml.safe_dump(spec))
     ok(plane.cli("up", str(path), "--name", NAME))
-    endpoint = eventually(lambda: view(plane).get("endpoint"), 30, 0.2, "an endpoint")
+    endpoint = eventually(lambda: plane.service(NAME).get("endpoint"), 30, 0.2, "an endpoint")
     # At zero: nothing runs. Nothing asks, so nothing moves (and the first reading keeps it at zero).
     time.sleep(3 * DEFAULT_TICK)
     assert replicas(plane) == [] and target(plane) in (None, 0)
