@@ -21,6 +21,7 @@ import stays cheap and an invocation builds its own route's only.
 from __future__ import annotations
 
 import base64
+import inspect
 import json
 import re
 import typing
@@ -199,8 +200,6 @@ class Route:
     def signature(self) -> _Signature:
         """The function's parameters, body and reply, read from its annotations (on first use)."""
         hints = typing.get_type_hints(self.function, include_extras=True)
-        import inspect
-
         parameters: list[_Parameter] = []
         body: tuple[str, type[BaseModel]] | None = None
         for name, declared in inspect.signature(self.function).parameters.items():
