@@ -183,7 +183,7 @@ def caller_of(event: dict[str, Any], settings: Settings) -> Caller:
 
 
 # This invocation's commands, set by `lambda_handler` around each resolve. A context variable
-# rather than the resolver's context dict: tests call the handler from many threads at once.
+# (as the router's current request is): tests call the handler from many threads at once.
 _commands: ContextVar[ServiceCommands] = ContextVar("fleetkeeper_api_commands")
 
 
@@ -303,7 +303,7 @@ def _replayable(
         request["secrets_hmac"] = commands().fingerprint_of_secrets(secret_values)
     result = commands().idempotently(key, request, run, app.current_request.lambda_context)
     # The first answer and a replay both answer the cached text parsed back: the same dict, keys
-    # in the same order, so the resolver serializes them to the same bytes.
+    # in the same order, so the router serializes them to the same bytes.
     return _json(status, _unpack(result["view_z"]), {"ETag": etag(int(result["generation"]))})
 
 
