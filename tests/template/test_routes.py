@@ -10,9 +10,7 @@ from tests import REPO_ROOT
 
 
 def handler_routes() -> set[tuple[str, str]]:
-    return {
-        (route.method, route.path.replace("<name>", "{name}")) for route in app._static_routes + app._dynamic_routes
-    }
+    return {(route.method, route.path) for route in app.routes}
 
 
 def template_routes() -> set[tuple[str, str]]:

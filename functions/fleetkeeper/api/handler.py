@@ -1,8 +1,8 @@
 """The api Lambda handler: parse the request, call one service command, shape the response.
 
-Powertools validates bodies, path, query and header parameters against their declarations (the
-same declarations make the OpenAPI document). Domain errors become HTTP errors in one place
-(`_domain_error`); Powertools' validation errors are turned into 400s that name the offending
+The router (fleetkeeper.api.routing) validates bodies, path, query and header parameters against
+their declarations (the same declarations make the OpenAPI document). Domain errors become HTTP
+errors in one place (`_domain_error`); validation errors are turned into 400s that name the offending
 field. Every error body is `{"error": {"code", "message", "details"}}`.
 
 The commands are built per invocation from the settings the invocation reads: nothing of one
@@ -21,12 +21,6 @@ from contextvars import ContextVar
 from typing import TYPE_CHECKING, Annotated, Any
 
 from aws_lambda_powertools import Logger
-from aws_lambda_powertools.event_handler import APIGatewayRestResolver, Response, content_types
-from aws_lambda_powertools.event_handler.openapi.exceptions import (
-    RequestUnsupportedContentType,
-    RequestValidationError,
-)
-from aws_lambda_powertools.event_handler.openapi.params import Header, Path, Query
 
 from fleetkeeper.api.models import (
     MAX_CLIENT_INTEGER,
@@ -50,6 +44,18 @@ from fleetkeeper.api.models import (
     target_view,
     version_view,
 )
+from fleetkeeper.api.routing import (
+    JSON,
+    Header,
+    Path,
+    Query,
+    Reply,
+    Request,
+    RequestValidationError,
+    Router,
+    UnsupportedContentType,
+    is_json,
+)
 from fleetkeeper.errors import FleetkeeperError, Forbidden, InvalidRequest, PayloadTooLarge, UnsupportedMediaType
 from fleetkeeper.owners.access import Caller, grant
 from fleetkeeper.owners.principals import PrincipalError, canonical_caller
@@ -64,12 +70,13 @@ from fleetkeeper.spec.service import NAME_PATTERN, NAME_RULE, describe_validatio
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from aws_lambda_powertools.event_handler.openapi.types import OpenAPIResponse
     from aws_lambda_powertools.utilities.typing import LambdaContext
 
     from fleetkeeper.api.services import ServiceCommands, Written
     from fleetkeeper.model import ServiceState
 
+# A response as the OpenAPI document declares it: description, headers, content {media: {"model": M}}.
+OpenAPIResponse = dict[str, Any]
 MAX_BODY_BYTES = 64 * 1024
 # A page of GET .../versions. A version's spec comes from a body of at most 64 KiB and is answered
 # as ASCII JSON, where one 4-byte character becomes a 12-byte surrogate-pair escape: at most ~3x,
@@ -112,7 +119,7 @@ _KEY_REUSED: OpenAPIResponse = {
     "content": _ERROR_CONTENT,
 }
 
-# Path and header parameters. A name that does not match is refused by Powertools' validation and
+# Path and header parameters. A name that does not match is refused by the router's validation and
 # answered by `_validation_error` with the api's own words for it.
 ServiceNameParam = Annotated[str, Path(pattern=NAME_PATTERN, description="the service's name")]
 IfMatchHeader = Annotated[
@@ -131,7 +138,7 @@ IdempotencyKeyHeader = Annotated[
 ]
 
 logger = Logger()
-app = APIGatewayRestResolver(enable_validation=True)
+app = Router()
 
 
 def build_commands(settings: Settings, caller: Caller) -> ServiceCommands:
@@ -176,7 +183,7 @@ def caller_of(event: dict[str, Any], settings: Settings) -> Caller:
 
 
 # This invocation's commands, set by `lambda_handler` around each resolve. A context variable
-# rather than the resolver's context dict: tests call the handler from many threads at once.
+# (as the router's current request is): tests call the handler from many threads at once.
 _commands: ContextVar[ServiceCommands] = ContextVar("fleetkeeper_api_commands")
 
 
@@ -188,8 +195,8 @@ def commands() -> ServiceCommands:
 # --- helpers ---------------------------------------------------------------------------------------
 
 
-def _json(status: int, body: Any, headers: dict[str, str] | None = None) -> Response[Any]:
-    return Response(status_code=status, content_type=content_types.APPLICATION_JSON, body=body, headers=headers)
+def _json(status: int, body: Any, headers: dict[str, str] | None = None) -> Reply[Any]:
+    return Reply(status, body, headers)
 
 
 def etag(generation: int) -> str:
@@ -197,11 +204,11 @@ def etag(generation: int) -> str:
     return f'"{generation}"'
 
 
-def _with_etag(status: int, state: ServiceState) -> Response[Any]:
+def _with_etag(status: int, state: ServiceState) -> Reply[Any]:
     return _json(status, service_view(state), {"ETag": etag(state.service.generation)})
 
 
-def _written(status: int, written: Written) -> Response[Any]:
+def _written(status: int, written: Written) -> Reply[Any]:
     """A write's answer: the service and its target, without replicas, and whether it changed."""
     return _json(status, written_view(written), {"ETag": etag(written.state.service.generation)})
 
@@ -277,7 +284,7 @@ def _replayable(
     key: str | None,
     status: int,
     secret_values: dict[str, str],
-) -> Response[Any]:
+) -> Reply[Any]:
     """Run a write command (once per Idempotency-Key) and answer with the service view."""
 
     def run() -> dict[str, Any]:
@@ -294,9 +301,9 @@ def _replayable(
     if key is not None:
         # The same key with other secret values is another request: the values count, as their HMAC.
         request["secrets_hmac"] = commands().fingerprint_of_secrets(secret_values)
-    result = commands().idempotently(key, request, run, app.lambda_context)
+    result = commands().idempotently(key, request, run, app.current_request.lambda_context)
     # The first answer and a replay both answer the cached text parsed back: the same dict, keys
-    # in the same order, so the resolver serializes them to the same bytes.
+    # in the same order, so the router serializes them to the same bytes.
     return _json(status, _unpack(result["view_z"]), {"ETag": etag(int(result["generation"]))})
 
 
@@ -333,13 +340,13 @@ def _success(description: str, model: Any, *, etag_header: bool = True) -> OpenA
 )
 def create_service(
     request: CreateServiceRequest, idempotency_key: IdempotencyKeyHeader = None
-) -> Response[ServiceWritten]:
+) -> Reply[ServiceWritten]:
     from fleetkeeper.api.services import Written  # build_commands imported it already
 
     return _replayable(
         "create",
         request.name,
-        app.current_event.json_body,  # what a replay must match: the request as sent
+        app.current_request.json_body,  # what a replay must match: the request as sent
         lambda: Written(commands().create(request.name, request.spec)),
         key=_idempotency_key(idempotency_key),
         status=201,
@@ -357,7 +364,7 @@ def create_service(
         **_BODY_ERRORS,
     },
 )
-def workdir_upload(request: WorkdirUploadRequest) -> Response[WorkdirUpload]:
+def workdir_upload(request: WorkdirUploadRequest) -> Reply[WorkdirUpload]:
     """Where a packed workdir goes: a presigned upload, or null when the store has it already."""
     upload = commands().workdir_upload(request.digest, request.size, request.service)
     return _json(
@@ -389,13 +396,13 @@ def workdir_upload(request: WorkdirUploadRequest) -> Response[WorkdirUpload]:
 def list_services(
     limit: Annotated[int, Query(ge=1, le=100)] = 50,
     next_token: Annotated[str | None, Query(max_length=2048)] = None,
-) -> Response[ServiceList]:
+) -> Reply[ServiceList]:
     services, token = commands().list_page(limit=limit, next_token=next_token)
     return _json(200, {"services": [summary(s) for s in services], "next_token": token})
 
 
 @app.get("/v1/services/<name>", responses={200: _success("the service", ServiceView), **_READ_ERRORS})
-def get_service(name: ServiceNameParam) -> Response[ServiceView]:
+def get_service(name: ServiceNameParam) -> Reply[ServiceView]:
     return _with_etag(200, commands().get(name))
 
 
@@ -416,12 +423,12 @@ def update_service(
     request: UpdateServiceRequest,
     if_match: IfMatchHeader = None,
     idempotency_key: IdempotencyKeyHeader = None,
-) -> Response[ServiceWritten]:
+) -> Reply[ServiceWritten]:
     expected = _expected_generation(if_match)
     return _replayable(
         "update",
         name,
-        {"body": app.current_event.json_body, "if_match": expected},
+        {"body": app.current_request.json_body, "if_match": expected},
         lambda: commands().update(name, request.spec, mode=request.mode, expected_generation=expected),
         key=_idempotency_key(idempotency_key),
         status=200,
@@ -437,7 +444,7 @@ def list_versions(
     name: ServiceNameParam,
     limit: Annotated[int, Query(ge=1, le=MAX_VERSIONS_PAGE)] = DEFAULT_VERSIONS_PAGE,
     next_token: Annotated[str | None, Query(max_length=2048)] = None,
-) -> Response[VersionList]:
+) -> Reply[VersionList]:
     service, versions, token = commands().versions_page(name, limit=limit, next_token=next_token)
     return _json(
         200,
@@ -459,7 +466,7 @@ def list_events(
     name: ServiceNameParam,
     limit: Annotated[int, Query(ge=1, le=EVENTS_KEPT)] = DEFAULT_EVENTS_PAGE,
     next_token: Annotated[str | None, Query(max_length=2048)] = None,
-) -> Response[EventList]:
+) -> Reply[EventList]:
     events, token = commands().events_page(name, limit=limit, next_token=next_token)
     return _json(200, {"events": [event_view(e) for e in events], "next_token": token})
 
@@ -473,7 +480,7 @@ def list_events(
         412: _STALE,
     },
 )
-def rollback_service(name: ServiceNameParam, if_match: IfMatchHeader = None) -> Response[ServiceWritten]:
+def rollback_service(name: ServiceNameParam, if_match: IfMatchHeader = None) -> Reply[ServiceWritten]:
     # The body is optional (POST with none rolls back to the previous version): read here, so an empty
     # body is not a validation error; openapi_json() documents it.
     request = _optional_body(RollbackRequest)
@@ -486,7 +493,7 @@ def rollback_service(name: ServiceNameParam, if_match: IfMatchHeader = None) -> 
     "/v1/services/<name>",
     responses={202: _success("deleting (status SHUTTING_DOWN)", ServiceWritten), **_READ_ERRORS, 403: _FORBIDDEN},
 )
-def delete_service(name: ServiceNameParam) -> Response[ServiceWritten]:
+def delete_service(name: ServiceNameParam) -> Reply[ServiceWritten]:
     return _written(202, commands().delete(name))
 
 
@@ -502,7 +509,7 @@ def delete_service(name: ServiceNameParam) -> Response[ServiceWritten]:
         **_BODY_ERRORS,
     },
 )
-def change_access(name: ServiceNameParam, request: AccessChangeRequest) -> Response[AccessView]:
+def change_access(name: ServiceNameParam, request: AccessChangeRequest) -> Reply[AccessView]:
     """Grant principals read or write access to the service, or revoke it: needs write access to it."""
     details = []
     add = []
@@ -525,32 +532,31 @@ def change_access(name: ServiceNameParam, request: AccessChangeRequest) -> Respo
 
 def openapi_json() -> str:
     """The OpenAPI 3 document of this api (also checked in as docs/openapi.json)."""
-    from aws_lambda_powertools.event_handler.openapi.models import APIKey, APIKeyIn
+    from fleetkeeper.api.openapi import document
 
-    sigv4 = APIKey(
-        name="Authorization",
-        in_=APIKeyIn.header,
-        description="AWS Signature Version 4 for execute-api (API Gateway AWS_IAM auth)",
+    sigv4 = {
+        "type": "apiKey",
+        "description": "AWS Signature Version 4 for execute-api (API Gateway AWS_IAM auth)",
+        "in": "header",
+        "name": "Authorization",
+    }
+    generated = document(
+        app,
+        title="fleetkeeper",
+        version="1",
+        description="Create, update, roll back and delete services; every route needs AWS_IAM (SigV4).",
+        security_schemes={"sigv4": sigv4},
+        security=[{"sigv4": []}],
     )
-    document = json.loads(
-        app.get_openapi_json_schema(
-            title="fleetkeeper",
-            version="1",
-            description="Create, update, roll back and delete services; every route needs AWS_IAM (SigV4).",
-            security_schemes={"sigv4": sigv4},
-            security=[{"sigv4": []}],
-        )
-    )
-    return json.dumps(_as_answered(document), indent=2)
+    return json.dumps(_as_answered(generated), indent=2)
 
 
 def _as_answered(document: dict[str, Any]) -> dict[str, Any]:
     """The generated document made true to what the api answers.
 
-    Powertools lists a 422 "Validation Error" on every operation; this api answers validation errors
-    with 400 (its error body), and 422 only for a reused Idempotency-Key (declared where it applies).
-    Rollback's body is optional, so it is read by the route rather than declared: it is added here.
-    The document itself is served by GET /v1/openapi.json.
+    Every request with a body is measured and typed before any route (413, 415). Rollback's body is
+    optional, so it is read by the route rather than declared: it is added here. The document itself
+    is served by GET /v1/openapi.json.
     """
     schemas = document.setdefault("components", {}).setdefault("schemas", {})
     document["paths"]["/v1/openapi.json"] = {
@@ -569,15 +575,8 @@ def _as_answered(document: dict[str, Any]) -> dict[str, Any]:
     for methods in document["paths"].values():
         for operation in methods.values():
             responses = operation.setdefault("responses", {})
-            unprocessable = responses.get("422", {})
-            if "HTTPValidationError" in json.dumps(unprocessable):
-                del responses["422"]
-            # Any request with a body is measured and typed before any route sees it.
             for status, answered in _BODY_ERRORS.items():
                 responses.setdefault(str(status), {"description": answered["description"], "content": error})
-    for unused in ("HTTPValidationError", "ValidationError", "ResponseValidationError"):
-        if f"#/components/schemas/{unused}" not in json.dumps(document["paths"]):
-            schemas.pop(unused, None)
     rollback = document["paths"]["/v1/services/{name}/rollback"]["post"]
     rollback["requestBody"] = {
         "required": False,
@@ -589,15 +588,15 @@ def _as_answered(document: dict[str, Any]) -> dict[str, Any]:
 
 
 @app.get("/v1/openapi.json", include_in_schema=False)
-def openapi_document() -> Response[Any]:
-    return Response(status_code=200, content_type=content_types.APPLICATION_JSON, body=openapi_json())
+def openapi_document() -> Reply[Any]:
+    return Reply(200, openapi_json())
 
 
 def _optional_body(model: type[RollbackRequest]) -> RollbackRequest:
     """A body that may be absent (rollback): validated like the others when present."""
     from pydantic import ValidationError
 
-    raw = app.current_event.decoded_body
+    raw = app.current_request.decoded_body
     if raw is None or not raw.strip():
         return model()
     try:
@@ -615,7 +614,7 @@ def _summarise(details: list[dict[str, str]]) -> str:
 
 
 @app.exception_handler(FleetkeeperError)
-def _domain_error(exc: FleetkeeperError) -> Response[Any]:
+def _domain_error(exc: FleetkeeperError) -> Reply[Any]:
     return _json(exc.status, exc.to_body(), exc.headers() or None)
 
 
@@ -624,7 +623,7 @@ def _is_the_name(error: Any) -> bool:
 
 
 @app.exception_handler(RequestValidationError)
-def _validation_error(exc: RequestValidationError) -> Response[Any]:
+def _validation_error(exc: RequestValidationError) -> Reply[Any]:
     errors = list(exc.errors())
     others = [e for e in errors if not _is_the_name(e)]
     if not others:
@@ -642,11 +641,6 @@ def _header(event: dict[str, Any], name: str) -> str | None:
     return None
 
 
-def _is_json(content_type: str) -> bool:
-    media = content_type.split(";", 1)[0].strip().lower()
-    return media == "application/json" or media.endswith("+json")
-
-
 def _not_json(content_type: str | None) -> UnsupportedMediaType:
     return UnsupportedMediaType(
         f"request bodies must be JSON: send Content-Type: application/json (got {content_type or 'none'!r})",
@@ -654,21 +648,20 @@ def _not_json(content_type: str | None) -> UnsupportedMediaType:
     )
 
 
-@app.exception_handler(RequestUnsupportedContentType)
-def _unsupported_content_type(_exc: RequestUnsupportedContentType) -> Response[Any]:
-    error = _not_json(app.current_event.get_header_value("Content-Type"))
+@app.exception_handler(UnsupportedContentType)
+def _unsupported_content_type(exc: UnsupportedContentType) -> Reply[Any]:
+    error = _not_json(exc.content_type)
     return _json(error.status, error.to_body())
 
 
 @app.not_found
-def _no_route(_exc: Exception) -> Response[Any]:
-    event = app.current_event
-    message = f"no route for {event.http_method} {event.path}; see GET /v1/openapi.json"
+def _no_route(request: Request) -> Reply[Any]:
+    message = f"no route for {request.http_method} {request.path}; see GET /v1/openapi.json"
     return _json(404, {"error": {"code": "no_route", "message": message, "details": []}})
 
 
 @app.exception_handler(Exception)
-def _unexpected(exc: Exception) -> Response[Any]:
+def _unexpected(exc: Exception) -> Reply[Any]:
     logger.exception("unhandled error")
     body = {"error": {"code": "internal_error", "message": "internal error; it has been logged", "details": []}}
     return _json(500, body)
@@ -685,7 +678,7 @@ def _refuse_body(event: dict[str, Any]) -> dict[str, Any] | None:
             raw = base64.b64decode(raw, validate=False)
     error: FleetkeeperError | None = None
     content_type = _header(event, "Content-Type")
-    if raw.strip() and content_type and not _is_json(content_type):
+    if raw.strip() and content_type and not is_json(content_type):
         error = _not_json(content_type)
     elif len(raw) > MAX_BODY_BYTES:
         error = PayloadTooLarge(f"request body is {len(raw)} bytes; the limit is {MAX_BODY_BYTES} (64 KiB)")
@@ -708,7 +701,7 @@ def _error_response(error: FleetkeeperError) -> dict[str, Any]:
     """A refusal answered before any route runs, in the api's error shape."""
     return {
         "statusCode": error.status,
-        "headers": {"Content-Type": content_types.APPLICATION_JSON},
+        "headers": {"Content-Type": JSON},
         "body": json.dumps(error.to_body()),
         "isBase64Encoded": False,
     }
@@ -716,8 +709,8 @@ def _error_response(error: FleetkeeperError) -> dict[str, Any]:
 
 def _too_deep(text: str) -> InvalidRequest | None:
     """A 400 for JSON nested deeper than the parser's stack ("[[[[..." within 64 KiB): Python's
-    json raises RecursionError for it, which Powertools would let out as a 500. Other invalid JSON
-    is left to Powertools' validation (a 400 naming the body)."""
+    json raises RecursionError for it, which would be let out as a 500. Other invalid JSON is left
+    to the router's validation (a 400 naming the body)."""
     if not text.strip():
         return None
     try:

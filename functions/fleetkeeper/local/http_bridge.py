@@ -24,7 +24,8 @@ A few embedded-mode routes live beside the API under /_local:
                                        `notice_seconds` later), delivered to the reconciler as on AWS
 
 The api handler runs one request at a time, as one Lambda execution environment does: Powertools'
-resolver keeps the current event on a module-level object, so concurrent calls would mix requests.
+Logger keeps an invocation's keys (its request id) on a module-level object, so concurrent calls
+would mix their log lines.
 """
 
 from __future__ import annotations
