@@ -45,7 +45,6 @@ from fleetkeeper.api.models import (
     version_view,
 )
 from fleetkeeper.api.routing import (
-    JSON,
     Header,
     Path,
     Query,
@@ -54,6 +53,7 @@ from fleetkeeper.api.routing import (
     RequestValidationError,
     Router,
     UnsupportedContentType,
+    header,
     is_json,
 )
 from fleetkeeper.errors import FleetkeeperError, Forbidden, InvalidRequest, PayloadTooLarge, UnsupportedMediaType
@@ -634,13 +634,6 @@ def _validation_error(exc: RequestValidationError) -> Reply[Any]:
     return _json(400, InvalidRequest(_summarise(details), details=details).to_body())
 
 
-def _header(event: dict[str, Any], name: str) -> str | None:
-    for key, value in (event.get("headers") or {}).items():
-        if key.lower() == name.lower():
-            return str(value)
-    return None
-
-
 def _not_json(content_type: str | None) -> UnsupportedMediaType:
     return UnsupportedMediaType(
         f"request bodies must be JSON: send Content-Type: application/json (got {content_type or 'none'!r})",
@@ -650,8 +643,7 @@ def _not_json(content_type: str | None) -> UnsupportedMediaType:
 
 @app.exception_handler(UnsupportedContentType)
 def _unsupported_content_type(exc: UnsupportedContentType) -> Reply[Any]:
-    error = _not_json(exc.content_type)
-    return _json(error.status, error.to_body())
+    return _domain_error(_not_json(exc.content_type))
 
 
 @app.not_found
@@ -677,7 +669,7 @@ def _refuse_body(event: dict[str, Any]) -> dict[str, Any] | None:
         with contextlib.suppress(binascii.Error, ValueError):  # not base64 after all: measure it as sent
             raw = base64.b64decode(raw, validate=False)
     error: FleetkeeperError | None = None
-    content_type = _header(event, "Content-Type")
+    content_type = header(event, "Content-Type")
     if raw.strip() and content_type and not is_json(content_type):
         error = _not_json(content_type)
     elif len(raw) > MAX_BODY_BYTES:
@@ -698,13 +690,8 @@ def _refuse_body(event: dict[str, Any]) -> dict[str, Any] | None:
 
 
 def _error_response(error: FleetkeeperError) -> dict[str, Any]:
-    """A refusal answered before any route runs, in the api's error shape."""
-    return {
-        "statusCode": error.status,
-        "headers": {"Content-Type": JSON},
-        "body": json.dumps(error.to_body()),
-        "isBase64Encoded": False,
-    }
+    """A refusal answered before any route runs, as a routed one is answered."""
+    return _domain_error(error).to_proxy()
 
 
 def _too_deep(text: str) -> InvalidRequest | None:

@@ -123,6 +123,15 @@ class Reply(Generic[BodyT]):
         }
 
 
+def header(event: Mapping[str, Any], name: str) -> str | None:
+    """A header of an API Gateway proxy event, by its name in any case (HTTP's names are)."""
+    wanted = name.lower()
+    for key, value in (event.get("headers") or {}).items():
+        if str(key).lower() == wanted:
+            return str(value)
+    return None
+
+
 @dataclass(frozen=True)
 class Request:
     """The request being answered, as the route functions read it."""
@@ -140,11 +149,7 @@ class Request:
 
     def header(self, name: str) -> str | None:
         """A request header's value, by its name in any case."""
-        wanted = name.lower()
-        for key, value in (self.event.get("headers") or {}).items():
-            if str(key).lower() == wanted:
-                return str(value)
-        return None
+        return header(self.event, name)
 
     @cached_property
     def decoded_body(self) -> str | None:
@@ -281,9 +286,10 @@ class Router:
 
     def resolve(self, event: Mapping[str, Any], context: Any) -> dict[str, Any]:
         """Answer one API Gateway REST proxy event."""
-        token = _current.set(Request(event, context))
+        request = Request(event, context)
+        token = _current.set(request)
         try:
-            return self._answer(self.current_request).to_proxy()
+            return self._answer(request).to_proxy()
         finally:
             _current.reset(token)
 
