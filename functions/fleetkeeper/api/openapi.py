@@ -10,13 +10,14 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import BaseModel, TypeAdapter
 from pydantic.json_schema import models_json_schema
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
-    from fleetkeeper.api.routing import Route, Router
+    from pydantic import BaseModel
+
+    from fleetkeeper.api.routing import Parameter, Route, Router
 
 REF = "#/components/schemas/{model}"
 Mode = Literal["validation", "serialization"]
@@ -89,10 +90,10 @@ def _models(routes: list[Route]) -> dict[tuple[type[BaseModel], Mode], None]:
     return found
 
 
-def _parameter(parameter: Any) -> dict[str, Any]:
-    schema: dict[str, Any] = TypeAdapter(parameter.annotation).json_schema(ref_template=REF)
+def _parameter(parameter: Parameter) -> dict[str, Any]:
+    schema: dict[str, Any] = parameter.adapter.json_schema(ref_template=REF)
     field = parameter.annotation.__metadata__[0]
-    schema["title"] = (parameter.title).replace("_", " ").title()
+    schema["title"] = parameter.title.replace("_", " ").title()
     if not parameter.required and parameter.default is not None:
         schema["default"] = parameter.default
     described: dict[str, Any] = {"description": field.description} if field.description else {}

@@ -165,7 +165,9 @@ class Request:
 
 
 @dataclass(frozen=True)
-class _Parameter:
+class Parameter:
+    """A route function's parameter as the router reads it (and the OpenAPI document shows it)."""
+
     name: str
     location: Location
     key: str  # the path's group, the query's name, the header's name lower-cased
@@ -178,7 +180,7 @@ class _Parameter:
 
 @dataclass(frozen=True)
 class _Signature:
-    parameters: tuple[_Parameter, ...]
+    parameters: tuple[Parameter, ...]
     body: tuple[str, type[BaseModel]] | None
     reply: TypeAdapter[Any] | None
 
@@ -205,7 +207,7 @@ class Route:
     def signature(self) -> _Signature:
         """The function's parameters, body and reply, read from its annotations (on first use)."""
         hints = typing.get_type_hints(self.function, include_extras=True)
-        parameters: list[_Parameter] = []
+        parameters: list[Parameter] = []
         body: tuple[str, type[BaseModel]] | None = None
         for name, declared in inspect.signature(self.function).parameters.items():
             hint = hints[name]
@@ -221,7 +223,7 @@ class Route:
             key = sent_as.lower() if marker.location == "header" else sent_as
             default = None if required else declared.default
             parameters.append(
-                _Parameter(name, marker.location, key, sent_as, TypeAdapter(annotation), required, default, annotation)
+                Parameter(name, marker.location, key, sent_as, TypeAdapter(annotation), required, default, annotation)
             )
         order = {"path": 0, "query": 1, "header": 2}
         parameters.sort(key=lambda p: order[p.location])
