@@ -42,6 +42,8 @@ if TYPE_CHECKING:
     import argparse
     from collections.abc import Callable
 
+    from botocore.credentials import Credentials
+
     from fleetkeeper.local.auth import LocalCredential
 
 # How long the readiness probe may fail while a replica boots (initial_delay_seconds).
@@ -172,7 +174,9 @@ class Doctor:
         suffix: str | None = None,
         get: Callable[[str], Answer] = http_get,
         sleep: Callable[[float], None] = time.sleep,
+        clock: Callable[[], float] = time.monotonic,
         credential: LocalCredential | None = None,
+        client_as: Callable[[Credentials], ApiClient] | None = None,
     ) -> None:
         self.account = account
         self.options = options
@@ -180,11 +184,14 @@ class Doctor:
         self.get = get
         self.sleep = sleep
         self.credential = credential
+        # How the second owner's client is made from its assumed credentials (tests: a bridge that
+        # reports that role's session as the caller, as API Gateway does).
+        self.client_as = client_as
         self.name = f"fk-doctor-{suffix or secrets.token_hex(3)}"
         self.second_name = f"{self.name}-b"
         self.you = Owner("you", client)
         self.second: Owner | None = None
-        self.runner = StepRunner(out)
+        self.runner = StepRunner(out, clock=clock)
         # Each created service's owner, as the API recorded it.
         self._owners: dict[str, str] = {}
         self._noted = ""
@@ -304,24 +311,35 @@ class Doctor:
         self.second = Owner(f"role {role}", client)
         reply = self._reply(self.second_name, 1)
         detail = self._create(self.second, self.second_name, doctor_spec(reply, autoscaled=False))
-        endpoint, answer, view = self._until_reply(deadline, self.second, self.second_name, reply)
-        owner = str(view.get("owner") or "")
-        mine = self.you.made.get(self.name)
-        if expected_owner is None:
-            ownership = (
+        ownership = self._ownership(expected_owner, session)
+        endpoint, answer, _ = self._until_reply(deadline, self.second, self.second_name, reply)
+        return f"{detail}; assumed {session}; {ownership}; GET {endpoint}/ answered {answer.describe()}"
+
+    def _ownership(self, expected: str | None, session: str) -> str:
+        """The second service's owner as the API recorded it, against the role's (on AWS), and
+        whether that role sees your service: 404 unless it administers the stack or was granted it."""
+        owner = self._owners.get(self.second_name, "")
+        if expected is None:
+            return (
                 f"owner {owner or '-'}: embedded mode gives every request its one user's identity, so the "
                 "role's ownership is checked on AWS only"
             )
-        elif owner != expected_owner:
+        if owner != expected:
             raise StepFailed(
-                f"expected {self.second_name}'s owner to be {expected_owner} ({session}); the API says "
+                f"expected {self.second_name}'s owner to be {expected} (the role of {session}); the API says "
                 f"{owner or 'none'}"
             )
-        elif mine is not None and self._first_owner == owner:
+        if self._owners.get(self.name) == owner:
             raise StepFailed(f"the second role is the owner of {self.name} too ({owner}): give a role other than yours")
-        else:
-            ownership = f"owned by {owner}"
-        return f"{detail}; assumed {session}; {ownership}; GET {endpoint}/ answered {answer.describe()}"
+        assert self.second is not None
+        try:
+            self.second.client.request("GET", f"/v1/services/{self.name}")
+            sees = f"it sees {self.name} too (an administrator of the stack, or granted)"
+        except ApiError as exc:
+            if exc.status != 404:
+                raise
+            sees = f"{self.name} does not exist for it (404)"
+        return f"owned by {owner}; {sees}"
 
     def delete(self, deadline: Deadline) -> str:
         owners = [o for o in (self.you, self.second) if o is not None and o.names]
@@ -376,16 +394,13 @@ class Doctor:
             clean,
             expected="nothing of the doctor's services left",
             seen=lambda: "; ".join(left),
-            interval=max(self.options.interval, 5.0),
+            # On AWS each round is a dozen Describe calls: every 5 s is often enough.
+            interval=self.options.interval if self.account.embedded else max(self.options.interval, 5.0),
             sleep=self.sleep,
         )
         return "nothing left: " + "; ".join(checks)
 
     # -- what the steps share --------------------------------------------------------------------------
-
-    @property
-    def _first_owner(self) -> str:
-        return self._owners.get(self.name, "")
 
     def _reply(self, name: str, version: int) -> str:
         return f"{name} v{version}"
@@ -557,14 +572,21 @@ class Doctor:
         except BotoCoreError as exc:
             raise StepFailed(f"sts:AssumeRole of {role} failed: {exc}") from None
         session = str(answer["AssumedRoleUser"]["Arn"])
-        base = self.you.client.base_url
-        if self.you.client.embedded:
-            # The embedded API takes its run's bearer token, and gives every request its one user's
-            # identity: the assumed credentials cannot change who it sees.
-            return ApiClient(base, token=self.you.client.token), None, session
         raw = answer["Credentials"]
         credentials = Credentials(raw["AccessKeyId"], raw["SecretAccessKey"], raw["SessionToken"])
-        return ApiClient(base, signer=SigV4Signer(api_region(base), credentials)), canonical_caller(session), session
+        client = (self.client_as or self._client_as)(credentials)
+        # In embedded mode every request is its one user's (see _client_as): no owner to expect.
+        return client, None if self.account.embedded else canonical_caller(session), session
+
+    def _client_as(self, credentials: Credentials) -> ApiClient:
+        """An API client acting with `credentials`: on AWS every request SigV4-signed with them (API
+        Gateway then reports the role's session as the caller). The embedded API takes its run's
+        bearer token instead, and gives every request its one user's identity: the assumed
+        credentials cannot change whom it sees."""
+        base = self.you.client.base_url
+        if self.account.embedded:
+            return ApiClient(base, token=self.you.client.token)
+        return ApiClient(base, signer=SigV4Signer(api_region(base), credentials))
 
     def _note(self, step: str, deadline: Deadline, line: str) -> None:
         """Progress on stderr, one line each time what a step sees changes (CI logs stay short)."""
