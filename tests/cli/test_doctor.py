@@ -257,3 +257,39 @@ def test_the_timeouts_and_the_role_reach_the_doctor() -> None:
     options = options_from(args)
     assert options.timeouts["serve"] == 60 and options.timeouts["delete"] == 900
     assert options.second_owner_role == "arn:aws:iam::111122223333:role/ci/team-b"
+
+
+def test_a_stack_without_a_load_balancer_fails_serve_at_once_saying_why() -> None:
+    api, clock, out = FakeApi(), Clock(), io.StringIO()
+    subject = doctor(api, clock, out)
+    subject.account = Account(lambda service: None, "0a1b2c3d4e5f", None, embedded=False)
+
+    assert subject.run() == 1
+
+    serve = out.getvalue().splitlines()[2]
+    assert serve.startswith("FAIL  2 serve")
+    assert "the stack has no LoadBalancerDnsName output (LoadBalancer=none)" in serve
+    assert clock.slept == []  # said at the first look, not after the timeout
+
+
+def test_the_stack_id_is_the_one_its_resources_carry(aws: None) -> None:
+    import boto3
+
+    from fleetkeeper.cli.doctor import _stack
+
+    template = """
+Resources:
+  Queue:
+    Type: AWS::SQS::Queue
+Outputs:
+  LoadBalancerDnsName:
+    Value: internal-fleetkeeper-123.us-east-1.elb.amazonaws.com
+"""
+    cloudformation = boto3.client("cloudformation", region_name="us-east-1")
+    stack_arn = cloudformation.create_stack(StackName="fleetkeeper", TemplateBody=template)["StackId"]
+
+    stack_id, dns = _stack(lambda service: boto3.client(service, region_name="us-east-1"), "fleetkeeper")
+
+    # template.yaml: FLEETKEEPER_STACK_ID is the last group of the StackId's UUID.
+    assert stack_id == stack_arn.rsplit("/", 1)[1].split("-")[4] and len(stack_id) == 12
+    assert dns == "internal-fleetkeeper-123.us-east-1.elb.amazonaws.com"

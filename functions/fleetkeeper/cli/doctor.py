@@ -443,6 +443,16 @@ class Doctor:
             if view.get("status") == "FAILED":
                 raise StepFailed(f"expected {name} to serve {expected!r}; it FAILED: {view.get('status_message')}")
             endpoint = view.get("endpoint")
+            if (
+                not endpoint
+                and self.account.stack_id
+                and not self.account.embedded
+                and not self.account.load_balancer_dns
+            ):
+                raise StepFailed(
+                    f"expected {name} to get an endpoint; the stack has no LoadBalancerDnsName output "
+                    "(LoadBalancer=none): its services have none, and the doctor has nothing to call"
+                )
             if not endpoint:
                 last = f"{state}, no endpoint yet: {view.get('status_message') or '-'}"
                 self._note(step, deadline, last)

@@ -15,7 +15,7 @@ fleetkeeper.reconciler's drivers make them:
   rule for the host `NAME.<domain>`, is left.
 
 ELB's Describe* actions and ec2:DescribeInstances take no resource-level permissions (Resource "*"):
-https://docs.aws.amazon.com/service-authorization/latest/reference/list_amazonelasticloadbalancingv2.html
+https://docs.aws.amazon.com/service-authorization/latest/reference/list_awselasticloadbalancingv2.html
 and https://docs.aws.amazon.com/service-authorization/latest/reference/list_amazonec2.html.
 """
 
