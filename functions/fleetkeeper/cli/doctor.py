@@ -642,10 +642,10 @@ def account_for(client: ApiClient, stack: str | None, credential: LocalCredentia
 
         return Account(local_client, LOCAL_STACK_ID, None, embedded=True)
     session = boto3.session.Session()
-    region = api_region(client.base_url)
 
     def aws_client(service: str) -> Any:
-        return session.client(service, region_name=region)  # type: ignore[call-overload]
+        # The API's region (asked only when a client is made: `--api-url` alone may need none).
+        return session.client(service, region_name=api_region(client.base_url, session))  # type: ignore[call-overload]
 
     stack_id, dns = _stack(aws_client, stack) if stack else (None, None)
     return Account(aws_client, stack_id, dns, embedded=False)
