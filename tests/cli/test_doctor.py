@@ -257,6 +257,12 @@ def test_the_timeouts_and_the_role_reach_the_doctor() -> None:
     options = options_from(args)
     assert options.timeouts["serve"] == 60 and options.timeouts["delete"] == 900
     assert options.second_owner_role == "arn:aws:iam::111122223333:role/ci/team-b"
+    # Zero may come only once the rollout's own requests reach the autoscaler: on AWS the ALB's
+    # metric is read a minute behind, over a minute, once a run comes; in embedded mode, seconds.
+    assert options.to_zero_delay == 180
+    assert options_from(args, embedded=True).to_zero_delay == 30
+    given = build_parser().parse_args(["doctor", "--to-zero-delay", "0"])
+    assert options_from(given).to_zero_delay == options_from(given, embedded=True).to_zero_delay == 0
 
 
 def test_a_stack_without_a_load_balancer_fails_serve_at_once_saying_why() -> None:

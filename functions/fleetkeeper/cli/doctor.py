@@ -669,7 +669,7 @@ def _stack(client: Callable[[str], Any], stack: str) -> tuple[str, str | None]:
 def run_doctor(args: argparse.Namespace, client: ApiClient, out: IO[str], err: IO[str]) -> int:
     from fleetkeeper.local import auth
 
-    options = options_from(args)
     credential = auth.credential_for(client.base_url) if client.embedded else None
+    options = options_from(args, embedded=credential is not None)
     account = account_for(client, args.stack, credential)
     return Doctor(client, account, options, out=out, err=err, credential=credential).run()

@@ -10,7 +10,12 @@ from dataclasses import dataclass, field
 from fleetkeeper.cli.http import UsageError
 from fleetkeeper.local.options import seconds
 
-DEFAULT_TO_ZERO_DELAY = 30
+# v2's downscale_to_zero_delay_seconds. It must outlast the time the rollout's own requests take to
+# reach the autoscaler, or the service goes to zero while it rolls: on AWS the autoscaler reads the
+# ALB's RequestCount over a minute ending a minute back, once a reconciler run (a minute) comes, so
+# 180 s; in embedded mode the local balancer's metric is seconds behind (--metrics-interval).
+AWS_TO_ZERO_DELAY = 180
+EMBEDDED_TO_ZERO_DELAY = 30
 # Timeouts (seconds) per step: an EC2 replica boots and passes its probe in a few minutes; going to
 # zero waits for the load balancer's metric (a minute behind) and the delay; a wake is one boot.
 DEFAULT_TIMEOUTS = {
@@ -29,7 +34,7 @@ ROLE_ARN = re.compile(r"arn:aws(?:-[a-z]+)*:iam::[0-9]{12}:role/(?:[\x21-\x7e]*/
 class Options:
     """What the doctor is asked to do (the command line, parsed)."""
 
-    to_zero_delay: int = DEFAULT_TO_ZERO_DELAY
+    to_zero_delay: int = EMBEDDED_TO_ZERO_DELAY
     second_owner_role: str | None = None
     timeouts: dict[str, float] = field(default_factory=lambda: dict(DEFAULT_TIMEOUTS))
     interval: float = 1.0
@@ -45,9 +50,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--to-zero-delay",
         type=_delay,
-        default=DEFAULT_TO_ZERO_DELAY,
         metavar="SECONDS",
-        help=f"v2's downscale_to_zero_delay_seconds (default {DEFAULT_TO_ZERO_DELAY})",
+        help=f"v2's downscale_to_zero_delay_seconds (default {AWS_TO_ZERO_DELAY} on AWS: longer than the load "
+        f"balancer metric's lag; {EMBEDDED_TO_ZERO_DELAY} in embedded mode)",
     )
     timeouts = parser.add_argument_group("per-step timeouts, in seconds")
     for key, flag, what in (
@@ -75,12 +80,14 @@ def _delay(text: str) -> int:
     return int(text)
 
 
-def options_from(args: argparse.Namespace) -> Options:
+def options_from(args: argparse.Namespace, *, embedded: bool = False) -> Options:
     role = args.second_owner_role
     if role is not None and not ROLE_ARN.fullmatch(role):
         raise UsageError(f"--second-owner-role {role!r}: expected an IAM role ARN, arn:aws:iam::ACCOUNT:role/NAME")
     return Options(
-        to_zero_delay=args.to_zero_delay,
+        to_zero_delay=args.to_zero_delay
+        if args.to_zero_delay is not None
+        else (EMBEDDED_TO_ZERO_DELAY if embedded else AWS_TO_ZERO_DELAY),
         second_owner_role=role,
         timeouts={key: getattr(args, f"timeout_{key}") for key in DEFAULT_TIMEOUTS},
     )
