@@ -299,3 +299,55 @@ Outputs:
     # template.yaml: FLEETKEEPER_STACK_ID is the last group of the StackId's UUID.
     assert stack_id == stack_arn.rsplit("/", 1)[1].split("-")[4] and len(stack_id) == 12
     assert dns == "internal-fleetkeeper-123.us-east-1.elb.amazonaws.com"
+
+
+def waking() -> Answer:
+    body = '{"error": {"code": "waking", "message": "service fk-doctor-abc123 has no replica serving yet"}}'
+    return Answer(503, body, {"retry-after": "5"})
+
+
+def test_wake_passes_on_the_wake_targets_503_then_the_new_versions_reply() -> None:
+    api, clock, out = FakeApi(), Clock(), io.StringIO()
+    answers = iter([waking(), waking(), Answer(502, "bad gateway"), Answer(200, "fk-doctor-abc123 v2\n")])
+    subject = doctor(api, clock, out)
+    subject.get = lambda url: next(answers)
+    subject.you.endpoints[subject.name] = "http://endpoint.example"
+
+    result = subject.runner.run("wake", 60, subject.wake)
+
+    assert result.verdict is Verdict.PASS, result.detail
+    assert result.detail == (
+        "503 waking (Retry-After 5s), then HTTP 200 'fk-doctor-abc123 v2' 2.0s after the first request (4 requests)"
+    )
+
+
+def test_wake_fails_when_the_service_was_not_at_zero_after_all() -> None:
+    api, clock, out = FakeApi(), Clock(), io.StringIO()
+    subject = doctor(api, clock, out)
+    subject.get = lambda url: Answer(200, "fk-doctor-abc123 v2\n")
+    subject.you.endpoints[subject.name] = "http://endpoint.example"
+
+    result = subject.runner.run("wake", 60, subject.wake)
+
+    assert result.verdict is Verdict.FAIL
+    assert result.detail == (
+        "expected the wake target's answer (503, error code `waking`, Retry-After) from http://endpoint.example "
+        "at zero replicas; got HTTP 200 'fk-doctor-abc123 v2'"
+    )
+
+
+def test_scale_to_zero_times_out_on_its_own_timeout_saying_what_it_saw() -> None:
+    api, clock, out = FakeApi(), Clock(), io.StringIO()
+    subject = doctor(api, clock, out)
+    subject.runner.run("create", 10, subject.create)
+    api.services[subject.name]["autoscaling"] = {"target_replicas": 1, "request_rate": 0.5, "waking": False}
+    api.services[subject.name]["replicas"] = [{"replica_id": 3, "version": 2, "status": "READY"}]
+
+    result = subject.runner.run("scale to zero", 45, subject.scale_to_zero)
+
+    assert result.verdict is Verdict.FAIL
+    assert result.detail == (
+        "expected fk-doctor-abc123 at 0 replicas with its route on the wake target (no request for 30s) within "
+        "45s; last seen: target 1, replicas: 3 v2 READY, rate 0.5/s, waking False"
+    )
+    assert result.elapsed == 45

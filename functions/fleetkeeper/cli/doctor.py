@@ -111,7 +111,7 @@ class Answer:
 
     status: int | None
     body: str = ""
-    headers: dict[str, str] = field(default_factory=dict)
+    headers: dict[str, str] = field(default_factory=dict)  # names lower-cased
     error: str = ""
 
     def describe(self) -> str:
@@ -133,11 +133,16 @@ def http_get(url: str, timeout: float = HTTP_TIMEOUT) -> Answer:
     request = urllib.request.Request(url, headers={"User-Agent": "fleetkeeper-doctor"})
     try:
         with urllib.request.urlopen(request, timeout=timeout) as answer:
-            return Answer(answer.status, answer.read().decode(errors="replace"), dict(answer.headers.items()))
+            return Answer(answer.status, answer.read().decode(errors="replace"), _headers(answer.headers.items()))
     except urllib.error.HTTPError as exc:
-        return Answer(exc.code, exc.read().decode(errors="replace"), dict(exc.headers.items()))
+        return Answer(exc.code, exc.read().decode(errors="replace"), _headers(exc.headers.items()))
     except (urllib.error.URLError, OSError) as exc:
         return Answer(None, error=f"no answer: {getattr(exc, 'reason', exc)}")
+
+
+def _headers(items: Any) -> dict[str, str]:
+    """Header names lower-cased: HTTP's are case-insensitive, whatever a load balancer sends."""
+    return {str(k).lower(): str(v) for k, v in items}
 
 
 @dataclass
@@ -217,7 +222,7 @@ class Doctor:
                 self.runner.skip(title, "not run: an earlier step failed")
                 continue
             self.runner.run(title, timeout, action)
-        # The clean-up runs whatever happened before (Ctrl-C included: a second one stops it).
+        # The clean-up runs whatever happened before (after a Ctrl-C too).
         self.runner.run("delete", timeouts["delete"], self.delete)
         self.runner.run("leftovers", timeouts["leftovers"], self.leftovers)
         verdict = "FAILED" if self.runner.failed else "passed"
@@ -278,7 +283,7 @@ class Doctor:
                 f"expected the wake target's answer (503, error code `waking`, Retry-After) from {endpoint} at zero "
                 f"replicas; got {first.describe()}"
             )
-        retry_after = first.headers.get("Retry-After", "?")
+        retry_after = first.headers.get("retry-after", "?")
         requests, last = 1, first
 
         def served() -> Answer | None:
