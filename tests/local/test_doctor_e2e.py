@@ -10,8 +10,10 @@ tests/cli/test_doctor_owner.py. And the in-memory AWS holds no instance or targe
 processes, the balancer a local one), so the AWS part of the last check finds nothing to find here:
 tests/cli/test_doctor_leftovers.py shows it finding what is left.
 
-A fast tick and metrics interval, and a two-second scale-to-zero delay (longer than one metric interval: a
-1 s bucket between two polls may hold no request, and zero would then come during the rollout), keep the run under 30 s.
+A failed step, and the clean-up that runs after it, are tests/cli/test_doctor.py's (a fake clock,
+no waiting). A fast tick and metrics interval and a two-second scale-to-zero delay keep the run
+short (24 to 45 s measured, on 2 busy cores). The delay is longer than one metric interval: a 1 s
+bucket between two polls may hold no request, and zero would then come during the rollout.
 """
 
 from __future__ import annotations
@@ -74,16 +76,3 @@ def test_the_doctor_passes_every_step_and_leaves_nothing(plane: LocalPlane) -> N
     assert plane.info()["endpoints"] == {}
     print(f"\ndoctor e2e: {took:.1f}s")
 
-
-def test_a_step_that_times_out_fails_the_run_and_what_it_made_is_deleted(plane: LocalPlane) -> None:
-    result = plane.run("doctor", "--serve-timeout", "0.2", "--delete-timeout", "60", timeout=120)
-
-    assert result.returncode == 1, result.stdout + result.stderr
-    lines = result.stdout.splitlines()
-    assert lines[1].startswith("PASS  1 create")
-    assert lines[2].startswith("FAIL  2 serve") and "within 0.2s; last seen: " in lines[2]
-    assert [line.split()[0] for line in lines[3:7]] == ["SKIP"] * 4
-    assert lines[7].startswith("PASS  7 delete") and "deleted and gone" in lines[7]
-    assert lines[8].startswith("PASS  8 leftovers")
-    assert lines[9].startswith("doctor FAILED: 3 passed, 1 failed, 4 skipped")
-    assert services(plane) == []
