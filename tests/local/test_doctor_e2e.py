@@ -75,4 +75,3 @@ def test_the_doctor_passes_every_step_and_leaves_nothing(plane: LocalPlane) -> N
     assert services(plane) == []
     assert plane.info()["endpoints"] == {}
     print(f"\ndoctor e2e: {took:.1f}s")
-
