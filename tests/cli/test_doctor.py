@@ -120,8 +120,9 @@ class FakeApi(ApiClient):
     """The API's service routes over a dict: a service is created, read, listed and deleted (gone at
     once). It never gets an endpoint: nothing runs its replicas."""
 
-    def __init__(self, *, unreachable_create: bool = False) -> None:
+    def __init__(self, *, unreachable_create: bool = False, refuse_delete: bool = False) -> None:
         super().__init__(API)
+        self.refuse_delete = refuse_delete
         self.services: dict[str, dict[str, Any]] = {}
         self.calls: list[tuple[str, str]] = []
         self.unreachable_create = unreachable_create
@@ -150,6 +151,8 @@ class FakeApi(ApiClient):
             return Response(200, {}, {"services": list(self.services.values())})
         if name not in self.services:
             raise ApiError(404, f"service '{name}' does not exist", None)
+        if method == "DELETE" and self.refuse_delete:
+            raise ApiError(403, f"you may read service '{name}' but not change it", None)
         if method == "DELETE":
             return Response(202, {}, {**self.services.pop(name), "status": "SHUTTING_DOWN"})
         return Response(200, {}, self.services[name])
@@ -351,3 +354,18 @@ def test_scale_to_zero_times_out_on_its_own_timeout_saying_what_it_saw() -> None
         "45s; last seen: target 1, replicas: 3 v2 READY, rate 0.5/s, waking False"
     )
     assert result.elapsed == 45
+
+
+def test_a_refused_delete_fails_delete_and_leftovers_names_what_is_left_without_waiting() -> None:
+    api, clock, out = FakeApi(refuse_delete=True), Clock(), io.StringIO()
+
+    assert doctor(api, clock, out).run() == 1
+
+    lines = out.getvalue().splitlines()
+    assert lines[7] == (
+        "FAIL  7 delete             0.0s  DELETE fk-doctor-abc123 as you: HTTP 403 you may read service "
+        "'fk-doctor-abc123' but not change it"
+    )
+    assert lines[8].startswith("FAIL  8 leftovers          0.0s  expected nothing of the doctor's services left")
+    assert "last seen: fk-doctor-abc123 still in the API (as you); fk-doctor-abc123 still listed" in lines[8]
+    assert api.services  # it is there, and the doctor said so

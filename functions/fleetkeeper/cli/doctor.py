@@ -158,7 +158,8 @@ class Account:
 
 @dataclass
 class Owner:
-    """A caller of the API: its client, what it made, and the owner the API should record."""
+    """A caller of the API (you, or the second role): its client, the names it asked to create, the
+    incarnations the API answered with, and their endpoints once seen."""
 
     label: str
     client: ApiClient
@@ -199,6 +200,7 @@ class Doctor:
         self.runner = StepRunner(out, clock=clock)
         # Each created service's owner, as the API recorded it.
         self._owners: dict[str, str] = {}
+        self._delete_failed = False
         self._noted = ""
 
     # -- the run ---------------------------------------------------------------------------------------
@@ -377,6 +379,7 @@ class Doctor:
             except StepFailed as exc:
                 problems.append(str(exc))
         if problems:
+            self._delete_failed = True
             raise StepFailed("; ".join(problems))
         return "deleted and gone: " + ", ".join(gone) if gone else "nothing to delete (never created)"
 
@@ -394,8 +397,10 @@ class Doctor:
             self._note("leftovers", deadline, "; ".join(left) or "nothing left")
             return True if not left else None
 
+        # After a failed delete, what is left is known to be there: say it at once, not after waiting.
+        patience = Deadline(0.0, self.runner.clock) if self._delete_failed else deadline
         wait_until(
-            deadline,
+            patience,
             clean,
             expected="nothing of the doctor's services left",
             seen=lambda: "; ".join(left),
