@@ -369,3 +369,21 @@ def test_a_refused_delete_fails_delete_and_leftovers_names_what_is_left_without_
     assert lines[8].startswith("FAIL  8 leftovers          0.0s  expected nothing of the doctor's services left")
     assert "last seen: fk-doctor-abc123 still in the API (as you); fk-doctor-abc123 still listed" in lines[8]
     assert api.services  # it is there, and the doctor said so
+
+
+def test_a_ready_service_whose_endpoint_does_not_answer_here_says_where_to_look() -> None:
+    api, clock, out = FakeApi(), Clock(), io.StringIO()
+    subject = doctor(api, clock, out)
+    subject.runner.run("create", 10, subject.create)
+    view = api.services[subject.name]
+    view.update(status="READY", endpoint="http://internal-fk-1.us-east-1.elb.amazonaws.com:10000")
+    view["replicas"] = [{"replica_id": 0, "version": 1, "status": "READY"}]
+
+    result = subject.runner.run("serve", 30, subject.serve)
+
+    assert result.verdict is Verdict.FAIL
+    assert result.detail.endswith(
+        "last seen: READY v1 (1/1 ready); GET http://internal-fk-1.us-east-1.elb.amazonaws.com:10000/ -> no answer: "
+        "connection refused (READY, but its endpoint does not answer here: an internal load balancer answers inside "
+        "its VPC only, and only LoadBalancerAllowedCidr; docs/DEPLOY.md, Smoke test)"
+    )

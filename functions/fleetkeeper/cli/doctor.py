@@ -475,6 +475,12 @@ class Doctor:
             if tally is not None:
                 tally[answer.describe()] = tally.get(answer.describe(), 0) + 1
             last = f"{state}; GET {endpoint}/ -> {answer.describe()}"
+            if answer.status is None and view.get("status") == "READY":
+                # Served, yet not to us: the usual cause is where the doctor runs from.
+                last += (
+                    " (READY, but its endpoint does not answer here: an internal load balancer answers inside its "
+                    "VPC only, and only LoadBalancerAllowedCidr; docs/DEPLOY.md, Smoke test)"
+                )
             self._note(step, deadline, last)
             return None
 

@@ -130,7 +130,7 @@ _HELP: dict[str, tuple[str, str]] = {
         "deleted all the same). On AWS it launches a few short-lived instances of the stack's default type.",
         "  fleetkeeper doctor --stack fleetkeeper\n"
         "  fleetkeeper doctor --stack fleetkeeper --second-owner-role arn:aws:iam::111122223333:role/team-b-ci\n"
-        "  fleetkeeper doctor --local --to-zero-delay 5",
+        "  fleetkeeper doctor --local",
     ),
     "local": (
         "Run the whole control plane on this machine: the API, the reconciler, the cleanup and an in-memory\n"
