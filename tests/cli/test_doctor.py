@@ -123,6 +123,7 @@ class FakeApi(ApiClient):
     def __init__(self, *, unreachable_create: bool = False, refuse_delete: bool = False) -> None:
         super().__init__(API)
         self.refuse_delete = refuse_delete
+        self.blips: list[Exception] = []  # raised, in turn, by the next GETs of a service
         self.services: dict[str, dict[str, Any]] = {}
         self.calls: list[tuple[str, str]] = []
         self.unreachable_create = unreachable_create
@@ -149,6 +150,8 @@ class FakeApi(ApiClient):
             return Response(201, {}, view)
         if method == "GET" and not name:
             return Response(200, {}, {"services": list(self.services.values())})
+        if method == "GET" and name and self.blips:
+            raise self.blips.pop(0)
         if name not in self.services:
             raise ApiError(404, f"service '{name}' does not exist", None)
         if method == "DELETE" and self.refuse_delete:
@@ -387,3 +390,18 @@ def test_a_ready_service_whose_endpoint_does_not_answer_here_says_where_to_look(
         "connection refused (READY, but its endpoint does not answer here: an internal load balancer answers inside "
         "its VPC only, and only LoadBalancerAllowedCidr; docs/DEPLOY.md, Smoke test)"
     )
+
+
+def test_the_api_blipping_while_a_step_waits_is_no_verdict() -> None:
+    api, clock, out = FakeApi(), Clock(), io.StringIO()
+    subject = doctor(api, clock, out)
+    subject.get = lambda url: Answer(200, "fk-doctor-abc123 v1\n")
+    subject.runner.run("create", 10, subject.create)
+    api.services[subject.name].update(status="READY", endpoint="http://endpoint.example")
+    api.blips = [ApiError(503, "Service Unavailable", None), Unreachable("cannot reach the API: timed out")]
+
+    result = subject.runner.run("serve", 30, subject.serve)
+
+    assert result.verdict is Verdict.PASS, result.detail
+    assert result.elapsed == 2  # two polls lost, one a second
+    assert "the API answered 503: Service Unavailable" in subject.err.getvalue()  # type: ignore[attr-defined]

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from typing import IO, TYPE_CHECKING, Any
 
 from fleetkeeper.cli.doctor_options import Options, options_from
-from fleetkeeper.cli.http import ApiClient, ApiError, SigV4Signer, UsageError, api_region
+from fleetkeeper.cli.http import RETRYABLE, ApiClient, ApiError, SigV4Signer, Unreachable, UsageError, api_region
 from fleetkeeper.cli.leftovers import AwsLeftovers, CheckFailed, Made
 from fleetkeeper.cli.steps import Deadline, StepFailed, StepRunner, StepSkipped, wait_until
 from fleetkeeper.cli.waiting import readiness
@@ -258,7 +258,10 @@ class Doctor:
 
         def at_zero() -> dict[str, Any] | None:
             nonlocal view
-            view = self._view(self.you, self.name)
+            polled = self._poll(self.you, self.name, "scale to zero", deadline)
+            if polled is None:
+                return None
+            view = polled
             scaling = view.get("autoscaling") or {}
             self._note("scale to zero", deadline, _scaling_line(view))
             if not view.get("replicas") and scaling.get("target_replicas") == 0 and scaling.get("waking"):
@@ -447,7 +450,10 @@ class Doctor:
 
         def answered() -> tuple[str, Answer, dict[str, Any]] | None:
             nonlocal last, result
-            view = self._view(owner, name)
+            polled = self._poll(owner, name, step, deadline)
+            if polled is None:
+                return None
+            view = polled
             version = int(view.get("target_version", 0))
             state = f"{view.get('status')} v{version} ({readiness(view, version)})"
             if view.get("status") == "FAILED":
@@ -493,13 +499,30 @@ class Doctor:
             sleep=self.sleep,
         )
 
+    def _poll(self, owner: Owner, name: str, step: str, deadline: Deadline) -> dict[str, Any] | None:
+        """The service's view, or None after a blip (unreachable, throttled, a gateway error): while
+        waiting, a blip is no verdict; the step's timeout is."""
+        try:
+            return self._view(owner, name)
+        except Unreachable as exc:
+            self._note(step, deadline, str(exc))
+        except ApiError as exc:
+            if exc.status not in RETRYABLE:
+                raise
+            self._note(step, deadline, f"the API answered {exc.status}: {exc.message}")
+        return None
+
     def _gone(self, owner: Owner, name: str) -> bool | None:
         try:
             view = owner.client.request("GET", f"/v1/services/{name}").body
         except ApiError as exc:
             if exc.status == 404:
                 return True
+            if exc.status in RETRYABLE:
+                return None
             raise
+        except Unreachable:
+            return None
         made = owner.made.get(name)
         return True if made is not None and view.get("uid") != made.uid else None
 
@@ -508,6 +531,8 @@ class Doctor:
             view = owner.client.request("GET", f"/v1/services/{name}").body
         except ApiError as exc:
             return f"HTTP {exc.status} {exc.message}"
+        except Unreachable as exc:
+            return str(exc)
         return f"{view.get('status')} ({view.get('lifecycle')}), {len(view.get('replicas') or [])} replica(s) left"
 
     def _left(self, owners: list[Owner], made: list[Made]) -> tuple[list[str], list[str]]:
