@@ -182,6 +182,7 @@ def test_a_service_that_never_serves_fails_serve_skips_the_rest_and_is_still_del
     assert doctor(api, clock, out).run() == 1
 
     lines = out.getvalue().splitlines()
+    assert lines[0] == f"fleetkeeper doctor: {API} (no --stack: no AWS resources to check); services fk-doctor-abc123"
     verdicts = [line.split()[:2] for line in lines[1:-1]]
     assert verdicts == [
         ["PASS", "1"],

@@ -207,8 +207,13 @@ class Doctor:
 
     def run(self) -> int:
         out = self.runner.out
-        where = "embedded mode" if self.you.client.embedded else f"stack {self.account.stack_id or '?'}"
-        names = f"{self.name}, {self.second_name}"
+        if self.account.embedded:
+            where = "embedded mode"
+        else:
+            where = (
+                f"stack {self.account.stack_id}" if self.account.stack_id else "no --stack: no AWS resources to check"
+            )
+        names = f"{self.name}, {self.second_name}" if self.options.second_owner_role else self.name
         out.write(f"fleetkeeper doctor: {self.you.client.base_url} ({where}); services {names}\n")
         timeouts = self.options.timeouts
         steps: list[tuple[str, float, Callable[[Deadline], str]]] = [
