@@ -151,6 +151,19 @@ mutate: $(MUTATE_STAMP)
 	cd $(MUTATE_DIR) && ../$(BIN)/mutmut run --max-children $(MUTATE_WORKERS)
 	cd $(MUTATE_DIR) && ../$(BIN)/mutmut results
 
+# A smoke test of a deployed stack, with your own AWS credentials (docs/DEPLOY.md, "Smoke test"):
+# `make smoke-aws STACK=fleetkeeper [SECOND_OWNER_ROLE=arn:aws:iam::...:role/NAME] [DOCTOR_ARGS=...]`
+# runs `fleetkeeper doctor --stack STACK`: a few short-lived instances, about 10 to 20 minutes.
+# Never part of `make test` (it needs an account).
+.PHONY: smoke-aws
+ifneq ($(filter smoke-aws,$(MAKECMDGOALS)),)
+ifeq ($(STACK),)
+$(error usage: make smoke-aws STACK=NAME [SECOND_OWNER_ROLE=ARN] [DOCTOR_ARGS=...])
+endif
+endif
+smoke-aws: $(STAMP)
+	$(BIN)/fleetkeeper doctor --stack "$(STACK)" $(if $(SECOND_OWNER_ROLE),--second-owner-role "$(SECOND_OWNER_ROLE)") $(DOCTOR_ARGS)
+
 bench: $(STAMP)
 	@for b in bench/*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
 

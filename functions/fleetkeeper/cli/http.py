@@ -174,6 +174,22 @@ def _cloudformation_client() -> Any:
     return boto3.session.Session().client("cloudformation")
 
 
+def api_region(url: str, session: Any = None) -> str:
+    """The AWS region of an API URL: from its host name (`<id>.execute-api.<region>.amazonaws.com`),
+    else the usual AWS settings (AWS_REGION, the profile's region)."""
+    match = _EXECUTE_API_HOST.search(urlsplit(url).hostname or "")
+    if match:
+        return match["region"]
+    if session is None:
+        import boto3
+
+        session = boto3.session.Session()
+    region = session.region_name
+    if not region:
+        raise UsageError(f"cannot tell the AWS region of {url}: set AWS_REGION")
+    return str(region)
+
+
 class SigV4Signer:
     """Signs requests for API Gateway (`execute-api`) with the standard credential chain."""
 
@@ -187,10 +203,7 @@ class SigV4Signer:
         from botocore.exceptions import BotoCoreError
 
         session = boto3.session.Session()
-        match = _EXECUTE_API_HOST.search(urlsplit(url).hostname or "")
-        region = match["region"] if match else session.region_name
-        if not region:
-            raise UsageError(f"cannot tell the AWS region of {url}: set AWS_REGION")
+        region = api_region(url, session)
         try:
             credentials = session.get_credentials()
         except BotoCoreError as exc:  # an expired SSO session, a broken profile...

@@ -22,6 +22,7 @@ import yaml
 
 from fleetkeeper.cli import cloudlogs, render
 from fleetkeeper.cli.cloudlogs import since_seconds
+from fleetkeeper.cli.doctor_options import add_arguments as add_doctor_arguments
 from fleetkeeper.cli.http import (
     DEFAULT_API_URL,
     ApiClient,
@@ -121,6 +122,15 @@ _HELP: dict[str, tuple[str, str]] = {
         "finds it; else --log-group or $FLEETKEEPER_LOG_GROUP).",
         "  fleetkeeper logs web\n  fleetkeeper logs web --replica 3 --tail 50\n  fleetkeeper logs web --follow\n"
         "  fleetkeeper logs web --stack fleetkeeper --since 10m",
+    ),
+    "doctor": (
+        "Smoke-test a control plane as its user: create a tiny service, reach its endpoint, update it,\n"
+        "scale it to zero and wake it, create one as a second owner, delete both and check nothing is\n"
+        "left. Each step prints PASS, FAIL or SKIP with its time; exit 1 if any failed (what it made is\n"
+        "deleted all the same). On AWS it launches a few short-lived instances of the stack's default type.",
+        "  fleetkeeper doctor --stack fleetkeeper\n"
+        "  fleetkeeper doctor --stack fleetkeeper --second-owner-role arn:aws:iam::111122223333:role/team-b-ci\n"
+        "  fleetkeeper doctor --local",
     ),
     "local": (
         "Run the whole control plane on this machine: the API, the reconciler, the cleanup and an in-memory\n"
@@ -279,6 +289,9 @@ def build_parser() -> argparse.ArgumentParser:
     logs.add_argument(
         "--log-group", help="on AWS: the stack's replica log group (else $FLEETKEEPER_LOG_GROUP or --stack's output)"
     )
+
+    doctor = _command(commands, "doctor", [common])
+    add_doctor_arguments(doctor)
 
     local = _command(commands, "local", [])
     add_arguments(local)
@@ -717,6 +730,12 @@ class Cli:
         wanted = [(rid, path) for rid, path in sorted(found.items()) if self.args.all or rid in current]
         return wanted, len(found) - len(wanted)
 
+    def doctor(self) -> int:
+        """The smoke test (fleetkeeper.cli.doctor): its own output, its own exit code."""
+        from fleetkeeper.cli.doctor import run_doctor
+
+        return run_doctor(self.args, self.client, self.out, self.err)
+
     # -- helpers ---------------------------------------------------------------------------------------
 
     def _said(self, line: str, view: dict[str, Any]) -> None:
@@ -869,6 +888,7 @@ _COMMANDS: dict[str, Callable[[Cli], int]] = {
     "access": Cli.access,
     "logs": Cli.logs,
     "events": Cli.events,
+    "doctor": Cli.doctor,
 }
 
 
