@@ -86,6 +86,7 @@ LONG_FIRST = (
     "tests/simulation/test_simulation.py::",  # 200 steps per seed
     "tests/simulation/test_replay.py::",  # each seed run twice
     "tests/local/test_wake_e2e.py::",  # to zero, a wake, to zero and a wake again
+    "tests/local/test_doctor_e2e.py::",  # the whole smoke test against `fleetkeeper local`
     "tests/simulation/test_reclaim_wave.py::",  # eight simulated minutes of a wave per seed
     "tests/reconciler/test_crash.py::test_a_crash_at_every_aws_call_is_completed_by_the_next_runs[replica-died-",
     "tests/reconciler/test_crash.py::test_a_crash_at_every_aws_call_is_completed_by_the_next_runs[update-",
