@@ -208,7 +208,7 @@ def test_a_second_stack_in_the_account_keeps_everything(
             "fleetkeeper:managed": "true",
             "fleetkeeper:stack": OTHER,
             "fleetkeeper:uid": uid,
-            "fleetkeeper:replica": "0",
+            "fleetkeeper:replica-id": "0",
             "fleetkeeper:service": "other0",
         },
         client_token=client_token(uid, 0, stack=OTHER),
