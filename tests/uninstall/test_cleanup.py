@@ -12,7 +12,6 @@ from fleetkeeper.reconciler.driver import client_token
 from fleetkeeper.replicas.identity import ReplicaIdentities, owner_scope, role_name
 from fleetkeeper.uninstall import handler
 from fleetkeeper.uninstall.cleanup import StackScope, Uninstall
-from tests.conftest import TABLE
 from tests.reconciler_world import instance_state, raw_client, run_tagged
 from tests.uninstall.stack import STACK, STACK_ID, ResponseEndpoint, delete_event, deploy
 

@@ -14,9 +14,10 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from fleetkeeper.uninstall import handler
-from tests.cfn import translate
+from tests.cfn import as_list, function_role, translate
 from tests.conftest import TABLE
 from tests.reconciler_world import raw_client, run_tagged
+from tests.stacks.test_isolation_iam import all_statements
 from tests.uninstall.stack import (
     CONFIG,
     CloudFormationDelete,
@@ -38,6 +39,11 @@ if TYPE_CHECKING:
 
 DOMAIN = "svc.example.com"
 OTHER = "fedcba987654"
+# The IAM action of an API call, where it is not <signing name>:<operation>
+# (https://docs.aws.amazon.com/AmazonS3/latest/API/API_ListObjectsV2.html: s3:ListBucket;
+# .../API_DeleteObjects.html: s3:DeleteObject for each key).
+IAM_ACTION = {("s3", "ListObjectsV2"): "s3:ListBucket", ("s3", "DeleteObjects"): "s3:DeleteObject"}
+SIGNING = {"elbv2": "elasticloadbalancing"}
 
 
 @pytest.fixture
@@ -59,18 +65,34 @@ def stack_template(stack: Deployed) -> dict[str, Any]:
     return translate(overrides=overrides)
 
 
-def the_cleanup(endpoint: ResponseEndpoint) -> Callable[[str, dict[str, Any]], tuple[bool, str]]:
-    """CloudFormation's Delete request to the custom resource: the function, its answer to the URL."""
+def the_cleanup(
+    endpoint: ResponseEndpoint, calls: list[tuple[str, str]] | None = None
+) -> Callable[[str, dict[str, Any]], tuple[bool, str]]:
+    """CloudFormation's Delete request to the custom resource: the function, its answer to the URL.
+    The AWS calls the function makes go to `calls` as (service, operation)."""
+    from fleetkeeper import aws
+
     clock = [0.0]
+
+    def record(model: Any, **_: Any) -> None:
+        if calls is not None:
+            calls.append((model.service_model.service_name, model.name))
 
     def invoke(logical_id: str, properties: dict[str, Any]) -> tuple[bool, str]:
         event = delete_event(endpoint.url, properties)
-        succeeded, reason = handler.decide(
-            event,
-            remaining=lambda: 900.0 - clock[0],
-            status_of=lambda stack_id: "DELETE_IN_PROGRESS",
-            sleep=lambda seconds: clock.__setitem__(0, clock[0] + seconds),
-        )
+        clients = [aws.ec2(), aws.elbv2(), aws.iam(), aws.route53(), aws.ssm(), aws.s3(), aws.cloudformation()]
+        for client in clients:
+            client.meta.events.register("before-call", record, unique_id="uninstall-test-calls")
+        try:
+            succeeded, reason = handler.decide(
+                event,
+                remaining=lambda: 900.0 - clock[0],
+                status_of=lambda stack_id: "DELETE_IN_PROGRESS",
+                sleep=lambda seconds: clock.__setitem__(0, clock[0] + seconds),
+            )
+        finally:
+            for client in clients:
+                client.meta.events.unregister("before-call", unique_id="uninstall-test-calls")
         handler.answer(event, succeeded, reason)
         response = endpoint.responses[-1]
         assert response["LogicalResourceId"] == logical_id == "UninstallCleanup"
@@ -127,13 +149,15 @@ def deployed(world: World, monkeypatch: pytest.MonkeyPatch) -> Deployed:
     return stack
 
 
-def assert_deleted_completely(stack: Deployed, endpoint: ResponseEndpoint) -> None:
+def assert_deleted_completely(
+    stack: Deployed, endpoint: ResponseEndpoint, calls: list[tuple[str, str]] | None = None
+) -> None:
     before = leftovers(stack)
     # What the code made is there: instances, shards and their groups, roles, secrets (and records).
     assert {"instances", "load balancers", "target groups", "roles", "instance profiles", "parameters"} <= set(
         before
     ), before
-    outcome = CloudFormationDelete(stack_template(stack), stack.physical, the_cleanup(endpoint)).run()
+    outcome = CloudFormationDelete(stack_template(stack), stack.physical, the_cleanup(endpoint, calls)).run()
     assert outcome.failures == {}
     assert outcome.status == "DELETE_COMPLETE"
     assert leftovers(stack) == {}
@@ -147,7 +171,19 @@ def test_sam_delete_right_after_down_all_completes_with_nothing_left(
     deployed: Deployed, endpoint: ResponseEndpoint
 ) -> None:
     assert "records" in leftovers(deployed)
-    assert_deleted_completely(deployed, endpoint)
+    calls: list[tuple[str, str]] = []
+    assert_deleted_completely(deployed, endpoint, calls)
+    # Every call it made is an action its role grants (tests/template/test_uninstall.py: on what).
+    template = stack_template(deployed)
+    granted = {
+        action.lower()
+        for statement in all_statements(template, function_role(template, "UninstallFunction"))
+        if statement["Effect"] == "Allow"
+        for action in as_list(statement["Action"])
+    }
+    made = {IAM_ACTION.get(call, f"{SIGNING.get(call[0], call[0])}:{call[1]}") for call in calls}
+    assert {"iam:DeleteRole", "route53:ChangeResourceRecordSets", "elasticloadbalancing:DeleteLoadBalancer"} <= made
+    assert {action for action in made if action.lower() not in granted} == set()
     # The user's wildcard record is the user's.
     zone = raw_client("route53").list_resource_record_sets(HostedZoneId=deployed.zone_id)["ResourceRecordSets"]
     assert {f"\\052.{DOMAIN}.", f"*.{DOMAIN}."} & {r["Name"] for r in zone}  # AWS writes * as \\052
