@@ -304,10 +304,37 @@ def test_records_only_the_stacks_shards_aliases_under_its_domain(strict_aws: Any
     )
     stack = deploy(table=table)
     report = Uninstall(
-        StackScope(STACK, table, stack.bucket, stack.policy_arn, hosted_zone_id=zone, domain_name="svc.example.com"),
+        StackScope(
+            STACK,
+            table,
+            stack.bucket,
+            stack.policy_arn,
+            load_balancer_arn=stack.alb.arn,
+            hosted_zone_id=zone,
+            domain_name="svc.example.com",
+        ),
         remaining=lambda: 900.0,
     ).run()
     assert report.complete and report.deleted["records"] == 2
     names = {r["Name"] for r in route53.list_resource_record_sets(HostedZoneId=zone)["ResourceRecordSets"]}
     assert not {"a.svc.example.com.", "b.svc.example.com."} & names
     assert {"c.svc.example.com.", "d.svc.example.com.", "e.other.example.com."} <= names
+
+
+def test_without_a_load_balancer_no_elastic_load_balancing_call_is_made(stack: Deployed) -> None:
+    """LoadBalancer none: the role has no Elastic Load Balancing permission (UninstallEndpointsPolicy
+    is not made) and the code made no endpoint."""
+    from fleetkeeper import aws
+
+    calls: list[str] = []
+    elbv2 = aws.elbv2()
+    elbv2.meta.events.register("before-call", lambda model, **_: calls.append(model.name), unique_id="no-elb")
+    try:
+        instance = an_instance()
+        report = Uninstall(
+            StackScope(STACK, stack.table, stack.bucket, stack.policy_arn), remaining=lambda: 900.0
+        ).run()
+    finally:
+        elbv2.meta.events.unregister("before-call", unique_id="no-elb")
+    assert report.complete and calls == []
+    assert instance_state(instance) in {"shutting-down", "terminated"}

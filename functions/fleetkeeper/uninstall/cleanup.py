@@ -176,19 +176,20 @@ class Uninstall:
         live, going = self.instances()
         found["instances"] += live + going
         waiting["instances"] += live + going
+        # Without a load balancer (LoadBalancer none) the code makes no endpoint, and the role has no
+        # Elastic Load Balancing permission: nothing of it is looked for.
         if self.scope.load_balancer_arn:
             found["listeners"] += self.template_listeners()
             found["rules"] += self.template_rules()
-        if self.scope.hosted_zone_id and self.scope.domain_name:
-            found["records"] += self.records()
-        shards = self.shards()
-        found["load balancers"] += len(shards)
-        interfaces = self.shard_interfaces() if self.scope.security_group_id else 0
-        found["network interfaces"] += interfaces
-        waiting["network interfaces"] += interfaces
-        groups, in_use = self.target_groups()
-        found["target groups"] += groups
-        waiting["target groups"] += in_use
+            if self.scope.hosted_zone_id and self.scope.domain_name:
+                found["records"] += self.records()
+            found["load balancers"] += len(self.shards())
+            interfaces = self.shard_interfaces() if self.scope.security_group_id else 0
+            found["network interfaces"] += interfaces
+            waiting["network interfaces"] += interfaces
+            groups, in_use = self.target_groups()
+            found["target groups"] += groups
+            waiting["target groups"] += in_use
         found["replica roles"] += self.replica_roles()
         found["parameters"] += self.parameters()
         found["objects"] += self.objects()
