@@ -14,10 +14,10 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from fleetkeeper.uninstall import handler
-from tests.cfn import as_list, function_role, translate
+from tests.cfn import translate
 from tests.conftest import TABLE
 from tests.reconciler_world import raw_client, run_tagged
-from tests.stacks.test_isolation_iam import all_statements
+from tests.uninstall.granted import Call, denied, observe
 from tests.uninstall.stack import (
     CONFIG,
     CloudFormationDelete,
@@ -39,11 +39,6 @@ if TYPE_CHECKING:
 
 DOMAIN = "svc.example.com"
 OTHER = "fedcba987654"
-# The IAM action of an API call, where it is not <signing name>:<operation>
-# (https://docs.aws.amazon.com/AmazonS3/latest/API/API_ListObjectsV2.html: s3:ListBucket;
-# .../API_DeleteObjects.html: s3:DeleteObject for each key).
-IAM_ACTION = {("s3", "ListObjectsV2"): "s3:ListBucket", ("s3", "DeleteObjects"): "s3:DeleteObject"}
-SIGNING = {"elbv2": "elasticloadbalancing"}
 
 
 @pytest.fixture
@@ -66,23 +61,23 @@ def stack_template(stack: Deployed) -> dict[str, Any]:
 
 
 def the_cleanup(
-    endpoint: ResponseEndpoint, calls: list[tuple[str, str]] | None = None
+    endpoint: ResponseEndpoint, calls: list[Call] | None = None
 ) -> Callable[[str, dict[str, Any]], tuple[bool, str]]:
     """CloudFormation's Delete request to the custom resource: the function, its answer to the URL.
-    The AWS calls the function makes go to `calls` as (service, operation)."""
+    The AWS calls the function makes go to `calls`, with their parameters."""
     from fleetkeeper import aws
 
     clock = [0.0]
 
-    def record(model: Any, **_: Any) -> None:
+    def record(model: Any, params: dict[str, Any], **_: Any) -> None:
         if calls is not None:
-            calls.append((model.service_model.service_name, model.name))
+            calls.append(observe(model.service_model.service_name, model.name, params))
 
     def invoke(logical_id: str, properties: dict[str, Any]) -> tuple[bool, str]:
         event = delete_event(endpoint.url, properties)
         clients = [aws.ec2(), aws.elbv2(), aws.iam(), aws.route53(), aws.ssm(), aws.s3(), aws.cloudformation()]
         for client in clients:
-            client.meta.events.register("before-call", record, unique_id="uninstall-test-calls")
+            client.meta.events.register("before-parameter-build", record, unique_id="uninstall-test-calls")
         try:
             succeeded, reason = handler.decide(
                 event,
@@ -92,7 +87,7 @@ def the_cleanup(
             )
         finally:
             for client in clients:
-                client.meta.events.unregister("before-call", unique_id="uninstall-test-calls")
+                client.meta.events.unregister("before-parameter-build", unique_id="uninstall-test-calls")
         handler.answer(event, succeeded, reason)
         response = endpoint.responses[-1]
         assert response["LogicalResourceId"] == logical_id == "UninstallCleanup"
@@ -171,19 +166,13 @@ def test_sam_delete_right_after_down_all_completes_with_nothing_left(
     deployed: Deployed, endpoint: ResponseEndpoint
 ) -> None:
     assert "records" in leftovers(deployed)
-    calls: list[tuple[str, str]] = []
+    calls: list[Call] = []
     assert_deleted_completely(deployed, endpoint, calls)
-    # Every call it made is an action its role grants (tests/template/test_uninstall.py: on what).
-    template = stack_template(deployed)
-    granted = {
-        action.lower()
-        for statement in all_statements(template, function_role(template, "UninstallFunction"))
-        if statement["Effect"] == "Allow"
-        for action in as_list(statement["Action"])
-    }
-    made = {IAM_ACTION.get(call, f"{SIGNING.get(call[0], call[0])}:{call[1]}") for call in calls}
-    assert {"iam:DeleteRole", "route53:ChangeResourceRecordSets", "elasticloadbalancing:DeleteLoadBalancer"} <= made
-    assert {action for action in made if action.lower() not in granted} == set()
+    # Every call it made is allowed by its role, on the resources it named, with AWS's condition keys.
+    made = {(call.service, call.operation) for call in calls}
+    assert {("iam", "DeleteRole"), ("route53", "ChangeResourceRecordSets"), ("elbv2", "DeleteLoadBalancer")} <= made
+    assert {("ec2", "TerminateInstances"), ("s3", "DeleteObjects"), ("ssm", "DeleteParameters")} <= made
+    assert denied(calls, stack_template(deployed), deployed.physical) == []
     # The user's wildcard record is the user's.
     zone = raw_client("route53").list_resource_record_sets(HostedZoneId=deployed.zone_id)["ResourceRecordSets"]
     assert {f"\\052.{DOMAIN}.", f"*.{DOMAIN}."} & {r["Name"] for r in zone}  # AWS writes * as \\052
@@ -264,3 +253,32 @@ def test_a_second_stack_in_the_account_keeps_everything(
     assert leftovers(deployed) == {}
     assert leftovers(other) == before
     assert raw_client("s3").list_objects_v2(Bucket=other.bucket)["KeyCount"] == 1
+
+
+def test_the_judge_of_the_calls_refuses_what_the_role_does_not_allow(aws: None) -> None:
+    """The check above can fail: calls on another stack's resources, or with conditions unmet."""
+    stack = deploy(table=TABLE, domain=DOMAIN, zone_id="Z0123456789ABC")
+    template = stack_template(stack)
+    foreign = [
+        Call("ec2", "TerminateInstances", {"InstanceIds": ["i-1"]}, tags={"i-1": {"fleetkeeper:stack": OTHER}}),
+        Call("iam", "DeleteRole", {"RoleName": "r"}, paths={"r": f"/fleetkeeper/{OTHER}/"}),
+        Call(
+            "iam",
+            "DetachRolePolicy",
+            {"RoleName": "r", "PolicyArn": "arn:aws:iam::123456789012:policy/x"},
+            paths={"r": "/fleetkeeper/0123456789ab/"},
+        ),
+        Call("s3", "DeleteObjects", {"Bucket": "another", "Delete": {"Objects": [{"Key": "k"}]}}),
+        Call("ssm", "DeleteParameters", {"Names": ["/fleetkeeper/another-table/x"]}),
+        Call(
+            "route53",
+            "ChangeResourceRecordSets",
+            {
+                "HostedZoneId": "Z0123456789ABC",
+                "ChangeBatch": {
+                    "Changes": [{"Action": "UPSERT", "ResourceRecordSet": {"Name": f"a.{DOMAIN}", "Type": "A"}}]
+                },
+            },
+        ),
+    ]
+    assert len(denied(foreign, template, stack.physical)) == len(foreign)
