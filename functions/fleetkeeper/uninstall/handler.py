@@ -22,10 +22,12 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import time
 import urllib.parse
 from typing import TYPE_CHECKING, Any
 
+from fleetkeeper import aws
 from fleetkeeper.settings import STACK_ID_ENV, stack_id_of
 from fleetkeeper.uninstall.cleanup import StackScope, Uninstall
 
@@ -50,8 +52,6 @@ _S3_HOST = r"(?:[a-z0-9.-]+\.)?s3[a-z0-9.-]*\.amazonaws\.com(?:\.cn)?"
 
 def response_url_allowed(url: str) -> bool:
     """Whether `url` is one CloudFormation gives: https, on an S3 endpoint, no credentials or port."""
-    import re
-
     parts = urllib.parse.urlsplit(url)
     host = parts.hostname or ""
     return (
@@ -64,8 +64,6 @@ def response_url_allowed(url: str) -> bool:
 
 def stack_status(stack_id: str) -> str:
     """The stack's status now (DescribeStacks by its unique id: a deleted stack is still described)."""
-    from fleetkeeper import aws
-
     stacks = aws.cloudformation().describe_stacks(StackName=stack_id).get("Stacks", [])
     return str(stacks[0].get("StackStatus", "")) if stacks else ""
 
