@@ -338,3 +338,26 @@ def test_without_a_load_balancer_no_elastic_load_balancing_call_is_made(stack: D
         elbv2.meta.events.unregister("before-call", unique_id="no-elb")
     assert report.complete and calls == []
     assert instance_state(instance) in {"shutting-down", "terminated"}
+
+
+def test_much_to_delete_goes_through_every_page_and_batch(stack: Deployed, strict_aws: Any) -> None:
+    """More than a page or a batch of each: 45 target groups (DescribeTags takes 20 ARNs), 25
+    parameters (GetParametersByPath pages of 10, DeleteParameters batches of 10), 1,100 objects
+    (DeleteObjects batches of 1,000)."""
+    elbv2, ssm, s3 = raw_client("elbv2"), raw_client("ssm"), raw_client("s3")
+    tags = [{"Key": "fleetkeeper:managed", "Value": "true"}, {"Key": "fleetkeeper:stack", "Value": STACK}]
+    for n in range(45):
+        elbv2.create_target_group(
+            Name=f"fk-{STACK}-{n:016x}", Protocol="HTTP", Port=80, VpcId=stack.alb.vpc_id, Tags=tags
+        )
+    for n in range(25):
+        ssm.put_parameter(Name=f"/fleetkeeper/{stack.table}/web/{n:016x}/ref0", Value="{}", Type="SecureString")
+    for n in range(1100):
+        s3.put_object(Bucket=stack.bucket, Key=f"services/web/{n:05d}.tar.gz", Body=b"")
+    report = clean(stack)
+    assert report.complete, report.summary()
+    assert (report.deleted["target groups"], report.deleted["parameters"], report.deleted["objects"]) == (45, 25, 1100)
+    assert [
+        g for g in elbv2.describe_target_groups()["TargetGroups"] if g["TargetGroupName"].startswith(f"fk-{STACK}-")
+    ] == []
+    assert s3.list_objects_v2(Bucket=stack.bucket)["KeyCount"] == 0
