@@ -202,6 +202,7 @@ def run_the_code(
     monkeypatch.setenv("FLEETKEEPER_REPLICA_POLICY_ARN", stack.policy_arn)
     monkeypatch.setenv("FLEETKEEPER_STACK_ID", stack.stack)
     monkeypatch.setenv("WORKDIR_BUCKET", stack.bucket)
+    monkeypatch.setenv("TABLE_NAME", stack.table)
     world.restart()
     uids: dict[str, str] = {}
     for n in range(services):
@@ -209,6 +210,9 @@ def run_the_code(
         uids[f"svc{n}"] = world.commands.create(f"svc{n}", spec, owner=OWNERS[n % 2]).service.uid
     # The owners' roles and profiles, and the replicas launched with them (strict IAM: a profile must
     # settle before EC2 takes it).
+    if identity == "owner":
+        for owner in OWNERS[: min(services, 2)]:
+            make_identity(stack.stack, stack.policy_arn, owner, stack.table)
     world.run()
     from tests.strict_aws import active_controller
 
@@ -238,6 +242,31 @@ def run_the_code(
     for name in uids:
         world.delete(name)
     return uids
+
+
+def make_identity(stack_id: str, policy_arn: str, owner: str, table: str | None = None) -> str:
+    """An owner's replica role and profile as the stack's code makes them; the role's name.
+
+    Whichever part of the code makes them: the reconciler's `ReplicaIdentities.profile` (before the
+    dispatcher made identities), or the dispatcher's `IdentityKeeper`, which also records them in the
+    table (`table`; None: the role and profile only, no record)."""
+    import importlib
+
+    from fleetkeeper.replicas import identity
+
+    scope = owner_scope(owner)
+    assert scope is not None
+    identities = identity.ReplicaIdentities(stack_id, policy_arn)
+    keeper = getattr(identity, "IdentityKeeper", None)
+    if keeper is not None and table is not None:
+        records = importlib.import_module("fleetkeeper.store.identities").IdentityRecords
+        from fleetkeeper.store.table import Table
+
+        keeper(identities, records(Table(table))).ensure([owner])
+    else:
+        maker = "make" if hasattr(identities, "make") else "profile"
+        getattr(identities, maker)(scope, owner)
+    return identity.role_name(stack_id, scope)
 
 
 # --- what is left of a stack --------------------------------------------------------------------------

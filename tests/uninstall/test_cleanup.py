@@ -9,11 +9,10 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from fleetkeeper.reconciler.driver import client_token
-from fleetkeeper.replicas.identity import ReplicaIdentities, owner_scope, role_name
 from fleetkeeper.uninstall import handler
 from fleetkeeper.uninstall.cleanup import StackScope, Uninstall
 from tests.reconciler_world import instance_state, raw_client, run_tagged
-from tests.uninstall.stack import STACK, STACK_ID, ResponseEndpoint, delete_event, deploy
+from tests.uninstall.stack import STACK, STACK_ID, ResponseEndpoint, delete_event, deploy, make_identity
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -65,10 +64,7 @@ def an_instance(stack_id: str = STACK, uid: str = "00000000000000aa") -> str:
 
 
 def an_owner_role(stack: Deployed) -> str:
-    scope = owner_scope(OWNER)
-    assert scope is not None
-    ReplicaIdentities(stack.stack, stack.policy_arn).profile(scope, OWNER)
-    return role_name(stack.stack, scope)
+    return make_identity(stack.stack, stack.policy_arn, OWNER)
 
 
 def clean(stack: Deployed, *, seconds: float = 900.0, pause: float = 10.0) -> Any:

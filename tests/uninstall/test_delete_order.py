@@ -29,6 +29,7 @@ from tests.uninstall.stack import (
     deploy,
     hosted_zone,
     leftovers,
+    make_identity,
     run_the_code,
 )
 
@@ -218,15 +219,12 @@ def test_a_second_stack_in_the_account_keeps_everything(
     """Another stack of the template in the same account, Region and hosted zone: its instances,
     shards, target groups, records, roles, secrets and objects are not this stack's to delete."""
     from fleetkeeper.reconciler.driver import client_token
-    from fleetkeeper.replicas.identity import ReplicaIdentities, owner_scope
     from fleetkeeper.replicas.secrets import SecretStore, parameter_prefix
 
     other = deploy(stack=OTHER, table="other-table", domain=DOMAIN, zone_id=deployed.zone_id, name="oth", cidr="10.43")
     for n in range(3):
         other.alb.ensure(f"other{n}", f"{n + 100:016x}", CONFIG, None)
-    scope = owner_scope("arn:aws:iam::123456789012:role/team-c-ci")
-    assert scope is not None
-    ReplicaIdentities(OTHER, other.policy_arn).profile(scope, "arn:aws:iam::123456789012:role/team-c-ci")
+    make_identity(OTHER, other.policy_arn, "arn:aws:iam::123456789012:role/team-c-ci")
     uid = f"{7:016x}"
     run_tagged(
         {
