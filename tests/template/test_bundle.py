@@ -76,7 +76,7 @@ def test_every_function_is_built_by_the_makefile_for_its_runtime_and_architectur
         function_globals["Architectures"][0]
     ]
     functions = _functions()
-    assert len(functions) == 6
+    assert len(functions) == 7
     for logical_id, body in functions.items():
         assert body.get("Metadata", {}).get("BuildMethod") == "makefile", logical_id
         assert "CodeUri" not in body["Properties"] and "Runtime" not in body["Properties"], logical_id
@@ -95,6 +95,7 @@ def test_every_function_is_built_by_the_makefile_for_its_runtime_and_architectur
         "fleetkeeper.wake.handler",
         "fleetkeeper.cleanup.handler",
         "fleetkeeper.deploy.zone_check",
+        "fleetkeeper.uninstall.handler",
     ],
 )
 def test_a_fresh_interpreter_compiles_no_fleetkeeper_module_a_handler_imports(bundle: Path, module: str) -> None:

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from botocore.config import _RetryDict
+    from mypy_boto3_cloudformation import CloudFormationClient
     from mypy_boto3_cloudwatch import CloudWatchClient
     from mypy_boto3_dynamodb import DynamoDBClient
     from mypy_boto3_ec2 import EC2Client
@@ -159,6 +160,12 @@ def iam() -> Any:
 def route53() -> Any:
     """Route 53 (no type stubs installed): the reconciler's records for services on extra shards."""
     return _client("route53")
+
+
+def cloudformation() -> CloudFormationClient:
+    """CloudFormation (the uninstall cleanup asks whether its own stack is being deleted)."""
+    client: CloudFormationClient = _client("cloudformation")
+    return client
 
 
 def reset_clients() -> None:
