@@ -100,6 +100,25 @@ def test_the_newest_version_is_the_one_verified(endpoints: tuple[str, str], tmp_
     _assert_rejected(_boot(endpoints, tmp_path), tmp_path, "not the stack's key")
 
 
+@pytest.mark.parametrize("newest_is_ours", [True, False])
+def test_the_newest_version_is_found_across_pages_of_history(
+    endpoints: tuple[str, str], tmp_path: Path, newest_is_ours: bool
+) -> None:
+    """GetParameterHistory answers 50 versions a page, oldest first: the newest is on the last."""
+    ssm = _ssm(endpoints[0])
+    first, then = (OTHER_KEY, STACK_KEY) if newest_is_ours else (STACK_KEY, OTHER_KEY)
+    for number in range(55):
+        key = first if number < 54 else then
+        value = json.dumps({"HF_TOKEN": f"v{number}"})
+        ssm.put_parameter(Name=NAME, Value=value, Type="SecureString", KeyId=key, Overwrite=number > 0)
+    done = _boot(endpoints, tmp_path)
+    if newest_is_ours:
+        assert done.returncode == 0, done.stderr
+        assert (tmp_path / "secrets.env").read_text() == 'HF_TOKEN="v54"\n'
+    else:
+        _assert_rejected(done, tmp_path, "not the stack's key")
+
+
 def test_a_declared_name_that_runs_code_is_the_versions_failure(endpoints: tuple[str, str], tmp_path: Path) -> None:
     """A version stored before the api refused the name: its own fault, nothing fetched."""
     done = _boot(endpoints, tmp_path, names="HF_TOKEN,BASH_ENV")

@@ -382,6 +382,9 @@ def newest_version(
         token = answer.get("NextToken")
         if not token:
             break
+    else:
+        # More pages than the 100 versions SSM keeps: the newest may be on one not read.
+        raise BootError(f"parameter {name}: its history has more than {_HISTORY_PAGES} pages")
     if newest is None:
         raise BootError(f"parameter {name}: no version in its history")
     return newest
