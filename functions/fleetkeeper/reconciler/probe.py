@@ -3,7 +3,9 @@
 A probe is a GET of the spec's readiness path (a POST with a JSON body when `post_data` is set)
 with the spec's headers; only HTTP 200 counts as ready. Results carry deterministic `detail` text
 ("HTTP 503", "connection refused", "timed out after 5s") because it ends up in status messages,
-and a message that changed with every run would turn a steady state into a write per run.
+and a message that changed with every run would turn a steady state into a write per run. A 503
+carrying a boot's failure code (`Fleetkeeper-Boot-Failure`, reconciler/replica_boot.py) gives the
+result its typed `boot_failure`.
 """
 
 from __future__ import annotations
