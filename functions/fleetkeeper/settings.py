@@ -163,6 +163,11 @@ class Ec2Settings:
     # path, /fleetkeeper/<table>): both named in their user data.
     workdir_bucket: str | None = None
     secrets_prefix: str | None = None
+    # The stack's KMS key for secrets (its ARN): a replica's boot refuses a parameter under any other.
+    secrets_key_id: str | None = None
+    # The region replicas launch in (Lambda's AWS_REGION): its partition's DNS suffix goes into their
+    # user data (amazonaws.com.cn in China).
+    region: str | None = None
     # The stack's CloudWatch Logs group replicas ship their output to (None: they do not).
     replica_log_group: str | None = None
     # The stack's identity: tagged on every instance, part of every ClientToken, filtered on.
@@ -184,6 +189,8 @@ class Ec2Settings:
             replica_policy_arn=environ.get(REPLICA_POLICY_ARN_ENV) or None,
             workdir_bucket=environ.get(WORKDIR_BUCKET_ENV) or None,
             secrets_prefix=f"/fleetkeeper/{table}" if table else None,
+            secrets_key_id=environ.get(SECRETS_KEY_ID_ENV) or None,
+            region=environ.get("AWS_REGION") or environ.get("AWS_DEFAULT_REGION") or None,
             subnet_ids=_list(environ, SUBNET_IDS_ENV),
             load_balancer_subnet_ids=_list(environ, LOAD_BALANCER_SUBNET_IDS_ENV),
             security_group_ids=_list(environ, SECURITY_GROUP_IDS_ENV),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import threading
+import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any
 
@@ -51,6 +52,9 @@ def endpoints() -> Iterator[tuple[str, str]]:
     imds = ThreadingHTTPServer(("127.0.0.1", 0), FakeImds)
     threading.Thread(target=imds.serve_forever, daemon=True).start()
     host, port = moto.get_host_and_port()
+    # moto's backends belong to the process, not to the server: start each test from an empty AWS.
+    reset = urllib.request.Request(f"http://{host}:{port}/moto-api/reset", method="POST")
+    urllib.request.urlopen(reset, timeout=10).close()
     try:
         yield f"http://{host}:{port}", f"http://127.0.0.1:{imds.server_address[1]}"
     finally:

@@ -16,6 +16,7 @@ import json
 import subprocess
 import sys
 import tarfile
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -28,6 +29,8 @@ from fleetkeeper.spec.service import parse_spec
 if TYPE_CHECKING:
     pass
 
+# The stack's secrets key, as the reconciler names it in the user data (template.yaml SecretsKey.Arn).
+STACK_KEY = "arn:aws:kms:us-east-1:123456789012:key/1234abcd-12ab-34cd-56ef-1234567890ab"
 CREDS = {"key": "AKIDEXAMPLE", "secret": "wJalrXUtnFEMI/K7MDENG+bPxRfiCYEXAMPLEKEY", "token": "session-token"}
 
 
@@ -125,12 +128,13 @@ def test_a_replica_fetches_its_workdir_and_secrets_at_boot(endpoints: tuple[str,
     s3.put_object(Bucket="fk-workdirs", Key=key, Body=data)
     values = {"HF_TOKEN": 'tok "quoted" \\ $x', "PEM": "-----BEGIN-----\nabc\n-----END-----"}
     boto3.client("ssm", **kw).put_parameter(
-        Name="/fleetkeeper/t/web/u1/r1", Value=json.dumps(values), Type="SecureString"
+        Name="/fleetkeeper/t/web/u1/r1", Value=json.dumps(values), Type="SecureString", KeyId=STACK_KEY
     )
 
     env_file = tmp_path / "secrets.env"
     args = ["--bucket", "fk-workdirs", "--key", key, "--digest", digest, "--dest", str(tmp_path / "work")]
     args += ["--parameter", "/fleetkeeper/t/web/u1/r1", "--env-file", str(env_file)]
+    args += ["--kms-key", STACK_KEY, "--secret-names", "HF_TOKEN,PEM"]
     done = subprocess.run(
         [sys.executable, replica_boot.__file__, *args],
         capture_output=True,
@@ -189,9 +193,14 @@ def test_the_user_data_fetches_before_setup_and_names_no_value() -> None:
         parameter="/fleetkeeper/t/web/u1/r1",
     )
     script = render(spec, source)
-    boot = next(line for line in script.splitlines() if line.startswith("python3 /opt/fleetkeeper/replica_boot.py"))
+    boot = next(
+        line for line in script.splitlines() if line.startswith("if ! python3 /opt/fleetkeeper/replica_boot.py")
+    )
     assert "--key services/web/u1/" in boot and f"--digest sha256:{'c' * 64}" in boot
     assert "--parameter /fleetkeeper/t/web/u1/r1" in boot
+    # The names the version declares and the key it must be under (Parameter Store's default without one).
+    assert "--secret-names HF_TOKEN" in boot and "--kms-key alias/aws/ssm" in boot
+    assert "--kms-key " + STACK_KEY in render(spec, replace(source, kms_key=STACK_KEY))
     # Fetched first, then the units (both read the secrets' EnvironmentFile) are enabled.
     assert script.index("replica_boot.py --dest") < script.index("systemctl enable")
     units = [base64.b64decode(line.split("'")[1]).decode() for line in script.splitlines() if line.startswith("echo '")]

@@ -109,7 +109,9 @@ def test_the_user_data_installs_the_shipper_first_and_is_valid_bash(tmp_path: Pa
     shipped = script.split("cat > /opt/fleetkeeper/replica_logs.py <<'FLEETKEEPER_SCRIPT_END'\n")[1]
     compile(shipped.split("FLEETKEEPER_SCRIPT_END")[0], "replica_logs.py", "exec")
     [env] = [line for line in script.splitlines() if line.endswith("> /opt/fleetkeeper/logs.env")]
-    assert base64.b64decode(env.split("'")[1]).decode() == f'FK_LOG_GROUP="{GROUP}"\nFK_LOG_STREAM="web/u1/3"\n'
+    assert base64.b64decode(env.split("'")[1]).decode() == (
+        f'FK_LOG_GROUP="{GROUP}"\nFK_LOG_STREAM="web/u1/3"\nFK_DNS_SUFFIX="amazonaws.com"\n'
+    )
     assert "fleetkeeper-logs" not in render(_spec(), None)  # no group: nothing shipped, as before
 
 

@@ -218,6 +218,8 @@ def test_replicas_may_read_their_workdirs_and_secrets_ship_their_logs_and_nothin
     assert grants == {
         "s3:GetObject": {"Fn::Sub": "${WorkdirBucket.Arn}/services/*"},
         "ssm:GetParameter": {"Fn::Sub": SECRETS_ARN},
+        # How the boot verifies the parameter's type and key (reconciler/replica_boot.py).
+        "ssm:GetParameterHistory": {"Fn::Sub": SECRETS_ARN},
         # The values' key, through Parameter Store only (tests/replicas/test_secrets_kms_key.py).
         "kms:Decrypt": {"Fn::GetAtt": ["SecretsKey", "Arn"]},
         # Their own streams in the stack's replica log group, nothing else of CloudWatch Logs.

@@ -171,6 +171,8 @@ def test_a_replica_reads_its_owners_secrets_and_workdirs_and_writes_its_logs_and
     replica = made[me]
     for owner, expected in ((owner_me, True), (owner_other, False)):
         assert replica.may("ssm:GetParameter", stack.secret("web", owner)) is expected
+        # The boot reads the newest version's type and key with it (replica_boot.newest_version).
+        assert replica.may("ssm:GetParameterHistory", stack.secret("web", owner)) is expected
         assert replica.may("s3:GetObject", stack.workdir("web", owner)) is expected
         assert replica.may("logs:CreateLogStream", stack.stream("web", owner)) is expected
         assert replica.may("logs:PutLogEvents", stack.stream("web", owner)) is expected
@@ -218,10 +220,12 @@ def test_a_role_without_the_scope_tag_reaches_nothing(stack: Stack, made: dict[s
 def test_the_shared_role_reads_legacy_names_and_no_owners(stack: Stack, shared_stack: Stack) -> None:
     shared = Replica(stack.shared_role, {}, [stack.managed("ReplicaAccessPolicy")], None)
     assert shared.may("ssm:GetParameter", stack.secret("web", ""))
+    assert shared.may("ssm:GetParameterHistory", stack.secret("web", ""))
     assert shared.may("s3:GetObject", stack.workdir("web", ""))
     assert shared.may("logs:PutLogEvents", stack.stream("web", ""))
     for owner in (OWNER_A, OWNER_B):
         assert shared.decide("ssm:GetParameter", stack.secret("web", owner)) is Decision.EXPLICIT_DENY
+        assert shared.decide("ssm:GetParameterHistory", stack.secret("web", owner)) is Decision.EXPLICIT_DENY
         assert shared.decide("s3:GetObject", stack.workdir("web", owner)) is Decision.EXPLICIT_DENY
         assert shared.decide("logs:CreateLogStream", stack.stream("web", owner)) is Decision.EXPLICIT_DENY
     # ReplicaIdentity=shared: every replica runs with the shared role, which then reads every name

@@ -3,7 +3,9 @@
 A probe is a GET of the spec's readiness path (a POST with a JSON body when `post_data` is set)
 with the spec's headers; only HTTP 200 counts as ready. Results carry deterministic `detail` text
 ("HTTP 503", "connection refused", "timed out after 5s") because it ends up in status messages,
-and a message that changed with every run would turn a steady state into a write per run.
+and a message that changed with every run would turn a steady state into a write per run. A 503
+carrying a boot's failure code (`Fleetkeeper-Boot-Failure`, reconciler/replica_boot.py) gives the
+result its typed `boot_failure`.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from fleetkeeper.reconciler.plan import ProbeResult
+from fleetkeeper.reconciler.plan.failures import BOOT_FAILURES
 from fleetkeeper.settings import MAX_READINESS_TIMEOUT_SECONDS
 
 if TYPE_CHECKING:
@@ -29,6 +32,9 @@ if TYPE_CHECKING:
     from fleetkeeper.spec.service import ReadinessProbe
 
 _MAX_WORKERS = 32
+# A replica whose boot failed for the environment answers 503 with its failure code in this header
+# (reconciler/replica_boot.py, REPORT_HEADER): the only header a probe reads, and only on a 503.
+_BOOT_FAILURE_HEADER = b"fleetkeeper-boot-failure:"
 
 
 @dataclass(frozen=True)
@@ -72,7 +78,10 @@ class _StatusResponse(http.client.HTTPResponse):
     same errors, the same deadline), without making the headers an email message nobody reads:
     parsing them was a third of a probe's CPU. `begin` is http.client's own, less that parse (it
     uses http.client's `_read_status` and `_read_headers`, private but the same in 3.11 to 3.13);
-    tests/reconciler/test_probe_status.py holds its verdicts to http.client's."""
+    tests/reconciler/test_probe_status.py holds its verdicts to http.client's. On a 503 it keeps the
+    boot-failure code a failed replica boot reports (`boot_failure`), if it is one it knows."""
+
+    boot_failure: str | None = None
 
     def begin(self) -> None:
         if self.headers is not None:
@@ -86,9 +95,19 @@ class _StatusResponse(http.client.HTTPResponse):
         self.reason = reason.strip()
         if version not in ("HTTP/1.0", "HTTP/0.9") and not version.startswith("HTTP/1."):
             raise http.client.UnknownProtocol(version)
-        http.client._read_headers(self.fp)
+        lines = http.client._read_headers(self.fp)
+        if status == http.client.SERVICE_UNAVAILABLE:
+            self.boot_failure = _boot_failure(lines)
         self.headers = self.msg = http.client.HTTPMessage()
         self.will_close = True  # the probe closes the connection at once
+
+
+def _boot_failure(lines: list[bytes]) -> str | None:
+    for line in lines:
+        if line[: len(_BOOT_FAILURE_HEADER)].lower() == _BOOT_FAILURE_HEADER:
+            code = line[len(_BOOT_FAILURE_HEADER) :].strip().decode("ascii", "replace")
+            return code if code in BOOT_FAILURES else None  # a closed set: nothing else becomes a code
+    return None
 
 
 class _DeadlineConnection(http.client.HTTPConnection):
@@ -143,7 +162,9 @@ def probe_one(target: ProbeTarget) -> ProbeResult:
     connection = _DeadlineConnection(url.hostname, url.port, seconds)
     try:
         connection.request("POST" if data is not None else "GET", path, body=data, headers=headers)
-        status = int(connection.getresponse().status)
+        response = connection.getresponse()
+        status = int(response.status)
+        boot_failure = getattr(response, "boot_failure", None)
     except Exception as exc:  # refused, reset, timed out, a bad status line (http.client.HTTPException)...
         # Whatever a replica answers, it is this replica's failed probe, never the run's crash.
         if connection.expired or isinstance(exc, TimeoutError):
@@ -161,6 +182,8 @@ def probe_one(target: ProbeTarget) -> ProbeResult:
         return timed_out
     if status == 200:
         return ProbeResult(target.base_url, True, "HTTP 200")
+    if boot_failure is not None:
+        return ProbeResult(target.base_url, False, f"HTTP {status} (boot failed: {boot_failure})", boot_failure)
     return ProbeResult(target.base_url, False, f"HTTP {status}")
 
 

@@ -2,10 +2,12 @@
 
 The user data writes this file beside replica_boot.py (whose IMDSv2 credentials and SigV4 signer it
 uses) and runs it as the `fleetkeeper-logs` unit, started before setup so that setup's output is
-shipped too. It follows `journalctl -o json -u fleetkeeper-setup -u fleetkeeper-replica`, resuming
-from a cursor file after a restart, and sends what it reads with PutLogEvents to the stack's log
-group, in the stream its user data names (`_o/<owner scope>/<service>/<uid>/<replica id>`, or
-`<service>/<uid>/<replica id>` for a service without an owner: fleetkeeper.replicas.identity), created if
+shipped too. It follows `journalctl -o json` of the units in UNITS (setup, run, and the failure
+report of a boot that failed for the environment), resuming from a cursor file after a restart, and
+sends what it reads with PutLogEvents to the stack's log group (at `logs.<region>.<DNS suffix>`,
+the partition's suffix the user data names), in the stream its user data names
+(`_o/<owner scope>/<service>/<uid>/<replica id>`, or `<service>/<uid>/<replica id>` for a service
+without an owner: fleetkeeper.replicas.identity), created if
 missing, at most every 2 seconds.
 
 It needs python3, journalctl (systemd 242+: `--cursor-file`) and a route to CloudWatch Logs: in the
@@ -38,7 +40,13 @@ except ImportError:  # on the instance: replica_boot.py is beside this file
 if TYPE_CHECKING:
     from collections.abc import Iterable, Iterator
 
-UNITS = {"fleetkeeper-setup.service": "setup", "fleetkeeper-replica.service": "run"}
+# The units whose journal is shipped, and the label their lines carry: the boot's failure report
+# (replica_boot.serve_report, started only when the boot failed for the environment) says why.
+UNITS = {
+    "fleetkeeper-setup.service": "setup",
+    "fleetkeeper-replica.service": "run",
+    "fleetkeeper-boot-report.service": "boot",
+}
 # PutLogEvents' limits: 10,000 events and 1,048,576 bytes a call (each event counts 26 bytes more),
 # 256 KB an event.
 MAX_EVENTS = 10_000
@@ -78,8 +86,8 @@ def log_event(line: str) -> dict[str, object] | None:
     if not isinstance(message, str):
         return None
     unit = UNITS.get(str(entry.get("_SYSTEMD_UNIT") or entry.get("UNIT") or ""))
-    if unit == "setup":
-        message = "[setup] " + message
+    if unit in ("setup", "boot"):
+        message = f"[{unit}] " + message
     encoded = message.encode("utf-8")
     if len(encoded) > MAX_EVENT_BYTES:
         message = encoded[:MAX_EVENT_BYTES].decode("utf-8", "ignore")
@@ -136,10 +144,13 @@ def requeue(pending: deque[dict[str, object]], unsent: list[dict[str, object]]) 
 class Shipper:
     """Sends events to one stream with the instance role's credentials (refreshed every 15 min)."""
 
-    def __init__(self, group: str, stream: str, endpoint: str | None = None) -> None:
+    def __init__(
+        self, group: str, stream: str, endpoint: str | None = None, dns_suffix: str = replica_boot.DEFAULT_DNS_SUFFIX
+    ) -> None:
         self.group = group
         self.stream = stream
         self.endpoint = endpoint
+        self.dns_suffix = dns_suffix  # amazonaws.com.cn in China (the user data passes the partition's)
         self.region = ""
         self.creds: dict[str, str] = {}
         self.fetched = 0.0
@@ -149,7 +160,7 @@ class Shipper:
         if time.monotonic() - self.fetched > CREDENTIALS_SECONDS or not self.creds:
             self.region, self.creds = replica_boot.instance_identity()
             self.fetched = time.monotonic()
-        url = (self.endpoint or f"https://logs.{self.region}.amazonaws.com").rstrip("/") + "/"
+        url = (self.endpoint or f"https://logs.{self.region}.{self.dns_suffix}").rstrip("/") + "/"
         body = json.dumps(payload).encode()
         headers = {"Content-Type": "application/x-amz-json-1.1", "X-Amz-Target": f"Logs_20140328.{target}"}
         signed = replica_boot.sign("POST", url, headers, body, "logs", self.region, self.creds, replica_boot._now())
@@ -223,13 +234,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--group", required=True)
     parser.add_argument("--stream", required=True)
     parser.add_argument("--cursor-file", default="/opt/fleetkeeper/logs.cursor")
+    parser.add_argument("--dns-suffix", default=replica_boot.DEFAULT_DNS_SUFFIX)
     args = parser.parse_args(argv)
     command = ["journalctl", "-f", "-o", "json", "--cursor-file", args.cursor_file]
     for unit in UNITS:
         command += ["-u", unit]
     journal = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, errors="replace")
     assert journal.stdout is not None
-    ship(journal.stdout, Shipper(args.group, args.stream))
+    ship(journal.stdout, Shipper(args.group, args.stream, dns_suffix=args.dns_suffix))
     return journal.wait()
 
 

@@ -33,6 +33,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from fleetkeeper.reconciler import replica_boot
 from fleetkeeper.replicas.identity import owner_scope, scope_prefix
 from fleetkeeper.spec import task_variables
 
@@ -49,8 +50,13 @@ class BootSource:
     bucket: str | None = None  # the workdir store's bucket
     workdir_key: str | None = None
     parameter: str | None = None  # the SecureString with the secret values
+    # The stack's KMS key (its ARN): the boot refuses a parameter encrypted under any other (None:
+    # Parameter Store's default key, as the api writes without one).
+    kms_key: str | None = None
     log_group: str | None = None  # where the replica's output goes (CloudWatch Logs), and its stream
     log_stream: str | None = None
+    # The partition's endpoint suffix (amazonaws.com.cn in China): fleetkeeper.aws.partitions.
+    dns_suffix: str = replica_boot.DEFAULT_DNS_SUFFIX
 
 
 def log_stream(service: str, uid: str, replica_id: int, owner: str = "") -> str:
@@ -66,6 +72,7 @@ LARGEST_SOURCE = BootSource(
     bucket="b" * 63,
     workdir_key="services/_o/" + "o" * 16 + "/" + "n" * 63 + "/" + "u" * 16 + "/" + "d" * 64 + ".tar.gz",
     parameter="/fleetkeeper/" + "t" * 128 + "/_o/" + "o" * 16 + "/" + "n" * 63 + "/" + "u" * 16 + "/" + "r" * 32,
+    kms_key="arn:aws-us-gov:kms:us-gov-west-1:123456789012:key/" + "k" * 36,
     log_group="/fleetkeeper/" + "s" * 128 + "/replicas",
     log_stream=log_stream("n" * 63, "u" * 16, 10**9, owner="o"),
 )
@@ -125,7 +132,8 @@ Wants=network-online.target
 Before=fleetkeeper-setup.service
 
 [Service]
-ExecStart=/usr/bin/env python3 {ROOT}/replica_logs.py --group ${{FK_LOG_GROUP}} --stream ${{FK_LOG_STREAM}}
+ExecStart=/usr/bin/env python3 {ROOT}/replica_logs.py --group ${{FK_LOG_GROUP}} --stream ${{FK_LOG_STREAM}} \
+  --dns-suffix ${{FK_DNS_SUFFIX}}
 EnvironmentFile={ROOT}/logs.env
 Restart=always
 RestartSec=10
@@ -136,13 +144,13 @@ WantedBy=multi-user.target
 
 
 def _systemd_quote(value: str) -> str:
-    """A value for a systemd EnvironmentFile line: double-quoted, backslashes and quotes escaped.
+    """A value for a systemd EnvironmentFile line: double-quoted, with backslashes, quotes, `$` and
+    backquotes escaped (replica_boot.systemd_quote, the secrets' too).
 
     Newlines stay as they are: inside double quotes systemd keeps a real newline, while an escaped
     `\\n` would reach the service as a backslash and an n (a PEM key in `envs` must survive).
     """
-    escaped = value.replace("\\", "\\\\").replace('"', '\\"')
-    return f'"{escaped}"'
+    return replica_boot.systemd_quote(value)
 
 
 def environment_file(spec: ServiceSpec) -> str:
@@ -209,24 +217,53 @@ def _ships_logs(source: BootSource | None) -> bool:
     return source is not None and bool(source.log_group and source.log_stream)
 
 
-def _boot(source: BootSource | None, digest: str | None) -> str:
-    """Fetch the workdir and secrets before anything of the version runs (replica_boot.py)."""
+# Where the boot writes an environment failure (replica_boot.EnvironmentFailure), and the transient
+# unit that then serves it on the replica's port for the reconciler's probe (replica_boot.serve_report).
+BOOT_REPORT = f"{ROOT}/boot-failure.json"
+REPORT_UNIT = "fleetkeeper-boot-report"
+
+
+def propagation_seconds(spec: ServiceSpec) -> int:
+    """How long the boot waits for IAM (replica_boot.PROPAGATION_SECONDS), at most half the probe's
+    initial delay: the failure report must be up while the replica may still fail as the
+    environment's, before the initial delay makes it the version's."""
+    delay = spec.service.readiness_probe.initial_delay_seconds
+    return min(replica_boot.PROPAGATION_SECONDS, delay // 2)
+
+
+def _boot(source: BootSource | None, spec: ServiceSpec) -> str:
+    """Fetch the workdir and secrets before anything of the version runs (replica_boot.py); if that
+    fails for the environment, serve the report on the replica's port, and stop either way."""
+    digest = spec.workdir.digest if spec.workdir is not None else None
     if source is None or not ((source.workdir_key and digest) or source.parameter):
         return ""
     args = ["python3", f"{ROOT}/replica_boot.py", "--dest", f"{ROOT}/work", "--env-file", f"{ROOT}/secrets.env"]
+    args += ["--dns-suffix", source.dns_suffix, "--propagation-seconds", str(propagation_seconds(spec))]
+    args += ["--report", BOOT_REPORT]
     if source.workdir_key and source.bucket and digest:
         args += ["--bucket", source.bucket, "--key", source.workdir_key, "--digest", digest]
     if source.parameter:
-        args += ["--parameter", source.parameter]
-    script = "" if _ships_logs(source) else _write(f"{ROOT}/replica_boot.py", _BOOT_SCRIPT.read_text(), "700")
-    return script + " ".join(map(shlex.quote, args)) + "\n"
+        args += ["--parameter", source.parameter, "--kms-key", source.kms_key or "alias/aws/ssm"]
+        args += ["--secret-names", ",".join(spec.secret_names)]
+    serve = ["systemd-run", f"--unit={REPORT_UNIT}", "--property=Restart=always", "/usr/bin/env", "python3"]
+    serve += [f"{ROOT}/replica_boot.py", "--serve-report", BOOT_REPORT, "--port", str(spec.port)]
+    script = "" if _ships_logs(source) else _write_script(f"{ROOT}/replica_boot.py", _BOOT_SCRIPT)
+    return (
+        script
+        + f"if ! {' '.join(map(shlex.quote, args))}; then\n"
+        + f"  if [ -s {BOOT_REPORT} ]; then {' '.join(map(shlex.quote, serve))} || true; fi\n"
+        + "  exit 1\nfi\n"
+    )
 
 
 def _logs(source: BootSource | None) -> str:
     """The log shipper and its unit, started at once (before the boot fetch and setup)."""
     if source is None or not source.log_group or not source.log_stream:
         return ""
-    env = f"FK_LOG_GROUP={_systemd_quote(source.log_group)}\nFK_LOG_STREAM={_systemd_quote(source.log_stream)}\n"
+    env = (
+        f"FK_LOG_GROUP={_systemd_quote(source.log_group)}\nFK_LOG_STREAM={_systemd_quote(source.log_stream)}\n"
+        f"FK_DNS_SUFFIX={_systemd_quote(source.dns_suffix)}\n"
+    )
     return (
         _write_script(f"{ROOT}/replica_boot.py", _BOOT_SCRIPT)
         + _write_script(f"{ROOT}/replica_logs.py", _LOGS_SCRIPT)
@@ -240,7 +277,7 @@ def render(spec: ServiceSpec, source: BootSource | None = None, task: Mapping[st
     """The boot script for one replica of `spec`, with its task variables (fleetkeeper.spec.task_variables)."""
     setup = "set -euo pipefail\n" + (spec.setup or "true") + "\n"
     run = "set -uo pipefail\n" + spec.run + "\n"
-    boot = _boot(source, spec.workdir.digest if spec.workdir is not None else None)
+    boot = _boot(source, spec)
     return (
         "#!/bin/bash\n"
         "# fleetkeeper replica bootstrap (generated)\n"

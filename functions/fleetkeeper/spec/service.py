@@ -768,6 +768,15 @@ class ServiceSpec(_Strict):
     def _secrets_filled(cls, value: dict[str, str | None], info: ValidationInfo) -> dict[str, str | None]:
         if _stored(info):
             return value  # values are never stored
+        from fleetkeeper.spec.secret_names import refused_secret_name
+
+        refused = sorted(name for name in value if refused_secret_name(name))
+        if refused:
+            raise ValueError(
+                f"secret {', '.join(refused)}: a secret may not have a name that changes how the shell, the "
+                "dynamic loader or an interpreter starts (its value would run as code on every replica); "
+                "rename it, and read it under that name in `setup` or `run`"
+            )
         unfilled = sorted(k for k, v in value.items() if v is None)
         if unfilled:
             raise ValueError(_unfilled(unfilled, "--secret"))

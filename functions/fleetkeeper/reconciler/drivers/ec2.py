@@ -13,7 +13,9 @@ from typing import TYPE_CHECKING, Any, cast
 from botocore.exceptions import ClientError
 
 from fleetkeeper import aws
+from fleetkeeper.aws import partitions
 from fleetkeeper.aws.parsing import only
+from fleetkeeper.aws.partitions import DEFAULT_DNS_SUFFIX
 from fleetkeeper.model import Market, to_iso
 from fleetkeeper.reconciler.balancer import served_subnets
 from fleetkeeper.reconciler.driver import (
@@ -123,6 +125,9 @@ class Ec2Driver:
     replica_host: str | None = None
     workdir_bucket: str | None = None
     secrets_prefix: str | None = None
+    # The key the boot requires the secrets parameter under, and the partition's endpoint suffix.
+    secrets_key_id: str | None = None
+    dns_suffix: str = DEFAULT_DNS_SUFFIX
     replica_log_group: str | None = None
     stack_id: str = DEFAULT_STACK_ID
     # Replica identity "owner": the owners' profiles as the dispatcher recorded them
@@ -144,6 +149,8 @@ class Ec2Driver:
             replica_host=settings.replica_host,
             workdir_bucket=settings.workdir_bucket,
             secrets_prefix=settings.secrets_prefix,
+            secrets_key_id=settings.secrets_key_id,
+            dns_suffix=partitions.dns_suffix(settings.region),
             replica_log_group=settings.replica_log_group,
             stack_id=settings.stack_id,
             identities=(
@@ -439,8 +446,10 @@ class Ec2Driver:
             bucket=self.workdir_bucket,
             workdir_key=key,
             parameter=parameter,
+            kms_key=self.secrets_key_id,
             log_group=self.replica_log_group,
             log_stream=stream,
+            dns_suffix=self.dns_suffix,
         )
 
     def _image(self, instance_type: str, image: str | None) -> str:

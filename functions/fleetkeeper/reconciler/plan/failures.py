@@ -17,6 +17,23 @@ INSTANCE_LOST = "Fleetkeeper.InstanceLost"
 # app, the version's fault; not a preemption.
 APP_EXITED = "Fleetkeeper.ProcessExited"
 
+# What a replica's boot reports on its port when it failed for the environment (reconciler/
+# replica_boot.py sends the code in a header the probe reads: a typed field, never a message). Never
+# counted against the version: the version's code never ran.
+BOOT_FAILURES = {
+    # IMDS gave no credentials, or S3/SSM kept refusing them, for the boot's whole propagation bound:
+    # IAM had not made the owner's new role usable (or the role lacks its permissions).
+    "Fleetkeeper.BootIdentityNotReady": (
+        "its boot waited for the instance role's credentials and permissions (IAM propagation) and gave up"
+    ),
+    # The secrets parameter is not what fleetkeeper writes (not a SecureString under the stack's
+    # key, or names the version does not declare): someone replaced it. Loud: its event says so.
+    "Fleetkeeper.SecretsParameterRejected": (
+        "its secrets parameter failed verification (not the SecureString under the stack's key with the "
+        "version's names that fleetkeeper wrote: replaced outside fleetkeeper?); its values were not used"
+    ),
+}
+
 # RunInstances refusals that say nothing about the version: the zone is out of capacity or does not
 # offer the instance type (the next attempt goes to the next subnet), the account is at a limit, or
 # EC2 is having a moment. They are retried with backoff (the status message says why) and never

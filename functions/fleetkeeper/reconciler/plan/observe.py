@@ -19,6 +19,7 @@ from fleetkeeper.model import (
 from fleetkeeper.reconciler.driver import Instance, InstanceState, client_token
 from fleetkeeper.reconciler.plan.failures import (
     APP_EXITED,
+    BOOT_FAILURES,
     INITIAL_DELAY_EXCEEDED,
     INSTANCE_LOST,
     PROBE_FAILED,
@@ -37,11 +38,13 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class ProbeResult:
-    """One readiness probe: only HTTP 200 is `ok`. `detail` is deterministic text for messages."""
+    """One readiness probe: only HTTP 200 is `ok`. `detail` is deterministic text for messages.
+    `boot_failure`: the code a replica's failed boot reported (failures.BOOT_FAILURES), if any."""
 
     url: str
     ok: bool
     detail: str
+    boot_failure: str | None = None
 
 
 _NOT_YET_RUNNING = frozenset({ReplicaStatus.PENDING, ReplicaStatus.PROVISIONING})
@@ -222,6 +225,16 @@ def _observe(
             booting = replace(record, status=ReplicaStatus.STARTING) if record.status in _NOT_YET_RUNNING else record
             return _check_initial_delay(booting, state, now, "never answered a readiness probe")
         return record
+    if probe.boot_failure in BOOT_FAILURES and record.status in _BOOTING:
+        # The boot failed for the environment and said so (replica_boot.py): replaced at once, never
+        # counted by the breaker, whatever the initial delay would have said.
+        return replace(
+            record,
+            status=ReplicaStatus.FAILED_INITIAL_DELAY,
+            status_message=f"the replica never started: {BOOT_FAILURES[probe.boot_failure]}",
+            failure_code=probe.boot_failure,
+            cause=FailureCause.ENVIRONMENT,
+        )
     if probe.ok:
         if record.status is ReplicaStatus.READY and record.probe_failures == 0:
             return record  # steady: nothing to write (last_probe_ok_at only moves on transitions)
