@@ -255,6 +255,11 @@ class StrictAws:
         with self._lock:
             self._hangs.append(_Hang(service, operation, kind, cost, times))
 
+    def clear_hangs(self) -> None:
+        """No more hangs: the attempts still scheduled to hang are answered."""
+        with self._lock:
+            self._hangs.clear()
+
     def attempts_of(self, service: str, operation: str) -> int:
         with self._lock:
             return self.attempts[(service, operation)]

@@ -1,0 +1,142 @@
+"""A worker's run keeps its invocation's time whatever its AWS calls cost (fleetkeeper.aws.deadline).
+
+On the strict layer's virtual clock: an EC2 call that hangs (connect or read timeouts) or is
+throttled near the end of the invocation is not attempted, nor retried, past what the invocation
+has left. The run stops there as a run killed at that call would (the crash sweep, test_crash.py,
+proves the next runs complete any such state), reports it `cut_short`, and the handler returns
+before Lambda's timeout.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from fleetkeeper.reconciler.dispatch import Shard
+from tests.reconciler.test_fanout import shard_event
+from tests.reconciler_world import assert_converged
+
+if TYPE_CHECKING:
+    from tests.reconciler_world import World
+    from tests.strict_aws import StrictAws
+
+NAMES = ("a", "b", "c")
+TIMEOUT = 20.0
+RESERVE = 1.0  # what the handler keeps to return (handler._RETURN_RESERVE_SECONDS)
+
+
+def _shard_run(world: World, strict_aws: StrictAws, monkeypatch: pytest.MonkeyPatch) -> tuple[dict[str, Any], float]:
+    """One shard of NAMES through the worker's handler, given TIMEOUT seconds: its report, and the
+    virtual seconds it took."""
+    from fleetkeeper.reconciler.handler import lambda_handler
+
+    monkeypatch.setenv("TABLE_NAME", world.store.table.name)
+    shard = Shard(run=1, index=0, services=NAMES, not_after=time.time() + 55)
+    with strict_aws.lambda_context(timeout_seconds=TIMEOUT, function_name="fleetkeeper-reconciler") as context:
+        (run,) = lambda_handler(shard_event(shard), context)["runs"]
+        took = strict_aws.clock.time() - context.started_at
+    assert not context.killed
+    return run, took
+
+
+def _next_runs_complete(world: World, strict_aws: StrictAws) -> None:
+    strict_aws.clear_hangs()
+    world.clock.advance()
+    world.converge()
+    for name in NAMES:
+        assert_converged(world, name, replicas=1)
+
+
+@pytest.mark.parametrize(
+    ("operation", "kind"),
+    [
+        ("RunInstances", "read"),  # launched, its answer lost: the next run finds it by its tags
+        ("RunInstances", "connect"),  # never sent: the next run launches it, with the same ClientToken
+        (None, "connect"),  # EC2 unreachable: DescribeInstances hangs before any service starts
+    ],
+)
+def test_a_shard_whose_ec2_calls_hang_returns_in_time_cut_short_and_the_next_run_completes_it(
+    world: World, strict_aws: StrictAws, monkeypatch: pytest.MonkeyPatch, operation: str | None, kind: str
+) -> None:
+    for name in NAMES:
+        world.create(name, replicas=1)
+    strict_aws.hang("ec2", operation, times=100, kind=kind)
+
+    run, took = _shard_run(world, strict_aws, monkeypatch)
+
+    assert took <= TIMEOUT - RESERVE
+    assert run["errors"] == [] and run["unloadable"] == {}
+    if operation is None:
+        # The instance listing is every service's first EC2 call: none started.
+        assert run["cut_short"] == [] and sorted(run["skipped"]) == list(NAMES)
+    else:
+        # The first service claimed its replica and stopped at the launch; the others never started.
+        (first,) = run["cut_short"]
+        assert sorted([first, *run["skipped"]]) == list(NAMES)
+        assert run["actions"] == {"Claim": 1, "Launch": 1}
+    _next_runs_complete(world, strict_aws)
+
+
+def test_a_kick_whose_launch_hangs_returns_in_time_cut_short(
+    world: World, strict_aws: StrictAws, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from fleetkeeper.reconciler.handler import lambda_handler
+
+    monkeypatch.setenv("TABLE_NAME", world.store.table.name)
+    world.create("a", replicas=1)
+    strict_aws.hang("ec2", "RunInstances", times=100, kind="read")
+
+    with strict_aws.lambda_context(timeout_seconds=TIMEOUT, function_name="fleetkeeper-reconciler") as context:
+        summary = lambda_handler({"service": "a"}, context)
+        left = context.get_remaining_time_in_millis() / 1000
+
+    assert not context.killed and left >= RESERVE
+    assert summary["kick"] == "a" and summary["cut_short"] == ["a"]
+    strict_aws.clear_hangs()
+    world.clock.advance()
+    world.converge()
+    assert_converged(world, "a", replicas=1)
+
+
+def test_a_throttle_burst_near_the_deadline_is_not_retried_past_it(
+    world: World, strict_aws: StrictAws, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name in NAMES:
+        world.create(name, replicas=1)
+    strict_aws.throttle("ec2", "RunInstances", times=6)  # as many as botocore's attempts
+
+    run, took = _shard_run(world, strict_aws, monkeypatch)
+
+    assert took <= TIMEOUT - RESERVE
+    # Retried while the next pause (1, 2, 4 s at most) and attempt (15 s for EC2's client) fit in 19 s.
+    assert 1 < strict_aws.attempts_of("ec2", "RunInstances") < 6
+    (first,) = run["cut_short"]
+    assert sorted([first, *run["skipped"]]) == list(NAMES)
+    strict_aws.throttle("ec2", "RunInstances", times=0)
+    world.clock.advance()
+    world.converge()
+    for name in NAMES:
+        assert_converged(world, name, replicas=1)
+
+
+def test_far_from_the_deadline_a_hang_is_retried_as_before(
+    world: World, strict_aws: StrictAws, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With the invocation's time to spare, the deadline changes nothing: botocore retries the hung
+    launch and the run completes every service."""
+    from fleetkeeper.reconciler.handler import lambda_handler
+
+    monkeypatch.setenv("TABLE_NAME", world.store.table.name)
+    for name in NAMES:
+        world.create(name, replicas=1)
+    strict_aws.hang("ec2", "RunInstances", times=2, kind="connect")
+    shard = Shard(run=1, index=0, services=NAMES, not_after=time.time() + 55)
+
+    with strict_aws.lambda_context(timeout_seconds=120, function_name="fleetkeeper-reconciler") as context:
+        (run,) = lambda_handler(shard_event(shard), context)["runs"]
+
+    assert run["cut_short"] == [] and run["skipped"] == [] and run["actions"]["Launch"] == 3
+    assert [f.kind for f in strict_aws.faults_injected] == ["hang:connect"] * 2
+    assert len(world.instances()) == 3
