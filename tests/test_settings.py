@@ -25,7 +25,7 @@ def test_a_missing_table_is_a_clear_error() -> None:
 
 def test_defaults_are_the_templates() -> None:
     settings = Settings.from_env({"TABLE_NAME": "t"})
-    assert settings == Settings(table_name="t", ec2=Ec2Settings(secrets_prefix="/fleetkeeper/t"))
+    assert settings == Settings(table_name="t", ec2=Ec2Settings(secrets_prefix="/fleetkeeper/t", table_name="t"))
     assert (settings.driver, settings.probe_budget_seconds) == ("ec2", 20.0)
     assert (settings.kick_queue_url, settings.kick_url, settings.reconcile_queue_url) == (None, None, None)
     assert (settings.period_seconds, settings.shard_size, settings.read_concurrency) == (60, 100, 8)
@@ -35,6 +35,7 @@ def test_defaults_are_the_templates() -> None:
         default_image_parameter=DEFAULT_IMAGE_PARAMETER,
         default_instance_type=DEFAULT_INSTANCE_TYPE,
         secrets_prefix="/fleetkeeper/t",
+        table_name="t",
     )
 
 
@@ -94,6 +95,7 @@ def test_every_variable_is_read() -> None:
             replica_host="127.0.0.1",
             workdir_bucket="fk-workdirs",
             secrets_prefix="/fleetkeeper/fleet",
+            table_name="fleet",
         ),
         balancer="alb",
         alb=AlbSettings(

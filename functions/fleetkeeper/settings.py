@@ -171,11 +171,14 @@ class Ec2Settings:
     replica_identity: ReplicaIdentityKind = "shared"
     # The managed policy of owners' roles (their permissions and their permissions boundary).
     replica_policy_arn: str | None = None
+    # The table, where the dispatcher records the owners' identities the driver launches with.
+    table_name: str | None = None
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> Ec2Settings:
         table = environ.get(TABLE_NAME_ENV)
         return cls(
+            table_name=table or None,
             stack_id=stack_id_of(environ),
             replica_identity=_replica_identity(environ),
             replica_policy_arn=environ.get(REPLICA_POLICY_ARN_ENV) or None,

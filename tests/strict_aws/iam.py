@@ -8,8 +8,9 @@ until IAM has propagated them.
   The layer records when a profile is created, or gets its role, on the layer's clock; the EC2 layer
   refuses a launch naming it until PROPAGATION_SECONDS have passed (`Ec2Layer` asks `usable`).
   Profiles the layer never saw made (created before it was active) are taken as long usable: the
-  layer models what the design relies on, youth. (A profile that does not exist moto refuses itself,
-  with NoSuchEntity where AWS answers InvalidParameterValue: not modelled, nothing relies on it.)
+  layer models what the design relies on, youth. A profile named by a launch that does not exist (yet,
+  or any more) EC2 answers the same way, `InvalidParameterValue`, where moto would answer IAM's
+  `NoSuchEntity`: the layer answers as EC2 does.
 - Limits, from botocore's IAM model (the same limits AWS's API reference states): a role name at
   most 64 characters, an instance profile name at most 128, a path at most 512 and made of
   `/`-delimited printable ASCII. botocore checks minimum lengths only; moto checks none; IAM answers
@@ -61,6 +62,15 @@ def iam_error(code: str, message: str, *, status: int = 400) -> Response:
     return status, {"Content-Type": "text/xml"}, body.encode()
 
 
+def _exists(name: str) -> bool:
+    """Whether moto's IAM (its default account, the only one the suite uses) has the instance profile."""
+    from moto.core import DEFAULT_ACCOUNT_ID
+    from moto.iam.models import iam_backends
+
+    backend = iam_backends[DEFAULT_ACCOUNT_ID]["global"]
+    return any(profile.name == name for profile in backend.instance_profiles.values())
+
+
 class IamLayer:
     def __init__(self, strict: StrictAws) -> None:
         self._strict = strict
@@ -74,7 +84,7 @@ class IamLayer:
         name = profile.rsplit("/", 1)[-1]
         with self.lock:
             ready = self.usable_from.get(name)
-        return ready is None or self._strict.clock.time() >= ready
+        return _exists(name) and (ready is None or self._strict.clock.time() >= ready)
 
     def settle(self) -> None:
         """Let every profile propagate (the clock moves past the youngest one's propagation)."""

@@ -47,11 +47,20 @@ def test_ci_role_trusts_one_repository_and_branch_exactly(ci: dict[str, Any]) ->
     }
 
 
-def test_network_has_no_route_to_the_internet(network: dict[str, Any]) -> None:
-    kinds = {body["Type"] for body in network["Resources"].values()}
-    assert not kinds & {"AWS::EC2::InternetGateway", "AWS::EC2::NatGateway", "AWS::EC2::Route"}
+def test_network_has_no_route_to_the_internet_unless_asked_for_a_nat(network: dict[str, Any]) -> None:
+    internet = {"AWS::EC2::InternetGateway", "AWS::EC2::NatGateway", "AWS::EC2::Route", "AWS::EC2::EIP"}
+    for name, body in network["Resources"].items():
+        if body["Type"] in internet or name.startswith("Public"):
+            assert body.get("Condition") == "WithNatGateway", f"{name} exists without NatGateway=true"
+    assert network["Parameters"]["NatGateway"]["Default"] == "false"
     for subnet in resources_of_type(network, "AWS::EC2::Subnet").values():
         assert subnet["Properties"]["MapPublicIpOnLaunch"] is False
+    # With the NAT: the private subnets' default route goes through it, the public subnet's to the gateway.
+    routes = resources_of_type(network, "AWS::EC2::Route")
+    assert {r["Properties"]["RouteTableId"]["Ref"]: set(r["Properties"]) for r in routes.values()} == {
+        "PrivateRouteTable": {"RouteTableId", "DestinationCidrBlock", "NatGatewayId"},
+        "PublicRouteTable": {"RouteTableId", "DestinationCidrBlock", "GatewayId"},
+    }
 
 
 def test_network_reaches_the_apis_the_reconciler_calls(network: dict[str, Any]) -> None:

@@ -3,8 +3,11 @@
 It lists the services from the index (one paginated Query), sends them to the reconcile queue in
 shards (fleetkeeper.reconciler.dispatch), then runs the orphan sweep: the one step that needs every
 managed instance (a full DescribeInstances) and every live uid, so it runs here, once a period,
-and never in the workers, which describe only their shard's instances. For the same reason it
-removes the replica identities (fleetkeeper.replicas.identity) of owners with no service left.
+and never in the workers, which describe only their shard's instances. For the same reason it keeps
+the replica identities (fleetkeeper.replicas.identity): before the shards go out it makes (and records)
+the role and instance profile of every listed owner that lacks one, so the workers find them, and after
+them it removes those of owners with no service left. IAM is reachable from here and not from the
+workers' VPC, which is the other reason this is the dispatcher's work.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ if TYPE_CHECKING:
 
     from fleetkeeper.reconciler.queue import ShardQueue
     from fleetkeeper.reconciler.shell import Reconciler, RunReport
-    from fleetkeeper.replicas.identity import ReplicaIdentities
+    from fleetkeeper.replicas.identity import IdentityKeeper
     from fleetkeeper.store.reconciler import Listed
 
 logger = logging.getLogger(__name__)
@@ -39,11 +42,15 @@ class DispatchReport:
     unsent: list[int] = field(default_factory=list)  # shard indices SQS would not take
     unsent_services: int = 0
     sweep: dict[str, Any] = field(default_factory=dict)
+    identities_made: list[str] = field(default_factory=list)  # owners' scopes
+    identities_refused: dict[str, str] = field(default_factory=dict)  # scope -> why IAM would not
     identities_removed: list[str] = field(default_factory=list)  # owners' scopes
     shards_retired: list[str] = field(default_factory=list)  # load balancers the stack made and deleted
 
     def as_dict(self) -> dict[str, Any]:
         return {
+            "identities_made": self.identities_made,
+            "identities_refused": self.identities_refused,
             "identities_removed": self.identities_removed,
             "shards_retired": self.shards_retired,
             "services": self.services,
@@ -61,8 +68,9 @@ class Dispatcher:
     queue: ShardQueue
     shard_size: int
     period_seconds: int
-    # Replica identity "owner": the owners' roles, removed here once their owner has no service.
-    identities: ReplicaIdentities | None = None
+    # Replica identity "owner": the owners' roles, made here for the listed owners and removed once
+    # their owner has no service.
+    identities: IdentityKeeper | None = None
 
     def run(self) -> DispatchReport:
         now = self.reconciler.now()
@@ -74,6 +82,8 @@ class Dispatcher:
             not_after=now.timestamp() + self.period_seconds - NEXT_DISPATCH_SLACK_SECONDS,
         )
         report = DispatchReport(services=len({entry.name for entry in listed}), shards=len(shards))
+        if self.identities is not None:
+            self._ensure_identities(listed, report)
         unsent = self.queue.send(shards)
         report.send_calls = self.queue.calls
         if unsent:
@@ -111,6 +121,20 @@ class Dispatcher:
         for name in retired:
             logger.info("load balancer shard %s deleted: it carried no service any more", name)
         return retired
+
+    def _ensure_identities(self, listed: Sequence[Listed], report: DispatchReport) -> None:
+        """Make the identities the listed owners lack, before the workers need them; a failure is
+        logged (those owners' launches wait, as environment refusals), and the next period tries again."""
+        assert self.identities is not None
+        try:
+            made = self.identities.ensure(entry.owner for entry in listed if entry.owner)
+        except Exception:
+            logger.exception("making the owners' replica identities failed; the next dispatch retries")
+            return
+        report.identities_made = made.made
+        report.identities_refused = made.refused
+        if made.deferred:
+            logger.info("%d new owners' replica identities are left for the next dispatch", made.deferred)
 
     def _sweep_identities(self, listed: Sequence[Listed]) -> list[str]:
         """Remove the roles of owners none of the listed services has. A listing with an unreadable

@@ -109,12 +109,16 @@ def build_dispatcher(settings: Settings) -> Dispatcher:
 
     if settings.reconcile_queue_url is None:
         raise SettingsError("FLEETKEEPER_RECONCILE_QUEUE_URL is not set: the dispatcher has nowhere to send shards")
-    from fleetkeeper.replicas.identity import ReplicaIdentities
+    from fleetkeeper.replicas.identity import IdentityKeeper, ReplicaIdentities
+    from fleetkeeper.store.identities import IdentityRecords
+    from fleetkeeper.store.table import Table
 
     ec2 = settings.ec2
     identities = None
     if settings.driver == "ec2" and ec2.replica_identity == "owner" and ec2.replica_policy_arn:
-        identities = ReplicaIdentities(ec2.stack_id, ec2.replica_policy_arn)
+        identities = IdentityKeeper(
+            ReplicaIdentities(ec2.stack_id, ec2.replica_policy_arn), IdentityRecords(Table(settings.table_name))
+        )
     return Dispatcher(
         reconciler=build_reconciler(settings),
         queue=ShardQueue(settings.reconcile_queue_url),

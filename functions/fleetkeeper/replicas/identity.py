@@ -15,6 +15,16 @@ own, created and removed by the stack:
     workdirs           services/_o/<scope>/<service>/<uid>/<sha256>.tar.gz
     log streams        _o/<scope>/<service>/<uid>/<replica id>
 
+Who makes them: the dispatcher, never the reconciler. IAM is a global service that the reconciler's
+network does not reach (it runs in the stack's VPC, whose endpoints have no IAM one: IAM offers an
+interface endpoint only to VPCs in us-east-1, https://docs.aws.amazon.com/IAM/latest/UserGuide/access_iam-vpc-endpoint.html,
+and the supplied network has no NAT), while the dispatcher runs outside any VPC and lists every
+service's owner each period anyway. So each period the dispatcher makes the identities of owners
+that lack one (`IdentityKeeper.ensure`) and records each in the table (fleetkeeper.store.identities),
+and removes those of owners with no service left (`IdentityKeeper.sweep`). The reconciler reads the
+record (`OwnerProfiles`) and launches with the profile's deterministic name; with no record yet it
+does not launch (an environment refusal: the identity is at most a period away).
+
 `scope` is 16 hex digits of the SHA-256 of the owner's ARN (names must be short and made of few
 characters; 64 bits make a collision between a stack's owners as likely as guessing a random
 64-bit key). `_o` cannot begin a service name ([a-z][a-z0-9-]*), so a scoped name is never a legacy
@@ -36,6 +46,7 @@ from typing import TYPE_CHECKING, Any
 from botocore.exceptions import ClientError
 
 from fleetkeeper import aws
+from fleetkeeper.store.identities import IdentityRecord, IdentityRecords
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable
@@ -56,7 +67,8 @@ SCOPE_LENGTH = 16
 PROFILE_SETTLE_SECONDS = 60.0
 # The reconciler's own refusal code for it (an ENVIRONMENT refusal: reconciler/plan/failures.py).
 PROFILE_NOT_READY = "Fleetkeeper.InstanceProfileNotReady"
-# ...and for an owner's identity IAM would not make (a denied permission, a full quota): the stack's
+# ...and for an owner whose identity the dispatcher has not made yet (a new owner: at most a period,
+# longer when IAM refuses it: a denied permission, a full quota, which the dispatcher logs): the stack's
 # configuration or the account's limits, never the version's (an ENVIRONMENT refusal too).
 IDENTITY_UNAVAILABLE = "Fleetkeeper.IdentityUnavailable"
 # A role younger than this is never swept: the services index the dispatcher lists is eventually
@@ -136,45 +148,24 @@ class Profile:
 
 @dataclass
 class ReplicaIdentities:
-    """Makes, finds and removes the owners' roles of one stack. One per reconciler run (it caches)."""
+    """Makes, finds and removes the owners' roles of one stack in IAM: the dispatcher's (outside the VPC)."""
 
     stack_id: str
     policy_arn: str
     now: Callable[[], float] = time.time
-    _profiles: dict[str, Profile] = field(default_factory=dict, repr=False)
 
     @property
     def iam(self) -> Any:
         return aws.iam()
 
-    def profile(self, scope: str, owner: str) -> Profile:
-        """The owner's instance profile, made (or completed) if it is not whole.
+    def make(self, scope: str, owner: str) -> Profile:
+        """The owner's role and instance profile, made or completed; idempotent.
 
-        Steady state: one GetInstanceProfile per owner per run that launches. Each step is idempotent
-        and ordered so that a profile holding the role implies the role is whole (its policy and
-        boundary are attached before the profile is made), so a run that crashed between any two calls
-        leaves a state the next run completes.
+        Each step is idempotent and ordered so that a profile holding the role implies the role is
+        whole (its policy and boundary are attached before the profile is made), so a run that crashed
+        between any two calls leaves a state the next run completes.
         """
-        if scope in self._profiles:
-            return self._profiles[scope]
         name = role_name(self.stack_id, scope)
-        found = self._get_profile(name)
-        if found is not None and any(r.get("RoleName") == name for r in found.get("Roles", [])):
-            made = Profile(name, _epoch(found.get("CreateDate")), fresh=False)
-        else:
-            made = self._make(scope, owner, name, found)
-        self._profiles[scope] = made
-        return made
-
-    def _get_profile(self, name: str) -> dict[str, Any] | None:
-        try:
-            return dict(self.iam.get_instance_profile(InstanceProfileName=name)["InstanceProfile"])
-        except ClientError as exc:
-            if _code(exc) == "NoSuchEntity":
-                return None
-            raise
-
-    def _make(self, scope: str, owner: str, name: str, found: dict[str, Any] | None) -> Profile:
         path = role_path(self.stack_id)
         logger.info("making the replica identity %s%s for owner %s", path, name, owner)
         try:
@@ -191,18 +182,15 @@ class ReplicaIdentities:
             if _code(exc) != "EntityAlreadyExists":
                 raise
             # Made by a run that crashed (or by a stack update that changed the policy): the boundary
-            # is set again, the only boundary the reconciler may set (template.yaml).
+            # is set again, the only boundary the dispatcher may set (template.yaml).
             self.iam.put_role_permissions_boundary(RoleName=name, PermissionsBoundary=self.policy_arn)
         self.iam.attach_role_policy(RoleName=name, PolicyArn=self.policy_arn)
-        if found is None:
-            try:
-                tags = role_tags(self.stack_id, scope)
-                made = self.iam.create_instance_profile(InstanceProfileName=name, Path=path, Tags=tags)
-                found = dict(made["InstanceProfile"])
-            except ClientError as exc:
-                if _code(exc) != "EntityAlreadyExists":
-                    raise
-                found = self._get_profile(name) or {}
+        try:
+            tags = role_tags(self.stack_id, scope)
+            self.iam.create_instance_profile(InstanceProfileName=name, Path=path, Tags=tags)
+        except ClientError as exc:
+            if _code(exc) != "EntityAlreadyExists":
+                raise
         try:
             self.iam.add_role_to_instance_profile(InstanceProfileName=name, RoleName=name)
         except ClientError as exc:
@@ -210,6 +198,22 @@ class ReplicaIdentities:
             if _code(exc) != "LimitExceeded":
                 raise
         return Profile(name, self.now(), fresh=True)
+
+    def complete(self) -> dict[str, float]:
+        """{scope: created (epoch seconds)} of every owner's instance profile of this stack that holds
+        its role, hence whole (ListInstanceProfiles on the stack's path: a page per 1,000)."""
+        found: dict[str, float] = {}
+        kwargs: dict[str, Any] = {"PathPrefix": role_path(self.stack_id)}
+        while True:
+            page = self.iam.list_instance_profiles(**kwargs)
+            for profile in page.get("InstanceProfiles", []):
+                name = str(profile.get("InstanceProfileName", ""))
+                scope = scope_of_role(self.stack_id, name)
+                if scope is not None and any(r.get("RoleName") == name for r in profile.get("Roles", [])):
+                    found[scope] = _epoch(profile.get("CreateDate"))
+            if not page.get("IsTruncated"):
+                return found
+            kwargs["Marker"] = page["Marker"]
 
     def scopes(self) -> dict[str, float]:
         """{scope: created (epoch seconds)} of every owner's role of this stack (ListRoles on its path)."""
@@ -241,19 +245,109 @@ class ReplicaIdentities:
             except ClientError as exc:
                 if _code(exc) != "NoSuchEntity":
                     raise
-        self._profiles.pop(scope, None)
 
-    def sweep(self, owners: Iterable[str]) -> list[str]:
-        """Remove the roles of owners with no service left; returns the scopes removed."""
+    def unused(self, owners: Iterable[str]) -> list[str]:
+        """The scopes of roles whose owner has no service left and that are past the grace period."""
         in_use = {scope for scope in (owner_scope(o) for o in owners) if scope}
         now = self.now()
-        removed = []
-        for scope, created in sorted(self.scopes().items()):
-            if scope in in_use or now - created < SWEEP_GRACE_SECONDS:
+        return [
+            scope
+            for scope, created in sorted(self.scopes().items())
+            if scope not in in_use and now - created >= SWEEP_GRACE_SECONDS
+        ]
+
+
+@dataclass
+class EnsureReport:
+    made: list[str] = field(default_factory=list)  # scopes whose identity IAM made (or completed)
+    recorded: list[str] = field(default_factory=list)  # scopes whose record was written
+    refused: dict[str, str] = field(default_factory=dict)  # scope -> why IAM would not make it
+    deferred: int = 0  # owners left for the next period (the per-period bound)
+
+
+@dataclass
+class IdentityKeeper:
+    """The dispatcher's part: the identities of the listed owners made and recorded, those of owners
+    with no service left removed. Level-triggered: each period compares IAM, the records and the
+    owners, and changes only what differs (steady state: ListInstanceProfiles and BatchGetItem, no write)."""
+
+    identities: ReplicaIdentities
+    records: IdentityRecords
+    # New identities made per period at most: each is 4-5 IAM writes, IAM's request rate is the
+    # account's (shared with every other caller) and the dispatcher's run is short; the rest wait a period.
+    max_made: int = 20
+
+    def ensure(self, owners: Iterable[str]) -> EnsureReport:
+        wanted = {scope: owner for owner in sorted(set(owners)) if (scope := owner_scope(owner))}
+        report = EnsureReport()
+        if not wanted:
+            return report
+        complete = self.identities.complete()
+        records = self.records.get_many(wanted)
+        for scope, owner in sorted(wanted.items()):
+            record = records.get(scope)
+            if scope in complete:
+                if record is None:
+                    # Made by a run that crashed before recording it (or recorded, then lost).
+                    self._record(scope, owner, complete[scope], report)
                 continue
-            self.remove(scope)
+            if len(report.made) >= self.max_made:
+                report.deferred += 1
+                continue
+            try:
+                made = self.identities.make(scope, owner)
+            except (ClientError, IdentityError) as exc:
+                why = f"{_code(exc)}: {exc}" if isinstance(exc, ClientError) else str(exc)
+                report.refused[scope] = why
+                logger.error("IAM would not make the replica identity of owner %s: %s", owner, why)
+                continue
+            report.made.append(scope)
+            self._record(scope, owner, made.created_at, report)
+        return report
+
+    def _record(self, scope: str, owner: str, made_at: float, report: EnsureReport) -> None:
+        name = role_name(self.identities.stack_id, scope)
+        self.records.put(IdentityRecord(scope=scope, owner=owner, profile=name, made_at=made_at))
+        report.recorded.append(scope)
+
+    def sweep(self, owners: Iterable[str]) -> list[str]:
+        """Remove the identities of owners with no service left; returns the scopes removed. The record
+        goes first: the reconciler never launches with a profile about to disappear."""
+        removed = []
+        for scope in self.identities.unused(owners):
+            self.records.delete(scope)
+            self.identities.remove(scope)
             removed.append(scope)
         return removed
+
+
+@dataclass
+class OwnerProfiles:
+    """The reconciler's part: an owner's instance profile as the table records it. No IAM call (the
+    reconciler's network does not reach IAM). One per run: each owner's record is read once."""
+
+    stack_id: str
+    records: IdentityRecords
+    now: Callable[[], float] = time.time
+    _profiles: dict[str, Profile | None] = field(default_factory=dict, repr=False)
+
+    def profile(self, scope: str) -> Profile | None:
+        """The owner's profile, or None when the dispatcher has not made (recorded) it yet."""
+        if scope not in self._profiles:
+            self._profiles[scope] = self._read(scope, consistent=False)
+        return self._profiles[scope]
+
+    def recheck(self, scope: str) -> Profile | None:
+        """The record read again, strongly consistent: after EC2 refused the profile, whether it is
+        still the one the run launched with (it may have been removed, or made again, meanwhile)."""
+        self._profiles[scope] = self._read(scope, consistent=True)
+        return self._profiles[scope]
+
+    def _read(self, scope: str, *, consistent: bool) -> Profile | None:
+        record = self.records.get(scope, consistent=consistent)
+        if record is None:
+            return None
+        return Profile(record.profile, record.made_at, fresh=False)
 
 
 def _epoch(value: Any) -> float:

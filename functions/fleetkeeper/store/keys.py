@@ -4,6 +4,7 @@
     version  PK=SVC#<name>  SK=V#<uid>#<version:010d>
     replica  PK=SVC#<name>  SK=R#<uid>#<replica_id:010d>
     event    PK=SVC#<name>  SK=E#<uid>#<day>#<fold key>       + expiration (TTL)
+    identity PK=IDENTITY#<owner scope>  SK=IDENTITY           an owner's replica role, made by the dispatcher
 
 Every child key carries the incarnation uid, so work on an old incarnation (cleanup, a slow
 reconciler) can never touch a newer one of the same name. The trailing `#` of each prefix keeps
@@ -27,6 +28,11 @@ LIST_PK_VALUE = "SERVICE"
 # and expire by TTL.
 IDEMPOTENCY_PARTITION = "IDEMPOTENCY#api"
 TTL_ATTR = "expiration"
+# An owner's replica identity (fleetkeeper.replicas.identity): recorded by the dispatcher once IAM has
+# made it, read by the reconciler before it launches with it. Not a service item (no SVC# prefix, no
+# META sort key), so neither the index nor the cleanup's stream filter ever sees one.
+IDENTITY_PK_PREFIX = "IDENTITY#"
+IDENTITY_SK = "IDENTITY"
 
 
 def service_pk(name: str) -> str:
@@ -90,6 +96,11 @@ def child_prefixes(uid: str) -> tuple[str, str, str]:
     """The sort-key prefixes of every child item of one incarnation (what cleanup deletes):
     versions, replicas, events."""
     return version_prefix(uid), replica_prefix(uid), event_prefix(uid)
+
+
+def identity_key(scope: str) -> dict[str, str]:
+    """The item recording the replica identity of the owner whose scope this is."""
+    return {"PK": f"{IDENTITY_PK_PREFIX}{scope}", "SK": IDENTITY_SK}
 
 
 def new_uid() -> str:

@@ -34,14 +34,15 @@ from fleetkeeper.reconciler.userdata import BootSource, log_stream, user_data
 from fleetkeeper.replicas.identity import (
     IDENTITY_UNAVAILABLE,
     PROFILE_NOT_READY,
-    IdentityError,
+    OwnerProfiles,
     Profile,
-    ReplicaIdentities,
     owner_scope,
 )
 from fleetkeeper.settings import DEFAULT_IMAGE_PARAMETER, DEFAULT_INSTANCE_TYPE, DEFAULT_STACK_ID
 from fleetkeeper.spec import images, task_variables
 from fleetkeeper.spec.service import root_device_of_parameter
+from fleetkeeper.store.identities import IdentityRecords
+from fleetkeeper.store.table import Table
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -124,9 +125,10 @@ class Ec2Driver:
     secrets_prefix: str | None = None
     replica_log_group: str | None = None
     stack_id: str = DEFAULT_STACK_ID
-    # Replica identity "owner": the owners' roles (fleetkeeper.replicas.identity). None: every replica runs with
+    # Replica identity "owner": the owners' profiles as the dispatcher recorded them
+    # (fleetkeeper.replicas.identity; the reconciler makes no IAM call). None: every replica runs with
     # `instance_profile_arn` (identity "shared", and services without an owner in either mode).
-    identities: ReplicaIdentities | None = None
+    identities: OwnerProfiles | None = None
     # Per run (a driver lives for one run): AMI id -> root device name.
     _root_devices: dict[str, str] = field(default_factory=dict, repr=False)
 
@@ -145,8 +147,8 @@ class Ec2Driver:
             replica_log_group=settings.replica_log_group,
             stack_id=settings.stack_id,
             identities=(
-                ReplicaIdentities(settings.stack_id, settings.replica_policy_arn)
-                if settings.replica_identity == "owner" and settings.replica_policy_arn
+                OwnerProfiles(settings.stack_id, IdentityRecords(Table(settings.table_name)))
+                if settings.replica_identity == "owner" and settings.replica_policy_arn and settings.table_name
                 else None
             ),
         )
@@ -303,9 +305,9 @@ class Ec2Driver:
             code = str(error.get("Code", "Unknown"))
             if code in _TRANSIENT:
                 raise
-            if code == "InvalidParameterValue" and profile is not None and profile.young(self._now()):
+            if code == "InvalidParameterValue" and profile is not None and self._profile_unsettled(request, profile):
                 # IAM is eventually consistent: EC2 refuses a profile made seconds ago as invalid.
-                # The profile's age decides (a fact), not the message; a later refusal is the version's.
+                # The profile's recorded age decides (a fact), not the message; a later refusal is the version's.
                 raise LaunchRefused(
                     PROFILE_NOT_READY,
                     f"instance profile {profile.name} was just made and is not usable yet; the next run "
@@ -315,23 +317,30 @@ class Ec2Driver:
         return _instance(response["Instances"][0])
 
     def _owner_profile(self, request: LaunchRequest) -> Profile | None:
-        """The owner's instance profile (made on first use), None for the shared one."""
+        """The owner's instance profile as the dispatcher recorded it, None for the shared one. An owner
+        whose identity is not recorded yet is not launched: the environment's delay, never the version's."""
         scope = owner_scope(request.owner)
         if self.identities is None or scope is None:
             return None
-        try:
-            return self.identities.profile(scope, request.owner)
-        except ClientError as exc:
-            error = exc.response.get("Error", {})
-            code = str(error.get("Code", "Unknown"))
-            if code in _TRANSIENT:
-                raise
+        profile = self.identities.profile(scope)
+        if profile is None:
             raise LaunchRefused(
                 IDENTITY_UNAVAILABLE,
-                f"IAM would not make the replica role of owner {request.owner}: {code}: {error.get('Message', '')}",
-            ) from exc
-        except IdentityError as exc:
-            raise LaunchRefused(IDENTITY_UNAVAILABLE, str(exc)) from exc
+                f"the replica identity of owner {request.owner} is not made yet: the dispatcher makes it "
+                "within a period (its log says why when IAM refuses); the next run retries",
+            )
+        return profile
+
+    def _profile_unsettled(self, request: LaunchRequest, profile: Profile) -> bool:
+        """Whether EC2's refusal of the owner's profile can be IAM's propagation: the profile is young,
+        or the record changed since the run read it (removed, or made again, meanwhile)."""
+        now = self._now()
+        if profile.young(now):
+            return True
+        scope = owner_scope(request.owner)
+        assert self.identities is not None and scope is not None
+        current = self.identities.recheck(scope)
+        return current is None or current.created_at != profile.created_at or current.young(now)
 
     def _now(self) -> float:
         return self.identities.now() if self.identities is not None else 0.0
