@@ -140,3 +140,54 @@ def test_far_from_the_deadline_a_hang_is_retried_as_before(
     assert run["cut_short"] == [] and run["skipped"] == [] and run["actions"]["Launch"] == 3
     assert [f.kind for f in strict_aws.faults_injected] == ["hang:connect"] * 2
     assert len(world.instances()) == 3
+
+
+def test_the_dispatchers_identities_stop_when_their_time_is_spent_and_the_shards_still_go_out(
+    world: World, strict_aws: StrictAws, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from fleetkeeper import aws
+    from fleetkeeper.local.reconcile_loop import scheduled_event
+    from fleetkeeper.reconciler.dispatcher import IDENTITIES_LEAVE_SECONDS
+    from fleetkeeper.reconciler.handler import dispatch_handler
+    from fleetkeeper.replicas.identity import owner_scope
+    from fleetkeeper.spec.service import ServiceSpec
+    from fleetkeeper.store.identities import IdentityRecords
+    from fleetkeeper.store.table import Table
+    from tests.reconciler_world import spec_dict
+    from tests.replicas.test_identity import STACK, owner_policy
+
+    queue = aws.sqs().create_queue(QueueName="reconcile")["QueueUrl"]
+    for name, value in {
+        "TABLE_NAME": world.store.table.name,
+        "FLEETKEEPER_RECONCILE_QUEUE_URL": queue,
+        "FLEETKEEPER_REPLICA_IDENTITY": "owner",
+        "FLEETKEEPER_REPLICA_POLICY_ARN": owner_policy(),
+        "FLEETKEEPER_STACK_ID": STACK,
+    }.items():
+        monkeypatch.setenv(name, value)
+    owners = [f"arn:aws:iam::123456789012:role/team-{n}" for n in range(8)]
+    spec = ServiceSpec.model_validate(spec_dict(world.server.port, replicas=0))
+    for n, owner in enumerate(owners):
+        world.commands.create(f"svc-{n}", spec, owner=owner)
+    records = IdentityRecords(Table(world.store.table.name))
+    # Every attempt costs 1 s; a new owner's identity is 4 IAM writes and its record's PutItem: 5 s.
+    strict_aws.call_latency = 1.0
+
+    with strict_aws.lambda_context(timeout_seconds=60, function_name="fleetkeeper-dispatcher") as context:
+        first = dispatch_handler(scheduled_event(), context)
+        left = context.get_remaining_time_in_millis() / 1000
+
+    assert not context.killed and first["out_of_time"] is None
+    # IAM's calls stopped while the rest of the dispatch still had IDENTITIES_LEAVE_SECONDS: some
+    # identities made, the others left for the next period; the shards went out all the same.
+    assert 0 < len(first["identities_made"]) < len(owners)
+    assert first["shards"] == 1 and first["unsent_shards"] == [] and first["send_calls"] == 1
+    assert left > IDENTITIES_LEAVE_SECONDS - 13  # the send, the sweep and the identities' sweep came after
+    messages = aws.sqs().get_queue_attributes(QueueUrl=queue, AttributeNames=["ApproximateNumberOfMessages"])
+    assert messages["Attributes"]["ApproximateNumberOfMessages"] == "1"
+
+    with strict_aws.lambda_context(timeout_seconds=60, function_name="fleetkeeper-dispatcher") as context:
+        second = dispatch_handler(scheduled_event(), context)
+    assert not context.killed
+    assert len(first["identities_made"]) + len(second["identities_made"]) == len(owners)
+    assert all(records.get(str(owner_scope(owner))) is not None for owner in owners)

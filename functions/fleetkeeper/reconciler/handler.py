@@ -182,8 +182,12 @@ def sent_at(record: dict[str, Any]) -> float | None:
 @logger.inject_lambda_context(clear_state=True)
 def dispatch_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     dispatcher = build_dispatcher(Settings.from_env(os.environ))
-    with aws.within(aws.seconds_left(context, _RETURN_RESERVE_SECONDS)):
+    dispatcher.time_left = aws.seconds_left(context, _RETURN_RESERVE_SECONDS)
+    with aws.within(dispatcher.time_left):
         summary = dispatcher.run().as_dict()
+    if summary["out_of_time"]:
+        logger.warning("dispatch cut short", extra=summary)
+        return summary  # not a completed run: the stalled alarm counts it as a killed one
     logger.info("dispatched", extra=summary)
     # The "no completed run in 5 minutes" alarm watches this (template.yaml, ReconcilerStalledAlarm).
     metrics.add_metric(name="ReconcileCompleted", unit=MetricUnit.Count, value=1)
