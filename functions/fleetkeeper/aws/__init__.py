@@ -49,8 +49,8 @@ ADAPTIVE_SERVICES = frozenset({"ec2"})
 _BACKOFF_CAP_SECONDS = 20.0
 _RETRY_AFTER_EXTRA_SECONDS = 5.0
 # So one call can spend this long sleeping between its attempts before it raises: 1 + 2 + 4 + 8 + 16
-# + 5 * 5 = 56 s (the attempts' own time comes on top). A caller with a deadline (the cleanup) keeps
-# this much in hand before it starts a call.
+# + 5 * 5 = 56 s (the attempts' own time comes on top): why no caller can keep a call's worst case
+# in hand, and why the handlers hold every call to their invocation's deadline instead (`within`).
 WORST_CASE_RETRY_WAIT_SECONDS = sum(
     min(2.0**retry, _BACKOFF_CAP_SECONDS) + _RETRY_AFTER_EXTRA_SECONDS for retry in range(RETRIES)
 )
