@@ -191,3 +191,25 @@ def test_the_dispatchers_identities_stop_when_their_time_is_spent_and_the_shards
     assert not context.killed
     assert len(first["identities_made"]) + len(second["identities_made"]) == len(owners)
     assert all(records.get(str(owner_scope(owner))) is not None for owner in owners)
+
+
+def test_an_ec2_warning_the_deadline_stops_before_it_is_recorded_fails_for_redelivery(
+    world: World, strict_aws: StrictAws, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Returning would delete the message and lose the warning: the invocation fails instead (SQS
+    delivers it again), with the deadline's error, before Lambda's timeout."""
+    import json
+
+    from fleetkeeper import aws
+    from fleetkeeper.reconciler.handler import lambda_handler
+    from tests.reconciler.test_spot import SPOT_WARNING, _rendered_warning
+
+    monkeypatch.setenv("TABLE_NAME", world.store.table.name)
+    warning = json.loads(_rendered_warning(SPOT_WARNING, "i-0123456789abcdef0", "2026-01-01T00:00:00Z"))
+    strict_aws.hang("ec2", "DescribeInstances", times=100)
+
+    with strict_aws.lambda_context(timeout_seconds=TIMEOUT, function_name="fleetkeeper-reconciler") as context:
+        with pytest.raises(aws.DeadlineReached):
+            lambda_handler(warning, context)
+        left = context.get_remaining_time_in_millis() / 1000
+    assert not context.killed and left >= RESERVE
