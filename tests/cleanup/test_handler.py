@@ -20,16 +20,16 @@ from tests.cleanup_support import (
     FaultyClient,
     access_denied,
     children_of,
-    count_calls,
     partition_keys,
     removal_record,
     seed_children,
     stream_records,
 )
 from tests.conftest import ApiClient, hello_spec
+from tests.strict_aws import LambdaContext, StrictAws
 
 
-def invoke(records: list[dict[str, Any]], context: CleanupContext | None = None) -> dict[str, Any]:
+def invoke(records: list[dict[str, Any]], context: CleanupContext | LambdaContext | None = None) -> dict[str, Any]:
     response: dict[str, Any] = handler.lambda_handler({"Records": records}, context or CleanupContext())
     return response
 
@@ -81,21 +81,22 @@ def test_a_failing_middle_record_is_the_only_batch_item_failure(
     assert metrics["CleanupRecordsIncomplete"] == [1.0]
 
 
-def test_records_the_time_budget_does_not_reach_fail_and_their_redelivery_finishes(table: str) -> None:
+def test_records_the_time_budget_does_not_reach_fail_and_their_redelivery_finishes(
+    table: str, strict_aws: StrictAws
+) -> None:
     seed_children(table, "alpha", "aaaa", versions=30)
     seed_children(table, "bravo", "bbbb", versions=30)
-    queries, batch_calls = count_calls("Query"), count_calls("BatchWriteItem")
-    # Each call takes 2 s. Before each, the cleanup holds back botocore's worst-case retry waits for
-    # it and 5 s to report; 9 s more are left: alpha's 5 calls (3 Queries: versions, replicas,
-    # events; 2 batches) fit, bravo's first Query does not.
-    held_back = Budget(remaining_ms=lambda: 0).call_waits_ms + 5_000
-    context = CleanupContext()
-    context.get_remaining_time_in_millis = (  # type: ignore[method-assign]
-        lambda: held_back + 9_000 - 2_000 * (len(queries) + len(batch_calls))
-    )
+    # Each call takes 2 s. Before each, the cleanup holds back its first attempt's worst case and 5 s
+    # to report; 11 s more are left: alpha's 6 calls (3 Queries: versions, replicas, events; 2
+    # batches; the listing of its secrets) fit, bravo's first Query does not.
+    held_back = Budget(remaining_ms=lambda: 0).attempt_ms + 5_000
+    strict_aws.call_latency = 2.0
     records = [removal_record("alpha", "aaaa", "100"), removal_record("bravo", "bbbb", "200")]
 
-    assert invoke(records, context) == {"batchItemFailures": [{"itemIdentifier": "200"}]}
+    with strict_aws.lambda_context(timeout_seconds=(held_back + 11_000) / 1000) as context:
+        assert invoke(records, context) == {"batchItemFailures": [{"itemIdentifier": "200"}]}
+    assert not context.killed
+    strict_aws.call_latency = 0.0
     assert partition_keys(table, "alpha") == set()
     assert len(partition_keys(table, "bravo")) == 30
 
@@ -210,3 +211,28 @@ def test_recreating_the_name_loses_nothing_of_the_new_incarnation(
     assert view.status == 200
     assert view.body["uid"] == uid_b
     assert [v["version"] for v in api.get("/v1/services/web/versions").body["versions"]] == [1, 2, 3, 4]
+
+
+def test_a_hanging_delete_fails_the_record_before_lambdas_timeout_and_its_redelivery_finishes(
+    table: str, strict_aws: StrictAws
+) -> None:
+    """botocore's retries are held to the invocation's end less the reserve (fleetkeeper.aws.deadline):
+    a BatchWriteItem whose answers never come (read timeouts of 10 s) is not retried past it."""
+    seed_children(table, "web", "aaaa", versions=30)
+    strict_aws.hang("dynamodb", "BatchWriteItem", times=100, kind="read")
+    record = removal_record("web", "aaaa", "100")
+
+    with strict_aws.lambda_context(timeout_seconds=30, function_name="fleetkeeper-cleanup") as context:
+        # The record fails (Powertools raises when no record of the batch succeeded); Lambda did not kill it.
+        with pytest.raises(BatchProcessingError, match="OutOfTime"):
+            handler.lambda_handler({"Records": [record]}, context)
+        left = context.get_remaining_time_in_millis()
+    assert not context.killed
+    assert left >= Budget(remaining_ms=lambda: 0).reserve_ms
+    # 25 s for AWS calls: the first attempt (13 s at most) hung 10 s, a retry fitted in the 15 s
+    # left and hung 10 s, and the next could not fit in 5 s.
+    assert [f.kind for f in strict_aws.faults_injected] == ["hang:read"] * 2
+
+    strict_aws.clear_hangs()
+    assert invoke([record]) == {"batchItemFailures": []}
+    assert partition_keys(table, "web") == set()

@@ -13,8 +13,8 @@ Fixtures (tests/conftest.py):
 Always on while active: DynamoDB's number rules and ExclusiveStartKey validation, atomic
 DynamoDB requests, EC2's ClientToken idempotency and `resolve:ssm:` image ids. Everything else
 happens only when scheduled (`strict_aws.dynamodb.tear_next_read(...)`, `strict_aws.throttle(...)`,
-`strict_aws.ec2.set_describe_lag(...)`, ...) or drawn from the seeded RNG (`strict_aws.faults =
-FaultRates(...)`). Without a fault the layer is transparent.
+`strict_aws.hang(...)`, `strict_aws.ec2.set_describe_lag(...)`, ...) or drawn from the seeded RNG
+(`strict_aws.faults = FaultRates(...)`). Without a fault the layer is transparent.
 
 How it hooks into botocore and moto: `tests/strict_aws/core.py`. What it models and what it does
 not: docs/architecture/testing.md, "The strict-AWS test layer".

@@ -44,8 +44,9 @@ import threading
 import time
 from collections import Counter
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
+from fleetkeeper.aws import CONNECT_TIMEOUT_SECONDS, READ_TIMEOUT_SECONDS
 from tests.strict_aws import model_validation
 from tests.strict_aws.clock import VirtualClock
 from tests.strict_aws.cloudwatch import CloudWatchLayer
@@ -112,6 +113,19 @@ class _Burst:
     remaining: int
 
 
+@dataclass
+class _Hang:
+    service: str
+    operation: str | None
+    kind: str  # "connect" or "read"
+    seconds: float
+    remaining: int
+
+
+# What a hung attempt costs before botocore gives up on it: the client's timeout (fleetkeeper's).
+HANG_SECONDS = {"connect": float(CONNECT_TIMEOUT_SECONDS), "read": float(READ_TIMEOUT_SECONDS)}
+
+
 @dataclass(frozen=True)
 class Fault:
     """A fault the layer injected (its log: `StrictAws.faults_injected`)."""
@@ -163,6 +177,7 @@ class StrictAws:
         self.cloudwatch = CloudWatchLayer(self)
         self._lock = threading.RLock()
         self._bursts: list[_Burst] = []
+        self._hangs: list[_Hang] = []
         self._invocation: LambdaContext | None = None
         # A context variable, not a thread-local: work a caller hands to a pool in a copy of its
         # context (the reconciler's parallel reads) acts as that caller.
@@ -214,6 +229,36 @@ class StrictAws:
             raise ValueError(f"unknown throttling code {chosen!r}")
         with self._lock:
             self._bursts.append(_Burst(service, operation, chosen, times))
+
+    def hang(
+        self,
+        service: str,
+        operation: str | None = None,
+        *,
+        times: int,
+        kind: str = "connect",
+        seconds: float | None = None,
+    ) -> None:
+        """The next `times` attempts of `operation` (any of the service's, when None) hang until the
+        client gives up: the clock moves by `seconds` (the client's timeout: fleetkeeper's connect
+        timeout, 3 s, for kind "connect"; its read timeout, 10 s, for "read"), then the attempt fails
+        with botocore's ConnectTimeoutError or ReadTimeoutError, which botocore retries.
+
+        "connect": nothing reached the service (one the network does not route to, or that does not
+        answer). "read": the service received the request and carried it out, and its answer never
+        came: the caller cannot tell whether it was done. When the invocation's time runs out during
+        the hang, Lambda kills it there (`LambdaTimeout`, with the clock at the invocation's end).
+        """
+        if kind not in HANG_SECONDS:
+            raise ValueError(f"unknown hang {kind!r}; one of {sorted(HANG_SECONDS)}")
+        cost = HANG_SECONDS[kind] if seconds is None else seconds
+        with self._lock:
+            self._hangs.append(_Hang(service, operation, kind, cost, times))
+
+    def clear_hangs(self) -> None:
+        """No more hangs: the attempts still scheduled to hang are answered."""
+        with self._lock:
+            self._hangs.clear()
 
     def attempts_of(self, service: str, operation: str) -> int:
         with self._lock:
@@ -267,6 +312,30 @@ class StrictAws:
                 return DEFAULT_THROTTLE[service]
         return None
 
+    def _take_hang(self, service: str, operation: str) -> _Hang | None:
+        with self._lock:
+            for hang in self._hangs:
+                if hang.remaining > 0 and hang.service == service and hang.operation in (None, operation):
+                    hang.remaining -= 1
+                    return hang
+        return None
+
+    def _hang(self, call: Call, hang: _Hang, invocation: LambdaContext | None) -> NoReturn:
+        """Spend the hung attempt's time on the clock, then fail it as botocore's HTTP layer would."""
+        from botocore.exceptions import ConnectTimeoutError, ReadTimeoutError
+
+        self.record_fault(call.service, call.operation, f"hang:{hang.kind}")
+        if hang.kind == "read":
+            self._send_to_service(call)  # done, its answer lost
+        seconds = hang.seconds
+        if invocation is not None and not invocation.ended:
+            seconds = min(seconds, max(0.0, invocation.deadline - self.clock.time()))
+        self.clock.advance(seconds)
+        if invocation is not None and invocation.expired:
+            raise invocation.kill()
+        url = call.request.url
+        raise ConnectTimeoutError(endpoint_url=url) if hang.kind == "connect" else ReadTimeoutError(endpoint_url=url)
+
     def handle(self, call: Call) -> Response:
         invocation = self._invocation
         if invocation is not None and invocation.expired:
@@ -282,28 +351,34 @@ class StrictAws:
                 self.record_fault(call.service, call.operation, f"model:{violation.path}")
                 self.violations.append(violation)
                 return model_validation.refusal(violation)
+            hang = self._take_hang(call.service, call.operation)
+            if hang is not None:
+                self._hang(call, hang, invocation)
             code = self._take_throttle(call.service, call.operation)
             if code is not None:
                 self.record_fault(call.service, call.operation, code)
                 status, message = THROTTLES[code]
                 return error_for(call.service, code, message, status=status)
-            if call.service == "dynamodb":
-                return self.dynamodb.send(call)
-            if call.service == "dynamodb-streams":
-                with self.dynamodb.lock:  # the stream shard lives in the table
-                    return call.send()
-            if call.service == "ec2":
-                return self.ec2.send(call)
-            if call.service == "elastic-load-balancing-v2":
-                return self.elbv2.send(call)
-            if call.service == "cloudwatch":
-                return self.cloudwatch.send(call)
-            if call.service == "iam":
-                return self.iam.send(call)
-            return call.send()
+            return self._send_to_service(call)
         finally:
             if self.call_latency:
                 self.clock.advance(self.call_latency)
+
+    def _send_to_service(self, call: Call) -> Response:
+        if call.service == "dynamodb":
+            return self.dynamodb.send(call)
+        if call.service == "dynamodb-streams":
+            with self.dynamodb.lock:  # the stream shard lives in the table
+                return call.send()
+        if call.service == "ec2":
+            return self.ec2.send(call)
+        if call.service == "elastic-load-balancing-v2":
+            return self.elbv2.send(call)
+        if call.service == "cloudwatch":
+            return self.cloudwatch.send(call)
+        if call.service == "iam":
+            return self.iam.send(call)
+        return call.send()
 
 
 _active: StrictAws | None = None

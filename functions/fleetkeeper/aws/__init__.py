@@ -5,6 +5,10 @@ it later; cached, because creating a client costs ~50 ms. `reset_clients()` is f
 start a fresh in-memory AWS. The service models, endpoint rules and the like that botocore reads
 from its JSON files are read once per process (one loader shared by every client's session), so a
 client made again after `reset_clients()` costs ~20-40 ms instead of ~70-170 ms.
+
+Every client honours the deadline a handler sets for its invocation (`within`, fleetkeeper.aws.deadline):
+no attempt starts and no retry pauses unless the time left covers it; short of it the call raises
+`DeadlineReached`.
 """
 
 from __future__ import annotations
@@ -12,6 +16,13 @@ from __future__ import annotations
 import os
 import threading
 from typing import TYPE_CHECKING, Any
+
+# Re-exported: the handlers and the reconciler use them as `aws.within`, `aws.DeadlineReached`.
+from fleetkeeper.aws.deadline import DeadlineReached as DeadlineReached
+from fleetkeeper.aws.deadline import guard
+from fleetkeeper.aws.deadline import reached as reached
+from fleetkeeper.aws.deadline import seconds_left as seconds_left
+from fleetkeeper.aws.deadline import within as within
 
 if TYPE_CHECKING:
     from botocore.config import _RetryDict
@@ -39,11 +50,15 @@ ADAPTIVE_SERVICES = frozenset({"ec2"})
 _BACKOFF_CAP_SECONDS = 20.0
 _RETRY_AFTER_EXTRA_SECONDS = 5.0
 # So one call can spend this long sleeping between its attempts before it raises: 1 + 2 + 4 + 8 + 16
-# + 5 * 5 = 56 s (the attempts' own time comes on top). A caller with a deadline (the cleanup) keeps
-# this much in hand before it starts a call.
+# + 5 * 5 = 56 s (the attempts' own time comes on top): why no caller can keep a call's worst case
+# in hand, and why the handlers hold every call to their invocation's deadline instead (`within`).
 WORST_CASE_RETRY_WAIT_SECONDS = sum(
     min(2.0**retry, _BACKOFF_CAP_SECONDS) + _RETRY_AFTER_EXTRA_SECONDS for retry in range(RETRIES)
 )
+
+# Each attempt's limits: this long to connect, then this long for each wait on the socket for data.
+CONNECT_TIMEOUT_SECONDS = 3
+READ_TIMEOUT_SECONDS = 10
 
 # The api's reconciler kick (a SendMessage to the kick queue) has its own client: a kick is
 # best-effort and the schedule is its backstop, so it may cost an api request at most
@@ -87,8 +102,8 @@ def _client(service: str, *, kick: bool = False) -> Any:
                 retries["max_attempts"] = RETRIES
                 config = Config(
                     retries=retries,
-                    connect_timeout=3,
-                    read_timeout=10,
+                    connect_timeout=CONNECT_TIMEOUT_SECONDS,
+                    read_timeout=READ_TIMEOUT_SECONDS,
                     # S3's presigned URLs (workdir uploads) must be SigV4: it signs their checksum header.
                     signature_version="s3v4" if service == "s3" else None,
                 )
@@ -107,6 +122,7 @@ def _client(service: str, *, kick: bool = False) -> Any:
             if checked_against(botocore.__version__):
                 session.register_component("response_parser_factory", ResponseParsers())
             client = session.create_client(service, region_name=region, endpoint_url=endpoint, config=config)
+            guard(client)
             _clients[key] = client
         return client
 

@@ -15,6 +15,7 @@ from aws_lambda_powertools.metrics import MetricUnit
 from aws_lambda_powertools.utilities.batch import BatchProcessor, EventType, process_partial_response
 from aws_lambda_powertools.utilities.data_classes.dynamo_db_stream_event import DynamoDBRecordEventName
 
+from fleetkeeper import aws
 from fleetkeeper.cleanup.logic import Budget, Cleaner, Incarnation, IncarnationStore
 from fleetkeeper.replicas.secrets import SecretStore
 from fleetkeeper.replicas.workdirs import store_from_settings
@@ -58,15 +59,16 @@ def record_handler(
         incarnation = Incarnation.from_old_image(record.dynamodb.old_image)
         # "service_name", not "service": that is Logger's own key (the function's service name).
         log.update(service_name=incarnation.name, uid=incarnation.uid)
-        cleaner = Cleaner(
-            children=ChildKeys(table, incarnation.name, incarnation.uid),
-            budget=Budget(remaining_ms=lambda_context.get_remaining_time_in_millis),
-        )
-        progress = cleaner.run()
-        # Then what the incarnation keeps outside the table: its versions' secrets (Parameter Store)
-        # and workdir copies (the workdir store). Deleting is idempotent, so a redelivery redoes it.
-        for what, store in stores:
-            log[f"{what}_deleted"] = store.delete_incarnation(incarnation.name, incarnation.uid, incarnation.owner)
+        budget = Budget(remaining_ms=lambda_context.get_remaining_time_in_millis)
+        cleaner = Cleaner(children=ChildKeys(table, incarnation.name, incarnation.uid), budget=budget)
+        # Every AWS call of the record, botocore's retries included, ends `reserve_ms` before the
+        # invocation does (fleetkeeper.aws.deadline): short of time, the record fails and is redelivered.
+        with aws.within(budget.deadline_seconds):
+            progress = cleaner.run()
+            # Then what the incarnation keeps outside the table: its versions' secrets (Parameter Store)
+            # and workdir copies (the workdir store). Deleting is idempotent, so a redelivery redoes it.
+            for what, store in stores:
+                log[f"{what}_deleted"] = store.delete_incarnation(incarnation.name, incarnation.uid, incarnation.owner)
     except Exception as exc:
         # Any failure fails this record only; the stream delivers it again (then to the failure queue).
         deleted = cleaner.progress.deleted if cleaner else 0

@@ -4,8 +4,11 @@ Two layers of retries, never stacked: botocore (fleetkeeper.aws, standard mode) 
 or failed call itself, and a ClientError (or the store's Contention, for throttling) that still
 comes out of it fails the record here at once (the stream delivers it again). What botocore does
 not retry is a BatchWriteItem's partial success, `UnprocessedItems`: that is retried here, with
-backoff. The time budget counts botocore's waits: a call starts only while its worst-case retry
-waits still fit.
+backoff. The time budget has two holders: a call (or a pause of ours) starts only while one attempt's
+worst case and the reserve still fit after it (`Budget`), and botocore's own retries of a call are
+held to the same end by the invocation's deadline (fleetkeeper.aws.deadline, set by the handler),
+which stops a retry whose pause and attempt would not fit. Either way the record runs out of time
+(`OutOfTime`) with its reserve still in hand.
 
 The function's collaborators come in as parameters (the keys of the incarnation, the remaining time,
 sleep, jitter), so tests can inject errors, unprocessed items and a clock that runs out.
@@ -23,7 +26,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from fleetkeeper.aws import WORST_CASE_RETRY_WAIT_SECONDS
+from fleetkeeper.aws import CONNECT_TIMEOUT_SECONDS, READ_TIMEOUT_SECONDS, DeadlineReached
 from fleetkeeper.store.table import BATCH_WRITE_LIMIT
 
 if TYPE_CHECKING:
@@ -83,16 +86,23 @@ class RetryPolicy:
 class Budget:
     """The time left in this invocation.
 
-    A DynamoDB call starts only while, after `pause_seconds` of our own and the call's worst-case
-    botocore retry waits (`call_waits_ms`), `reserve_ms` would still be left to report the failure.
+    A DynamoDB call starts only while, after `pause_seconds` of our own, the call's first attempt
+    (`attempt_ms`: the client's connect and read timeouts) and `reserve_ms` to report the failure
+    would still fit. Its retries are the deadline's to hold (the handler's `aws.within`, ending
+    `reserve_ms` before the invocation): each is taken only while its pause and attempt fit, so the
+    call never needs its worst-case retry waits (aws.WORST_CASE_RETRY_WAIT_SECONDS, 56 s) in hand.
     """
 
     remaining_ms: Callable[[], int]
     reserve_ms: int = 5_000
-    call_waits_ms: int = int(WORST_CASE_RETRY_WAIT_SECONDS * 1000)
+    attempt_ms: int = (CONNECT_TIMEOUT_SECONDS + READ_TIMEOUT_SECONDS) * 1000
 
     def allows_call(self, pause_seconds: float = 0.0) -> bool:
-        return self.remaining_ms() - pause_seconds * 1000 - self.call_waits_ms > self.reserve_ms
+        return self.remaining_ms() - pause_seconds * 1000 - self.attempt_ms > self.reserve_ms
+
+    def deadline_seconds(self) -> float:
+        """What the invocation's AWS calls may use: all but the reserve (`aws.within`'s argument)."""
+        return (self.remaining_ms() - self.reserve_ms) / 1000
 
 
 @dataclass
@@ -143,8 +153,15 @@ class Cleaner:
         progress = self.progress = Progress()
         # Reading the keys is calls too (a Query per page): each is held to the budget like a delete.
         keys = self.children.keys(before_each_query=lambda: self._require_time_for_a_call(progress))
-        for chunk in _chunks(keys, BATCH_WRITE_LIMIT):
-            self._delete_chunk(chunk, progress)
+        try:
+            for chunk in _chunks(keys, BATCH_WRITE_LIMIT):
+                self._delete_chunk(chunk, progress)
+        except DeadlineReached as reached:
+            # botocore's retries of a call ran into the invocation's end: the same as our own budget's.
+            raise OutOfTime(
+                f"time budget spent after deleting {progress.deleted} item(s) ({reached}); the retry continues",
+                progress,
+            ) from reached
         return progress
 
     def _require_time_for_a_call(self, progress: Progress, *, pending: int = 0, pause: float = 0.0) -> None:

@@ -9,6 +9,32 @@ same services out again (the shard's `not_after`). It checks the budget at two p
   the service stops there, exactly as a run killed at that point would (the crash sweep proves the
   next run completes it: claimed replicas stay PENDING and are launched then).
 
+Between those points the AWS calls are held to the invocation's deadline (fleetkeeper.aws.deadline,
+which the handler sets to the invocation's remaining time less the same 1 s return reserve as this
+budget's): an attempt starts only with its worst case in hand (connect + read timeout, 3 + 10 s; EC2's
+adaptive client 2 s more for its rate limiter's token), a retry only with its longest backoff pause
+and the next attempt's worst case. A call the deadline stops raises `aws.DeadlineReached`: the
+service in progress stops there as a killed run would (`cut_short`) and the rest is `skipped`.
+
+The arithmetic. `remaining()` here is min(invocation, period) - 1 s, so it is never more than the
+deadline's remaining time. Without the deadline, one AWS call begun with the margins in hand could
+last 6 attempts of 13 s and 56 s of backoff pauses (aws.WORST_CASE_RETRY_WAIT_SECONDS): 134 s,
+more than the function's whole timeout. With it, no AWS attempt or pause runs past the deadline
+(under the attempt's assumptions: each read on the socket ends within the read timeout, and
+fleetkeeper's answers take few), so the worst overshoot past it is bounded by the work that is not
+an AWS call: the CPU between calls (planning, parsing: milliseconds per service) and what the
+budget bounds itself (the probe phase, within `probe_seconds`, and the long probes, within what is
+left after a service margin). The handler therefore returns with about its 1 s reserve before
+Lambda's timeout, its report logged. The period's end (`not_after`) is the budget's only, not the
+deadline's: a service started before it may run past it by what that service takes, never past
+the deadline (a second worker on the service then loses a condition, which is harmless).
+
+The margins keep their meaning: they say where a run stops starting work, the deadline where its
+calls stop. A margin below one attempt's worst case is consistent with it, not contradicted: a
+service (or a launch) started with less than 13-15 s to the deadline is stopped by the deadline at
+its first call instead, with the same outcome (`cut_short`, claims PENDING). When the period binds
+(the default: a 120 s timeout and a 55 s period), the deadline is a minute away and never does.
+
 Correctness never rests on the margins: a kill at any AWS call is a state the next run completes.
 The margins make a kill rare, and keep a cut-short run's report truthful.
 """

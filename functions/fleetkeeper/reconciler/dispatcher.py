@@ -8,18 +8,26 @@ the replica identities (fleetkeeper.replicas.identity): before the shards go out
 the role and instance profile of every listed owner that lacks one, so the workers find them, and after
 them it removes those of owners with no service left. IAM is reachable from here and not from the
 workers' VPC, which is the other reason this is the dispatcher's work.
+
+Its time: the handler holds every AWS call to the invocation's deadline (fleetkeeper.aws.deadline,
+`time_left`). The identities come first and may cost many IAM calls, so they get a deadline of their
+own that ends IDENTITIES_LEAVE_SECONDS earlier: what they cannot make in it waits for the next
+period, and the shards still go out. A call the invocation's deadline stops ends the dispatch there
+(`out_of_time` in its report): what it did not do, the next period's does.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from fleetkeeper import aws
 from fleetkeeper.reconciler.dispatch import make_shards, run_index
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Callable, Sequence
     from datetime import datetime
 
     from fleetkeeper.reconciler.queue import ShardQueue
@@ -32,6 +40,11 @@ logger = logging.getLogger(__name__)
 # A worker starts no service in the last seconds before the next dispatch hands its services out
 # again: two workers on one service are harmless (one loses a condition) but pay twice.
 NEXT_DISPATCH_SLACK_SECONDS = 5.0
+# What the identities leave of the invocation for the rest of the dispatch: the worst case of the
+# shards' first SendMessageBatch attempt (3 s to connect, 10 s to read: fleetkeeper.aws), with 2 s to
+# spare. At the function's 60 s (less 1 s to return), IAM calls may start while 13 s of the 44 s
+# left to them remain: a steady period makes one ListInstanceProfiles call, a new owner 4-5 IAM writes.
+IDENTITIES_LEAVE_SECONDS = 15.0
 
 
 @dataclass
@@ -46,9 +59,12 @@ class DispatchReport:
     identities_refused: dict[str, str] = field(default_factory=dict)  # scope -> why IAM would not
     identities_removed: list[str] = field(default_factory=list)  # owners' scopes
     shards_retired: list[str] = field(default_factory=list)  # load balancers the stack made and deleted
+    # The call the invocation's deadline stopped (its steps after it were not done), else None.
+    out_of_time: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return {
+            "out_of_time": self.out_of_time,
             "identities_made": self.identities_made,
             "identities_refused": self.identities_refused,
             "identities_removed": self.identities_removed,
@@ -71,8 +87,19 @@ class Dispatcher:
     # Replica identity "owner": the owners' roles, made here for the listed owners and removed once
     # their owner has no service.
     identities: IdentityKeeper | None = None
+    # The seconds the invocation's AWS calls may still use (the handler's deadline; unbounded without one).
+    time_left: Callable[[], float] = lambda: math.inf
 
     def run(self) -> DispatchReport:
+        report = DispatchReport()
+        try:
+            self._run(report)
+        except aws.DeadlineReached as reached:
+            logger.warning("out of time (%s): the rest of this dispatch is left for the next period", reached)
+            report.out_of_time = str(reached)
+        return report
+
+    def _run(self, report: DispatchReport) -> None:
         now = self.reconciler.now()
         listed = list(self.reconciler.store.list_services())
         shards = make_shards(
@@ -81,7 +108,7 @@ class Dispatcher:
             run=run_index(now, self.period_seconds),
             not_after=now.timestamp() + self.period_seconds - NEXT_DISPATCH_SLACK_SECONDS,
         )
-        report = DispatchReport(services=len({entry.name for entry in listed}), shards=len(shards))
+        report.services, report.shards = len({entry.name for entry in listed}), len(shards)
         if self.identities is not None:
             self._ensure_identities(listed, report)
         unsent = self.queue.send(shards)
@@ -104,7 +131,6 @@ class Dispatcher:
         if self.identities is not None:
             report.identities_removed = self._sweep_identities(listed)
         report.shards_retired = self._retire_shards(now)
-        return report
 
     def _retire_shards(self, now: datetime) -> list[str]:
         """The load balancers the stack made for more endpoints and no longer uses go (their own
@@ -115,6 +141,8 @@ class Dispatcher:
             return []
         try:
             retired = balancer.retire_shards(now)
+        except aws.DeadlineReached:
+            raise
         except Exception:
             logger.exception("the sweep of load balancer shards failed; the next dispatch retries")
             return []
@@ -127,7 +155,13 @@ class Dispatcher:
         logged (those owners' launches wait, as environment refusals), and the next period tries again."""
         assert self.identities is not None
         try:
-            made = self.identities.ensure(entry.owner for entry in listed if entry.owner)
+            # Their own deadline, earlier than the invocation's: the shards must still go out after them.
+            with aws.within(lambda: self.time_left() - IDENTITIES_LEAVE_SECONDS):
+                made = self.identities.ensure(entry.owner for entry in listed if entry.owner)
+        except aws.DeadlineReached as reached:
+            # Before the first make (IAM's listing, the records' read): all wait for the next period.
+            logger.warning("out of time for the owners' replica identities (%s); the next dispatch makes them", reached)
+            return
         except Exception:
             logger.exception("making the owners' replica identities failed; the next dispatch retries")
             return
@@ -145,6 +179,8 @@ class Dispatcher:
         assert self.identities is not None
         try:
             return self.identities.sweep(entry.owner for entry in listed)
+        except aws.DeadlineReached:
+            raise
         except Exception:
             logger.exception("the sweep of owners' replica identities failed; the next dispatch retries")
             return []

@@ -18,6 +18,13 @@ take the account's Lambda concurrency:
   (fleetkeeper.reconciler.state_changes). And the reconciler's own follow-ups (a delayed kick that
   names its due time, fleetkeeper.reconciler.followup) come back through it.
 A direct invoke with {"service": name} is a kick too (an operator's `aws lambda invoke`).
+
+Both hold every AWS call of the invocation to its Lambda deadline (`aws.within`, less the reserve it
+keeps to return): a call that would outlast it raises `aws.DeadlineReached` instead of being killed
+with the invocation. The worker's runs end there as its budget's end ends them (the service in
+progress `cut_short`, the rest `skipped`) and return their report; the dispatcher stops its
+period's work there (fleetkeeper.reconciler.dispatcher). An EC2 event whose replica was not yet
+recorded when the deadline came fails its invocation instead, so that SQS delivers it again.
 """
 
 from __future__ import annotations
@@ -32,6 +39,7 @@ from aws_lambda_powertools import Logger, Metrics
 from aws_lambda_powertools.logging.utils import copy_config_to_registered_loggers
 from aws_lambda_powertools.metrics import MetricUnit
 
+from fleetkeeper import aws
 from fleetkeeper.reconciler import interruptions, state_changes
 from fleetkeeper.settings import Settings, SettingsError
 
@@ -50,7 +58,8 @@ metrics = Metrics()
 logging.getLogger("fleetkeeper")
 copy_config_to_registered_loggers(source_logger=logger, include={"fleetkeeper"})
 
-# What a worker keeps for itself after its last service: the report, the log line, the metrics.
+# What a function keeps for itself after its last AWS call: the report, the log line, the metrics.
+# Its budget and its calls' deadline both end this long before Lambda's timeout.
 _RETURN_RESERVE_SECONDS = 1.0
 _CHANGED = (
     "actions",
@@ -173,7 +182,12 @@ def sent_at(record: dict[str, Any]) -> float | None:
 @logger.inject_lambda_context(clear_state=True)
 def dispatch_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     dispatcher = build_dispatcher(Settings.from_env(os.environ))
-    summary = dispatcher.run().as_dict()
+    dispatcher.time_left = aws.seconds_left(context, _RETURN_RESERVE_SECONDS)
+    with aws.within(dispatcher.time_left):
+        summary = dispatcher.run().as_dict()
+    if summary["out_of_time"]:
+        logger.warning("dispatch cut short", extra=summary)
+        return summary  # not a completed run: the stalled alarm counts it as a killed one
     logger.info("dispatched", extra=summary)
     # The "no completed run in 5 minutes" alarm watches this (template.yaml, ReconcilerStalledAlarm).
     metrics.add_metric(name="ReconcileCompleted", unit=MetricUnit.Count, value=1)
@@ -186,6 +200,13 @@ def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, A
     # Configuration is read once per invocation, never at import.
     settings = Settings.from_env(os.environ)
     reconciler = build_reconciler(settings)
+    with aws.within(aws.seconds_left(context, _RETURN_RESERVE_SECONDS)):
+        return _handle(reconciler, settings, event, context)
+
+
+def _handle(
+    reconciler: Reconciler, settings: Settings, event: dict[str, Any], context: LambdaContext
+) -> dict[str, Any]:
     if interruptions.is_warning(event):
         return _interrupt(reconciler, event)
     if state_changes.is_state_change(event):
@@ -208,7 +229,13 @@ def _interrupt(reconciler: Reconciler, event: Any) -> dict[str, Any]:
     if interruption is None:
         logger.error("dropped an EC2 warning that names no instance or time", extra={"event": event})
         return {"dropped": "an EC2 warning without detail.instance-id or time"}
-    summary = {"interruption": interruption.instance_id, **reconciler.interrupt(interruption).as_dict()}
+    try:
+        report = reconciler.interrupt(interruption)
+    except aws.DeadlineReached:
+        # Before the warning was recorded: failing the invocation has SQS deliver it again.
+        logger.error("out of time before the EC2 warning about %s was recorded", interruption.instance_id)
+        raise
+    summary = {"interruption": interruption.instance_id, **report.as_dict()}
     _log_run(summary, kick=interruption.instance_id)
     return summary
 
@@ -219,7 +246,13 @@ def _state_change(reconciler: Reconciler, event: Any) -> dict[str, Any]:
     if change is None:
         logger.error("dropped an EC2 state-change notification that names no instance or state", extra={"event": event})
         return {"dropped": "an EC2 state-change notification without detail.instance-id or a rule's state"}
-    summary = {"instance": change.instance_id, "state": change.state, **reconciler.instance_changed(change).as_dict()}
+    try:
+        report = reconciler.instance_changed(change)
+    except aws.DeadlineReached:
+        # Before the instance was known: failing the invocation has SQS deliver it again.
+        logger.error("out of time before the state change of %s was looked up", change.instance_id)
+        raise
+    summary = {"instance": change.instance_id, "state": change.state, **report.as_dict()}
     _log_run(summary, kick=change.instance_id)
     return summary
 

@@ -27,6 +27,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
+from fleetkeeper.aws import DeadlineReached
+from fleetkeeper.aws import reached as deadline_reached
 from fleetkeeper.model import (
     BalancerState,
     FailureCause,
@@ -203,9 +205,12 @@ class Reconciler:
             report.skipped.extend(names)
             logger.warning("out of time before the first of %d service(s): all left for the next run", len(names))
             return report
-        states = self._load_all(names, report)
-        uids = sorted({state.service.uid for state in states})
-        instances = self._owned(self.driver.list_instances(uids=uids), report, set(uids)) if uids else []
+        try:
+            states = self._load_all(names, report)
+            uids = sorted({state.service.uid for state in states})
+            instances = self._owned(self.driver.list_instances(uids=uids), report, set(uids)) if uids else []
+        except DeadlineReached as reached:
+            return _stopped_before_any_service(report, names, reached)
         return self._reconcile_all(states, instances, now, report, budget)
 
     def sweep(self, listed: Sequence[Listed]) -> RunReport:
@@ -229,15 +234,18 @@ class Reconciler:
         replaced, stops after the read (`report.void_followup`)."""
         now = self.now()
         report = RunReport()
-        state = self._load(name, report)
-        if state is None:
-            return report
-        if followup is not None and state.service.followup_at != followup:
-            logger.debug("service %s: follow-up due %s is no longer the pending one: nothing to do", name, followup)
-            report.void_followup = True
-            return report
-        uid = state.service.uid
-        instances = self._owned(self.driver.list_instances(uids=[uid]), report, {uid})
+        try:
+            state = self._load(name, report)
+            if state is None:
+                return report
+            if followup is not None and state.service.followup_at != followup:
+                logger.debug("service %s: follow-up due %s is no longer the pending one: nothing to do", name, followup)
+                report.void_followup = True
+                return report
+            uid = state.service.uid
+            instances = self._owned(self.driver.list_instances(uids=[uid]), report, {uid})
+        except DeadlineReached as reached:
+            return _stopped_before_any_service(report, [name], reached)
         return self._reconcile_all([state], instances, now, report, followup=followup)
 
     def interrupt(self, interruption: Interruption) -> RunReport:
@@ -365,6 +373,8 @@ class Reconciler:
             logger.info("terminating %s: %s", instance_id, reason)
         try:
             self.driver.terminate(orphans.instance_ids)
+        except DeadlineReached:
+            raise  # the run's end (its caller's to report), not a failure of the sweep
         except Exception:
             # Every service has been reconciled already; an orphan that cannot go now (say IAM
             # refuses it) is retried by the next sweep and must not fail this run.
@@ -391,6 +401,8 @@ class Reconciler:
         except CorruptItem as exc:
             logger.error("service %s: skipped, its items do not load: %s", name, exc)
             report.unloadable[name] = f"{exc.sk}: {exc.problem}"
+        except DeadlineReached:
+            raise  # the run's end: this service (and what follows) is left for the next run
         except Exception as exc:
             # A throttled or failed read of one service: the next run tries again.
             logger.exception("service %s: skipped, could not be read", name)
@@ -445,6 +457,8 @@ class Reconciler:
         ids = [instance.instance_id for instance in legacy]
         try:
             self.driver.adopt(ids)
+        except DeadlineReached:
+            raise
         except Exception:
             logger.exception("could not tag this stack's earlier replicas %s with its id; the next run retries", ids)
             report.errors.append("adopt")
@@ -481,12 +495,15 @@ class Reconciler:
             by_uid.setdefault(instance.uid, []).append(instance)
         probes: dict[str, dict[int, ProbeResult]] = {}
         probe_seconds = self.probe_budget_seconds if budget is None else budget.probe_seconds(self.probe_budget_seconds)
-        answered, long_probes = self._probe(states, by_uid, now, probe_seconds, _invocation_seconds(budget))
+        try:
+            answered, long_probes = self._probe(states, by_uid, now, probe_seconds, _invocation_seconds(budget))
+            rates = self._request_rates(states, now, report)
+        except DeadlineReached as reached:
+            return _stopped_before_any_service(report, [state.service.name for state in states], reached)
         for (uid, replica_id), result in answered.items():
             probes.setdefault(uid, {})[replica_id] = result
-        rates = self._request_rates(states, now, report)
         for position, state in enumerate(states):
-            if budget is not None and not budget.may_start_service():
+            if not _may_start_service(budget):
                 report.skipped.extend(later.service.name for later in states[position:])
                 logger.warning(
                     "out of time: %d service(s) left for the next run: %s",
@@ -500,7 +517,11 @@ class Reconciler:
             self._reconcile(state, by_uid.get(uid, []), probes.get(uid, {}), now, report, budget, rate, followup)
             if budget is not None:
                 budget.observe_service(started_with)
-        if long_probes is not None:
+        if long_probes is not None and deadline_reached():
+            # No AWS call can be made any more: their verdicts could not be recorded. The probes end by
+            # their own timeouts on their thread; the next run probes those replicas again.
+            logger.warning("out of time: the long readiness probes' verdicts are left for the next run")
+        elif long_probes is not None:
             try:
                 verdicts = long_probes.result()
             except Exception:  # the prober's own failure: no verdict this run, the next run probes again
@@ -534,14 +555,20 @@ class Reconciler:
         names = [s.service.name for s in states if s.service.uid in by_uid and s.service.name not in left_alone]
         if not names:
             return
-        fresh = [s for s in self._load_all(names, report) if observed(s) and s.service.uid in by_uid]
-        uids = sorted({s.service.uid for s in fresh})
-        instances = self._owned(self.driver.list_instances(uids=uids), report, set(uids)) if uids else []
+        try:
+            fresh = [s for s in self._load_all(names, report) if observed(s) and s.service.uid in by_uid]
+            uids = sorted({s.service.uid for s in fresh})
+            instances = self._owned(self.driver.list_instances(uids=uids), report, set(uids)) if uids else []
+        except DeadlineReached as reached:
+            # Reconciled once already; what their long probes said is what the run could not finish.
+            logger.warning("out of time before the long probes' pass (%s): the next run goes on from here", reached)
+            report.cut_short.extend(names)
+            return
         live: dict[str, list[Instance]] = {}
         for instance in instances:
             live.setdefault(instance.uid, []).append(instance)
         for state in fresh:
-            if budget is not None and not budget.may_start_service():
+            if not _may_start_service(budget):
                 report.skipped.append(state.service.name)
                 continue
             # Only the long probes' verdicts: the other replicas were decided in the first pass and
@@ -640,6 +667,8 @@ class Reconciler:
             return {}
         try:
             return self.rates.read(dimensions, now)
+        except DeadlineReached:
+            raise
         except Exception:
             logger.exception("could not read the request rates of %d service(s); targets hold", len(dimensions))
             report.errors.append("request rates")
@@ -679,6 +708,11 @@ class Reconciler:
         except _OutOfTime:
             logger.warning("service %s: out of time before a launch; the next run goes on from here", name)
             report.cut_short.append(name)
+        except DeadlineReached as reached:
+            # An AWS call that would have outlasted the invocation was not made: the service stops
+            # there, as a run killed at that call would, and the next run goes on from it.
+            logger.warning("service %s: out of time (%s); the next run goes on from here", name, reached)
+            report.cut_short.append(name)
         except Superseded as exc:
             # Another run or an api write got there first: stop here; the next run re-observes.
             logger.info("service %s: %s; leaving it to the next run", name, exc)
@@ -705,6 +739,8 @@ class Reconciler:
             self.store.record_followup(state.service, wanted.seen, wanted.due)
         except Superseded:
             return  # another run asked for one meanwhile (or the service went): theirs stands
+        except DeadlineReached:
+            raise
         except Exception:
             # The service's run went through; only its follow-up is lost: the schedule comes instead.
             logger.warning("service %s: could not record its follow-up", state.service.name, exc_info=True)
@@ -740,9 +776,26 @@ class Reconciler:
         ]
         try:
             return self.balancer.serves(endpoint, targets)
+        except DeadlineReached:
+            raise
         except Exception:
             logger.exception("service %s: could not ask the load balancer about its replicas", state.service.name)
             return None
+
+
+def _may_start_service(budget: Budget | None) -> bool:
+    """Whether the run may start one more service: its budget allows one (a shard worker's), and no
+    AWS call of the invocation has been stopped by its deadline (after one, every later call would be)."""
+    return not deadline_reached() and (budget is None or budget.may_start_service())
+
+
+def _stopped_before_any_service(report: RunReport, names: Sequence[str], reached: DeadlineReached) -> RunReport:
+    """The deadline stopped a call of the run's common steps (the reads, the instance listing, the
+    probes' secrets, the request rates): no service was started, all are left for the next run."""
+    left = [name for name in names if name not in report.unloadable]
+    report.skipped.extend(left)
+    logger.warning("out of time (%s): %d service(s) left for the next run", reached, len(left))
+    return report
 
 
 def _invocation_seconds(budget: Budget | None) -> float:
@@ -791,6 +844,8 @@ class _ProbeSecrets:
                 self._values[key] = SecretStore(parameter_prefix(self.table_name)).get(
                     service, version.uid, version.secrets_ref, owner
                 )
+            except DeadlineReached:
+                raise  # not the secrets' fault: no status may say they could not be read
             except Exception as exc:
                 code = getattr(exc, "response", {}).get("Error", {}).get("Code") or type(exc).__name__
                 logger.warning("service %s: the secrets its readiness probe names could not be read: %s", service, code)
@@ -931,6 +986,8 @@ class _Apply:
                     logger.warning("service %s: no endpoint: %s", service.name, exc)
                     self.endpoint_problem = str(exc)
                     return
+                except DeadlineReached:
+                    raise
                 except Exception:
                     # The endpoint must not hold the replicas hostage (a quota, a permission): they
                     # are still launched, probed and replaced; registration waits for the next run.

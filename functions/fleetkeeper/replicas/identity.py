@@ -284,25 +284,34 @@ class IdentityKeeper:
             return report
         complete = self.identities.complete()
         records = self.records.get_many(wanted)
-        for scope, owner in sorted(wanted.items()):
+        pending = sorted(wanted.items())
+        for position, (scope, owner) in enumerate(pending):
             record = records.get(scope)
-            if scope in complete:
-                if record is None:
-                    # Made by a run that crashed before recording it (or recorded, then lost).
-                    self._record(scope, owner, complete[scope], report)
-                continue
-            if len(report.made) >= self.max_made:
-                report.deferred += 1
-                continue
             try:
-                made = self.identities.make(scope, owner)
-            except (ClientError, IdentityError) as exc:
-                why = f"{_code(exc)}: {exc}" if isinstance(exc, ClientError) else str(exc)
-                report.refused[scope] = why
-                logger.error("IAM would not make the replica identity of owner %s: %s", owner, why)
-                continue
-            report.made.append(scope)
-            self._record(scope, owner, made.created_at, report)
+                if scope in complete:
+                    if record is None:
+                        # Made by a run that crashed before recording it (or recorded, then lost).
+                        self._record(scope, owner, complete[scope], report)
+                    continue
+                if len(report.made) >= self.max_made:
+                    report.deferred += 1
+                    continue
+                try:
+                    made = self.identities.make(scope, owner)
+                except (ClientError, IdentityError) as exc:
+                    why = f"{_code(exc)}: {exc}" if isinstance(exc, ClientError) else str(exc)
+                    report.refused[scope] = why
+                    logger.error("IAM would not make the replica identity of owner %s: %s", owner, why)
+                    continue
+                report.made.append(scope)
+                self._record(scope, owner, made.created_at, report)
+            except aws.DeadlineReached as reached:
+                # The time given to the identities is spent (fleetkeeper.aws.deadline): this owner and
+                # those after it wait for the next period, which completes a half-made one (make is
+                # idempotent, and resumable between any two calls).
+                report.deferred += len(pending) - position
+                logger.warning("out of time for replica identities (%s): %d owner(s) wait", reached, report.deferred)
+                break
         return report
 
     def _record(self, scope: str, owner: str, made_at: float, report: EnsureReport) -> None:
