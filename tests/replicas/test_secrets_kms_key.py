@@ -195,20 +195,34 @@ def test_other_principals_of_the_account_cannot_decrypt_whatever_their_iam_polic
         assert _use(key, "kms:Decrypt", who, identity=identity) is Decision.IMPLICIT_DENY
 
 
-def test_the_accounts_administrators_administer_the_key(key: dict[str, Any]) -> None:
+def test_the_deployers_administer_the_key_and_the_accounts_kms_star_principals_do_not(
+    key: dict[str, Any], translated: dict[str, Any]
+) -> None:
+    """The key policy names the deployers (DeployerPrincipalArns: CloudFormation calls KMS with their
+    credentials): creating, updating and deleting the stack pass the lockout safety check. A principal
+    of the account allowed kms:* (an administrator, PowerUserAccess) is not named and the policy does
+    not delegate administration to the account: no grant, no new policy, no disabling."""
+    deployers = Resolver(translated).resolve({"Ref": "DeployerPrincipalArns"})
+    for deployer in deployers.split(",") if isinstance(deployers, str) else deployers:
+        for action in ("kms:DescribeKey", "kms:PutKeyPolicy", "kms:ScheduleKeyDeletion", "kms:EnableKeyRotation"):
+            assert _use(key, action, deployer, identity=[]) is Decision.ALLOW, (deployer, action)
+        assert _use(key, "kms:CreateGrant", deployer, identity=[ADMIN]) is Decision.IMPLICIT_DENY
+        assert _use(key, "kms:Decrypt", deployer, identity=[ADMIN]) is Decision.IMPLICIT_DENY
     admin = f"arn:aws:iam::{ACCOUNT}:role/Admin"
-    for action in ("kms:DescribeKey", "kms:PutKeyPolicy", "kms:ScheduleKeyDeletion", "kms:EnableKeyRotation"):
-        assert _use(key, action, admin, identity=[ADMIN]) is Decision.ALLOW, action
-    # Only with their own IAM permission: the key policy delegates administration to IAM.
-    nobody = _use(key, "kms:PutKeyPolicy", f"arn:aws:iam::{ACCOUNT}:role/nobody", identity=[])
-    assert nobody is Decision.IMPLICIT_DENY
+    for action in ("kms:PutKeyPolicy", "kms:CreateGrant", "kms:DisableKey", "kms:ScheduleKeyDeletion"):
+        assert _use(key, action, admin, identity=[ADMIN]) is Decision.IMPLICIT_DENY, action
+    # The account's root user (and no IAM principal) can put a new policy: the way back.
+    assert _use(key, "kms:PutKeyPolicy", f"arn:aws:iam::{ACCOUNT}:root", identity=[]) is Decision.ALLOW
 
 
 def test_the_key_policy_names_these_principals_and_no_other(translated: dict[str, Any]) -> None:
     policy = translated["Resources"]["SecretsKey"]["Properties"]["KeyPolicy"]
     named = {s["Sid"]: s["Principal"] for s in policy["Statement"]}
     assert named == {
-        "AccountAdministersTheKey": {"AWS": {"Fn::Sub": "arn:${AWS::Partition}:iam::${AWS::AccountId}:root"}},
+        "KeyAdministeredByTheDeployers": {"AWS": {"Ref": "DeployerPrincipalArns"}},
+        # The root user only (aws:PrincipalArn), and metadata reads for the account's auditors.
+        "RootUserRecoversTheKey": {"AWS": {"Fn::Sub": "arn:${AWS::Partition}:iam::${AWS::AccountId}:root"}},
+        "AccountReadsTheKeysMetadata": {"AWS": {"Fn::Sub": "arn:${AWS::Partition}:iam::${AWS::AccountId}:root"}},
         "SecretsWrittenAndComparedByTheApi": {"AWS": {"Fn::GetAtt": ["ApiFunctionRole", "Arn"]}},
         "SecretsReadByTheReconciler": {"AWS": {"Fn::GetAtt": ["ReconcilerRole", "Arn"]}},
         "SecretsReadByReplicas": {"AWS": {"Ref": "ReplicaRoleArn"}},
@@ -218,7 +232,7 @@ def test_the_key_policy_names_these_principals_and_no_other(translated: dict[str
     }
     assert all(s["Effect"] == "Allow" for s in policy["Statement"])
     for statement in policy["Statement"]:
-        if statement["Sid"] != "AccountAdministersTheKey":
-            assert statement["Condition"]["StringEquals"] == {
-                "kms:ViaService": {"Fn::Sub": "ssm.${AWS::Region}.amazonaws.com"}
+        if statement["Sid"].startswith("Secrets"):
+            assert statement["Condition"]["StringEquals"]["kms:ViaService"] == {
+                "Fn::Sub": "ssm.${AWS::Region}.amazonaws.com"
             }, statement["Sid"]
