@@ -77,6 +77,37 @@ def test_the_idempotency_hmac_key_is_encrypted_with_the_stacks_key_too(
     forget_keys()
 
 
+@pytest.mark.parametrize(
+    ("kind", "value"),
+    [
+        ("String", "QUFBQUFBQUFBQUFBQUFBQUFBQUFBQUFBQUFBQUFBQUE="),
+        ("SecureString", "c2hvcnQ="),
+        ("SecureString", "not base64!"),
+    ],
+)
+def test_a_planted_hmac_key_is_refused_not_used(table: str, kind: str, value: str) -> None:
+    """Whoever may ssm:PutParameter there could plant a key they know (a plain String, no KMS right
+    needed), then test guesses of secret values against the table's fingerprints: only a SecureString
+    of 32 bytes is the api's key; anything else is refused, naming the parameter."""
+    from fleetkeeper.api.request_hmac import RequestHmac, RequestHmacKeyError, forget_keys, key_parameter
+
+    forget_keys()
+    aws.ssm().put_parameter(Name=key_parameter(table), Value=value, Type=kind)
+    with pytest.raises(RequestHmacKeyError, match=f"parameter {key_parameter(table)} is not the api's key"):
+        RequestHmac(key_parameter(table)).digest({"T": "a"})
+    forget_keys()
+
+
+def test_the_api_made_hmac_key_is_accepted(table: str) -> None:
+    from fleetkeeper.api.request_hmac import RequestHmac, forget_keys, key_parameter
+
+    forget_keys()
+    first = RequestHmac(key_parameter(table)).digest({"T": "a"})
+    forget_keys()  # read back from Parameter Store, checked
+    assert RequestHmac(key_parameter(table)).digest({"T": "a"}) == first
+    forget_keys()
+
+
 def test_without_a_configured_key_parameter_store_chooses(api: ApiClient, monkeypatch: pytest.MonkeyPatch) -> None:
     """Embedded mode has no stack key: no KeyId, so Parameter Store's default (aws/ssm)."""
     monkeypatch.delenv(SECRETS_KEY_ID_ENV, raising=False)
