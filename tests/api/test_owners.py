@@ -314,7 +314,8 @@ def test_a_federated_user_owns_nothing_and_is_named_by_no_grant(api: ApiClient) 
     assert names(api) == []
     assert api.post("/v1/services", {"name": "web", "spec": hello_spec()}).status == 201
     grant = api.post(
-        "/v1/services/web/access", {"add": [{"principal": "arn:aws:sts::123456789012:federated-user/alice", "mode": "read"}]}
+        "/v1/services/web/access",
+        {"add": [{"principal": "arn:aws:sts::123456789012:federated-user/alice", "mode": "read"}]},
     )
     assert grant.status == 400, grant.body
     assert "federated users" in grant.error["message"]

@@ -171,11 +171,11 @@ def test_the_administrators_setting_is_checked_and_canonical() -> None:
 def test_a_federated_user_is_refused_as_a_caller_and_as_a_pattern(arn: str) -> None:
     """GetFederationToken's caller picks the name: any IAM user allowed it signs as any federated user
     (Name: letters, digits and _=,.@-). Such an ARN identifies nobody, so it owns and names nothing."""
-    with pytest.raises(PrincipalError, match="federated users .* are refused: NAME is whatever the caller"):
+    with pytest.raises(PrincipalError, match=r"federated users .* are refused: NAME is whatever the caller"):
         canonical_caller(arn)
-    with pytest.raises(PrincipalError, match="federated users .* are refused"):
+    with pytest.raises(PrincipalError, match=r"federated users .* are refused"):
         canonical_pattern(arn)
-    with pytest.raises(PrincipalError, match="federated users .* are refused"):
+    with pytest.raises(PrincipalError, match=r"federated users .* are refused"):
         canonical_pattern(f"arn:aws:sts::{A}:federated-user/*")
     with pytest.raises(SettingsError, match="federated users"):
         Settings.from_env({"TABLE_NAME": "t", "FLEETKEEPER_ADMIN_PRINCIPALS": arn})
