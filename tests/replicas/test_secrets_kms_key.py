@@ -202,6 +202,32 @@ def test_only_the_api_decrypts_the_idempotency_hmac_key(key: dict[str, Any], tra
         assert _use(key, "kms:Decrypt", who, context=context, identity=[KMS_ANYWHERE]) is not Decision.ALLOW, who
 
 
+def test_the_shared_role_decrypts_no_owners_parameter_whatever_its_iam_policies(key: dict[str, Any]) -> None:
+    """With owner identities an owner's parameters (`_o/<scope>/...`) are its role's alone: the shared
+    replica role (a deployer's role, which may hold other policies: GetParametersByPath on the table's
+    path lists them) is refused by the key policy itself."""
+    owners = key["context"]["kms:EncryptionContext:PARAMETER_ARN"].replace(
+        "/web/u1/r1", "/_o/00aa11bb22cc33dd/web/u1/1"
+    )
+    context = {**VIA_SSM, "kms:EncryptionContext:PARAMETER_ARN": owners}
+    assert _use(key, "kms:Decrypt", "replica", context=context, identity=[KMS_ANYWHERE]) is Decision.IMPLICIT_DENY
+    assert _use(key, "kms:Decrypt", "replica", identity=[KMS_ANYWHERE]) is Decision.ALLOW  # a service without an owner
+
+
+def test_with_shared_identity_the_shared_role_runs_every_replica_and_decrypts_their_secrets() -> None:
+    from tests.cfn import translate
+
+    translated = translate(overrides={"ReplicaIdentity": "shared"})
+    resolver = Resolver(translated)
+    policy = resolver.resolve(translated["Resources"]["SecretsKey"]["Properties"]["KeyPolicy"])
+    table = resolver.ref("Table")
+    owners = f"arn:aws:ssm:{REGION}:{ACCOUNT}:parameter/fleetkeeper/{table}/_o/00aa11bb22cc33dd/web/u1/1"
+    request = Request(
+        resolver.ref("ReplicaRoleArn"), "kms:Decrypt", "k", {**VIA_SSM, "kms:EncryptionContext:PARAMETER_ARN": owners}
+    )
+    assert evaluate(request, [], resource=[policy], key_policy=True) is Decision.ALLOW
+
+
 def test_not_outside_parameter_store_nor_for_another_stacks_parameters(key: dict[str, Any]) -> None:
     # Called directly (no kms:ViaService): a role's own Decrypt of a ciphertext it got elsewhere.
     direct = _use(key, "kms:Decrypt", "replica", context={"kms:EncryptionContext:PARAMETER_ARN": "x"})
@@ -262,8 +288,8 @@ def test_the_key_policy_names_these_principals_and_no_other(translated: dict[str
         "SecretsReadByOwnersReplicas": {"AWS": {"Fn::Sub": "arn:${AWS::Partition}:iam::${AWS::AccountId}:root"}},
     }
     assert all(s["Effect"] == "Allow" for s in policy["Statement"])
-    for statement in policy["Statement"]:
+    for statement in Resolver(translated).resolve(policy)["Statement"]:
         if statement["Sid"].startswith("Secrets"):
-            assert statement["Condition"]["StringEquals"]["kms:ViaService"] == {
-                "Fn::Sub": "ssm.${AWS::Region}.amazonaws.com"
-            }, statement["Sid"]
+            assert statement["Condition"]["StringEquals"]["kms:ViaService"] == f"ssm.{REGION}.amazonaws.com", statement[
+                "Sid"
+            ]
