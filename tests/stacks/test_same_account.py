@@ -459,10 +459,14 @@ def test_a_principal_may_not_pass_the_stacks_roles_nor_tag_itself_as_the_control
     assert evaluate(passing, admin.identity, scps=scps) is Decision.EXPLICIT_DENY
     tagging = Request(admin.arn, "iam:TagRole", admin.arn, {"aws:TagKeys": [CONTROL_PLANE]})
     assert evaluate(tagging, admin.identity, scps=scps) is Decision.EXPLICIT_DENY
-    mapping = Request(
-        admin.arn, "lambda:CreateEventSourceMapping", "*", {"lambda:FunctionArn": world["resources"]["api-function"][0]}
-    )
-    assert evaluate(mapping, admin.identity, scps=scps) is Decision.EXPLICIT_DENY
+    # A version or an alias of a function is the function (its qualified ARN).
+    qualified = f"{world['resources']['api-function'][0]}:$LATEST"
+    invoking = Request(admin.arn, "lambda:InvokeFunction", qualified)
+    assert evaluate(invoking, admin.identity) is Decision.ALLOW
+    assert evaluate(invoking, admin.identity, scps=scps) is Decision.EXPLICIT_DENY
+    for function_arn in (world["resources"]["api-function"][0], qualified):
+        mapping = Request(admin.arn, "lambda:CreateEventSourceMapping", "*", {"lambda:FunctionArn": function_arn})
+        assert evaluate(mapping, admin.identity, scps=scps) is Decision.EXPLICIT_DENY
     # The table admits a principal by the tag: one that carries it passes the table's own policy.
     tagged = Principal(admin.arn, admin.identity, {CONTROL_PLANE: KEY})
     assert decide(world, tagged, "dynamodb:PutItem", "table") is Decision.ALLOW
