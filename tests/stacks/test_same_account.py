@@ -383,8 +383,8 @@ def test_only_api_gateway_invokes_the_api_and_nobody_but_the_load_balancer_the_w
     world: dict[str, Any],
 ) -> None:
     """A direct invocation names any caller in requestContext.identity: with the guardrail no IAM
-    principal of the account but the deployers (who may change the code anyway) invokes the api; API
-    Gateway (a service principal, which SCPs do not filter) still does, for its own API only."""
+    principal of the account invokes the api (the deployers included); API Gateway (a service
+    principal, which SCPs do not filter) still does, for its own API only."""
     api_arn, api_policy = world["resources"]["api-function"]
     gateway = Request(
         "apigateway.amazonaws.com",
@@ -399,7 +399,7 @@ def test_only_api_gateway_invokes_the_api_and_nobody_but_the_load_balancer_the_w
     )
     assert evaluate(other_api, [], resource=[api_policy], scps=scps) is not Decision.ALLOW
     for function in ("api-function", "cleanup-function", "wake-function", "reconciler-function"):
-        for who in (*OUTSIDERS.values(), *(r for n, r in world["roles"].items() if not n.startswith("deployer"))):
+        for who in (*OUTSIDERS.values(), *world["roles"].values()):
             assert decide(world, who, "lambda:InvokeFunction", function, guardrail="scp") is Decision.EXPLICIT_DENY
     wake_arn, wake_policy = world["resources"]["wake-function"]
     group = f"arn:aws:elasticloadbalancing:{REGION}:{ACCOUNT}:targetgroup/fkwake-{KEY}/0123456789abcdef"
