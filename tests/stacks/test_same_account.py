@@ -332,7 +332,6 @@ KEPT: list[tuple[str, str, str, dict[str, Any]]] = [
     ("api", "parameters", "ssm:PutParameter", {}),
     ("api", "key", "kms:Encrypt", {}),
     ("owner", "key", "kms:Decrypt", {}),
-    ("reconciler", "role-path", "iam:CreateRole", {}),
 ]
 for _deployer in ("deployer-0", "deployer-1"):
     KEPT += [
@@ -363,6 +362,25 @@ def _context_of(world: dict[str, Any], who: str, resource: str, action: str) -> 
             "aws:TagKeys": ["fleetkeeper:stack", "fleetkeeper-scope"],
         }
     return {}
+
+
+def test_the_stacks_role_that_makes_owner_identities_keeps_making_them(world: dict[str, Any]) -> None:
+    """Whichever of the stack's roles creates the owners' roles on its path (its identity policy
+    allows it, with the owner policy as the boundary), the guardrail leaves it that right."""
+    context = _context_of(world, "", "role-path", "iam:CreateRole")
+    makers = [
+        name
+        for name, role in world["roles"].items()
+        if role.tags.get(CONTROL_PLANE) == KEY
+        and decide(world, role, "iam:CreateRole", "role-path", context=context) is Decision.ALLOW
+    ]
+    assert makers
+    for name in makers:
+        for guardrail in ("scp", "boundary"):
+            decision = decide(
+                world, world["roles"][name], "iam:CreateRole", "role-path", guardrail=guardrail, context=context
+            )
+            assert decision is Decision.ALLOW, (name, guardrail)
 
 
 @pytest.mark.parametrize(("who", "resource", "action", "context"), KEPT)
@@ -413,8 +431,8 @@ def test_a_role_made_on_the_stacks_path_decrypts_only_with_the_stacks_tags_and_t
     """The key policy admitted every role under role/fleetkeeper/<stack>/: whoever may iam:CreateRole
     there made one and decrypted every owner's secrets. Now the role must carry the stack's tag, and
     decrypts only parameters of the scope its own tag names; CreateRole (or TagRole) on the path with
-    those tags is what still changes the boundary, and the guardrail denies it to all but the
-    reconciler."""
+    those tags is what still changes the boundary, and the guardrail denies it to all but the stack's
+    roles."""
     key_arn, key_policy = world["resources"]["key"]
     owner = world["roles"]["owner"]
     mine, theirs = (
