@@ -53,6 +53,9 @@ def sentinel(name: str, definition: dict[str, Any]) -> Any:
         return "subnet-0aaaaaaaaaaaaaaa1"
     if kind == "AWS::EC2::VPC::Id":
         return "vpc-0aaaaaaaaaaaaaaa1"
+    if kind == "CommaDelimitedList" and name.endswith("PrincipalArns"):
+        # Principals named in policies (DeployerPrincipalArns): role ARNs, one with a path.
+        return f"arn:aws:iam::{ACCOUNT}:role/deploy/test-{name}-a,arn:aws:iam::{ACCOUNT}:role/test-{name}-b"
     if kind.startswith("List<") or kind == "CommaDelimitedList":
         return f"test-{name}-a,test-{name}-b"
     if kind == "Number":
@@ -147,7 +150,11 @@ class Resolver:
 
     def ref(self, name: str) -> Any:
         if name in self.values:
-            return self.values[name]
+            kind = str(((self.translated.get("Parameters") or {}).get(name) or {}).get("Type", ""))
+            value = self.values[name]
+            if (kind == "CommaDelimitedList" or kind.startswith("List<")) and isinstance(value, str):
+                return [part for part in value.split(",") if part]  # a list parameter's Ref is a list
+            return value
         if name == "AWS::NoValue":
             return None
         if name not in self.resources:

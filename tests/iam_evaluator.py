@@ -47,6 +47,11 @@ Semantics, from AWS's IAM User Guide:
   https://docs.aws.amazon.com/IAM/latest/UserGuide/reference_policies_elements_condition_operators.html
   https://docs.aws.amazon.com/IAM/latest/UserGuide/reference_policies_condition-single-vs-multi-valued-context-keys.html
 
+- service control policies filter IAM principals of member accounts (the root user included), never
+  service principals, service-linked roles or the management account; within them a request needs an
+  Allow and no Deny, and they grant nothing by themselves.
+  https://docs.aws.amazon.com/organizations/latest/userguide/orgs_manage_policies_scps_evaluation.html
+
 Anything else (an operator, a prefix or a policy element it does not know) raises Unsupported:
 a policy this evaluator cannot read is never judged "denied" by accident.
 """
@@ -376,6 +381,17 @@ def policy_effects(policy: dict[str, Any], request: Request) -> set[str]:
     return {s["Effect"] for s in statements(policy) if statement_applies(s, request)}
 
 
+def scps_apply(request: Request, *, management_account: bool = False) -> bool:
+    """Whether service control policies filter this request: not for a service principal (no IAM
+    principal of the account), a service-linked role (path aws-service-role/), nor any principal of
+    the organization's management account. The account's root user is filtered like its roles.
+    https://docs.aws.amazon.com/organizations/latest/userguide/orgs_manage_policies_scps.html
+    """
+    if request.is_service or management_account:
+        return False
+    return ":role/aws-service-role/" not in request.principal
+
+
 def evaluate(
     request: Request,
     identity: list[dict[str, Any]],
@@ -383,6 +399,8 @@ def evaluate(
     boundary: dict[str, Any] | None = None,
     resource: list[dict[str, Any]] | None = None,
     key_policy: bool = False,
+    scps: list[dict[str, Any]] | None = None,
+    management_account: bool = False,
 ) -> Decision:
     """The decision for a request within one account (no SCPs, no session policies).
 
@@ -395,7 +413,19 @@ def evaluate(
     permission from the key policy, IAM policies that allow permissions have no effect." An IAM
     policy's Deny still denies.
     https://docs.aws.amazon.com/kms/latest/developerguide/key-policies.html
+
+    `scps`: the service control policies in force on the caller's account (one level: its own and its
+    OU's together; list FullAWSAccess with them, as AWS attaches it). An SCP grants nothing: the request
+    must be allowed by some SCP and denied by none, besides everything above; `scps_apply` says when
+    they do not count at all. An SCP's Deny is an explicit deny.
+    https://docs.aws.amazon.com/organizations/latest/userguide/orgs_manage_policies_scps_evaluation.html
     """
+    if scps is not None and scps_apply(request, management_account=management_account):
+        scp_effects = set().union(*(policy_effects(p, request) for p in scps)) if scps else set()
+        if "Deny" in scp_effects:
+            return Decision.EXPLICIT_DENY
+        if "Allow" not in scp_effects:
+            return Decision.IMPLICIT_DENY
     identity_effects = set().union(*(policy_effects(p, request) for p in identity)) if identity else set()
     boundary_effects = policy_effects(boundary, request) if boundary is not None else {"Allow"}
     resource_grants = [

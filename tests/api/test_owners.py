@@ -304,6 +304,23 @@ def test_a_request_without_a_recognized_identity_is_a_403_and_writes_nothing(
     assert names(api) == []
 
 
+def test_a_federated_user_owns_nothing_and_is_named_by_no_grant(api: ApiClient) -> None:
+    """`federated-user/NAME` is whatever GetFederationToken's caller named itself: as an owner, any IAM
+    user allowed that action would be every federated owner. A 403 saying why, and nothing written."""
+    federated = api.as_("arn:aws:sts::123456789012:federated-user/alice")
+    refused = federated.post("/v1/services", {"name": "web", "spec": hello_spec()})
+    assert refused.status == 403, refused.body
+    assert "federated users" in refused.error["message"] and "GetFederationToken" in refused.error["message"]
+    assert names(api) == []
+    assert api.post("/v1/services", {"name": "web", "spec": hello_spec()}).status == 201
+    grant = api.post(
+        "/v1/services/web/access",
+        {"add": [{"principal": "arn:aws:sts::123456789012:federated-user/alice", "mode": "read"}]},
+    )
+    assert grant.status == 400, grant.body
+    assert "federated users" in grant.error["message"]
+
+
 # --- pages of a filtered list ----------------------------------------------------------------------------
 
 

@@ -236,3 +236,36 @@ def test_a_hanging_delete_fails_the_record_before_lambdas_timeout_and_its_redeli
     strict_aws.clear_hangs()
     assert invoke([record]) == {"batchItemFailures": []}
     assert partition_keys(table, "web") == set()
+
+
+def test_a_forged_removal_of_a_live_service_deletes_nothing(api: ApiClient, table: str) -> None:
+    """Whoever may lambda:InvokeFunction the cleanup hands it a REMOVE record of its own making, with
+    the name and uid of a live service (both are in every GET). Before the consistent re-read of the
+    service item, the cleanup deleted that service's versions and secrets: GET answered 503 for good."""
+    created = api.post("/v1/services", {"name": "web", "spec": hello_spec(secrets={"TOKEN": "s3cr3t"})})
+    assert created.status == 201, created.body
+    uid = created.body["uid"]
+    assert api.put("/v1/services/web", {"spec": hello_spec(secrets={"TOKEN": "s3cr3t2"})}).status == 200
+    keys_before = partition_keys(table, "web")
+    parameters_before = aws.ssm().describe_parameters()["Parameters"]
+    assert parameters_before
+
+    response = invoke([removal_record("web", uid, "100")])
+
+    assert response == {"batchItemFailures": []}  # not a failure: nothing to do, never redelivered
+    assert partition_keys(table, "web") == keys_before
+    assert aws.ssm().describe_parameters()["Parameters"] == parameters_before
+    view = api.get("/v1/services/web")
+    assert view.status == 200 and view.body["uid"] == uid
+    assert [v["version"] for v in api.get("/v1/services/web/versions").body["versions"]] == [1, 2]
+
+
+def test_a_removal_of_an_older_incarnation_still_cleans_it_up(api: ApiClient, table: str) -> None:
+    """The re-read compares uids: a live item of another incarnation of the name does not stop it."""
+    assert api.post("/v1/services", {"name": "web", "spec": hello_spec()}).status == 201
+    seed_children(table, "web", "0ld0ld0ld0ld0ld0", versions=5, replicas=2)
+
+    assert invoke([removal_record("web", "0ld0ld0ld0ld0ld0", "100")]) == {"batchItemFailures": []}
+
+    assert children_of(partition_keys(table, "web"), "0ld0ld0ld0ld0ld0") == set()
+    assert api.get("/v1/services/web").status == 200

@@ -130,13 +130,14 @@ def test_round_robin_spreads_requests_and_passes_them_on_unchanged(
     answers = [request(endpoint.url, path=f"/v1/x?n={n}&q=a%20b")[2] for n in range(10)]
     replicas = Counter(json.loads(a)["replica"] for a in answers)
     assert replicas == {"a": 5, "b": 5}
+    host = f"localhost:{endpoint.route}"
     status, headers, _body = request(
-        endpoint.url, "POST", "/chat/completions?stream=0", body=b'{"x": 1}', headers={"X-Custom": "kept", "Host": "h"}
+        endpoint.url, "POST", "/chat/completions?stream=0", body=b'{"x": 1}', headers={"X-Custom": "kept", "Host": host}
     )
     assert status == 201 and headers["X-Replica"] in ("a", "b")
     seen = next(s for b in backends for s in b.seen if s["method"] == "POST")
     assert seen["path"] == "/chat/completions?stream=0" and seen["body"] == b'{"x": 1}'
-    assert seen["headers"]["X-Custom"] == "kept" and seen["headers"]["Host"] == "h"
+    assert seen["headers"]["X-Custom"] == "kept" and seen["headers"]["Host"] == host
     assert seen["headers"]["X-Forwarded-For"] == "127.0.0.1"
     assert seen["headers"]["X-Forwarded-Port"] == endpoint.route
     # Nothing of aiohttp's own: the client's Accept-Encoding (http.client's "identity") as it was.
@@ -286,3 +287,18 @@ def test_a_client_that_leaves_mid_stream_frees_its_replica(balancer: LocalBalanc
         time.sleep(0.05)
     balancer.register(endpoint, [stream.target(0)])
     assert request(endpoint.url)[0] == 200
+
+
+@pytest.mark.parametrize("host", ["rebound.attacker.example:{port}", "127.0.0.1:1", "", "127.0.0.1"])
+def test_a_request_addressed_to_another_name_never_reaches_a_replica(
+    balancer: LocalBalancer, backends: list[Backend], host: str
+) -> None:
+    """DNS rebinding: a page points a name of its own at 127.0.0.1, and the browser sends the request
+    (and lets the page read the answer) with that name in Host. Only this endpoint's own address
+    passes."""
+    endpoint = served(balancer, backends)
+    status, _headers, body = request(endpoint.url, headers={"Host": host.format(port=endpoint.route)})
+    assert status == 403
+    assert json.loads(body)["error"]["code"] == "forbidden" and "Host header must be" in body.decode()
+    assert all(not b.seen for b in backends)
+    assert request(endpoint.url)[0] == 200  # http.client sends 127.0.0.1:<port>

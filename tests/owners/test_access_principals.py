@@ -28,7 +28,6 @@ A = "123456789012"
         # Users keep their path: it is in their ARN.
         (f"arn:aws:iam::{A}:user/ci-bot", f"arn:aws:iam::{A}:user/ci-bot"),
         (f"arn:aws:iam::{A}:user/division/ci-bot", f"arn:aws:iam::{A}:user/division/ci-bot"),
-        (f"arn:aws:sts::{A}:federated-user/bob", f"arn:aws:sts::{A}:federated-user/bob"),
         (f"arn:aws:iam::{A}:root", f"arn:aws:iam::{A}:root"),
         ("local:alice", "local:alice"),
     ],
@@ -164,3 +163,19 @@ def test_the_administrators_setting_is_checked_and_canonical() -> None:
     assert Settings.from_env({"TABLE_NAME": "t"}).admin_principals == ()
     with pytest.raises(SettingsError, match="FLEETKEEPER_ADMIN_PRINCIPALS: 'platform-admins' is not"):
         Settings.from_env({"TABLE_NAME": "t", "FLEETKEEPER_ADMIN_PRINCIPALS": "platform-admins"})
+
+
+@pytest.mark.parametrize(
+    "arn", [f"arn:aws:sts::{A}:federated-user/bob", f"arn:aws-cn:sts::{A}:federated-user/ci@example.com"]
+)
+def test_a_federated_user_is_refused_as_a_caller_and_as_a_pattern(arn: str) -> None:
+    """GetFederationToken's caller picks the name: any IAM user allowed it signs as any federated user
+    (Name: letters, digits and _=,.@-). Such an ARN identifies nobody, so it owns and names nothing."""
+    with pytest.raises(PrincipalError, match=r"federated users .* are refused: NAME is whatever the caller"):
+        canonical_caller(arn)
+    with pytest.raises(PrincipalError, match=r"federated users .* are refused"):
+        canonical_pattern(arn)
+    with pytest.raises(PrincipalError, match=r"federated users .* are refused"):
+        canonical_pattern(f"arn:aws:sts::{A}:federated-user/*")
+    with pytest.raises(SettingsError, match="federated users"):
+        Settings.from_env({"TABLE_NAME": "t", "FLEETKEEPER_ADMIN_PRINCIPALS": arn})

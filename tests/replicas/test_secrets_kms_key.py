@@ -77,6 +77,37 @@ def test_the_idempotency_hmac_key_is_encrypted_with_the_stacks_key_too(
     forget_keys()
 
 
+@pytest.mark.parametrize(
+    ("kind", "value"),
+    [
+        ("String", "QUFBQUFBQUFBQUFBQUFBQUFBQUFBQUFBQUFBQUFBQUE="),
+        ("SecureString", "c2hvcnQ="),
+        ("SecureString", "not base64!"),
+    ],
+)
+def test_a_planted_hmac_key_is_refused_not_used(table: str, kind: str, value: str) -> None:
+    """Whoever may ssm:PutParameter there could plant a key they know (a plain String, no KMS right
+    needed), then test guesses of secret values against the table's fingerprints: only a SecureString
+    of 32 bytes is the api's key; anything else is refused, naming the parameter."""
+    from fleetkeeper.api.request_hmac import RequestHmac, RequestHmacKeyError, forget_keys, key_parameter
+
+    forget_keys()
+    aws.ssm().put_parameter(Name=key_parameter(table), Value=value, Type=kind)
+    with pytest.raises(RequestHmacKeyError, match=f"parameter {key_parameter(table)} is not the api's key"):
+        RequestHmac(key_parameter(table)).digest({"T": "a"})
+    forget_keys()
+
+
+def test_the_api_made_hmac_key_is_accepted(table: str) -> None:
+    from fleetkeeper.api.request_hmac import RequestHmac, forget_keys, key_parameter
+
+    forget_keys()
+    first = RequestHmac(key_parameter(table)).digest({"T": "a"})
+    forget_keys()  # read back from Parameter Store, checked
+    assert RequestHmac(key_parameter(table)).digest({"T": "a"}) == first
+    forget_keys()
+
+
 def test_without_a_configured_key_parameter_store_chooses(api: ApiClient, monkeypatch: pytest.MonkeyPatch) -> None:
     """Embedded mode has no stack key: no KeyId, so Parameter Store's default (aws/ssm)."""
     monkeypatch.delenv(SECRETS_KEY_ID_ENV, raising=False)
@@ -171,6 +202,32 @@ def test_only_the_api_decrypts_the_idempotency_hmac_key(key: dict[str, Any], tra
         assert _use(key, "kms:Decrypt", who, context=context, identity=[KMS_ANYWHERE]) is not Decision.ALLOW, who
 
 
+def test_the_shared_role_decrypts_no_owners_parameter_whatever_its_iam_policies(key: dict[str, Any]) -> None:
+    """With owner identities an owner's parameters (`_o/<scope>/...`) are its role's alone: the shared
+    replica role (a deployer's role, which may hold other policies: GetParametersByPath on the table's
+    path lists them) is refused by the key policy itself."""
+    owners = key["context"]["kms:EncryptionContext:PARAMETER_ARN"].replace(
+        "/web/u1/r1", "/_o/00aa11bb22cc33dd/web/u1/1"
+    )
+    context = {**VIA_SSM, "kms:EncryptionContext:PARAMETER_ARN": owners}
+    assert _use(key, "kms:Decrypt", "replica", context=context, identity=[KMS_ANYWHERE]) is Decision.IMPLICIT_DENY
+    assert _use(key, "kms:Decrypt", "replica", identity=[KMS_ANYWHERE]) is Decision.ALLOW  # a service without an owner
+
+
+def test_with_shared_identity_the_shared_role_runs_every_replica_and_decrypts_their_secrets() -> None:
+    from tests.cfn import translate
+
+    translated = translate(overrides={"ReplicaIdentity": "shared"})
+    resolver = Resolver(translated)
+    policy = resolver.resolve(translated["Resources"]["SecretsKey"]["Properties"]["KeyPolicy"])
+    table = resolver.ref("Table")
+    owners = f"arn:aws:ssm:{REGION}:{ACCOUNT}:parameter/fleetkeeper/{table}/_o/00aa11bb22cc33dd/web/u1/1"
+    request = Request(
+        resolver.ref("ReplicaRoleArn"), "kms:Decrypt", "k", {**VIA_SSM, "kms:EncryptionContext:PARAMETER_ARN": owners}
+    )
+    assert evaluate(request, [], resource=[policy], key_policy=True) is Decision.ALLOW
+
+
 def test_not_outside_parameter_store_nor_for_another_stacks_parameters(key: dict[str, Any]) -> None:
     # Called directly (no kms:ViaService): a role's own Decrypt of a ciphertext it got elsewhere.
     direct = _use(key, "kms:Decrypt", "replica", context={"kms:EncryptionContext:PARAMETER_ARN": "x"})
@@ -195,20 +252,34 @@ def test_other_principals_of_the_account_cannot_decrypt_whatever_their_iam_polic
         assert _use(key, "kms:Decrypt", who, identity=identity) is Decision.IMPLICIT_DENY
 
 
-def test_the_accounts_administrators_administer_the_key(key: dict[str, Any]) -> None:
+def test_the_deployers_administer_the_key_and_the_accounts_kms_star_principals_do_not(
+    key: dict[str, Any], translated: dict[str, Any]
+) -> None:
+    """The key policy names the deployers (DeployerPrincipalArns: CloudFormation calls KMS with their
+    credentials): creating, updating and deleting the stack pass the lockout safety check. A principal
+    of the account allowed kms:* (an administrator, PowerUserAccess) is not named and the policy does
+    not delegate administration to the account: no grant, no new policy, no disabling."""
+    deployers = Resolver(translated).resolve({"Ref": "DeployerPrincipalArns"})
+    for deployer in deployers.split(",") if isinstance(deployers, str) else deployers:
+        for action in ("kms:DescribeKey", "kms:PutKeyPolicy", "kms:ScheduleKeyDeletion", "kms:EnableKeyRotation"):
+            assert _use(key, action, deployer, identity=[]) is Decision.ALLOW, (deployer, action)
+        assert _use(key, "kms:CreateGrant", deployer, identity=[ADMIN]) is Decision.IMPLICIT_DENY
+        assert _use(key, "kms:Decrypt", deployer, identity=[ADMIN]) is Decision.IMPLICIT_DENY
     admin = f"arn:aws:iam::{ACCOUNT}:role/Admin"
-    for action in ("kms:DescribeKey", "kms:PutKeyPolicy", "kms:ScheduleKeyDeletion", "kms:EnableKeyRotation"):
-        assert _use(key, action, admin, identity=[ADMIN]) is Decision.ALLOW, action
-    # Only with their own IAM permission: the key policy delegates administration to IAM.
-    nobody = _use(key, "kms:PutKeyPolicy", f"arn:aws:iam::{ACCOUNT}:role/nobody", identity=[])
-    assert nobody is Decision.IMPLICIT_DENY
+    for action in ("kms:PutKeyPolicy", "kms:CreateGrant", "kms:DisableKey", "kms:ScheduleKeyDeletion"):
+        assert _use(key, action, admin, identity=[ADMIN]) is Decision.IMPLICIT_DENY, action
+    # The account's root user (and no IAM principal) can put a new policy: the way back.
+    assert _use(key, "kms:PutKeyPolicy", f"arn:aws:iam::{ACCOUNT}:root", identity=[]) is Decision.ALLOW
 
 
 def test_the_key_policy_names_these_principals_and_no_other(translated: dict[str, Any]) -> None:
     policy = translated["Resources"]["SecretsKey"]["Properties"]["KeyPolicy"]
     named = {s["Sid"]: s["Principal"] for s in policy["Statement"]}
     assert named == {
-        "AccountAdministersTheKey": {"AWS": {"Fn::Sub": "arn:${AWS::Partition}:iam::${AWS::AccountId}:root"}},
+        "KeyAdministeredByTheDeployers": {"AWS": {"Ref": "DeployerPrincipalArns"}},
+        # The root user only (aws:PrincipalArn), and metadata reads for the account's auditors.
+        "RootUserRecoversTheKey": {"AWS": {"Fn::Sub": "arn:${AWS::Partition}:iam::${AWS::AccountId}:root"}},
+        "AccountReadsTheKeysMetadata": {"AWS": {"Fn::Sub": "arn:${AWS::Partition}:iam::${AWS::AccountId}:root"}},
         "SecretsWrittenAndComparedByTheApi": {"AWS": {"Fn::GetAtt": ["ApiFunctionRole", "Arn"]}},
         "SecretsReadByTheReconciler": {"AWS": {"Fn::GetAtt": ["ReconcilerRole", "Arn"]}},
         "SecretsReadByReplicas": {"AWS": {"Ref": "ReplicaRoleArn"}},
@@ -217,8 +288,8 @@ def test_the_key_policy_names_these_principals_and_no_other(translated: dict[str
         "SecretsReadByOwnersReplicas": {"AWS": {"Fn::Sub": "arn:${AWS::Partition}:iam::${AWS::AccountId}:root"}},
     }
     assert all(s["Effect"] == "Allow" for s in policy["Statement"])
-    for statement in policy["Statement"]:
-        if statement["Sid"] != "AccountAdministersTheKey":
-            assert statement["Condition"]["StringEquals"] == {
-                "kms:ViaService": {"Fn::Sub": "ssm.${AWS::Region}.amazonaws.com"}
-            }, statement["Sid"]
+    for statement in Resolver(translated).resolve(policy)["Statement"]:
+        if statement["Sid"].startswith("Secrets"):
+            assert statement["Condition"]["StringEquals"]["kms:ViaService"] == f"ssm.{REGION}.amazonaws.com", statement[
+                "Sid"
+            ]

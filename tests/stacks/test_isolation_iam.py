@@ -88,7 +88,9 @@ def test_target_groups_are_created_only_under_this_stacks_name(translated: dict[
     ]
 
 
-def test_adoption_adds_only_this_stacks_id_and_only_where_there_is_none(translated: dict[str, Any]) -> None:
+def test_adoption_adds_only_this_stacks_id_and_only_where_there_is_none() -> None:
+    # Off by default (a stack upgraded in place turns it on for its first runs).
+    translated = translate(overrides={"AdoptUntaggedReplicas": "true"})
     statements = all_statements(translated, function_role(translated, "ReconcilerFunction"))
     adopting = [s for s in statements if s.get("Sid", "").startswith("AdoptUntagged")]
     assert {s["Sid"] for s in adopting} == {"AdoptUntaggedReplicas", "AdoptUntaggedTargetGroups"}
@@ -99,8 +101,8 @@ def test_adoption_adds_only_this_stacks_id_and_only_where_there_is_none(translat
         assert condition["Null"] == {f"aws:ResourceTag/{STACK}": "true"}
 
 
-def test_without_adoption_no_statement_may_tag_an_existing_resource() -> None:
-    translated = translate(overrides={"AdoptUntaggedReplicas": "false"})
+def test_without_adoption_no_statement_may_tag_an_existing_resource(translated: dict[str, Any]) -> None:
+    assert translated["__parameter_values__"]["AdoptUntaggedReplicas"] == "false"  # the default
     policy = translated["Resources"]["ReconcilerAdoptionPolicy"]
     assert policy["Condition"] == "AdoptsUntagged" and not Resolver(translated).condition("AdoptsUntagged")
     statements = all_statements(translated, function_role(translated, "ReconcilerFunction"))

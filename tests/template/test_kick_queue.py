@@ -89,11 +89,35 @@ def test_another_role_of_this_stack_may_not_send_kicks(stack: dict[str, Any]) ->
     assert _send(stack, dispatcher, [SEND_ANYWHERE]) is Decision.EXPLICIT_DENY
 
 
-def test_only_sending_is_denied_administrators_still_manage_the_queue(stack: dict[str, Any]) -> None:
+def test_administrators_may_read_its_attributes_but_neither_drain_nor_rewrite_it(
+    stack: dict[str, Any], translated: dict[str, Any]
+) -> None:
+    """Denying SendMessage alone held nothing: SetQueueAttributes rewrote the policy and PurgeQueue,
+    ReceiveMessage or DeleteMessage drained the warnings. Now the worker's role (its event source
+    polls with it) consumes, the deployers (CloudFormation's credentials) manage, nobody else either."""
     admin = f"arn:aws:iam::{ACCOUNT}:role/Admin"
-    for action in ("sqs:GetQueueAttributes", "sqs:PurgeQueue", "sqs:SetQueueAttributes", "sqs:ReceiveMessage"):
+    assert evaluate(Request(admin, "sqs:GetQueueAttributes", stack["queue"]), [ADMIN], resource=[stack["policy"]]) is (
+        Decision.ALLOW
+    )
+    changes = (
+        "sqs:SetQueueAttributes",
+        "sqs:AddPermission",
+        "sqs:RemovePermission",
+        "sqs:PurgeQueue",
+        "sqs:DeleteQueue",
+    )
+    consuming = ("sqs:ReceiveMessage", "sqs:DeleteMessage", "sqs:ChangeMessageVisibility")
+    for action in changes + consuming:
         request = Request(admin, action, stack["queue"])
+        assert evaluate(request, [ADMIN], resource=[stack["policy"]]) is Decision.EXPLICIT_DENY, action
+    reconciler = stack["roles"]["ReconcilerRole"]
+    for action in consuming:
+        request = Request(reconciler, action, stack["queue"])
         assert evaluate(request, [ADMIN], resource=[stack["policy"]]) is Decision.ALLOW, action
+    for deployer in Resolver(translated).ref("DeployerPrincipalArns"):
+        for action in changes:
+            request = Request(deployer, action, stack["queue"])
+            assert evaluate(request, [ADMIN], resource=[stack["policy"]]) is Decision.ALLOW, (deployer, action)
 
 
 def test_plain_http_is_denied_even_to_the_stacks_roles(stack: dict[str, Any]) -> None:
@@ -120,4 +144,6 @@ def test_only_the_dispatcher_queues_shards(translated: dict[str, Any], stack: di
     for other in (stack["roles"]["ApiFunctionRole"], f"arn:aws:iam::{ACCOUNT}:role/Admin"):
         assert send(other, [ADMIN]) is Decision.EXPLICIT_DENY, other
     admin = Request(f"arn:aws:iam::{ACCOUNT}:role/Admin", "sqs:PurgeQueue", queue)
-    assert evaluate(admin, [ADMIN], resource=[policy]) is Decision.ALLOW
+    assert evaluate(admin, [ADMIN], resource=[policy]) is Decision.EXPLICIT_DENY
+    worker = Request(stack["roles"]["ReconcilerRole"], "sqs:ReceiveMessage", queue)
+    assert evaluate(worker, [ADMIN], resource=[policy]) is Decision.ALLOW

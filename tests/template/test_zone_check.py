@@ -170,8 +170,11 @@ class _CloudFormation:
 
 
 @pytest.fixture
-def cloudformation() -> Iterator[_CloudFormation]:
+def cloudformation(monkeypatch: pytest.MonkeyPatch) -> Iterator[_CloudFormation]:
     endpoint = _CloudFormation()
+    # The local endpoint stands for CloudFormation's S3 URL: it alone is let through besides S3's.
+    real = zone_check.response_url_problem
+    monkeypatch.setattr(zone_check, "response_url_problem", lambda url: None if url == endpoint.url else real(url))
     yield endpoint
     endpoint.server.shutdown()
     endpoint.server.server_close()
@@ -275,3 +278,41 @@ def test_delete_always_succeeds_and_asks_ec2_nothing(
     zone_check.lambda_handler(event, None)
     (response,) = cloudformation.responses
     assert response["Status"] == "SUCCESS"
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "https://cloudformation-custom-resource-response-useast1.s3.amazonaws.com/arn%3Aaws%3Acloudformation?X-Amz-Signature=x",
+        "https://cloudformation-custom-resource-response-uswest2.s3-us-west-2.amazonaws.com/x?X-Amz-Signature=x",
+        "https://cloudformation-custom-resource-response-euwest1.s3.eu-west-1.amazonaws.com/x",
+        "https://s3.cn-north-1.amazonaws.com.cn/cloudformation-custom-resource-response-cnnorth1/x",
+    ],
+)
+def test_cloudformations_s3_response_urls_are_answered(url: str) -> None:
+    assert zone_check.response_url_problem(url) is None
+
+
+@pytest.mark.parametrize(
+    ("url", "problem"),
+    [
+        ("http://cloudformation-custom-resource-response-useast1.s3.amazonaws.com/x", "not HTTPS"),
+        ("https://169.254.169.254/latest/meta-data/", "not Amazon S3's"),
+        ("https://internal.example.com/hook", "not Amazon S3's"),
+        ("https://s3.amazonaws.com.evil.example/x", "not Amazon S3's"),
+        ("https://bucket.s3.amazonaws.com:8443/x", "port"),
+        ("https://user:pw@bucket.s3.amazonaws.com/x", "credentials"),
+    ],
+)
+def test_any_other_response_url_is_not_put_to(
+    url: str, problem: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Whoever may invoke the function hands it the URL: it PUTs only to S3, never anywhere else."""
+    assert problem in (zone_check.response_url_problem(url) or "")
+    opened: list[object] = []
+    import urllib.request
+
+    monkeypatch.setattr(urllib.request, "urlopen", lambda *a, **k: opened.append(a))
+    zone_check.respond({"ResponseURL": url}, None)
+    assert opened == []
+    assert "not CloudFormation's" in caplog.text

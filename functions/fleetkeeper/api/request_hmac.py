@@ -92,7 +92,29 @@ class RequestHmac:
                 answer = ssm.get_parameter(Name=self.parameter, WithDecryption=True)
             else:
                 return base64.b64decode(fresh)
-        return base64.b64decode(answer["Parameter"].get("Value", ""))
+        return _checked_key(self.parameter, answer["Parameter"])
+
+
+class RequestHmacKeyError(RuntimeError):
+    """The key's parameter is not one this module made: a SecureString of 32 random bytes."""
+
+
+def _checked_key(name: str, parameter: Mapping[str, Any]) -> bytes:
+    """The key, once its parameter proves to be what the api creates: a SecureString (a plain String
+    would have been written by someone else, with a value they know, letting whoever reads the table
+    test guesses of secret values against its fingerprints) holding 32 bytes in base64. Anything else
+    is refused, naming the parameter, so that an operator deletes it (the api then makes a new one)."""
+    kind = parameter.get("Type")
+    try:
+        key = base64.b64decode(str(parameter.get("Value", "")), validate=True)
+    except (ValueError, TypeError):
+        key = b""
+    if kind != "SecureString" or len(key) != _KEY_BYTES:
+        raise RequestHmacKeyError(
+            f"parameter {name} is not the api's key (a SecureString of {_KEY_BYTES} bytes in base64; "
+            f"found a {kind} of {len(key)} bytes): delete it and the api makes a new one"
+        )
+    return key
 
 
 def forget_keys() -> None:

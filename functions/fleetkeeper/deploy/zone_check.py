@@ -21,7 +21,9 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
 from fleetkeeper import aws
 from fleetkeeper.reconciler.balancer import served_subnets
@@ -37,6 +39,12 @@ PHYSICAL_ID = "fleetkeeper-load-balancer-zones"
 # CloudFormation's limit on a whole response object (custom resource responses, 4,096 bytes); the
 # reason is cut well inside it.
 _REASON_LIMIT = 1500
+# CloudFormation's ResponseURL "identifies a presigned S3 bucket that receives responses": an HTTPS URL
+# of S3 (virtual-hosted or path style, any Region's endpoint). Anything else is not CloudFormation's,
+# and whoever may invoke the function must not make it PUT there (an internal address, another
+# service): the response is dropped and logged (CloudFormation's own request always passes).
+# https://docs.aws.amazon.com/AWSCloudFormation/latest/TemplateReference/crpg-ref-requests.html
+_S3_HOST = re.compile(r"(?:[a-z0-9][a-z0-9.-]*\.)?s3(?:[.-][a-z0-9-]+)?\.amazonaws\.com(?:\.cn)?")
 
 
 def coverage_problem(
@@ -93,9 +101,31 @@ def lambda_handler(event: dict[str, Any], context: object) -> None:
     respond(event, reason)
 
 
+def response_url_problem(url: str) -> str | None:
+    """Why `url` cannot be CloudFormation's presigned S3 response URL (None: it can)."""
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError:
+        return "it is not a URL"
+    if parts.scheme != "https":
+        return "it is not HTTPS"
+    if port not in (None, 443) or parts.username or parts.password:
+        return "it names a port or credentials"
+    if not _S3_HOST.fullmatch(parts.hostname or ""):
+        return f"its host {parts.hostname!r} is not Amazon S3's"
+    return None
+
+
 def respond(event: Mapping[str, Any], reason: str | None) -> None:
     """PUT the custom resource response (AWS CloudFormation, *Custom resource response objects*,
-    https://docs.aws.amazon.com/AWSCloudFormation/latest/TemplateReference/crpg-ref-responses.html)."""
+    https://docs.aws.amazon.com/AWSCloudFormation/latest/TemplateReference/crpg-ref-responses.html)
+    to the request's ResponseURL, when that is an S3 URL (`response_url_problem`)."""
+    url = str(event.get("ResponseURL", ""))
+    problem = response_url_problem(url)
+    if problem is not None:
+        logger.error("not answering a request whose ResponseURL is not CloudFormation's: %s", problem)
+        return
     body = json.dumps(
         {
             "Status": "FAILED" if reason else "SUCCESS",
@@ -111,7 +141,7 @@ def respond(event: Mapping[str, Any], reason: str | None) -> None:
     # The presigned URL is signed without a content type: send none (an empty header, as AWS's
     # cfn-response module does).
     request = urllib.request.Request(
-        str(event["ResponseURL"]),
+        url,
         data=body,
         method="PUT",
         headers={"Content-Type": "", "Content-Length": str(len(body))},

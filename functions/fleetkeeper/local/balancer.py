@@ -8,6 +8,8 @@ port. Like the ALB it
 - sends a request to a registered target only (the reconciler registers READY replicas only), by
   the service's policy: `least_load` (the target with the fewest requests in flight, ties in turn)
   or `round_robin`;
+- serves only requests addressed to it (`Host: 127.0.0.1:<port>` or `localhost:<port>`, else 403):
+  a page that rebinds a name of its own to 127.0.0.1 cannot reach the replicas through the browser;
 - passes the method, path, query, headers and body on unchanged (hop-by-hop headers aside), adding
   `X-Forwarded-For`, `X-Forwarded-Proto` and `X-Forwarded-Port` as the ALB does; streams the answer
   back as it comes (no buffering: a model server's tokens reach the client one by one), with an
@@ -371,6 +373,9 @@ class LocalBalancer:
         import aiohttp
         from aiohttp import web
 
+        refused = host_refusal(request.headers.get("Host"), endpoint.port)
+        if refused is not None:
+            return _error(403, "forbidden", refused)
         if not endpoint.targets:
             if endpoint.waking:
                 return await self._wake(endpoint)
@@ -536,6 +541,21 @@ def reset_wake_demand() -> None:
     global _demand
     with _demand_lock:
         _demand = None
+
+
+def host_refusal(host: str | None, port: int) -> str | None:
+    """Why a request's Host is not this endpoint's own address (None: it is).
+
+    A web page can make the developer's browser send requests to 127.0.0.1 under a name of its own
+    that it points there (DNS rebinding); the browser then treats the answers as that page's. Such a
+    request carries the page's name in Host: only `127.0.0.1:<port>` and `localhost:<port>` (what the
+    endpoint's URL and a developer's own tools send) reach a replica, as the embedded API does for its
+    port (fleetkeeper.local.auth).
+    """
+    allowed = {f"{LOOPBACK}:{port}", f"localhost:{port}"}
+    if host is not None and host.strip().lower() in allowed:
+        return None
+    return f"the Host header must be {LOOPBACK}:{port} or localhost:{port} (got {host!r})"
 
 
 def _error(status: int, code: str, message: str) -> web.Response:

@@ -9,6 +9,13 @@ API Gateway (REST API, AWS_IAM auth) hands the handler the caller's identity in
     federated user     arn:aws:sts::111122223333:federated-user/NAME
     root user          arn:aws:iam::111122223333:root
 
+A federated user is refused, as a caller and in a pattern: NAME is whatever the caller of
+sts:GetFederationToken chose (its `Name` parameter: any string of letters, digits and _=,.@-), so any
+IAM user allowed that action signs as `federated-user/alice` for any alice, and the ARN identifies
+nobody. The IAM user behind it is not in the request. (A role session's name is chosen by its caller
+too, which is why a session acts as its role, never as its session name.)
+https://docs.aws.amazon.com/STS/latest/APIReference/API_GetFederationToken.html
+
 A service belongs to a *role*, not to the session that created it (the next CI run is another
 session of the same role): a session's canonical principal is its role's ARN,
 `arn:aws:iam::111122223333:role/ROLE-NAME`. The role's path is not in the session ARN (IAM's
@@ -44,8 +51,13 @@ _SESSION = re.compile(rf"arn:(?P<p>{_PARTITION}):sts::(?P<a>{_ACCOUNT}):assumed-
 _CALLERS = (
     re.compile(rf"arn:{_PARTITION}:iam::{_ACCOUNT}:user/{_PATH_AND_NAME}"),
     re.compile(rf"arn:{_PARTITION}:iam::{_ACCOUNT}:root"),
-    re.compile(rf"arn:{_PARTITION}:sts::{_ACCOUNT}:federated-user/{_NAME}"),
     re.compile(rf"{LOCAL_PREFIX}[\w.@-]+"),
+)
+_FEDERATED = re.compile(rf"arn:{_PARTITION}:sts::(?:{_ACCOUNT}|\*):federated-user/[\w+=,.@*-]+")
+FEDERATED_REFUSED = (
+    "federated users (arn:aws:sts::ACCOUNT:federated-user/NAME) are refused: NAME is whatever the caller "
+    "of sts:GetFederationToken chose, so it identifies nobody; call fleetkeeper as an IAM role session or "
+    "an IAM user, and grant those"
 )
 
 # Patterns: the same shapes, `*` allowed in the account and in names.
@@ -57,12 +69,11 @@ _ROLE_PATTERN = re.compile(
 _PATTERNS = (
     re.compile(rf"arn:{_PARTITION}:iam::{_WILD_ACCOUNT}:user/(?:[\x21-\x7e]*/)?{_WILD_NAME}"),
     re.compile(rf"arn:{_PARTITION}:iam::{_WILD_ACCOUNT}:root"),
-    re.compile(rf"arn:{_PARTITION}:sts::{_WILD_ACCOUNT}:federated-user/{_WILD_NAME}"),
     re.compile(rf"{LOCAL_PREFIX}[\w.@*-]+"),
 )
 PATTERN_RULE = (
-    "an IAM principal ARN: arn:aws:iam::ACCOUNT:role/NAME, arn:aws:iam::ACCOUNT:user/NAME, "
-    "arn:aws:iam::ACCOUNT:root or arn:aws:sts::ACCOUNT:federated-user/NAME, where * matches any characters"
+    "an IAM principal ARN: arn:aws:iam::ACCOUNT:role/NAME, arn:aws:iam::ACCOUNT:user/NAME or "
+    "arn:aws:iam::ACCOUNT:root, where * matches any characters"
 )
 
 
@@ -82,7 +93,9 @@ def canonical_caller(user_arn: str) -> str:
         return f"arn:{session['p']}:iam::{session['a']}:role/{session['role']}"
     if any(shape.fullmatch(user_arn) for shape in _CALLERS):
         return user_arn
-    raise PrincipalError(f"caller {user_arn!r} is not an IAM role session, user, federated user or root user")
+    if _FEDERATED.fullmatch(user_arn):
+        raise PrincipalError(f"caller {user_arn!r}: {FEDERATED_REFUSED}")
+    raise PrincipalError(f"caller {user_arn!r} is not an IAM role session, user or root user")
 
 
 def canonical_pattern(text: str) -> str:
@@ -115,6 +128,8 @@ def canonical_pattern(text: str) -> str:
         )
     if any(shape.fullmatch(pattern) for shape in _PATTERNS):
         return pattern
+    if _FEDERATED.fullmatch(pattern):
+        raise PrincipalError(f"{pattern!r}: {FEDERATED_REFUSED}")
     raise PrincipalError(f"{pattern!r} is not {PATTERN_RULE}")
 
 

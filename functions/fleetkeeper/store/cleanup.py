@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from fleetkeeper.store.codec import RawItem, expression_values, from_raw
-from fleetkeeper.store.keys import SERVICE_SK, child_prefixes, service_pk
+from fleetkeeper.store.codec import RawItem, expression_values, from_raw, to_raw
+from fleetkeeper.store.keys import SERVICE_SK, child_prefixes, service_key, service_pk
 from fleetkeeper.store.table import BATCH_WRITE_LIMIT
 
 if TYPE_CHECKING:
@@ -68,6 +68,24 @@ class ChildKeys:
         )
         unprocessed = response.get("UnprocessedItems", {}).get(self.table.name, [])
         return [dict(request["DeleteRequest"]["Key"]) for request in unprocessed if "DeleteRequest" in request]
+
+
+def live_uid(table: Table, name: str) -> str | None:
+    """The uid of service `name`'s item as it is now (None when there is none): one consistent
+    GetItem, which is serializable against the transactions that create and delete services.
+
+    The cleanup asks it before deleting anything: a REMOVE record whose uid is still the live one is
+    not a removal (a forged event handed to the function, or a record replayed onto a name whose item
+    was never deleted), and deletes nothing.
+    """
+    response = table.client.get_item(
+        TableName=table.name,
+        Key=to_raw(service_key(name)),
+        ProjectionExpression="uid",
+        ConsistentRead=True,
+    )
+    uid = from_raw(response["Item"]).get("uid") if "Item" in response else None
+    return str(uid) if uid else None
 
 
 def partition_uids(table: Table, name: str) -> tuple[str | None, dict[str, int]]:

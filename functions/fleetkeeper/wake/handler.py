@@ -39,6 +39,7 @@ from fleetkeeper.reconciler.balancer import (
 )
 from fleetkeeper.settings import ALB_ARN_ENV, DOMAIN_NAME_ENV, Settings, stack_id_of
 from fleetkeeper.store.table import Table
+from fleetkeeper.wake.sources import SourceBound, source_of
 from fleetkeeper.wake.target import DemandRecorder, waking_body, waking_headers
 
 if TYPE_CHECKING:
@@ -54,10 +55,22 @@ _ports: dict[tuple[int, int], tuple[str | None, float]] = {}
 # no longer than a port's.
 _shards: dict[int, tuple[str | None, float]] = {}
 _recorder: DemandRecorder | None = None
+# Requests one client may have recorded, per process (fleetkeeper.wake.sources).
+_sources = SourceBound()
 
 
 def lambda_handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
     headers = {str(k).lower(): str(v) for k, v in (event.get("headers") or {}).items()}
+    # Before any lookup or write: a client over its bound costs nothing but this answer.
+    source = source_of(headers)
+    if not _sources.admit(source):
+        logger.warning("source %s: over its bound of requests to the wake target, answered 429", source)
+        return _response(
+            429,
+            '{"error": {"code": "too_many_requests", "message": "too many requests from this client for '
+            'services with no replica; retry after Retry-After", "details": []}}',
+            {"Content-Type": "application/json", "Retry-After": str(_sources.retry_after(source))},
+        )
     group = str(((event.get("requestContext") or {}).get("elb") or {}).get("targetGroupArn") or "")
     service = service_of(headers, os.environ, group)
     if service is None:
@@ -170,7 +183,7 @@ def _look_up_port(port: int, alb_arn: str) -> str | None:
 
 def _response(status: int, body: str, headers: dict[str, str]) -> dict[str, Any]:
     """An ALB Lambda target's answer (single-value headers: the target group's default)."""
-    reasons = {404: "Not Found", 503: "Service Unavailable"}
+    reasons = {404: "Not Found", 429: "Too Many Requests", 503: "Service Unavailable"}
     return {
         "statusCode": status,
         "statusDescription": f"{status} {reasons.get(status, '')}".strip(),
@@ -182,7 +195,8 @@ def _response(status: int, body: str, headers: dict[str, str]) -> dict[str, Any]
 
 def reset() -> None:
     """Forget the process's caches (tests)."""
-    global _recorder
+    global _recorder, _sources
     _recorder = None
+    _sources = SourceBound()
     _ports.clear()
     _shards.clear()
