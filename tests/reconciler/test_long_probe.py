@@ -102,3 +102,19 @@ def test_a_long_probe_its_run_cannot_hold_is_no_verdict_and_its_own_run_judges_i
     assert state is not None
     (replica,) = state.replicas.values()
     assert (replica.status, replica.status_message) == (ReplicaStatus.NOT_READY, "readiness probe failing: HTTP 503")
+
+
+def test_initial_delay_zero_does_not_fail_a_replica_whose_first_long_probe_is_in_flight(
+    lowered: World, server: ProbeServer
+) -> None:
+    """Issue 35: with `initial_delay_seconds: 0` every replica failed "never answered a readiness
+    probe, 0s after launch" while its first long probe was still in flight. The delay now counts from
+    provisioning and a probe in flight is no verdict: the replica turns READY."""
+    world = lowered
+    server.delay = 1.5
+    probe = {"path": "/health", "timeout_seconds": 3, "initial_delay_seconds": 0}
+    world.create(service={"readiness_probe": probe, "replicas": 1, "ports": server.port})
+    world.converge()
+    state = world.store.require("svc")
+    assert [(r.replica_id, r.status) for r in state.replicas.values()] == [(0, ReplicaStatus.READY)]
+    assert state.replicas[0].probing_since is not None
