@@ -446,7 +446,15 @@ def assert_converged(world: World, name: str = "svc", *, replicas: int = 2, vers
         int(tags(i)[REPLICA_TAG]) for i in world.instances(live_only=False) if tags(i).get(UID_TAG) == state.service.uid
     ]
     assert len(ever) == len(set(ever)), f"replica ids launched more than once: {sorted(ever)}"
-    assert all(tags(i)["fleetkeeper:version"] == str(target) for i in live)
+    # Each instance runs the target: launched as it, or as a version the target took over in place
+    # (its tag keeps the version it was launched with: fleetkeeper.spec.changes).
+    from fleetkeeper.spec.changes import replica_visible
+
+    wanted = state.versions[target]
+    for i in live:
+        launched_as = state.versions[int(tags(i)["fleetkeeper:version"])]
+        same = launched_as.secrets_ref == wanted.secrets_ref
+        assert launched_as is wanted or not replica_visible(launched_as.spec, wanted.spec, same_secrets=same), tags(i)
     assert sorted(state.replicas) == ids
     for replica in state.replicas.values():
         assert replica.status is ReplicaStatus.READY, replica

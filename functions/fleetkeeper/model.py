@@ -307,6 +307,12 @@ class ReplicaRecord:
     ready_at: str | None = None
     last_probe_ok_at: str | None = None
     probe_failures: int = 0
+    # The first failed probe of a READY replica's current run of failures (None: not failing): it is
+    # replaced once they have lasted its probe's consecutive-failure window (SkyPilot's 180 s).
+    failing_since: str | None = None
+    # When the reconciler first saw its instance running (the end of provisioning): the initial delay
+    # counts from here, as SkyPilot's does (None: not yet, or a record written before it was kept).
+    probing_since: str | None = None
     # Launch bookkeeping: how many RunInstances attempts AWS refused (each attempt is its own capacity
     # pool: instance type x subnet, and its own ClientToken), in how many runs every pool tried was
     # refused (the backoff's exponent), and when to try again.

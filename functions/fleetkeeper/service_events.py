@@ -171,6 +171,9 @@ def replica_changed(before: ReplicaRecord, after: ReplicaRecord) -> list[Event]:
     if after.instance_id and after.instance_id != before.instance_id and after.status is ReplicaStatus.PROVISIONING:
         kind = f" ({after.market.value} {after.instance_type})" if after.instance_type else f" ({after.market.value})"
         add("Launched", f"replica {rid} launched: instance {after.instance_id}{kind}")
+    if after.version != before.version:
+        # An update that keeps replicas (fleetkeeper.reconciler.plan.in_place): no relaunch.
+        add("UpdatedInPlace", f"replica {rid} serves version {after.version} in place (from version {before.version})")
     warning = after.interruption
     if warning is not None and warning != before.interruption:
         said = _WARNINGS[warning.kind]

@@ -99,11 +99,19 @@ PROBE_HEADROOM_SECONDS = 5.0
 MIN_PROBE_BUDGET_SECONDS = MAX_PROBE_TIMEOUT_SECONDS + PROBE_HEADROOM_SECONDS
 # The longest readiness probe timeout a spec may ask for. SkyPilot sets none (a number; its
 # controller is resident), but a probe here must end inside one reconciler invocation (template.yaml's
-# ReconcilerFunction Timeout, 120 s): a long probe (longer than the run's probe budget) starts with
-# the run's probes, runs while the run reconciles its services (~55 s at most), and its verdict is
-# planned in a second pass before the invocation ends (reconciler.shell). spec/service.py refuses longer
-# ones with a 400.
-MAX_READINESS_TIMEOUT_SECONDS = 60
+# ReconcilerFunction Timeout, 120 s): a Lambda cannot hold a connection for the next one. A long probe
+# (longer than the run's probe budget) starts with the run's probes and is planned in a second pass
+# before the invocation ends (reconciler.shell). A shard's run has its period (~55 s) for it; one
+# whose replica has not answered when that is spent is no verdict, and the replica's service gets a
+# follow-up: a run of its own (a kick), which has the whole invocation. So the bound is that run's:
+# 120 s, less the worker's service margin (10 s, for the second pass's reads and writes), a probe's
+# headroom (5 s) and 15 s for the run's own reads and a cold start: 90 s. spec/service.py refuses
+# longer ones with a 400.
+MAX_READINESS_TIMEOUT_SECONDS = 90
+# How long a READY replica may fail its readiness probes in a row before it is replaced, by default:
+# SkyPilot's `_CONSECUTIVE_FAILURE_THRESHOLD_TIMEOUT` (sky/serve/replica_managers.py), 180 s, from its
+# first failed probe to the one that ends the window (probed every 10 s meanwhile: the follow-ups).
+CONSECUTIVE_FAILURE_SECONDS = 180
 DEFAULT_SCHEDULE = "rate(1 minute)"
 DEFAULT_SHARD_SIZE = 100  # fleetkeeper.reconciler.dispatch says why
 MAX_SHARD_SIZE = 199  # EC2's 200 filter values a Describe call, less the managed tag's value (dispatch.py)

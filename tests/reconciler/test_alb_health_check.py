@@ -97,7 +97,8 @@ def test_a_rollout_from_path_a_to_path_b_never_checks_a_version_with_the_others_
     world.create(service=service(server, "/a", replicas=2))
     world.converge()
     assert check_of(group_of(world))[:2] == ("/a", "200")
-    world.update(service=service(server, "/b", replicas=2))
+    # A rollout (the envs change what the replicas run; a probe change alone is taken in place).
+    world.update(service=service(server, "/b", replicas=2), envs={"RELEASE": "2"})
     seen: list[tuple[set[int], str]] = []
     for _ in range(20):
         world.run()

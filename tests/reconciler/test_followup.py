@@ -43,6 +43,12 @@ CASES: list[tuple[str, list[ReplicaRecord], set[int], float | None]] = [
     ("booting: polled", [replica(0), replica(1, S.PROVISIONING, launched_at=ago(20))], {0, 1}, 10),
     ("starting: polled", [replica(0, S.STARTING, launched_at=ago(30))], {0}, 10),
     ("initial delay ends before the next poll", [replica(0, S.STARTING, launched_at=ago(595))], {0}, 6),
+    (
+        "initial delay counts from provisioning, not the launch",
+        [replica(0, S.STARTING, launched_at=ago(900), probing_since=ago(595))],
+        {0},
+        6,
+    ),
     ("probe failing: polled until it recovers or fails", [replica(0, S.NOT_READY, probe_failures=1)], {0}, 10),
     ("claimed, not launched (a run cut short)", [replica(0, S.PENDING)], set(), 10),
     (
@@ -79,6 +85,14 @@ def test_a_deleting_service_is_polled_until_its_item_goes() -> None:
     deleting = state([replica(0, S.SHUTTING_DOWN)], lifecycle=Lifecycle.DELETING)
     assert next_reconcile(deleting, {0}, NOW, POLICY) == at(10)
     assert next_reconcile(state([], lifecycle=Lifecycle.DELETING), set(), NOW, POLICY) == at(10)
+
+
+def test_a_replica_whose_long_probe_had_no_verdict_is_judged_by_a_run_of_its_own() -> None:
+    steady = state([replica(0), replica(1)], [version(1)])
+    assert next_reconcile(steady, {0, 1}, NOW, POLICY) is None
+    assert next_reconcile(steady, {0, 1}, NOW, POLICY, unjudged={1}) == at(10)
+    leaving = state([replica(0), replica(1, S.SHUTTING_DOWN)], [version(1)])
+    assert next_reconcile(leaving, set(), NOW, POLICY, unjudged={1}) is None  # leaving: nothing to judge
 
 
 def test_the_interval_is_the_policys() -> None:

@@ -74,3 +74,47 @@ def test_short_probes_are_decided_in_the_first_pass_only(lowered: World, server:
     # The index's listing and the service's own Query; a second pass would read the service again.
     assert world.log.since(mark).count(("dynamodb", "Query")) == 2
     assert world.log.since(mark).count(("ec2", "DescribeInstances")) == 1
+
+
+def test_a_long_probe_its_run_cannot_hold_is_no_verdict_and_its_own_run_judges_it(
+    lowered: World, server: ProbeServer
+) -> None:
+    """A shard's run has its period for long probes; one still in flight when that is spent is no
+    verdict (a READY replica stays READY, never "no verdict" failed), and the service gets a follow-up:
+    a run of its own (a kick), which has the whole invocation and judges it."""
+    from fleetkeeper.reconciler.budget import Budget
+
+    world = lowered
+    world.create(service={**slow_service(3), "ports": server.port})
+    world.converge()
+    asked: list[tuple[str, int]] = []
+    world.reconciler.follow_up = lambda name, delay, due: asked.append((name, delay))
+    server.status, server.delay = 503, 2.0  # failing now, and slower than the 1.5 s the shard can give
+    budget = Budget(remaining=lambda: 11.5, service_margin=10.0)
+    report = world.reconciler.run_shard(["svc"], budget)
+    assert report.errors == []
+    state = world.store.load("svc")
+    assert state is not None
+    assert [r.status for r in state.replicas.values()] == [ReplicaStatus.READY]
+    assert asked == [("svc", 10)]
+    world.run("svc")  # the follow-up: a kick, no period to keep
+    state = world.store.load("svc")
+    assert state is not None
+    (replica,) = state.replicas.values()
+    assert (replica.status, replica.status_message) == (ReplicaStatus.NOT_READY, "readiness probe failing: HTTP 503")
+
+
+def test_initial_delay_zero_does_not_fail_a_replica_whose_first_long_probe_is_in_flight(
+    lowered: World, server: ProbeServer
+) -> None:
+    """Issue 35: with `initial_delay_seconds: 0` every replica failed "never answered a readiness
+    probe, 0s after launch" while its first long probe was still in flight. The delay now counts from
+    provisioning and a probe in flight is no verdict: the replica turns READY."""
+    world = lowered
+    server.delay = 1.5
+    probe = {"path": "/health", "timeout_seconds": 3, "initial_delay_seconds": 0}
+    world.create(service={"readiness_probe": probe, "replicas": 1, "ports": server.port})
+    world.converge()
+    state = world.store.require("svc")
+    assert [(r.replica_id, r.status) for r in state.replicas.values()] == [(0, ReplicaStatus.READY)]
+    assert state.replicas[0].probing_since is not None

@@ -200,39 +200,6 @@ def test_one_replica_answering_garbage_fails_its_probe_not_the_run(world: World)
         garbage.close()
 
 
-def test_a_redirect_is_not_ready() -> None:
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
-    from fleetkeeper.reconciler.probe import ProbeTarget, probe_one
-    from fleetkeeper.spec.service import ReadinessProbe
-
-    class Redirecting(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            self.send_response(302 if self.path == "/health" else 200)
-            self.send_header("Location", "/elsewhere")
-            self.send_header("Content-Length", "0")
-            self.end_headers()
-
-        do_POST = do_GET
-
-        def log_message(self, *args: object) -> None:
-            return None
-
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Redirecting)
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
-    try:
-        base = f"http://127.0.0.1:{httpd.server_address[1]}"
-        got = probe_one(ProbeTarget("k", base, ReadinessProbe(path="/health", timeout_seconds=2)))
-        posted = probe_one(
-            ProbeTarget("k", base, ReadinessProbe(path="/health", timeout_seconds=2, post_data={"a": 1}))
-        )
-        assert (got.ok, got.detail) == (False, "HTTP 302")
-        assert (posted.ok, posted.detail) == (False, "HTTP 302")
-    finally:
-        httpd.shutdown()
-        httpd.server_close()
-
-
 # --- launches ------------------------------------------------------------------------------------
 
 

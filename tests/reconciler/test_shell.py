@@ -140,8 +140,10 @@ def test_only_http_200_is_ready_and_a_failing_replica_is_replaced(world: World) 
     world.run()
     replica = world.store.require("svc").replicas[0]
     assert replica.status is ReplicaStatus.NOT_READY and replica.status_message.endswith("HTTP 204")
-    world.run()
-    world.run()  # third failure: FAILED_PROBING, terminated, replaced by replica 1
+    world.run()  # 61 s of failures
+    world.run()  # 122 s: still within SkyPilot's 180 s window, the instance kept
+    assert world.store.require("svc").replicas[0].status is ReplicaStatus.NOT_READY
+    world.run()  # 183 s of consecutive failures: FAILED_PROBING, terminated, replaced by replica 1
     state = world.store.require("svc")
     assert state.replicas[0].status is ReplicaStatus.FAILED_PROBING
     assert 1 in state.replicas

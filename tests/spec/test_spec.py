@@ -317,3 +317,43 @@ def test_probe_variables_are_filled_from_envs_and_secrets_as_sky_does() -> None:
     # The stored spec keeps the template: the value is filled only where the probe is made.
     assert spec.service.readiness_probe.headers["Authorization"] == "Bearer ${TOKEN}"
     assert not parse_spec({"service": {}, "run": "s"}).probe_needs_secrets
+
+
+# --- readiness_probe.post_data as SkyPilot reads it --------------------------------------------------
+
+
+def _probe_of(post_data: object) -> object:
+    data = {"service": {"readiness_probe": {"path": "/v1/models", "post_data": post_data}}, "run": "x"}
+    return parse_spec(data).service.readiness_probe.post_data
+
+
+def test_post_data_as_json_text_is_the_object_it_holds() -> None:
+    # SkyPilot's YAML reference: `post_data: '{"model_name": "my_model"}'` (service_spec.py json.loads it).
+    assert _probe_of('{"model_name": "my_model"}') == {"model_name": "my_model"}
+    assert _probe_of({"model_name": "my_model"}) == {"model_name": "my_model"}
+    assert _probe_of("[1, 2]") == [1, 2]
+
+
+def test_post_data_that_is_not_json_is_a_400_naming_it() -> None:
+    with pytest.raises(InvalidRequest) as caught:
+        _probe_of("model_name=my_model")
+    (detail,) = caught.value.details
+    assert detail["field"] == "spec.service.readiness_probe.post_data"
+    assert "not JSON" in detail["problem"]
+
+
+def test_a_stored_post_data_string_loads_as_the_object_it_holds() -> None:
+    text = json.dumps({"service": {"readiness_probe": {"path": "/h", "post_data": '{"a": 1}'}}, "run": "x"})
+    assert stored_spec(text).service.readiness_probe.post_data == {"a": 1}
+    odd = json.dumps({"service": {"readiness_probe": {"path": "/h", "post_data": "not json"}}, "run": "x"})
+    assert stored_spec(odd).service.readiness_probe.post_data == "not json"
+    # Decoded once: a string value stored after decoding is not decoded again.
+    kept = json.dumps({"service": {"readiness_probe": {"path": "/h", "post_data": "5"}}, "run": "x"})
+    assert stored_spec(kept).service.readiness_probe.post_data == "5"
+
+
+def test_the_failure_window_is_skypilots_unless_given() -> None:
+    probe = parse_spec({"service": {"readiness_probe": "/h"}, "run": "x"}).service.readiness_probe
+    assert probe.failure_window_seconds == 180
+    data = {"service": {"readiness_probe": {"path": "/h", "consecutive_failure_threshold_timeout": 30}}, "run": "x"}
+    assert parse_spec(data).service.readiness_probe.failure_window_seconds == 30

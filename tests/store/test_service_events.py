@@ -202,6 +202,7 @@ def test_repeats_fold_within_a_day_and_a_read_stops_at_the_day_that_fills_the_ne
         ({"status": ReplicaStatus.PENDING}, {"status": ReplicaStatus.PROVISIONING, "instance_id": "i-1"}, ["Launched"]),
         ({"status": ReplicaStatus.STARTING}, {"status": ReplicaStatus.READY}, ["ReplicaReady"]),
         ({"status": ReplicaStatus.READY}, {"status": ReplicaStatus.READY, "probe_failures": 0}, []),
+        ({"status": ReplicaStatus.READY}, {"status": ReplicaStatus.READY, "version": 2}, ["UpdatedInPlace"]),
         (
             {"status": ReplicaStatus.FAILED_PROVISION, "launch_attempts": 1, "status_message": "X: y"},
             {"status": ReplicaStatus.FAILED_PROVISION, "launch_attempts": 2, "status_message": "X: y"},

@@ -155,3 +155,24 @@ def test_ec2s_warnings_reach_the_worker_through_the_kick_queue(translated: dict[
     ]
     worker = resources["ReconcilerFunction"]["Properties"]["Environment"]["Variables"]
     assert worker["FLEETKEEPER_KICK_QUEUE_URL"] == {"Ref": "KickQueue"}
+
+
+def test_the_longest_readiness_probe_fits_a_kicked_run_of_the_worker(translated: dict[str, Any]) -> None:
+    """A long probe a shard's period cut short is judged by a run of its own (a kick), which has the
+    whole invocation: the spec's bound must fit it, with the service margin, a probe's headroom and
+    the run's own reads around it (settings.MAX_READINESS_TIMEOUT_SECONDS says how it is made). The
+    embedded mode's loop gives its worker the same timeout."""
+    from fleetkeeper.local.reconcile_loop import ReconcileLoop
+    from fleetkeeper.settings import (
+        DEFAULT_SERVICE_MARGIN_SECONDS,
+        MAX_READINESS_TIMEOUT_SECONDS,
+        PROBE_HEADROOM_SECONDS,
+    )
+
+    timeout = int(translated["Resources"]["ReconcilerFunction"]["Properties"]["Timeout"])
+    reads_and_cold_start = 15
+    assert (
+        MAX_READINESS_TIMEOUT_SECONDS + PROBE_HEADROOM_SECONDS + DEFAULT_SERVICE_MARGIN_SECONDS + reads_and_cold_start
+        <= timeout
+    )
+    assert ReconcileLoop(lambda event, context: None, tick=1).timeout_seconds == timeout

@@ -78,7 +78,9 @@ class ReconcileLoop:
         tick: float,
         dispatcher: Handler | None = None,
         queue_url: str | None = None,
-        timeout_seconds: int = 60,
+        # template.yaml's ReconcilerFunction Timeout: a long readiness probe's own run (a kick) has the
+        # whole invocation for it here as on AWS (settings.MAX_READINESS_TIMEOUT_SECONDS).
+        timeout_seconds: int = 120,
     ) -> None:
         # handler: the worker (ReconcilerFunction); dispatcher: DispatcherFunction, whose shards
         # arrive on queue_url. Without them (the loop's own tests), a tick invokes `handler` with

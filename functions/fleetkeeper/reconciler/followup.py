@@ -21,7 +21,7 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
 from fleetkeeper.model import BalancerState, Lifecycle, ReplicaRecord, ReplicaStatus, ServiceState, from_iso
-from fleetkeeper.reconciler.plan import LEAVING, Policy, drain_due
+from fleetkeeper.reconciler.plan import LEAVING, Policy, drain_due, initial_delay_origin
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Set
@@ -32,14 +32,20 @@ MAX_DELAY_SECONDS = 900
 _IN_MOTION = frozenset({ReplicaStatus.PROVISIONING, ReplicaStatus.STARTING, ReplicaStatus.NOT_READY})
 
 
-def next_reconcile(state: ServiceState, live: Set[int], now: datetime, policy: Policy) -> datetime | None:
+def next_reconcile(
+    state: ServiceState, live: Set[int], now: datetime, policy: Policy, unjudged: Set[int] = frozenset()
+) -> datetime | None:
     """The next moment a run of this service would change something, or None (steady: nothing to wait
     for). `state`: the service as the run left it (its records as written); `live`: the replica ids
-    whose instance the run saw live. Never earlier than `now`: a deadline already past is the plan's
-    to act on in this very run, not a reason to come back at once."""
+    whose instance the run saw live; `unjudged`: the replicas whose long probe was still in flight when
+    the run had no more time for it (a READY one too: a run of its own, which has a whole invocation,
+    judges it). Never earlier than `now`: a deadline already past is the plan's to act on in this very
+    run, not a reason to come back at once."""
     soon = now + policy.follow_up_interval
     if state.service.lifecycle is Lifecycle.DELETING:
         return soon  # instances going: the item goes once a run sees them gone
+    if any(rid in state.replicas and state.replicas[rid].status not in LEAVING for rid in unjudged):
+        return soon
     moments = [
         moment
         for record in state.replicas.values()
@@ -82,10 +88,11 @@ def _moments(
     if status in _IN_MOTION:
         yield soon, True
         version = state.versions.get(record.version)
-        if version is not None and record.launched_at is not None:
+        origin = initial_delay_origin(record)
+        if version is not None and origin is not None and status is not ReplicaStatus.NOT_READY:
             delay = version.spec.service.readiness_probe.initial_delay_seconds
             # One second past the delay: the plan fails a replica strictly after it.
-            yield from_iso(record.launched_at) + timedelta(seconds=delay + 1), False
+            yield from_iso(origin) + timedelta(seconds=delay + 1), False
     elif status is ReplicaStatus.PENDING and record.instance_id is None:
         # Claimed and not launched (a run cut short): launched by the next run.
         yield (from_iso(record.next_attempt_at), False) if record.next_attempt_at else (soon, True)

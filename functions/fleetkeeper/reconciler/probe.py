@@ -1,11 +1,16 @@
 """Readiness probes: every replica at once, each over within its timeout, the phase bounded too.
 
 A probe is a GET of the spec's readiness path (a POST with a JSON body when `post_data` is set)
-with the spec's headers; only HTTP 200 counts as ready. Results carry deterministic `detail` text
-("HTTP 503", "connection refused", "timed out after 5s") because it ends up in status messages,
-and a message that changed with every run would turn a steady state into a write per run. A 503
-carrying a boot's failure code (`Fleetkeeper-Boot-Failure`, reconciler/replica_boot.py) gives the
-result its typed `boot_failure`.
+with the spec's headers; only HTTP 200 counts as ready. Redirects are followed as SkyPilot's probe
+(python-requests) follows them, within the replica only: at most MAX_REDIRECTS hops, each to the
+same host and port over http (a redirect anywhere else is a failed probe that says so), a 307 or 308
+repeating the request with its body, a 301, 302 or 303 becoming a GET without one (requests'
+`rebuild_method` and its purge of the body's headers). The whole chain keeps the probe's ONE deadline.
+Results carry deterministic `detail` text ("HTTP 503", "connection refused", "timed out after 5s")
+because it ends up in status messages, and a message that changed with every run would turn a steady
+state into a write per run.
+A 503 carrying a boot's failure code (`Fleetkeeper-Boot-Failure`, reconciler/replica_boot.py) gives
+the result its typed `boot_failure`.
 """
 
 from __future__ import annotations
@@ -35,6 +40,13 @@ _MAX_WORKERS = 32
 # A replica whose boot failed for the environment answers 503 with its failure code in this header
 # (reconciler/replica_boot.py, REPORT_HEADER): the only header a probe reads, and only on a 503.
 _BOOT_FAILURE_HEADER = b"fleetkeeper-boot-failure:"
+# Hops a probe follows: enough for a framework's `/health` -> `/health/` and a login-free rewrite or
+# two; a loop ends here (python-requests, SkyPilot's client, stops at 30).
+MAX_REDIRECTS = 10
+_REDIRECTS = frozenset({301, 302, 303, 307, 308})
+# A redirect that keeps the method and the body (RFC 9110 15.4.8, 15.4.9); the others become a GET.
+_KEEPS_BODY = frozenset({307, 308})
+_BODY_HEADERS = frozenset({"content-type", "content-length", "transfer-encoding"})
 
 
 @dataclass(frozen=True)
@@ -74,6 +86,8 @@ class _DeadlineSocket(socket.socket):
 
 
 class _StatusResponse(http.client.HTTPResponse):
+    location: str | None = None
+
     """A response read as http.client reads it, to the end of its headers (the same limits, the
     same errors, the same deadline), without making the headers an email message nobody reads:
     parsing them was a third of a probe's CPU. `begin` is http.client's own, less that parse (it
@@ -98,6 +112,7 @@ class _StatusResponse(http.client.HTTPResponse):
         lines = http.client._read_headers(self.fp)
         if status == http.client.SERVICE_UNAVAILABLE:
             self.boot_failure = _boot_failure(lines)
+        self.location = _location(lines) if status in _REDIRECTS else None
         self.headers = self.msg = http.client.HTTPMessage()
         self.will_close = True  # the probe closes the connection at once
 
@@ -107,6 +122,15 @@ def _boot_failure(lines: list[bytes]) -> str | None:
         if line[: len(_BOOT_FAILURE_HEADER)].lower() == _BOOT_FAILURE_HEADER:
             code = line[len(_BOOT_FAILURE_HEADER) :].strip().decode("ascii", "replace")
             return code if code in BOOT_FAILURES else None  # a closed set: nothing else becomes a code
+    return None
+
+
+def _location(lines: list[bytes]) -> str | None:
+    """A redirect's Location header, the one header a probe reads."""
+    for line in lines:
+        name, _, value = line.decode("iso-8859-1").partition(":")
+        if name.strip().lower() == "location":
+            return value.strip()
     return None
 
 
@@ -121,9 +145,9 @@ class _DeadlineConnection(http.client.HTTPConnection):
 
     response_class = _StatusResponse
 
-    def __init__(self, host: str, port: int | None, seconds: float) -> None:
-        super().__init__(host, port, timeout=seconds)
-        self._deadline = time.monotonic() + seconds
+    def __init__(self, host: str, port: int | None, deadline: float) -> None:
+        super().__init__(host, port, timeout=max(deadline - time.monotonic(), 0.001))
+        self._deadline = deadline
 
     @property
     def expired(self) -> bool:
@@ -142,7 +166,8 @@ class _DeadlineConnection(http.client.HTTPConnection):
 
 
 def probe_one(target: ProbeTarget) -> ProbeResult:
-    """One probe, over within `timeout_seconds` (plus scheduling noise) whatever the replica does."""
+    """One probe, over within `timeout_seconds` (plus scheduling noise) whatever the replica does, its
+    redirects within the replica included."""
     probe = target.probe
     headers = dict(probe.headers)
     data: bytes | None = None
@@ -152,18 +177,60 @@ def probe_one(target: ProbeTarget) -> ProbeResult:
             headers["Content-Type"] = "application/json"
     # A spec stored before the limit existed may ask for more: it gets the longest a probe may take.
     seconds = min(probe.timeout_seconds, MAX_READINESS_TIMEOUT_SECONDS)
-    timed_out = ProbeResult(target.base_url, False, f"timed out after {seconds}s")
     url = urllib.parse.urlsplit(target.base_url + probe.path)
     if url.scheme != "http" or not url.hostname:
         return ProbeResult(target.base_url, False, f"not an http URL: {target.base_url}")
-    path = url.path + (f"?{url.query}" if url.query else "")
-    # No proxy, no redirect: only HTTP 200 counts as ready, and the reconciler never follows a
-    # replica to an address of its choosing. The status line is all a probe reads.
-    connection = _DeadlineConnection(url.hostname, url.port, seconds)
+    replica = (url.hostname.lower(), url.port or 80)
+    deadline = time.monotonic() + seconds
+    method = "POST" if data is not None else "GET"
+    for _ in range(MAX_REDIRECTS + 1):
+        path = (url.path or "/") + (f"?{url.query}" if url.query else "")
+        answer = _exchange(target, url.hostname, url.port, method, path, data, headers, deadline, seconds)
+        if isinstance(answer, ProbeResult):
+            return answer
+        status, location, boot_failure = answer
+        if status == 200:
+            return ProbeResult(target.base_url, True, "HTTP 200")
+        if boot_failure is not None:
+            return ProbeResult(target.base_url, False, f"HTTP {status} (boot failed: {boot_failure})", boot_failure)
+        if status not in _REDIRECTS:
+            return ProbeResult(target.base_url, False, f"HTTP {status}")
+        if not location:
+            return ProbeResult(target.base_url, False, f"HTTP {status} without a Location")
+        url = urllib.parse.urlsplit(urllib.parse.urljoin(urllib.parse.urlunsplit(url), location))
+        if url.scheme != "http" or not url.hostname or (url.hostname.lower(), url.port or 80) != replica:
+            # Never to an address of the replica's choosing: the reconciler runs in the stack's VPC.
+            where = f"{url.scheme}://{url.netloc}" if url.netloc else location
+            return ProbeResult(
+                target.base_url, False, f"HTTP {status} redirect to {where}, not followed: off the replica"
+            )
+        if status not in _KEEPS_BODY:
+            method, data = "GET", None
+            headers = {k: v for k, v in headers.items() if k.lower() not in _BODY_HEADERS}
+    return ProbeResult(target.base_url, False, f"more than {MAX_REDIRECTS} redirects")
+
+
+def _exchange(
+    target: ProbeTarget,
+    host: str,
+    port: int | None,
+    method: str,
+    path: str,
+    data: bytes | None,
+    headers: dict[str, str],
+    deadline: float,
+    seconds: int,
+) -> tuple[int, str | None, str | None] | ProbeResult:
+    """One request and its status line (and Location, and a failed boot's code), or the failed probe it made."""
+    timed_out = ProbeResult(target.base_url, False, f"timed out after {seconds}s")
+    # No proxy; only the status line (and a redirect's Location) is read.
+    connection = _DeadlineConnection(host, port, deadline)
     try:
-        connection.request("POST" if data is not None else "GET", path, body=data, headers=headers)
+        if connection.expired:
+            return timed_out
+        connection.request(method, path, body=data, headers=headers)
         response = connection.getresponse()
-        status = int(response.status)
+        status, location = int(response.status), getattr(response, "location", None)
         boot_failure = getattr(response, "boot_failure", None)
     except Exception as exc:  # refused, reset, timed out, a bad status line (http.client.HTTPException)...
         # Whatever a replica answers, it is this replica's failed probe, never the run's crash.
@@ -180,11 +247,7 @@ def probe_one(target: ProbeTarget) -> ProbeResult:
         connection.close()
     if connection.expired:
         return timed_out
-    if status == 200:
-        return ProbeResult(target.base_url, True, "HTTP 200")
-    if boot_failure is not None:
-        return ProbeResult(target.base_url, False, f"HTTP {status} (boot failed: {boot_failure})", boot_failure)
-    return ProbeResult(target.base_url, False, f"HTTP {status}")
+    return status, location, boot_failure
 
 
 def rotated(targets: Sequence[ProbeTarget], now: datetime) -> list[ProbeTarget]:
@@ -200,11 +263,13 @@ def rotated(targets: Sequence[ProbeTarget], now: datetime) -> list[ProbeTarget]:
 def probe_all(targets: Sequence[ProbeTarget], budget_seconds: float) -> dict[Hashable, ProbeResult]:
     """Probe in parallel, in the given order; every target gets a result.
 
-    A probe still queued or running when the budget is spent is a failed probe ("no verdict"): a
-    READY replica that cannot answer in time is not ready, and it must not stay READY for ever
-    because its probe never got to run. Each probe is over within its own timeout, which the spec
-    keeps inside the run (`settings.MAX_READINESS_TIMEOUT_SECONDS`); the shell gives the probes that
-    do not fit the run's probe budget a phase of their own, off the run's critical path.
+    A probe still queued or running when the budget is spent has `answered` False ("no verdict"). The
+    run's own phase counts it a failed probe (a READY replica that cannot answer in time is not ready,
+    and must not stay READY for ever because its probe never got to run); the long probes' phase, when
+    it could not give a probe its whole timeout, leaves it to a run of its own (reconciler.shell).
+    Each probe is over within its own timeout, which the spec keeps inside an invocation
+    (`settings.MAX_READINESS_TIMEOUT_SECONDS`); the shell gives the probes that do not fit the run's
+    probe budget a phase of their own, off the run's critical path.
     """
     if not targets:
         return {}
@@ -219,5 +284,5 @@ def probe_all(targets: Sequence[ProbeTarget], budget_seconds: float) -> dict[Has
     for target in targets:
         if target.key not in verdicts:
             detail = f"no verdict within the run's {budget_seconds:g}s probe budget"
-            verdicts[target.key] = ProbeResult(target.base_url, False, detail)
+            verdicts[target.key] = ProbeResult(target.base_url, False, detail, answered=False)
     return verdicts

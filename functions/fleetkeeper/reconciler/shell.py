@@ -619,7 +619,9 @@ class Reconciler:
         # Probes start in this order: rotated by the run's time so that, when there are more probes
         # than the budget lets finish, it is not the same replicas that go without a verdict.
         results = self.prober(rotated(targets, now), budget_seconds)
-        answered = {key: result for key, result in results.items() if isinstance(key, tuple)}
+        # The run's phase holds every short probe's timeout: one it cut was queued behind hung ones, a
+        # failed probe (a READY replica that cannot answer in time is not ready).
+        answered = {key: replace(result, answered=True) for key, result in results.items() if isinstance(key, tuple)}
         # A driver that can tell why a replica does not answer (the process driver: an app listening
         # on another port than its $PORT) says so instead of "connection refused".
         diagnose = getattr(self.driver, "diagnose", None)
@@ -645,7 +647,9 @@ class Reconciler:
             return None  # no verdicts: nothing changes for these replicas this run
         starter = ThreadPoolExecutor(max_workers=1, thread_name_prefix="long-probes")
         try:
-            return starter.submit(contextvars.copy_context().run, self.prober, rotated(long, now), seconds)
+            return starter.submit(
+                contextvars.copy_context().run, _long_verdicts, self.prober, rotated(long, now), seconds, now
+            )
         finally:
             starter.shutdown(wait=False)
 
@@ -704,7 +708,8 @@ class Reconciler:
             )
             applied = _Apply(self, state, instances, now, report, budget)
             applied.all(actions)
-            self._follow_up(applied, instances, now, followup)
+            unjudged = {replica_id for replica_id, probe in probes.items() if not probe.answered}
+            self._follow_up(applied, instances, now, followup, unjudged)
         except _OutOfTime:
             logger.warning("service %s: out of time before a launch; the next run goes on from here", name)
             report.cut_short.append(name)
@@ -722,7 +727,14 @@ class Reconciler:
             logger.exception("service %s: reconcile failed", name)
             report.errors.append(name)
 
-    def _follow_up(self, applied: _Apply, instances: Sequence[Instance], now: datetime, running: int | None) -> None:
+    def _follow_up(
+        self,
+        applied: _Apply,
+        instances: Sequence[Instance],
+        now: datetime,
+        running: int | None,
+        unjudged: set[int] | None = None,
+    ) -> None:
         """Ask for this service's next run when the state the run left it in changes next, unless a
         follow-up early enough is pending already. The due time is written first (conditioned on the
         one read), then the kick sent: of two runs only the one whose write lands sends, and a kick
@@ -731,7 +743,7 @@ class Reconciler:
             return
         state = applied.state
         after = replace(state, replicas=dict(applied.records))
-        moment = next_reconcile(after, set(match_instances(state, instances)), now, self.policy)
+        moment = next_reconcile(after, set(match_instances(state, instances)), now, self.policy, unjudged or set())
         wanted = follow_up(moment, state.service.followup_at, now, self.policy, running=running)
         if wanted is None:
             return
@@ -796,6 +808,26 @@ def _stopped_before_any_service(report: RunReport, names: Sequence[str], reached
     report.skipped.extend(left)
     logger.warning("out of time (%s): %d service(s) left for the next run", reached, len(left))
     return report
+
+
+def _long_verdicts(
+    prober: Callable[[Sequence[ProbeTarget], float], dict[Hashable, ProbeResult]],
+    targets: Sequence[ProbeTarget],
+    seconds: float,
+    started: datetime,
+) -> dict[Hashable, ProbeResult]:
+    """The long probes' verdicts, each judged at the moment it was sent (the plan that records them
+    runs later, in the second pass). A probe the phase cut before its own timeout is no verdict (not a
+    failed probe): the run had no more time for it, and its service's follow-up (a run of its own, with
+    the whole invocation) probes it again."""
+    verdicts = prober(targets, seconds)
+    timeouts = {target.key: target.probe.timeout_seconds for target in targets}
+    out: dict[Hashable, ProbeResult] = {}
+    for key, result in verdicts.items():
+        # Cut by a phase shorter than its timeout: no verdict. Cut by one that held its timeout: failed.
+        held = timeouts.get(key, 0) + PROBE_HEADROOM_SECONDS <= seconds
+        out[key] = replace(result, started_at=started, answered=result.answered or held)
+    return out
 
 
 def _invocation_seconds(budget: Budget | None) -> float:

@@ -25,7 +25,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from fleetkeeper.errors import InvalidRequest
-from fleetkeeper.settings import MAX_READINESS_TIMEOUT_SECONDS
+from fleetkeeper.settings import CONSECUTIVE_FAILURE_SECONDS, MAX_READINESS_TIMEOUT_SECONDS
 
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
@@ -98,6 +98,7 @@ MAX_SECRETS_BYTES = 4096
 _VARIABLE = re.compile(r"\$(?:\{([A-Za-z_][A-Za-z0-9_]*)\}|([A-Za-z_][A-Za-z0-9_]*))")
 
 _STORED = "fleetkeeper.stored"
+_NOT_JSON = object()
 
 
 def _stored(info: ValidationInfo) -> bool:
@@ -177,10 +178,48 @@ class _Strict(BaseModel):
 
 class ReadinessProbe(_Strict):
     path: Annotated[str, Field(pattern=r"^/", max_length=2048)]
+    # From the end of provisioning: the first run that sees the instance running (SkyPilot's
+    # DEFAULT_INITIAL_DELAY_SECONDS, sky/serve/constants.py, is the default).
     initial_delay_seconds: Annotated[int, Field(ge=0, le=86_400)] = 1200
     timeout_seconds: Annotated[int, Field(ge=1)] = 15
     headers: dict[str, str] = Field(default_factory=dict)
-    post_data: dict[str, Any] | list[Any] | str | None = None
+    # SkyPilot's YAML reference writes it as a JSON string (`post_data: '{"model_name": "m"}'`), which
+    # SkyPilot parses (SkyServiceSpec.from_yaml_config, sky/serve/service_spec.py) and posts as the
+    # object: parsed here too (`_json_text`), so both spellings send the same body.
+    post_data: dict[str, Any] | list[Any] | str | int | float | bool | None = None
+    # How long a READY replica may fail its probes in a row before it is replaced: SkyPilot's
+    # `_CONSECUTIVE_FAILURE_THRESHOLD_TIMEOUT` (180 s, sky/serve/replica_managers.py), a field of its
+    # readiness probe in later releases. None: that default (CONSECUTIVE_FAILURE_SECONDS).
+    consecutive_failure_threshold_timeout: Annotated[int, Field(ge=0, le=86_400)] | None = None
+
+    @property
+    def failure_window_seconds(self) -> int:
+        """The consecutive-failure window a READY replica is given (SkyPilot's 180 s by default)."""
+        window = self.consecutive_failure_threshold_timeout
+        return CONSECUTIVE_FAILURE_SECONDS if window is None else window
+
+    @field_validator("post_data", mode="before")
+    @classmethod
+    def _json_text(cls, value: Any, info: ValidationInfo) -> Any:
+        """A string is JSON text, as SkyPilot reads it: its value is what the probe posts. Text that is not
+        JSON is refused, as SkyPilot refuses it; a stored one keeps loading as written."""
+        if not isinstance(value, str):
+            return value
+        try:
+            parsed = json.loads(value)
+        except ValueError:
+            parsed = _NOT_JSON
+        if _stored(info):
+            # A spec stored before strings were parsed: its object or array is what SkyPilot would post
+            # (a string it decoded to is kept as stored, so a stored value is never decoded twice).
+            return parsed if isinstance(parsed, dict | list) else value
+        if parsed is not _NOT_JSON:
+            return parsed
+        raise ValueError(
+            "post_data is a string that is not JSON: SkyPilot reads a string as JSON text and posts the "
+            "value it holds; write it as a mapping (post_data: {model: m}) or as valid JSON "
+            """('{"model": "m"}')"""
+        ) from None
 
     def variables(self) -> set[str]:
         """The `$NAME`s its path, headers and post_data mention (filled from envs and secrets)."""
@@ -206,7 +245,8 @@ class ReadinessProbe(_Strict):
         if value > MAX_READINESS_TIMEOUT_SECONDS and not _stored(info):
             raise ValueError(
                 f"{value}s is longer than a probe can take: a probe must end inside one run of the reconciler "
-                f"(a Lambda invocation), so a probe's timeout is at most {MAX_READINESS_TIMEOUT_SECONDS}s"
+                f"(a Lambda invocation of at most 120 s, with its reads and writes around the probe), so a "
+                f"probe's timeout is at most {MAX_READINESS_TIMEOUT_SECONDS}s"
             )
         return value
 

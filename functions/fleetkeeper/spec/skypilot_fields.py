@@ -94,12 +94,9 @@ UNSUPPORTED: dict[str, str] = {
     "service.workers": "SkyPilot's worker pools are not supported: give `replicas` or `replica_policy`",
     "service.controller": "there is no serve controller to size: fleetkeeper's control plane is serverless",
     "service.readiness_probe.endpoint_probe_interval_seconds": (
-        "the reconciler probes each replica once a run (the stack's ReconcileSchedule, every minute by "
-        f"default; {_DEPLOY}); remove it"
-    ),
-    "service.readiness_probe.consecutive_failure_threshold_timeout": (
-        "a READY replica that fails a probe leaves the endpoint at once (NOT_READY) and is replaced after 3 "
-        "failed probes in a row (one a run); remove it"
+        "the reconciler probes a replica every 10 s while it boots or fails (SkyPilot's default interval) "
+        f"and once a run when it is steady (the stack's ReconcileSchedule, every minute by default; {_DEPLOY}); "
+        "remove it"
     ),
     "service.replica_policy.num_overprovision": (
         "overprovisioning is not supported: raise min_replicas (and max_replicas) by as many replicas instead"

@@ -305,6 +305,8 @@ def replica_item(record: ReplicaRecord) -> Item:
         "ready_at": record.ready_at,
         "last_probe_ok_at": record.last_probe_ok_at,
         "probe_failures": record.probe_failures,
+        "failing_since": record.failing_since,
+        "probing_since": record.probing_since,
         "launch_attempts": record.launch_attempts,
         "refused_runs": record.refused_runs,
         "version_refusals": record.version_refusals,
@@ -345,6 +347,8 @@ def replica_from_item(item: Mapping[str, Any]) -> ReplicaRecord:
         ready_at=opt("ready_at"),
         last_probe_ok_at=opt("last_probe_ok_at"),
         probe_failures=int(item.get("probe_failures", 0)),
+        failing_since=opt("failing_since"),
+        probing_since=opt("probing_since"),
         launch_attempts=attempts,
         # Items written before pools were walked made one attempt per refused run.
         refused_runs=int(item.get("refused_runs", attempts)),

@@ -197,6 +197,7 @@ def test_a_replica_that_stops_answering_leaves_the_endpoint_but_keeps_its_instan
             failing,
             status=S.NOT_READY,
             probe_failures=1,
+            failing_since=STAMP,
             status_message="readiness probe failing: connection refused",
             balancer=DRAIN,
             drain_started_at=STAMP,

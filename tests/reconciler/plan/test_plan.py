@@ -77,8 +77,13 @@ def spec(replicas: int = 2, **update: Any) -> ServiceSpec:
     return ServiceSpec.model_validate(data)
 
 
-def version(number: int, state: VersionState = NEW, **kw: Any) -> VersionRecord:
+def version(number: int, state: VersionState = NEW, *, in_place: bool = False, **kw: Any) -> VersionRecord:
+    """A version record. A later version runs other code than version 1 (its `run` says which), so an
+    update to it replaces replicas; `in_place`: it runs the same as version 1 (only the `service:`
+    section or the update policy may differ), so an update to it keeps them."""
     the_spec = kw.pop("spec", None) or spec()
+    if number != 1 and not in_place:
+        the_spec = the_spec.model_copy(update={"run": f"{the_spec.run} # version {number}"})
     mode = kw.pop("mode", the_spec.update.mode)
     return VersionRecord(
         name="svc", uid=UID, version=number, spec=the_spec, mode=mode, created_at=ago(9999), state=state, **kw
@@ -199,8 +204,10 @@ def drained(before: ReplicaRecord, why: str) -> RecordReplica:
     return moved(before, status=S.SHUTTING_DOWN, status_message=why, failure_code=None, cause=None)
 
 
-def became_ready(before: ReplicaRecord) -> RecordReplica:
-    return moved(before, status=S.READY, status_message="", ready_at=STAMP, last_probe_ok_at=STAMP, probe_failures=0)
+def became_ready(before: ReplicaRecord, **more: Any) -> RecordReplica:
+    return moved(
+        before, status=S.READY, status_message="", ready_at=STAMP, last_probe_ok_at=STAMP, probe_failures=0, **more
+    )
 
 
 def terminate(*reasons: tuple[str, str]) -> Terminate:
@@ -263,7 +270,7 @@ def test_a_pending_replica_whose_instance_exists_is_adopted_not_relaunched() -> 
     pending = replica(0, S.PENDING)
     actions = plan(state([pending, replica(1)]), [instance(0), instance(1)], {1: OK}, NOW)
     assert actions == [
-        moved(pending, instance_id="i-0", launched_at=STAMP, status=S.STARTING),
+        moved(pending, instance_id="i-0", launched_at=STAMP, status=S.STARTING, probing_since=STAMP),
         mark_ready(1),
         status(ServiceStatus.READY, "1/2 ready; replica 0 STARTING"),
     ]
@@ -412,7 +419,7 @@ def test_a_launch_records_the_instance_and_clears_the_failure(before: ReplicaRec
             S.PROVISIONING,
             InstanceState.RUNNING,
             None,
-            {"status": S.STARTING},
+            {"status": S.STARTING, "probing_since": STAMP},
             (ServiceStatus.REPLICA_INIT, "0/1 ready; replica 0 STARTING"),
         ),
         (S.PROVISIONING, InstanceState.RUNNING, OK, "ready", (ServiceStatus.READY, "1/1 ready")),
@@ -431,6 +438,7 @@ def test_a_launch_records_the_instance_and_clears_the_failure(before: ReplicaRec
             {
                 "status": S.NOT_READY,
                 "probe_failures": 1,
+                "failing_since": STAMP,
                 "status_message": "readiness probe failing: connection refused",
             },
             (ServiceStatus.REPLICA_INIT, "0/1 ready; replica 0 NOT_READY: readiness probe failing: connection refused"),
@@ -443,6 +451,7 @@ def test_a_launch_records_the_instance_and_clears_the_failure(before: ReplicaRec
             {
                 "status": S.NOT_READY,
                 "probe_failures": 1,
+                "failing_since": STAMP,
                 "status_message": "readiness probe failing: instance is stopped",
             },
             (
@@ -464,21 +473,23 @@ def test_replica_transitions(
     actions = plan(state([old], [version(1, spec=spec(1))]), [instance(0, inst_state)], probes, NOW)
     expected: list[Action] = []
     if changes == "ready":
-        expected = [became_ready(old), mark_ready(1)]
+        provisioned = {"probing_since": STAMP} if before is S.PROVISIONING else {}
+        expected = [became_ready(old, **provisioned), mark_ready(1)]
     elif isinstance(changes, dict):
         expected = [moved(old, **changes)]
     assert actions == [*expected, status(*next_status)]
 
 
-def test_not_ready_past_the_threshold_fails_probing_and_is_replaced() -> None:
-    failing = replica(0, S.NOT_READY, probe_failures=2)
+def test_not_ready_for_the_whole_window_fails_probing_and_is_replaced() -> None:
+    # SkyPilot's window: 180 s of consecutive failed probes, from the first to this one.
+    failing = replica(0, S.NOT_READY, probe_failures=18, failing_since=ago(180))
     actions = plan(state([failing, replica(1)]), [instance(0), instance(1)], {0: DOWN, 1: OK}, NOW)
-    message = "readiness probe failed 3 times in a row: connection refused"
+    message = "readiness probe failed for 180s (19 probes in a row; the window is 180s): connection refused"
     assert actions == [
         moved(
             failing,
             status=S.FAILED_PROBING,
-            probe_failures=3,
+            probe_failures=19,
             status_message=message,
             failure_code=PROBE_FAILED,
             cause=C.VERSION,
@@ -487,6 +498,54 @@ def test_not_ready_past_the_threshold_fails_probing_and_is_replaced() -> None:
         terminate(("i-0", "replica 0: FAILED_PROBING")),
         *launches(1, 2),
         status(ServiceStatus.READY, f"1/2 ready; replica 0 FAILED_PROBING: {message}; replica 2 PENDING"),
+    ]
+
+
+def test_not_ready_within_the_window_keeps_its_instance_however_many_probes_failed() -> None:
+    # The old rule replaced a replica after 3 failed probes (20-30 s); SkyPilot waits for the window.
+    failing = replica(0, S.NOT_READY, probe_failures=17, failing_since=ago(179))
+    actions = plan(state([failing, replica(1)]), [instance(0), instance(1)], {0: DOWN, 1: OK}, NOW)
+    assert actions == [
+        moved(failing, probe_failures=18, status_message="readiness probe failing: connection refused"),
+        mark_ready(1),
+        status(ServiceStatus.READY, "1/2 ready; replica 0 NOT_READY: readiness probe failing: connection refused"),
+    ]
+
+
+@pytest.mark.parametrize(("window", "failing_for", "fails"), [(30, 29, False), (30, 30, True), (0, 0, True)])
+def test_the_window_is_the_probes_consecutive_failure_threshold_timeout(
+    window: int, failing_for: int, fails: bool
+) -> None:
+    data = hello_spec()
+    data["service"] = {
+        "replicas": 1,
+        "readiness_probe": {"path": "/health", "consecutive_failure_threshold_timeout": window},
+    }
+    one = [version(1, spec=ServiceSpec.model_validate(data))]
+    before = replica(
+        0, S.READY if failing_for == 0 else S.NOT_READY, failing_since=ago(failing_for) if failing_for else None
+    )
+    (first, *_) = plan(state([before], one), [instance(0)], {0: DOWN}, NOW)
+    assert isinstance(first, RecordReplica)
+    assert first.after.status is (S.FAILED_PROBING if fails else S.NOT_READY)
+    assert first.after.failing_since == (before.failing_since or STAMP)
+
+
+def test_a_long_verdict_is_judged_when_it_was_asked_for() -> None:
+    # A long probe sent 90 s before its plan ran (the run's second pass): its window counts to then.
+    failing = replica(0, S.NOT_READY, probe_failures=5, failing_since=ago(200))
+    asked = NOW - timedelta(seconds=90)
+    late = replace(DOWN, started_at=asked)
+    (first, *_) = plan(state([failing, replica(1)]), [instance(0), instance(1)], {0: late, 1: OK}, NOW)
+    assert isinstance(first, RecordReplica) and first.after.status is S.NOT_READY  # 110 s of failures
+
+
+def test_a_probe_still_in_flight_is_no_verdict() -> None:
+    # Not answered when its run had no more time: nothing is judged (a READY replica stays READY).
+    flying = replace(DOWN, answered=False)
+    assert plan(state([replica(0), replica(1)]), [instance(0), instance(1)], {0: flying, 1: OK}, NOW) == [
+        mark_ready(1),
+        status(ServiceStatus.READY, "2/2 ready"),
     ]
 
 
@@ -692,7 +751,12 @@ def test_more_transitions() -> None:
     # booting, first failed probe: STARTING with the probe's detail
     provisioning = replica(0, S.PROVISIONING, launched_at=ago(60))
     assert plan(state([provisioning], one), [instance(0)], {0: DOWN}, NOW) == [
-        moved(provisioning, status=S.STARTING, status_message="not ready yet: connection refused"),
+        moved(
+            provisioning,
+            status=S.STARTING,
+            probing_since=STAMP,
+            status_message="not ready yet: connection refused",
+        ),
         status(ServiceStatus.REPLICA_INIT, "0/1 ready; replica 0 STARTING: not ready yet: connection refused"),
     ]
     # back to READY: the failure message goes
@@ -728,13 +792,14 @@ def test_more_transitions() -> None:
     ("before", "inst_state", "detail"),
     [
         (S.PROVISIONING, InstanceState.PENDING, "instance still pending"),
+        # A probe that may still be in flight is given its timeout (15 s) and a minute more.
         (S.STARTING, InstanceState.RUNNING, "never answered a readiness probe"),
     ],
 )
 def test_past_the_initial_delay_without_a_verdict_fails(
     before: ReplicaStatus, inst_state: InstanceState, detail: str
 ) -> None:
-    slow = replica(0, before, launched_at=ago(601))
+    slow = replica(0, before, launched_at=ago(601 if before is S.PROVISIONING else 676))
     message = f"not ready 600s after launch ({detail})"
     assert plan(state([slow], [version(1, spec=spec(1))]), [instance(0, inst_state)], {}, NOW) == [
         moved(
@@ -791,6 +856,7 @@ def test_a_refused_replica_whose_earlier_launch_is_found_adopts_it() -> None:
             instance_id="i-0",
             launched_at=STAMP,
             status=S.STARTING,
+            probing_since=STAMP,
             status_message="",
             failure_code=None,
             cause=None,
@@ -1472,7 +1538,9 @@ def test_only_an_instance_launched_with_the_replicas_token_is_adopted(token: str
     found = instance(0, instance_id="i-found", client_token=token)
     actions = plan(state([pending, replica(1)]), [found, instance(1)], {1: OK}, NOW)
     if ours:
-        expected: list[Action] = [moved(pending, instance_id="i-found", launched_at=STAMP, status=S.STARTING)]
+        expected: list[Action] = [
+            moved(pending, instance_id="i-found", launched_at=STAMP, status=S.STARTING, probing_since=STAMP)
+        ]
         message = "1/2 ready; replica 0 STARTING"
     else:
         expected = []
@@ -1504,7 +1572,7 @@ def test_an_unrecorded_replica_adopts_its_earliest_launch_and_the_rest_are_dupli
     unknown = instance(0, instance_id="i-c", launched_at=None)
     actions = plan(state([pending, replica(1)]), [later, earlier, instance(1)], {1: OK}, NOW)
     assert actions == [
-        moved(pending, instance_id="i-b", launched_at=STAMP, status=S.STARTING),
+        moved(pending, instance_id="i-b", launched_at=STAMP, status=S.STARTING, probing_since=STAMP),
         mark_ready(1),
         terminate(("i-a", "duplicate launch of replica 0")),
         status(ServiceStatus.READY, "1/2 ready; replica 0 STARTING"),
@@ -1512,7 +1580,7 @@ def test_an_unrecorded_replica_adopts_its_earliest_launch_and_the_rest_are_dupli
     # an instance EC2 reports no launch time for sorts first
     actions = plan(state([pending, replica(1)]), [earlier, unknown, instance(1)], {1: OK}, NOW)
     assert actions == [
-        moved(pending, instance_id="i-c", launched_at=STAMP, status=S.STARTING),
+        moved(pending, instance_id="i-c", launched_at=STAMP, status=S.STARTING, probing_since=STAMP),
         mark_ready(1),
         terminate(("i-b", "duplicate launch of replica 0")),
         status(ServiceStatus.READY, "1/2 ready; replica 0 STARTING"),
@@ -1646,3 +1714,141 @@ def test_refused_and_launched_depend_on_now_not_on_the_wall_clock() -> None:
     with time_machine.travel(datetime(2087, 1, 1, tzinfo=UTC), tick=False):
         second = (refused(pending, "Unsupported", "x", NOW, Policy()), launched(pending, "i-1", NOW))
     assert first == second
+
+
+def test_initial_delay_zero_and_a_long_probe_never_fail_a_replica_while_its_first_probe_is_in_flight() -> None:
+    # Issue 35: "never answered a readiness probe, 0s after launch" while its first 60 s probe was in flight.
+    data = hello_spec()
+    data["service"] = {
+        "replicas": 1,
+        "readiness_probe": {"path": "/h", "initial_delay_seconds": 0, "timeout_seconds": 60},
+    }
+    one = [version(1, spec=ServiceSpec.model_validate(data))]
+    provisioning = replica(0, S.PROVISIONING, launched_at=ago(300))
+    # The run that sees it running: the delay starts now, whatever the launch's age; no verdict yet.
+    (first, *_) = plan(state([provisioning], one), [instance(0)], {}, NOW)
+    assert isinstance(first, RecordReplica)
+    assert (first.after.status, first.after.probing_since) == (S.STARTING, STAMP)
+    starting = first.after
+    # Another run 30 s later, the probe still in flight: nothing judged.
+    later = NOW + timedelta(seconds=30)
+    assert [a for a in plan(state([starting], one), [instance(0)], {}, later) if isinstance(a, RecordReplica)] == []
+    # The verdict, planned 60 s after it was asked for: judged at its asking, 0 s after provisioning.
+    verdict = replace(DOWN, started_at=NOW)
+    (record, *_) = plan(state([starting], one), [instance(0)], {0: verdict}, NOW + timedelta(seconds=60))
+    assert isinstance(record, RecordReplica) and record.after.status is S.STARTING
+    # The next probe, asked for 70 s after provisioning and failing: past the delay, as on SkyPilot.
+    again = replace(DOWN, started_at=NOW + timedelta(seconds=70))
+    (failed, *_) = plan(state([record.after], one), [instance(0)], {0: again}, NOW + timedelta(seconds=130))
+    assert isinstance(failed, RecordReplica)
+    assert (failed.after.status, failed.after.status_message) == (
+        S.FAILED_INITIAL_DELAY,
+        "not ready 0s after provisioning (last probe: connection refused)",
+    )
+
+
+# --- updates that keep replicas (plan/in_place.py) ---------------------------------------------------
+
+
+def _two_versions(v2_spec: ServiceSpec, *, in_place: bool = True, **v2: Any) -> list[VersionRecord]:
+    return [version(1, READY), version(2, spec=v2_spec, in_place=in_place, **v2)]
+
+
+def _probe_spec(path: str, replicas: int = 2) -> ServiceSpec:
+    data = hello_spec()
+    data["service"] = {"replicas": replicas, "readiness_probe": {"path": path, "initial_delay_seconds": 600}}
+    return ServiceSpec.model_validate(data)
+
+
+def test_a_change_of_count_and_probe_only_takes_effect_on_the_ready_replicas_in_place() -> None:
+    # replicas 2 -> 3 and a new probe path: the two READY replicas take version 2 (one write each), no
+    # termination; one more replica is claimed for the count, and version 2 is READY at once.
+    r0, r1 = replica(0), replica(1)
+    current = state([r0, r1], _two_versions(_probe_spec("/ready", replicas=3)), target=2)
+    assert plan(current, [instance(0), instance(1)], {0: OK, 1: OK}, NOW) == [
+        moved(r0, version=2),
+        moved(r1, version=2),
+        mark_ready(2),
+        *launches(2, 2),
+        status(ServiceStatus.READY, "2/3 ready; replica 2 PENDING"),
+    ]
+
+
+def test_a_change_only_in_the_service_section_launches_and_terminates_nothing() -> None:
+    r0, r1 = replica(0), replica(1)
+    current = state([r0, r1], _two_versions(_probe_spec("/ready")), target=2)
+    assert plan(current, [instance(0), instance(1)], {0: OK, 1: OK}, NOW) == [
+        moved(r0, version=2),
+        moved(r1, version=2),
+        mark_ready(2),
+        status(ServiceStatus.READY, "2/2 ready"),
+    ]
+
+
+def test_a_change_a_replica_runs_still_rolls() -> None:
+    r0, r1 = replica(0), replica(1)
+    current = state([r0, r1], _two_versions(_probe_spec("/ready"), in_place=False), target=2)
+    assert plan(current, [instance(0), instance(1)], {0: OK, 1: OK}, NOW) == [
+        *launches(2, 2),
+        status(
+            ServiceStatus.UPDATING,
+            "updating to version 2 (rolling): 0/2 new ready, 2 old replica(s) left; replica 2 PENDING",
+        ),
+    ]
+
+
+def test_new_secret_values_roll_even_when_the_spec_is_the_same() -> None:
+    r0 = replica(0)
+    versions = [version(1, READY, secrets_ref="a"), version(2, spec=spec(1), in_place=True, secrets_ref="b")]
+    current = state([r0], versions, target=2)
+    assert plan(current, [instance(0)], {0: OK}, NOW) == [
+        *launches(2, 1),
+        status(
+            ServiceStatus.UPDATING,
+            "updating to version 2 (rolling): 0/1 new ready, 1 old replica(s) left; replica 1 PENDING",
+        ),
+    ]
+
+
+def test_only_ready_replicas_are_kept_in_place_the_others_are_replaced() -> None:
+    ready, sick = replica(0), replica(1, S.NOT_READY, probe_failures=1, failing_since=ago(20))
+    current = state([ready, sick], _two_versions(_probe_spec("/ready")), target=2)
+    rolled = "replaced by version 2 (rolling)"
+    assert plan(current, [instance(0), instance(1)], {0: OK, 1: DOWN}, NOW) == [
+        moved(ready, version=2),
+        RecordReplica(sick, drained(replace(sick, probe_failures=2), rolled).after),
+        mark_ready(2),
+        terminate(("i-1", f"replica 1: {rolled}")),
+        *launches(2, 2),
+        status(
+            ServiceStatus.UPDATING,
+            "updating to version 2 (rolling): 1/2 new ready, 1 old replica(s) left; replica 2 PENDING",
+        ),
+    ]
+
+
+def test_a_rollback_to_a_version_that_runs_the_same_is_in_place_too() -> None:
+    # Version 2 (READY, a new probe path) rolled back to version 1: the replicas take 1 back in place.
+    r0 = replica(0, v=2)
+    versions = [version(1, READY, spec=spec(1)), version(2, READY, spec=_probe_spec("/ready", 1), in_place=True)]
+    current = state([r0], versions, target=1)
+    assert plan(current, [instance(0)], {0: OK}, NOW) == [
+        moved(r0, version=1),
+        status(ServiceStatus.READY, "1/1 ready"),
+    ]
+
+
+def test_a_failed_target_takes_no_replica_over() -> None:
+    r0 = replica(0)
+    versions = [version(1, READY), version(2, VersionState.FAILED, spec=_probe_spec("/ready"), in_place=True)]
+    current = state([r0], versions, target=2, status=ServiceStatus.FAILED, message="x")
+    actions = plan(current, [instance(0)], {0: OK}, NOW)
+    assert [a for a in actions if isinstance(a, RecordReplica)] == []
+
+
+def test_a_replica_kept_in_place_is_steady_afterwards() -> None:
+    # Once recorded, nothing more is written: the steady state costs reads only (invariant 6).
+    r0, r1 = replica(0, v=2), replica(1, v=2)
+    versions = [version(1, READY), version(2, READY, spec=_probe_spec("/ready"), in_place=True)]
+    current = state([r0, r1], versions, target=2, status=ServiceStatus.READY, message="2/2 ready", observed=1)
+    assert plan(current, [instance(0), instance(1)], {0: OK, 1: OK}, NOW) == []

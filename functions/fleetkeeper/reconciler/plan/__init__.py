@@ -9,8 +9,9 @@ world plans only a no-op (invariant 6).
 Replica lifecycle (SkyPilot Serve's vocabulary, DESIGN.md):
 
     PENDING (claimed) -> PROVISIONING (launched) -> STARTING (running) -> READY (probe 200)
-    READY -> NOT_READY (probe failing) -> FAILED_PROBING (failing `probe_failure_threshold` times)
-    not READY by `initial_delay_seconds` after launch -> FAILED_INITIAL_DELAY
+    READY -> NOT_READY (probe failing) -> FAILED_PROBING (failing for its probe's consecutive-failure
+        window, SkyPilot's 180 s by default, from the first failed probe)
+    not READY by `initial_delay_seconds` after provisioning -> FAILED_INITIAL_DELAY
     launch refused by AWS -> FAILED_PROVISION (`refused`; retried in place, exponential backoff)
     instance terminated by AWS (spot reclaim) or outside fleetkeeper -> PREEMPTED
     the replica's app exited by itself (APP_EXITED, the process driver's code) -> FAILED
@@ -38,6 +39,7 @@ The package, one module per concern around `plan` here (each opens with what it 
     observe.py       one replica's next record from its instance and probe; ownership and matching
     work.py          what a plan accumulates, and its replica and cleanup actions
     scale.py         how many replicas the target wants; the autoscaler's write (`plan_autoscale`)
+    in_place.py      updates that keep replicas: a change they do not run, recorded on the READY ones
     replicas.py      scale down, rolling and blue-green replacement, launches and claims
     markets.py       the spot / on-demand split and the on-demand fallback
     spot_warnings.py interruption warnings and rebalance recommendations: record, drain deadline, replace
@@ -91,6 +93,7 @@ from fleetkeeper.reconciler.plan.failures import (
     refusal_cause,
     termination_cause,
 )
+from fleetkeeper.reconciler.plan.in_place import _update_in_place
 from fleetkeeper.reconciler.plan.launches import launched, refused
 from fleetkeeper.reconciler.plan.lifecycle import GONE_STATES, LEAVING
 from fleetkeeper.reconciler.plan.markets import wanted_by_market
@@ -99,6 +102,7 @@ from fleetkeeper.reconciler.plan.observe import (
     _launch_order,
     _observe,
     _terminate_strays,
+    initial_delay_origin,
     is_live,
     launched_by_fleetkeeper,
     match_instances,
@@ -155,6 +159,7 @@ __all__ = [
     "drain_targets",
     "endpoint_config",
     "has_registered",
+    "initial_delay_origin",
     "is_live",
     "launched",
     "launched_by_fleetkeeper",
@@ -236,6 +241,8 @@ def plan(
         return _plan_delete(state, mine, live, work, now, balance)
 
     versions = {number: record.state for number, record in state.versions.items()}
+    # Before the marks: a target taken in place by READY replicas is READY with them in this run.
+    _update_in_place(state, work, versions)
     marks: list[Action] = []
     for number in sorted({r.version for r in work.replicas.values() if r.status is ReplicaStatus.READY}):
         if versions.get(number) is VersionState.NEW:

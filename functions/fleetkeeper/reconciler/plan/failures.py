@@ -9,7 +9,7 @@ from fleetkeeper.model import (
 
 # fleetkeeper's own failure codes, for failures no AWS code describes. All count against the version.
 NOT_IN_USE = "Target.NotInUse"  # a READY replica the load balancer took but sends nothing (a zone it lacks)
-PROBE_FAILED = "Fleetkeeper.ProbeFailed"  # FAILED_PROBING: `probe_failure_threshold` failed probes
+PROBE_FAILED = "Fleetkeeper.ProbeFailed"  # FAILED_PROBING: failed probes for the consecutive-failure window
 INITIAL_DELAY_EXCEEDED = "Fleetkeeper.InitialDelayExceeded"  # FAILED_INITIAL_DELAY
 # PREEMPTED: the instance ended with no state reason, or DescribeInstances stopped listing it.
 INSTANCE_LOST = "Fleetkeeper.InstanceLost"

@@ -5,6 +5,7 @@ verdict, the initial delay, a lost instance, and the duplicates no replica owns.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from datetime import timedelta
 from typing import TYPE_CHECKING
 
 from fleetkeeper.model import (
@@ -27,6 +28,7 @@ from fleetkeeper.reconciler.plan.failures import (
     termination_cause,
 )
 from fleetkeeper.reconciler.plan.lifecycle import GONE_STATES, LEAVING
+from fleetkeeper.settings import CONSECUTIVE_FAILURE_SECONDS
 
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence, Set
@@ -34,17 +36,25 @@ if TYPE_CHECKING:
 
     from fleetkeeper.reconciler.plan.policy import Policy
     from fleetkeeper.reconciler.plan.work import _Work
+    from fleetkeeper.spec.service import ReadinessProbe
 
 
 @dataclass(frozen=True)
 class ProbeResult:
     """One readiness probe: only HTTP 200 is `ok`. `detail` is deterministic text for messages.
-    `boot_failure`: the code a replica's failed boot reported (failures.BOOT_FAILURES), if any."""
+    `boot_failure`: the code a replica's failed boot reported (failures.BOOT_FAILURES), if any.
+
+    `answered`: False for a long probe still in flight when its run had no more time for it (no
+    verdict: the replica is judged by a run of its own, a follow-up). `started_at`: when the probe was
+    sent, when that was not the plan's `now` (a long probe planned in the run's second pass): a
+    verdict is judged at the moment it was asked for, as SkyPilot judges its probes (probe_time)."""
 
     url: str
     ok: bool
     detail: str
     boot_failure: str | None = None
+    answered: bool = True
+    started_at: datetime | None = None
 
 
 _NOT_YET_RUNNING = frozenset({ReplicaStatus.PENDING, ReplicaStatus.PROVISIONING})
@@ -209,21 +219,28 @@ def _observe(
             failure_code=None,
             cause=None,
         )
+    if probe is not None and not probe.answered:
+        probe = None  # in flight when its run ran out of time: no verdict (a run of its own judges it)
     if probe is not None and probe.url != record.url:
         record = replace(record, url=probe.url)
     if instance.state is InstanceState.PENDING:
         if record.status in _NOT_YET_RUNNING:
             record = replace(record, status=ReplicaStatus.PROVISIONING)
         return _check_initial_delay(record, state, now, "instance still pending")
+    if record.status in _NOT_YET_RUNNING:
+        # Provisioned: the instance is running. The initial delay counts from here, as SkyPilot's counts
+        # from its first probe once the cluster is up (replica_managers.py, first_not_ready_time).
+        record = replace(record, status=ReplicaStatus.STARTING, probing_since=record.probing_since or to_iso(now))
     if instance.state in (InstanceState.STOPPING, InstanceState.STOPPED):
         probe = ProbeResult(url=record.url or "", ok=False, detail=f"instance is {instance.state.value}")
     if probe is None:
-        # Running, but not probed (no address yet, or the probe phase ran out of time): no verdict.
-        # A replica that never gets one must still fail its initial delay, or it would stay
-        # STARTING forever, never replaced and never counted by the breaker.
-        if record.status in _BOOTING:
-            booting = replace(record, status=ReplicaStatus.STARTING) if record.status in _NOT_YET_RUNNING else record
-            return _check_initial_delay(booting, state, now, "never answered a readiness probe")
+        # Running, but no verdict (no address yet, the probe phase ran out of time, a long probe still in
+        # flight): nothing is judged. A replica that never gets one must still fail its initial delay, or
+        # it would stay STARTING forever, never replaced and never counted by the breaker; a probe in
+        # flight gets its timeout and `unanswered_grace` first, so it is never failed while it may answer.
+        if record.status is ReplicaStatus.STARTING:
+            grace = timedelta(seconds=_probe_of(record, state).timeout_seconds) + policy.unanswered_grace
+            return _check_initial_delay(record, state, now, "never answered a readiness probe", grace)
         return record
     if probe.boot_failure in BOOT_FAILURES and record.status in _BOOTING:
         # The boot failed for the environment and said so (replica_boot.py): replaced at once, never
@@ -235,8 +252,10 @@ def _observe(
             failure_code=probe.boot_failure,
             cause=FailureCause.ENVIRONMENT,
         )
+    # A verdict is judged at the moment it was asked for (a long probe planned later carries it).
+    asked = probe.started_at or now
     if probe.ok:
-        if record.status is ReplicaStatus.READY and record.probe_failures == 0:
+        if record.status is ReplicaStatus.READY and record.probe_failures == 0 and record.failing_since is None:
             return record  # steady: nothing to write (last_probe_ok_at only moves on transitions)
         stamp = to_iso(now)
         return replace(
@@ -246,21 +265,31 @@ def _observe(
             ready_at=record.ready_at if record.status is ReplicaStatus.READY else stamp,
             last_probe_ok_at=stamp,
             probe_failures=0,
+            failing_since=None,
         )
-    if record.status in _BOOTING:
+    if record.status is ReplicaStatus.STARTING:
         return _check_initial_delay(
-            replace(record, status=ReplicaStatus.STARTING, status_message=f"not ready yet: {probe.detail}"),
+            replace(record, status_message=f"not ready yet: {probe.detail}"),
             state,
-            now,
+            asked,
             f"last probe: {probe.detail}",
         )
+    # READY once: replaced only after a whole window of failed probes in a row (SkyPilot's consecutive
+    # failure window, from the first failed probe to this one), probed every follow-up meanwhile.
     failures = record.probe_failures + 1
-    if failures >= policy.probe_failure_threshold:
+    failing_since = record.failing_since or to_iso(asked)
+    failing_for = max(_seconds_since(failing_since, asked) or 0.0, 0.0)
+    window = _probe_of(record, state).failure_window_seconds
+    if failing_for >= window:
         return replace(
             record,
             status=ReplicaStatus.FAILED_PROBING,
             probe_failures=failures,
-            status_message=f"readiness probe failed {failures} times in a row: {probe.detail}",
+            failing_since=failing_since,
+            status_message=(
+                f"readiness probe failed for {int(failing_for)}s ({failures} probes in a row; the window is "
+                f"{window}s): {probe.detail}"
+            ),
             failure_code=PROBE_FAILED,
             cause=FailureCause.VERSION,
         )
@@ -268,22 +297,43 @@ def _observe(
         record,
         status=ReplicaStatus.NOT_READY,
         probe_failures=failures,
+        failing_since=failing_since,
         status_message=f"readiness probe failing: {probe.detail}",
     )
 
 
-def _check_initial_delay(record: ReplicaRecord, state: ServiceState, now: datetime, detail: str) -> ReplicaRecord:
+def _probe_of(record: ReplicaRecord, state: ServiceState) -> ReadinessProbe:
+    """The readiness probe a replica is judged by: its own version's (the target's if that is gone)."""
+    from fleetkeeper.spec.service import ReadinessProbe
+
+    version = state.versions.get(record.version) or state.target
+    if version is None:
+        return ReadinessProbe(path="/", consecutive_failure_threshold_timeout=CONSECUTIVE_FAILURE_SECONDS)
+    return version.spec.service.readiness_probe
+
+
+def initial_delay_origin(record: ReplicaRecord) -> str | None:
+    """Where a replica's initial delay counts from: the end of its provisioning (the first run that saw
+    its instance running), else, while it is still pending or for a record written before that was
+    recorded, its launch."""
+    return record.probing_since or record.launched_at
+
+
+def _check_initial_delay(
+    record: ReplicaRecord, state: ServiceState, at: datetime, detail: str, grace: timedelta = timedelta(0)
+) -> ReplicaRecord:
     version = state.versions.get(record.version)
-    since = _seconds_since(record.launched_at, now)
+    since = _seconds_since(initial_delay_origin(record), at)
     if version is None or since is None:
         return record
     delay = version.spec.service.readiness_probe.initial_delay_seconds
-    if since <= delay:
+    if since <= delay + grace.total_seconds():
         return record
+    after = "provisioning" if record.probing_since else "launch"
     return replace(
         record,
         status=ReplicaStatus.FAILED_INITIAL_DELAY,
-        status_message=f"not ready {delay}s after launch ({detail})",
+        status_message=f"not ready {delay}s after {after} ({detail})",
         failure_code=INITIAL_DELAY_EXCEEDED,
         cause=FailureCause.VERSION,
     )

@@ -11,7 +11,10 @@ from datetime import timedelta
 class Policy:
     """The reconciler's knobs; the defaults are what the function runs with."""
 
-    probe_failure_threshold: int = 3
+    # A replica's probe with no verdict (still in flight when its run had no more time, or not made):
+    # its initial delay is failed only this long (and the probe's timeout) after it ended, so a probe
+    # that may still answer never fails a replica ("never answered", 0 s after provisioning).
+    unanswered_grace: timedelta = timedelta(seconds=60)
     # Circuit breaker: this many replica failures of a version that never reached READY fail it.
     breaker_threshold: int = 3
     backoff_base: timedelta = timedelta(seconds=30)
