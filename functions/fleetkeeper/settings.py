@@ -359,6 +359,13 @@ def period_of(schedule: str) -> int:
             f"{RECONCILE_SCHEDULE_ENV}={schedule!r}: expected a rate such as 'rate(1 minute)' or 'rate(5 minutes)'"
         )
     count = int(match["count"])
+    # EventBridge's own rule: the singular unit for 1, the plural for more (rate(5 minute) is refused
+    # at deploy). https://docs.aws.amazon.com/eventbridge/latest/userguide/eb-rate-expressions.html
+    if (count == 1) != (not match["unit"].endswith("s")):
+        raise SettingsError(
+            f"{RECONCILE_SCHEDULE_ENV}={schedule!r}: EventBridge takes 'minute' or 'hour' for 1, "
+            "'minutes' or 'hours' for more"
+        )
     return count * (3600 if match["unit"].startswith("hour") else 60)
 
 

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from fleetkeeper.settings import MAX_SHARD_SIZE, period_of
+from fleetkeeper.settings import MAX_SHARD_SIZE, SettingsError, period_of
 from tests.cfn import (
     Resolver,
     as_list,
@@ -77,7 +77,21 @@ def test_the_dispatcher_runs_on_the_schedule_with_the_queue_and_the_shard_size(t
 
 @pytest.mark.parametrize(
     ("schedule", "accepted"),
-    [("rate(1 minute)", True), ("rate(5 minutes)", True), ("rate(2 hours)", True), ("cron(0 * * * ? *)", False)],
+    [
+        ("rate(1 minute)", True),
+        ("rate(5 minutes)", True),
+        ("rate(10 minutes)", True),
+        ("rate(1 hour)", True),
+        ("rate(2 hours)", True),
+        ("cron(0 * * * ? *)", False),
+        # EventBridge: singular for 1, plural otherwise (eb-rate-expressions.html); these fail at deploy.
+        ("rate(5 minute)", False),
+        ("rate(1 minutes)", False),
+        ("rate(1 hours)", False),
+        ("rate(2 hour)", False),
+        ("rate(0 minutes)", False),
+        ("rate(01 minute)", False),
+    ],
 )
 def test_the_schedule_parameter_admits_rates_only(translated: dict[str, Any], schedule: str, accepted: bool) -> None:
     import re
@@ -86,6 +100,10 @@ def test_the_schedule_parameter_admits_rates_only(translated: dict[str, Any], sc
     assert bool(re.fullmatch(pattern, schedule)) is accepted
     if accepted:
         assert period_of(schedule) > 0
+    elif schedule.startswith("rate("):
+        # The settings refuse what the parameter refuses (the embedded mode and tests read it too).
+        with pytest.raises(SettingsError):
+            period_of(schedule)
 
 
 def test_the_dispatcher_may_list_queue_describe_and_terminate_managed_instances_only(
