@@ -7,6 +7,8 @@ from typing import Any
 
 import pytest
 
+from fleetkeeper.kick import MAX_DELAY_SECONDS
+from fleetkeeper.reconciler import followup
 from fleetkeeper.settings import MAX_SHARD_SIZE, SettingsError, period_of
 from tests.cfn import (
     Resolver,
@@ -55,7 +57,13 @@ def test_the_queues_are_encrypted_short_lived_and_outlast_the_worker(translated:
         # AWS: an event source's queue keeps messages invisible at least the function's timeout
         # (6 times it is their advice); stale work expires within minutes.
         assert props["VisibilityTimeout"] >= 6 * timeout
-        assert props["MessageRetentionPeriod"] <= 900
+    # A shard is stale after its period: it expires within minutes.
+    assert translated["Resources"]["ReconcileQueue"]["Properties"]["MessageRetentionPeriod"] <= 900
+    kicks = translated["Resources"]["KickQueue"]["Properties"]
+    # SQS expires a message by its enqueue time, its delay included: a kick delayed the longest SQS
+    # allows must still be there for its delivery and one redelivery after a failed invocation.
+    assert kicks["MessageRetentionPeriod"] >= MAX_DELAY_SECONDS + 2 * kicks["VisibilityTimeout"]
+    assert followup.MAX_DELAY_SECONDS <= MAX_DELAY_SECONDS
 
 
 def test_the_dispatcher_runs_on_the_schedule_with_the_queue_and_the_shard_size(translated: dict[str, Any]) -> None:
