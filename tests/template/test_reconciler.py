@@ -187,6 +187,42 @@ def test_reconciler_runs_in_the_deployments_vpc(translated: dict[str, Any]) -> N
         assert any(vpc[key] == {"Ref": name} for name in parameters), f"{key} is not a parameter: {vpc[key]!r}"
 
 
+def test_lambda_may_attach_the_reconciler_to_its_vpc_with_its_role_as_lambdas_guide_lists(
+    translated: dict[str, Any], statements: list[dict[str, Any]]
+) -> None:
+    """Lambda creates and manages the function's network interfaces with the function's role, at
+    create and update time: the guide's actions (Configuring a Lambda function to access resources in
+    a VPC; the AWSLambdaVPCAccessExecutionRole policy), on the resources EC2 authorizes them against.
+    A subnet of a shared VPC belongs to the VPC owner's account: it must be allowed too, or a stack
+    in a participant account could not attach its function."""
+    from tests.iam_evaluator import Decision, Request, evaluate
+
+    role = f"arn:aws:iam::{ACCOUNT}:role/reconciler"
+    owner = "210987654321"  # a shared VPC's owner
+    arn = f"arn:aws:ec2:{REGION}"
+    touched = {
+        "ec2:CreateNetworkInterface": [
+            f"{arn}:{ACCOUNT}:network-interface/*",
+            f"{arn}:{ACCOUNT}:subnet/subnet-0aaaaaaaaaaaaaaa1",
+            f"{arn}:{owner}:subnet/subnet-0bbbbbbbbbbbbbbb2",
+            f"{arn}:{ACCOUNT}:security-group/sg-0123456789abcdef0",
+        ],
+        "ec2:DeleteNetworkInterface": [f"{arn}:{ACCOUNT}:network-interface/eni-0123456789abcdef0"],
+        "ec2:AssignPrivateIpAddresses": [f"{arn}:{ACCOUNT}:network-interface/eni-0123456789abcdef0"],
+        "ec2:UnassignPrivateIpAddresses": [f"{arn}:{ACCOUNT}:network-interface/eni-0123456789abcdef0"],
+        "ec2:DescribeNetworkInterfaces": ["*"],
+        "ec2:DescribeSubnets": ["*"],
+    }
+    policies = [Resolver(translated).resolve({"Statement": statements})]
+    for action, arns in touched.items():
+        for resource in arns:
+            decision = evaluate(Request(role, action, resource), policies)
+            assert decision is Decision.ALLOW, (action, resource)
+    # Another Region's interfaces stay out of reach.
+    elsewhere = f"arn:aws:ec2:eu-west-1:{ACCOUNT}:network-interface/eni-0123456789abcdef0"
+    assert evaluate(Request(role, "ec2:DeleteNetworkInterface", elsewhere), policies) is not Decision.ALLOW
+
+
 def test_images_are_resolved_by_ec2_with_exactly_the_parameters_specs_may_name(
     translated: dict[str, Any], statements: list[dict[str, Any]]
 ) -> None:
