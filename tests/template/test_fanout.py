@@ -45,8 +45,17 @@ def test_each_queue_feeds_the_worker_one_message_at_a_time_under_a_concurrency_c
         caps[queue] = resolve(props["ScalingConfig"]["MaximumConcurrency"])
     # What the template promises: whatever the traffic, at most 12 worker executions at once.
     assert caps == {"ReconcileQueue": 10, "KickQueue": 2}
-    worker = translated["Resources"]["ReconcilerFunction"]["Properties"]
-    assert "ReservedConcurrentExecutions" not in worker  # a new account (quota 10) could not deploy it
+    # No function reserves concurrency: Lambda keeps 100 executions unreserved, so in a new account
+    # (a concurrency quota of 10) any reservation fails the deployment
+    # (https://docs.aws.amazon.com/lambda/latest/dg/configuration-concurrency.html); nor provisions it.
+    for logical_id, body in resources_of_type(translated, "AWS::Lambda::Function").items():
+        props = body["Properties"]
+        assert "ReservedConcurrentExecutions" not in props, logical_id
+        assert "ProvisionedConcurrencyConfig" not in props, logical_id
+    # The workers' caps can go as low as SQS event sources allow (2 each: 4 executions in all), which
+    # is what docs/DEPLOY.md advises for an account whose quota is 10.
+    for name in ("ReconcilerShardConcurrency", "ReconcilerKickConcurrency"):
+        assert translated["Parameters"][name]["MinValue"] == 2
 
 
 def test_the_queues_are_encrypted_short_lived_and_outlast_the_worker(translated: dict[str, Any]) -> None:
