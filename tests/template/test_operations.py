@@ -55,6 +55,19 @@ def test_a_kick_queue_backlog_is_alarmed_on_visible_messages_only(translated: di
     assert "ReconcilerKickConcurrency" in behind["AlarmDescription"]
 
 
+def test_the_services_indexs_throttled_writes_are_alarmed(translated: dict[str, Any]) -> None:
+    """Every service item writes to the index's one partition key: its throttling (which throttles the
+    table's write too) is alarmed, on the index's own metric (both dimensions, or it is the table's)."""
+    from fleetkeeper.store.keys import SERVICES_INDEX
+
+    (throttled,) = alarms_on(translated, "AWS/DynamoDB", "WriteThrottleEvents")
+    dimensions = {d["Name"]: d["Value"] for d in throttled["Dimensions"]}
+    assert dimensions == {"TableName": {"Ref": "Table"}, "GlobalSecondaryIndexName": SERVICES_INDEX}
+    indexes = translated["Resources"]["Table"]["Properties"]["GlobalSecondaryIndexes"]
+    assert [index["IndexName"] for index in indexes] == [SERVICES_INDEX]
+    assert throttled["TreatMissingData"] == "notBreaching"
+
+
 @pytest.fixture(scope="module")
 def with_reconciler(translated: dict[str, Any]) -> dict[str, Any]:
     assert "ReconcilerFunction" in translated["Resources"]
