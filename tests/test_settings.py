@@ -144,6 +144,21 @@ def test_the_alb_says_what_it_lacks() -> None:
         alb.alb.check()
 
 
+def test_a_domain_too_long_for_the_albs_host_rules_is_refused() -> None:
+    """NAME.<domain> must fit an ALB host-header value (128 characters) for a 63-character name."""
+    environ = {
+        "TABLE_NAME": "t",
+        "FLEETKEEPER_LOAD_BALANCER": "alb",
+        "FLEETKEEPER_ALB_ARN": "arn:aws:elasticloadbalancing:us-east-1:123456789012:loadbalancer/app/fk/0123",
+        "FLEETKEEPER_ALB_VPC_ID": "vpc-0123456789abcdef0",
+        "FLEETKEEPER_ALB_LISTENER_ARN": "arn:aws:elasticloadbalancing:us-east-1:123456789012:listener/app/fk/0/1",
+    }
+    fits = "d" * 61 + ".io"
+    Settings.from_env({**environ, "FLEETKEEPER_DOMAIN_NAME": fits}).alb.check()
+    with pytest.raises(SettingsError, match=r"65 characters: at most 64.*128-character host-header"):
+        Settings.from_env({**environ, "FLEETKEEPER_DOMAIN_NAME": "d" + fits}).alb.check()
+
+
 def test_each_handler_refuses_to_run_without_its_table(monkeypatch: pytest.MonkeyPatch) -> None:
     from fleetkeeper.api.handler import lambda_handler as api
     from fleetkeeper.aws.apigw import rest_event

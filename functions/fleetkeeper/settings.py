@@ -142,6 +142,14 @@ DriverKind = Literal["ec2", "process"]
 ReplicaIdentityKind = Literal["owner", "shared"]
 # The endpoint's load balancer: none, the stack's ALB, or embedded mode's local one.
 BalancerKind = Literal["none", "alb", "local"]
+# A service's name is one DNS label (NAME.<domain>): at most 63 characters (spec/service.py's rule).
+MAX_SERVICE_NAME_LENGTH = 63
+# With a domain name a service's route is a host rule NAME.<domain>, and an ALB host-header value
+# holds at most 128 characters ("The maximum length of each string is 128 characters":
+# https://docs.aws.amazon.com/elasticloadbalancing/latest/APIReference/API_HostHeaderConditionConfig.html).
+# So the domain leaves room for the longest name and its dot: template.yaml's DomainName MaxLength.
+MAX_HOST_HEADER_LENGTH = 128
+MAX_DOMAIN_NAME_LENGTH = MAX_HOST_HEADER_LENGTH - 1 - MAX_SERVICE_NAME_LENGTH
 # Without a domain name each service gets a listener port of its own on the ALB, from this range
 # (template.yaml's ServiceListenerPortFrom; 50 ports: the ALB's listener quota).
 DEFAULT_LISTENER_PORTS = (10000, 10049)
@@ -265,6 +273,12 @@ class AlbSettings:
             missing.append(ALB_LISTENER_ARN_ENV)
         if missing:
             raise SettingsError(f"{BALANCER_ENV}=alb needs {', '.join(missing)}")
+        if self.domain_name and len(self.domain_name) > MAX_DOMAIN_NAME_LENGTH:
+            raise SettingsError(
+                f"{DOMAIN_NAME_ENV}={self.domain_name!r} is {len(self.domain_name)} characters: at most "
+                f"{MAX_DOMAIN_NAME_LENGTH}, so that NAME.<domain> of a {MAX_SERVICE_NAME_LENGTH}-character name fits "
+                f"the load balancer's {MAX_HOST_HEADER_LENGTH}-character host-header condition"
+            )
 
 
 @dataclass(frozen=True)
@@ -377,6 +391,13 @@ def period_of(schedule: str) -> int:
             f"{RECONCILE_SCHEDULE_ENV}={schedule!r}: expected a rate such as 'rate(1 minute)' or 'rate(5 minutes)'"
         )
     count = int(match["count"])
+    # EventBridge's own rule: the singular unit for 1, the plural for more (rate(5 minute) is refused
+    # at deploy). https://docs.aws.amazon.com/eventbridge/latest/userguide/eb-rate-expressions.html
+    if (count == 1) != (not match["unit"].endswith("s")):
+        raise SettingsError(
+            f"{RECONCILE_SCHEDULE_ENV}={schedule!r}: EventBridge takes 'minute' or 'hour' for 1, "
+            "'minutes' or 'hours' for more"
+        )
     return count * (3600 if match["unit"].startswith("hour") else 60)
 
 

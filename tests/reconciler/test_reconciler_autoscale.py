@@ -2,7 +2,8 @@
 layer (which holds GetMetricData to AWS's documented limits: 500 metrics a call, valid ids, periods).
 
 The request rates of every autoscaled service of a run come from ONE batch of GetMetricData calls
-(ceil(n / 500)), never one call per service; a service with no data point has zero requests; a
+(ceil(n / 500)), never one call per service; a service with no data point for five windows has
+zero requests, one whose newest data point is missing has no reading (it may be late); a
 steady service costs no write; the autoscaler's state lives in the table, so a new reconciler
 (a restart between every run) decides the same.
 """
@@ -48,16 +49,18 @@ def dims(number: int) -> tuple[tuple[str, str], ...]:
     return (("LoadBalancer", "app/fk/0123456789abcdef"), ("TargetGroup", f"targetgroup/fk-{number}/{number:016d}"))
 
 
-def test_a_thousand_and_one_services_take_three_calls_and_no_data_point_is_zero(
+def test_a_thousand_and_one_services_take_three_calls_and_a_quiet_metric_is_zero(
     aws: None, strict_aws: StrictAws
 ) -> None:
-    rates = RequestRates(window_seconds=60, lag_seconds=60)
+    rates = RequestRates(window_seconds=60, lag_seconds=60, quiet_windows=5)
     start, end = rates.window(NOW)
     assert (start, end) == (datetime(2026, 1, 1, 11, 58, tzinfo=UTC), datetime(2026, 1, 1, 11, 59, tzinfo=UTC))
     put_count(dims(7), start + timedelta(seconds=0), 474.0)  # 7.9 req/s over the minute
+    put_count(dims(7), start - timedelta(minutes=2), 60.0)  # an older minute: not the rate
     put_count(dims(900), start, 60.0)
     put_count(dims(900), end, 6000.0)  # the next minute: outside the window
-    put_count(dims(1000), start - timedelta(seconds=1), 6000.0)  # the minute before: outside too
+    put_count(dims(1000), start - timedelta(seconds=1), 6000.0)  # the minute before: no reading
+    put_count(dims(999), start - timedelta(minutes=5), 6000.0)  # before the quiet windows: quiet
     keys = {f"svc-{n:04d}": dims(n) for n in range(1001)}
     read = rates.read(keys, NOW)
     assert strict_aws.attempts_of("cloudwatch", "GetMetricData") == 3 == RequestRates.calls_for(1001)
@@ -65,7 +68,40 @@ def test_a_thousand_and_one_services_take_three_calls_and_no_data_point_is_zero(
     assert set(read) == set(keys)
     assert read["svc-0007"] == pytest.approx(7.9)
     assert read["svc-0900"] == pytest.approx(1.0)
-    assert {k: v for k, v in read.items() if v} == {"svc-0007": read["svc-0007"], "svc-0900": read["svc-0900"]}
+    # Heard from a minute ago and not since: its newest data point may be late. No reading.
+    assert read["svc-1000"] is None
+    # Five minutes without a data point (the ALB's silence for a minute without requests): zero.
+    assert read["svc-0999"] == 0.0
+    assert {k for k, v in read.items() if v != 0.0} == {"svc-0007", "svc-0900", "svc-1000"}
+
+
+def test_a_late_data_point_is_no_reading_and_holds_the_target(
+    aws: None, strict_aws: StrictAws, server: ProbeServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A busy service's newest minute arrives late (CloudWatch has the minutes before it only): the
+    autoscaler must not take the gap for zero requests and start its way down (or to zero)."""
+    monkeypatch.setenv("FLEETKEEPER_REPLICA_HOST", "127.0.0.1")
+    server.status = 200
+    rates = RequestRates(window_seconds=60, lag_seconds=0)
+    world = World(server, balancer=make_alb(), rates=rates)
+    world.create("busy", service=autoscaled_service(server.port))
+    world.converge()
+    load = Load(world, rates)
+    load.per_second = {"busy": 5.0}
+    for _ in range(3):
+        load.run()
+    assert target_of(world, "busy") == 3
+    before = world.store.load("busy")
+    assert before is not None and before.service.autoscaler is not None
+    # Its data points stop arriving (late, not absent: the load goes on). Runs 61 s apart read
+    # nothing new for the newest minute; each is "no reading": no recommendation is recorded (a 0
+    # req/s one would start the downscale delay's count).
+    load.per_second = {}
+    for _ in range(4):  # fewer runs than the quiet windows (5)
+        world.run()
+        assert target_of(world, "busy") == 3
+    after = world.store.load("busy")
+    assert after is not None and after.service.autoscaler == before.service.autoscaler
 
 
 @pytest.mark.parametrize(
@@ -189,15 +225,17 @@ def test_load_scales_a_service_to_its_max_and_back_with_one_metric_call_per_run(
     assert [op for service, op in world.log.since(mark) if service == "cloudwatch"] == ["GetMetricData"] * 2
     assert strict_aws.cloudwatch.metrics_requested[-2:] == [2, 1]
 
-    # The load stops (no data point: zero requests): back to min after the downscale delay (300 s),
-    # a new reconciler every run (nothing in memory carries over: the state is in the table).
+    # The load stops: no reading while its last data points are recent (the newest may be late),
+    # zero requests once `quiet_windows` windows passed without one, and back to min after the
+    # downscale delay (300 s) of zero readings; a new reconciler every run (nothing in memory
+    # carries over: the state is in the table).
     load.per_second = {}
     targets = []
-    for _ in range(8):
+    for _ in range(rates.quiet_windows + 8):
         world.restart()
         load.run()
         targets.append(target_of(world, "busy"))
-    assert targets[:4] == [3, 3, 3, 3]
+    assert targets[: rates.quiet_windows + 3] == [3] * (rates.quiet_windows + 3)
     assert targets[-1] == 1
     world.converge()
     assert len(serving(world, "busy")) == 1

@@ -118,6 +118,25 @@ def test_a_domain_and_certificate_give_https_host_rules_and_a_redirect(with_doma
     }
 
 
+def test_every_name_of_the_longest_domain_fits_an_albs_host_header_condition(translated: dict[str, Any]) -> None:
+    """A service's route is the host rule NAME.<DomainName>, and ELB takes at most 128 characters a
+    host-header value (API_HostHeaderConditionConfig): the parameter leaves room for the longest
+    name the api accepts, so no service can be created whose rule ELB would refuse."""
+    import re
+
+    from fleetkeeper.settings import MAX_DOMAIN_NAME_LENGTH, MAX_HOST_HEADER_LENGTH
+    from fleetkeeper.spec.service import NAME_PATTERN
+
+    parameter = translated["Parameters"]["DomainName"]
+    assert parameter["MaxLength"] == MAX_DOMAIN_NAME_LENGTH
+    longest_name = "a" * 63
+    assert re.fullmatch(NAME_PATTERN, longest_name) and not re.fullmatch(NAME_PATTERN, longest_name + "a")
+    longest_domain = "d" * 61 + ".io"
+    assert len(longest_domain) == parameter["MaxLength"]
+    assert re.fullmatch(parameter["AllowedPattern"], longest_domain)
+    assert len(f"{longest_name}.{longest_domain}") == MAX_HOST_HEADER_LENGTH
+
+
 def test_a_domain_without_certificate_carries_its_rules_on_http() -> None:
     plain = translate(overrides={"DomainName": "svc.example.com"})
     assert set(kinds(plain)) == {"LoadBalancerResource", "HttpListener", "WakeTargetGroup"}

@@ -7,7 +7,9 @@ from typing import Any
 
 import pytest
 
-from fleetkeeper.settings import MAX_SHARD_SIZE, period_of
+from fleetkeeper.kick import MAX_DELAY_SECONDS
+from fleetkeeper.reconciler import followup
+from fleetkeeper.settings import MAX_SHARD_SIZE, SettingsError, period_of
 from tests.cfn import (
     Resolver,
     as_list,
@@ -43,8 +45,17 @@ def test_each_queue_feeds_the_worker_one_message_at_a_time_under_a_concurrency_c
         caps[queue] = resolve(props["ScalingConfig"]["MaximumConcurrency"])
     # What the template promises: whatever the traffic, at most 12 worker executions at once.
     assert caps == {"ReconcileQueue": 10, "KickQueue": 2}
-    worker = translated["Resources"]["ReconcilerFunction"]["Properties"]
-    assert "ReservedConcurrentExecutions" not in worker  # a new account (quota 10) could not deploy it
+    # No function reserves concurrency: Lambda keeps 100 executions unreserved, so in a new account
+    # (a concurrency quota of 10) any reservation fails the deployment
+    # (https://docs.aws.amazon.com/lambda/latest/dg/configuration-concurrency.html); nor provisions it.
+    for logical_id, body in resources_of_type(translated, "AWS::Lambda::Function").items():
+        props = body["Properties"]
+        assert "ReservedConcurrentExecutions" not in props, logical_id
+        assert "ProvisionedConcurrencyConfig" not in props, logical_id
+    # The workers' caps can go as low as SQS event sources allow (2 each: 4 executions in all), which
+    # is what docs/DEPLOY.md advises for an account whose quota is 10.
+    for name in ("ReconcilerShardConcurrency", "ReconcilerKickConcurrency"):
+        assert translated["Parameters"][name]["MinValue"] == 2
 
 
 def test_the_queues_are_encrypted_short_lived_and_outlast_the_worker(translated: dict[str, Any]) -> None:
@@ -55,7 +66,13 @@ def test_the_queues_are_encrypted_short_lived_and_outlast_the_worker(translated:
         # AWS: an event source's queue keeps messages invisible at least the function's timeout
         # (6 times it is their advice); stale work expires within minutes.
         assert props["VisibilityTimeout"] >= 6 * timeout
-        assert props["MessageRetentionPeriod"] <= 900
+    # A shard is stale after its period: it expires within minutes.
+    assert translated["Resources"]["ReconcileQueue"]["Properties"]["MessageRetentionPeriod"] <= 900
+    kicks = translated["Resources"]["KickQueue"]["Properties"]
+    # SQS expires a message by its enqueue time, its delay included: a kick delayed the longest SQS
+    # allows must still be there for its delivery and one redelivery after a failed invocation.
+    assert kicks["MessageRetentionPeriod"] >= MAX_DELAY_SECONDS + 2 * kicks["VisibilityTimeout"]
+    assert followup.MAX_DELAY_SECONDS <= MAX_DELAY_SECONDS
 
 
 def test_the_dispatcher_runs_on_the_schedule_with_the_queue_and_the_shard_size(translated: dict[str, Any]) -> None:
@@ -77,7 +94,21 @@ def test_the_dispatcher_runs_on_the_schedule_with_the_queue_and_the_shard_size(t
 
 @pytest.mark.parametrize(
     ("schedule", "accepted"),
-    [("rate(1 minute)", True), ("rate(5 minutes)", True), ("rate(2 hours)", True), ("cron(0 * * * ? *)", False)],
+    [
+        ("rate(1 minute)", True),
+        ("rate(5 minutes)", True),
+        ("rate(10 minutes)", True),
+        ("rate(1 hour)", True),
+        ("rate(2 hours)", True),
+        ("cron(0 * * * ? *)", False),
+        # EventBridge: singular for 1, plural otherwise (eb-rate-expressions.html); these fail at deploy.
+        ("rate(5 minute)", False),
+        ("rate(1 minutes)", False),
+        ("rate(1 hours)", False),
+        ("rate(2 hour)", False),
+        ("rate(0 minutes)", False),
+        ("rate(01 minute)", False),
+    ],
 )
 def test_the_schedule_parameter_admits_rates_only(translated: dict[str, Any], schedule: str, accepted: bool) -> None:
     import re
@@ -86,6 +117,10 @@ def test_the_schedule_parameter_admits_rates_only(translated: dict[str, Any], sc
     assert bool(re.fullmatch(pattern, schedule)) is accepted
     if accepted:
         assert period_of(schedule) > 0
+    elif schedule.startswith("rate("):
+        # The settings refuse what the parameter refuses (the embedded mode and tests read it too).
+        with pytest.raises(SettingsError):
+            period_of(schedule)
 
 
 def test_the_dispatcher_may_list_queue_describe_and_terminate_managed_instances_only(

@@ -47,6 +47,26 @@ def test_ci_role_trusts_one_repository_and_branch_exactly(ci: dict[str, Any]) ->
     }
 
 
+def test_api_gateways_logging_role_may_be_assumed_whether_or_not_it_names_the_source_account() -> None:
+    """API Gateway's documents do not say it sets aws:SourceAccount when it assumes its CloudWatch
+    role: the trust must let it in without the key, and keep another account's API Gateway out when
+    the key says so (StringEqualsIfExists)."""
+    from tests.cfn import ACCOUNT
+    from tests.iam_evaluator import Decision, Request, evaluate
+
+    template = load_template(INFRA / "apigw-logging.yaml")
+    role = f"arn:aws:iam::{ACCOUNT}:role/apigw-logs"
+    resolver = Resolver({**template, "__parameter_values__": {**PSEUDO, **parameter_values(template)}})
+    trust = resolver.resolve(template["Resources"]["ApiGatewayLogsRole"]["Properties"]["AssumeRolePolicyDocument"])
+
+    def assume(context: dict[str, str | list[str]]) -> Decision:
+        return evaluate(Request("apigateway.amazonaws.com", "sts:AssumeRole", role, context), [], resource=[trust])
+
+    assert assume({}) is Decision.ALLOW
+    assert assume({"aws:SourceAccount": ACCOUNT}) is Decision.ALLOW
+    assert assume({"aws:SourceAccount": "999999999999"}) is not Decision.ALLOW
+
+
 def test_network_has_no_route_to_the_internet_unless_asked_for_a_nat(network: dict[str, Any]) -> None:
     internet = {"AWS::EC2::InternetGateway", "AWS::EC2::NatGateway", "AWS::EC2::Route", "AWS::EC2::EIP"}
     for name, body in network["Resources"].items():

@@ -38,6 +38,36 @@ def test_api_5xx_and_api_function_errors_are_alarmed(translated: dict[str, Any])
     assert any(refers_to(a["Dimensions"][0]["Value"], "ApiFunction") for a in function_errors)
 
 
+def test_a_kick_queue_backlog_is_alarmed_on_visible_messages_only(translated: dict[str, Any]) -> None:
+    """Spot warnings share the kick queue with the account's EC2 state changes and the api's kicks:
+    a backlog there is a late drain. Delayed follow-ups are not visible, so they never trip it."""
+    on_kicks = [
+        a
+        for a in alarms_on(translated, "AWS/SQS", "ApproximateNumberOfMessagesVisible")
+        if [d["Value"] for d in a["Dimensions"] if d["Name"] == "QueueName"]
+        == [{"Fn::GetAtt": ["KickQueue", "QueueName"]}]
+    ]
+    (behind,) = on_kicks
+    assert len(behind["Dimensions"]) == 1
+    assert behind["Statistic"] == "Maximum" and behind["Period"] == 60
+    assert behind["EvaluationPeriods"] == behind["DatapointsToAlarm"] == 2
+    assert behind["TreatMissingData"] == "notBreaching"  # an idle queue reports nothing
+    assert "ReconcilerKickConcurrency" in behind["AlarmDescription"]
+
+
+def test_the_services_indexs_throttled_writes_are_alarmed(translated: dict[str, Any]) -> None:
+    """Every service item writes to the index's one partition key: its throttling (which throttles the
+    table's write too) is alarmed, on the index's own metric (both dimensions, or it is the table's)."""
+    from fleetkeeper.store.keys import SERVICES_INDEX
+
+    (throttled,) = alarms_on(translated, "AWS/DynamoDB", "WriteThrottleEvents")
+    dimensions = {d["Name"]: d["Value"] for d in throttled["Dimensions"]}
+    assert dimensions == {"TableName": {"Ref": "Table"}, "GlobalSecondaryIndexName": SERVICES_INDEX}
+    indexes = translated["Resources"]["Table"]["Properties"]["GlobalSecondaryIndexes"]
+    assert [index["IndexName"] for index in indexes] == [SERVICES_INDEX]
+    assert throttled["TreatMissingData"] == "notBreaching"
+
+
 @pytest.fixture(scope="module")
 def with_reconciler(translated: dict[str, Any]) -> dict[str, Any]:
     assert "ReconcilerFunction" in translated["Resources"]

@@ -187,6 +187,95 @@ def test_reconciler_runs_in_the_deployments_vpc(translated: dict[str, Any]) -> N
         assert any(vpc[key] == {"Ref": name} for name in parameters), f"{key} is not a parameter: {vpc[key]!r}"
 
 
+def test_lambda_may_attach_the_reconciler_to_its_vpc_with_its_role_as_lambdas_guide_lists(
+    translated: dict[str, Any], statements: list[dict[str, Any]]
+) -> None:
+    """Lambda creates and manages the function's network interfaces with the function's role, at
+    create and update time: the guide's actions (Configuring a Lambda function to access resources in
+    a VPC; the AWSLambdaVPCAccessExecutionRole policy), on the resources EC2 authorizes them against.
+    A subnet of a shared VPC belongs to the VPC owner's account: it must be allowed too, or a stack
+    in a participant account could not attach its function."""
+    from tests.iam_evaluator import Decision, Request, evaluate
+
+    role = f"arn:aws:iam::{ACCOUNT}:role/reconciler"
+    owner = "210987654321"  # a shared VPC's owner
+    arn = f"arn:aws:ec2:{REGION}"
+    touched = {
+        "ec2:CreateNetworkInterface": [
+            f"{arn}:{ACCOUNT}:network-interface/*",
+            f"{arn}:{ACCOUNT}:subnet/subnet-0aaaaaaaaaaaaaaa1",
+            f"{arn}:{owner}:subnet/subnet-0bbbbbbbbbbbbbbb2",
+            f"{arn}:{ACCOUNT}:security-group/sg-0123456789abcdef0",
+        ],
+        "ec2:DeleteNetworkInterface": [f"{arn}:{ACCOUNT}:network-interface/eni-0123456789abcdef0"],
+        "ec2:AssignPrivateIpAddresses": [f"{arn}:{ACCOUNT}:network-interface/eni-0123456789abcdef0"],
+        "ec2:UnassignPrivateIpAddresses": [f"{arn}:{ACCOUNT}:network-interface/eni-0123456789abcdef0"],
+        "ec2:DescribeNetworkInterfaces": ["*"],
+        "ec2:DescribeSubnets": ["*"],
+    }
+    policies = [Resolver(translated).resolve({"Statement": statements})]
+    for action, arns in touched.items():
+        for resource in arns:
+            decision = evaluate(Request(role, action, resource), policies)
+            assert decision is Decision.ALLOW, (action, resource)
+    # Another Region's interfaces stay out of reach.
+    elsewhere = f"arn:aws:ec2:eu-west-1:{ACCOUNT}:network-interface/eni-0123456789abcdef0"
+    assert evaluate(Request(role, "ec2:DeleteNetworkInterface", elsewhere), policies) is not Decision.ALLOW
+
+
+EBS_KEY = "arn:aws:kms:us-east-1:123456789012:key/1234abcd-12ab-34cd-56ef-1234567890ab"
+
+
+def test_a_customer_managed_ebs_key_is_usable_by_the_launching_role_through_ec2_only(
+    translated: dict[str, Any],
+) -> None:
+    """EBS encryption under a customer managed key: RunInstances has EC2 call KMS with the launching
+    role (Requirements for Amazon EBS encryption, "Permissions for users"). Without the grant the
+    instance goes pending -> terminated (Client.InternalError); with EbsKmsKeyArn the role may, on
+    that key only, through EC2 only, and create grants only for AWS resources."""
+    from tests.iam_evaluator import Decision, Request, evaluate
+
+    role = f"arn:aws:iam::{ACCOUNT}:role/reconciler"
+    via_ec2 = {"kms:ViaService": f"ec2.{REGION}.amazonaws.com"}
+    needed = [
+        ("kms:CreateGrant", {**via_ec2, "kms:GrantIsForAWSResource": "true"}),
+        ("kms:Decrypt", via_ec2),
+        ("kms:DescribeKey", via_ec2),
+        ("kms:GenerateDataKeyWithoutPlaintext", via_ec2),
+        ("kms:ReEncryptFrom", via_ec2),
+        ("kms:ReEncryptTo", via_ec2),
+    ]
+
+    def policies(template: dict[str, Any]) -> list[dict[str, Any]]:
+        """The reconciler role's inline policies and the stack's RolePolicy resources on it."""
+        from tests.template.test_endpoints import deployed
+
+        resolver = Resolver(template)
+        role_id = function_role(template, "ReconcilerFunction")
+        found = [resolver.resolve({"Statement": role_statements(template, role_id)})]
+        for body in deployed(template).values():
+            if body["Type"] == "AWS::IAM::RolePolicy" and body["Properties"]["RoleName"] == {"Ref": role_id}:
+                found.append(resolver.resolve(body["Properties"]["PolicyDocument"]))
+        return found
+
+    without = policies(translated)
+    assert all(evaluate(Request(role, a, EBS_KEY, c), without) is not Decision.ALLOW for a, c in needed)
+
+    keyed = translate(overrides={"EbsKmsKeyArn": EBS_KEY})
+    granted = policies(keyed)
+    for action, context in needed:
+        assert evaluate(Request(role, action, EBS_KEY, context), granted) is Decision.ALLOW, action
+    other_key = EBS_KEY.replace("1234abcd", "99999999")
+    assert evaluate(Request(role, "kms:Decrypt", other_key, via_ec2), granted) is not Decision.ALLOW
+    # Not from the reconciler's own code (no ViaService), nor a grant for a principal of its choosing.
+    assert evaluate(Request(role, "kms:Decrypt", EBS_KEY), granted) is not Decision.ALLOW
+    grant_for_anyone = {**via_ec2, "kms:GrantIsForAWSResource": "false"}
+    assert evaluate(Request(role, "kms:CreateGrant", EBS_KEY, grant_for_anyone), granted) is not Decision.ALLOW
+    parameter = keyed["Parameters"]["EbsKmsKeyArn"]
+    assert re.fullmatch(parameter["AllowedPattern"], EBS_KEY) and re.fullmatch(parameter["AllowedPattern"], "")
+    assert not re.fullmatch(parameter["AllowedPattern"], "alias/aws/ebs")
+
+
 def test_images_are_resolved_by_ec2_with_exactly_the_parameters_specs_may_name(
     translated: dict[str, Any], statements: list[dict[str, Any]]
 ) -> None:

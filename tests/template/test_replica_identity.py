@@ -187,6 +187,50 @@ def test_a_replica_reads_its_owners_secrets_and_workdirs_and_writes_its_logs_and
     assert made[other].may("logs:CreateLogStream", forged)
 
 
+def test_an_owners_replica_may_have_s3_decrypt_its_workdirs_under_the_aws_s3_key_within_its_boundary(
+    stack: Stack, made: dict[str, Replica]
+) -> None:
+    """The workdir bucket is SSE-KMS under the account's AWS managed aws/s3 key (and a bucket key):
+    S3 decrypts a GetObject with the caller's permissions. The key's policy grants every principal of
+    the account through S3 (as KMS shows it for an account's aws/s3 key; not readable offline), but
+    the owner's role has ReplicaOwnerPolicy as its boundary, whose implicit deny a resource policy
+    naming no role session does not lift: the boundary itself must allow the decrypt."""
+    aws_s3_key = f"arn:aws:kms:{REGION}:{ACCOUNT}:key/0a1b2c3d-1111-2222-3333-444455556666"
+    via_s3 = f"s3.{REGION}.amazonaws.com"
+    aws_s3_key_policy = {
+        "Statement": [
+            {
+                "Sid": "Allow access through S3 for all principals in the account that are authorized to use S3",
+                "Effect": "Allow",
+                "Principal": {"AWS": "*"},
+                "Action": ["kms:Encrypt", "kms:Decrypt", "kms:ReEncrypt*", "kms:GenerateDataKey*", "kms:DescribeKey"],
+                "Resource": "*",
+                "Condition": {"StringEquals": {"kms:ViaService": via_s3, "kms:CallerAccount": ACCOUNT}},
+            }
+        ]
+    }
+    bucket_arn = f"arn:aws:s3:::{stack.bucket}"
+
+    def decrypt(replica: Replica, context: dict[str, str | list[str]]) -> Decision:
+        request = Request(replica.arn, "kms:Decrypt", aws_s3_key, {**replica.context, **context})
+        return evaluate(
+            request, replica.policies, boundary=replica.boundary, resource=[aws_s3_key_policy], key_policy=True
+        )
+
+    through_s3 = {"kms:ViaService": via_s3, "kms:CallerAccount": ACCOUNT}
+    # With the bucket key (the template's): the context is the bucket's ARN.
+    assert decrypt(made["A"], {**through_s3, "kms:EncryptionContext:aws:s3:arn": bucket_arn}) is Decision.ALLOW
+    # An object encrypted without it: its own ARN, under the owner's prefix only.
+    own = {**through_s3, "kms:EncryptionContext:aws:s3:arn": stack.workdir("web", OWNER_A)}
+    assert decrypt(made["A"], own) is Decision.ALLOW
+    assert decrypt(made["B"], own) is not Decision.ALLOW
+    # Another bucket's objects, or a decrypt not made by S3: never.
+    other_bucket = {**through_s3, "kms:EncryptionContext:aws:s3:arn": "arn:aws:s3:::someone-elses-bucket"}
+    assert decrypt(made["A"], other_bucket) is not Decision.ALLOW
+    direct = {"kms:CallerAccount": ACCOUNT, "kms:EncryptionContext:aws:s3:arn": bucket_arn}
+    assert decrypt(made["A"], direct) is not Decision.ALLOW
+
+
 def test_a_replica_reaches_nothing_else(stack: Stack, made: dict[str, Replica]) -> None:
     replica = made["A"]
     own_secret, own_workdir = stack.secret("web", OWNER_A), stack.workdir("web", OWNER_A)

@@ -69,6 +69,10 @@ def test_the_check_is_given_both_lists_and_answers_within_two_minutes(with_balan
     function = props(with_balancer_subnets, "LoadBalancerZoneCheckFunction")
     assert function["Handler"] == "fleetkeeper.deploy.zone_check.lambda_handler"
     assert "VpcConfig" not in function  # the response URL is S3's, on the internet
+    # Its retries while the new role propagates, and the response's PUT, end before the function's
+    # timeout (a margin for the calls themselves), which ends before CloudFormation's.
+    retrying = sum(zone_check.PROPAGATION_DELAYS) + zone_check.RESPONSE_TIMEOUT_SECONDS
+    assert retrying + 15 <= function["Timeout"] < check["ServiceTimeout"]
 
 
 def test_the_checks_role_reads_subnets_and_writes_its_own_logs_only(with_balancer_subnets: dict[str, Any]) -> None:
@@ -263,6 +267,56 @@ def test_a_subnet_ec2_does_not_know_is_answered_failed_not_left_hanging(
     (response,) = cloudformation.responses
     assert response["Status"] == "FAILED"
     assert "InvalidSubnetID.NotFound" in response["Reason"]
+
+
+class _Propagating:
+    """EC2 as a role seconds old sees it: DescribeSubnets refused `refusals` times, then answered."""
+
+    def __init__(self, refusals: int) -> None:
+        self.refusals = refusals
+        self.calls = 0
+        self.real = raw_client("ec2")
+
+    def describe_subnets(self, **kwargs: Any) -> Any:
+        from botocore.exceptions import ClientError
+
+        self.calls += 1
+        if self.calls <= self.refusals:
+            error = {"Code": "UnauthorizedOperation", "Message": "You are not authorized to perform this operation."}
+            raise ClientError({"Error": error}, "DescribeSubnets")
+        return self.real.describe_subnets(**kwargs)
+
+
+def test_a_role_still_propagating_is_retried_not_answered_failed(
+    subnets: dict[str, str], cloudformation: _CloudFormation, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ec2 = _Propagating(refusals=3)
+    slept: list[float] = []
+    monkeypatch.setattr(zone_check.aws, "ec2", lambda: ec2)
+    monkeypatch.setattr(zone_check.time, "sleep", slept.append)
+    event = _event(cloudformation.url, "Create", [subnets["a"], subnets["b"]], [subnets["pa"], subnets["pb"]])
+    zone_check.lambda_handler(event, None)
+    (response,) = cloudformation.responses
+    assert response["Status"] == "SUCCESS"
+    assert ec2.calls == 4
+    assert slept == list(zone_check.PROPAGATION_DELAYS[:3])
+
+
+def test_a_denial_that_outlasts_the_retries_is_answered_failed_with_ec2s_code(
+    subnets: dict[str, str], cloudformation: _CloudFormation, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ec2 = _Propagating(refusals=100)
+    slept: list[float] = []
+    monkeypatch.setattr(zone_check.aws, "ec2", lambda: ec2)
+    monkeypatch.setattr(zone_check.time, "sleep", slept.append)
+    event = _event(cloudformation.url, "Create", [subnets["a"]], [subnets["pa"]])
+    zone_check.lambda_handler(event, None)
+    (response,) = cloudformation.responses
+    assert response["Status"] == "FAILED"
+    assert "UnauthorizedOperation" in response["Reason"]
+    # Bounded: one attempt per delay and a last one, then the answer.
+    assert ec2.calls == len(zone_check.PROPAGATION_DELAYS) + 1
+    assert slept == list(zone_check.PROPAGATION_DELAYS)
 
 
 def test_delete_always_succeeds_and_asks_ec2_nothing(

@@ -15,6 +15,13 @@ Deleting it always succeeds: a check must never keep a stack from being deleted.
 
 The reconciler keeps its run-time guard too (`Ec2Driver.launch_subnets`, the same `served_subnets`),
 for a stack deployed before this check.
+
+The function's role is created by the same deployment, seconds before CloudFormation invokes it,
+and IAM is eventually consistent ("Changes that I make are not always immediately visible":
+https://docs.aws.amazon.com/IAM/latest/UserGuide/troubleshoot_general.html#troubleshoot_general_eventual-consistency):
+a first DescribeSubnets may answer `UnauthorizedOperation` although the role grants it. That is
+retried, a bounded number of times within the function's timeout (`PROPAGATION_DELAYS`); a denial
+that outlasts them is answered FAILED with EC2's message, as any error.
 """
 
 from __future__ import annotations
@@ -22,8 +29,11 @@ from __future__ import annotations
 import json
 import logging
 import re
+import time
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
+
+from botocore.exceptions import ClientError
 
 from fleetkeeper import aws
 from fleetkeeper.reconciler.balancer import served_subnets
@@ -45,6 +55,13 @@ _REASON_LIMIT = 1500
 # service): the response is dropped and logged (CloudFormation's own request always passes).
 # https://docs.aws.amazon.com/AWSCloudFormation/latest/TemplateReference/crpg-ref-requests.html
 _S3_HOST = re.compile(r"(?:[a-z0-9][a-z0-9.-]*\.)?s3(?:[.-][a-z0-9-]+)?\.amazonaws\.com(?:\.cn)?")
+# Seconds between DescribeSubnets attempts refused while the new role propagates (60 s in all):
+# with the response's PUT (RESPONSE_TIMEOUT_SECONDS) inside template.yaml's Timeout for the function
+# (90 s), itself inside the custom resource's ServiceTimeout (120 s).
+PROPAGATION_DELAYS = (1.0, 2.0, 4.0, 8.0, 15.0, 15.0, 15.0)
+# EC2's code for an action the caller's policies do not allow (what a role not yet visible gets).
+_NOT_YET_AUTHORIZED = "UnauthorizedOperation"
+RESPONSE_TIMEOUT_SECONDS = 10
 
 
 def coverage_problem(
@@ -81,9 +98,23 @@ def check(properties: Mapping[str, Any]) -> str | None:
     balancer = _subnet_list(properties, "LoadBalancerSubnetIds")
     if not replica or not balancer:
         return None  # the template creates the resource only when both are given
-    described = aws.ec2().describe_subnets(SubnetIds=sorted(set(replica) | set(balancer))).get("Subnets", [])
+    described = _describe_subnets(sorted(set(replica) | set(balancer)))
     zone_of = {s["SubnetId"]: s["AvailabilityZone"] for s in described if "SubnetId" in s and "AvailabilityZone" in s}
     return coverage_problem(replica, balancer, zone_of)
+
+
+def _describe_subnets(subnet_ids: list[str]) -> list[Any]:
+    """DescribeSubnets, retried while EC2 answers UnauthorizedOperation (the role propagating)."""
+    ec2 = aws.ec2()
+    for delay in (*PROPAGATION_DELAYS, None):
+        try:
+            return list(ec2.describe_subnets(SubnetIds=subnet_ids).get("Subnets", []))
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") != _NOT_YET_AUTHORIZED or delay is None:
+                raise
+            logger.warning("DescribeSubnets refused (%s): the role may still be propagating; again in %gs", exc, delay)
+            time.sleep(delay)
+    raise AssertionError("unreachable: the last attempt returns or raises")
 
 
 def lambda_handler(event: dict[str, Any], context: object) -> None:
@@ -146,5 +177,5 @@ def respond(event: Mapping[str, Any], reason: str | None) -> None:
         method="PUT",
         headers={"Content-Type": "", "Content-Length": str(len(body))},
     )
-    with urllib.request.urlopen(request, timeout=10) as answer:
+    with urllib.request.urlopen(request, timeout=RESPONSE_TIMEOUT_SECONDS) as answer:
         answer.read()

@@ -109,8 +109,9 @@ def decide(
 ) -> AutoscalerState | None:
     """The autoscaler's next state; `state` itself (the same object) when nothing changed.
 
-    `rate`: requests a second over the last metric window (no data point is 0), or None when there
-    is no reading this run (no endpoint yet, the metric could not be read): then nothing changes.
+    `rate`: requests a second over the last metric window (0 after windows without a data point), or
+    None when there is no reading this run (no endpoint yet, the metric could not be read, its newest
+    data point may be late: metrics.RequestRates.read): then nothing changes.
     """
     if rate is None:
         return state

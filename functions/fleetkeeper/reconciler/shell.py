@@ -653,10 +653,13 @@ class Reconciler:
         finally:
             starter.shutdown(wait=False)
 
-    def _request_rates(self, states: Sequence[ServiceState], now: datetime, report: RunReport) -> dict[str, float]:
+    def _request_rates(
+        self, states: Sequence[ServiceState], now: datetime, report: RunReport
+    ) -> dict[str, float | None]:
         """The request rate of every autoscaled service with an endpoint, in ceil(n / 500)
-        GetMetricData calls for the whole run. A failed read is logged: no service's target moves
-        this run (a missing reading is not zero requests), and the next run reads again."""
+        GetMetricData calls for the whole run; None for a service whose newest data point may be
+        late (metrics.RequestRates.read). A failed read is logged: no service's target moves this
+        run (a missing reading is not zero requests), and the next run reads again."""
         if self.rates is None:
             return {}
         dimensions: dict[str, tuple[tuple[str, str], ...]] = {}

@@ -25,7 +25,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from fleetkeeper.errors import InvalidRequest
-from fleetkeeper.settings import CONSECUTIVE_FAILURE_SECONDS, MAX_READINESS_TIMEOUT_SECONDS
+from fleetkeeper.settings import CONSECUTIVE_FAILURE_SECONDS, MAX_READINESS_TIMEOUT_SECONDS, MAX_SERVICE_NAME_LENGTH
 
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
@@ -88,8 +88,9 @@ MAX_TARGET_QPS = 1_000_000.0
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # The name rule of services, in regex and in words (a message shows the words, never the regex).
-NAME_PATTERN = r"^[a-z][a-z0-9-]{0,62}$"
-NAME_RULE = "1 to 63 lower-case letters, digits and dashes, starting with a letter"
+# One DNS label (NAME.<domain> is its host name): settings.MAX_SERVICE_NAME_LENGTH characters at most.
+NAME_PATTERN = rf"^[a-z][a-z0-9-]{{0,{MAX_SERVICE_NAME_LENGTH - 1}}}$"
+NAME_RULE = f"1 to {MAX_SERVICE_NAME_LENGTH} lower-case letters, digits and dashes, starting with a letter"
 # A workdir is stored content-addressed: its archive's SHA-256.
 WORKDIR_DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
 # Secrets are kept in one SSM Parameter Store SecureString per version (standard tier: 4 KB).

@@ -579,6 +579,10 @@ _ENDINGS = [
     # Shut down from inside the instance, or through the API by someone: the version's.
     ("Client.InstanceInitiatedShutdown", False, C.VERSION, "terminated outside fleetkeeper"),
     ("Client.UserInitiatedShutdown", False, C.VERSION, "terminated outside fleetkeeper"),
+    # Ended during launch for the account's reasons (a customer managed EBS key the role may not
+    # use: pending -> terminated; the volume quota): the environment's, with what to fix.
+    ("Client.InternalError", False, C.ENVIRONMENT, "the reconciler's role needs that key: the stack's EbsKmsKeyArn"),
+    ("Client.VolumeLimitExceeded", False, C.ENVIRONMENT, "EBS volume or storage quota"),
 ]
 
 
@@ -589,7 +593,13 @@ def test_an_instance_that_ended_is_preempted_with_its_state_reason_code_and_caus
     gone = instance(0, InstanceState.TERMINATED, spot=spot, state_reason_code=code, state_reason=f"{code}: why")
     ready = replica(0)
     actions = plan(state([ready, replica(1)]), [gone, instance(1)], {1: OK}, NOW)
-    message = f"instance i-0 is terminated ({code}: why): {told}"
+    # The message: what EC2 said, then (for people) what it means, which `told` is part of.
+    said = f"instance i-0 is terminated ({code}: why): "
+    message = next(
+        (a.after.status_message or "" for a in actions if isinstance(a, RecordReplica) and a.after.replica_id == 0),
+        "",
+    )
+    assert message.startswith(said) and told in message, message
     assert actions == [
         moved(ready, status=S.PREEMPTED, status_message=message, failure_code=code, cause=cause),
         mark_ready(1),

@@ -82,6 +82,23 @@ ENVIRONMENT_REFUSALS = frozenset(
 # StateReason codes of an instance AWS took back because it was spot. Only these make a preemption a
 # spot reclaim: an instance that merely *was* spot and ended for another reason is not one.
 SPOT_RECLAIMS = frozenset({"Server.SpotInstanceTermination"})
+# `Client.*` StateReason codes of an instance EC2 ended during its launch for a reason of the account,
+# not of the version (EC2 API reference, StateReason; *Troubleshoot Amazon EC2 instance launch
+# issues*, "Instance terminates immediately":
+# https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/troubleshooting-launch.html). Each says, for
+# people, what to fix. Client.InternalError is what an instance gets when its volumes are encrypted
+# (EBS encryption by default, or an encrypted image) under a customer managed KMS key the launching
+# role may not use: the instance goes pending -> terminated, however good the version.
+ENVIRONMENT_TERMINATIONS = {
+    "Client.InternalError": (
+        "EC2 ended it during launch; with EBS encryption by default (or an encrypted image) under a "
+        "customer managed KMS key, the reconciler's role needs that key: the stack's EbsKmsKeyArn "
+        "parameter (docs/DEPLOY.md, 'Encrypted volumes')"
+    ),
+    "Client.VolumeLimitExceeded": (
+        "the account's EBS volume or storage quota is reached: raise it in Service Quotas or free volumes"
+    ),
+}
 # How a spot reclaim's status message ends (for people; the breaker reads `cause`).
 SPOT_RECLAIMED = "spot instance reclaimed by AWS"
 
@@ -93,11 +110,12 @@ def refusal_cause(code: str) -> FailureCause:
 
 def termination_cause(code: str) -> FailureCause:
     """Whose fault an instance's end is, from its state reason code: a spot reclaim; `Server.*` (AWS
-    ended it: an internal error, no capacity at launch, a retirement) is the environment's; `Client.*`
-    (shut down from inside, through the API, a bad volume or snapshot), a driver's own code (the
-    process driver's: the app exited) and fleetkeeper's own are the version's."""
+    ended it: an internal error, no capacity at launch, a retirement) and the account's launch
+    failures (ENVIRONMENT_TERMINATIONS: a KMS key the role may not use, the volume quota) are the
+    environment's; any other `Client.*` (shut down from inside, through the API, a missing snapshot),
+    a driver's own code (the process driver's: the app exited) and fleetkeeper's own are the version's."""
     if code in SPOT_RECLAIMS:
         return FailureCause.SPOT_RECLAIM
-    if code.startswith("Server."):
+    if code.startswith("Server.") or code in ENVIRONMENT_TERMINATIONS:
         return FailureCause.ENVIRONMENT
     return FailureCause.VERSION

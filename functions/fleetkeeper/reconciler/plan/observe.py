@@ -21,6 +21,7 @@ from fleetkeeper.reconciler.driver import Instance, InstanceState, client_token
 from fleetkeeper.reconciler.plan.failures import (
     APP_EXITED,
     BOOT_FAILURES,
+    ENVIRONMENT_TERMINATIONS,
     INITIAL_DELAY_EXCEEDED,
     INSTANCE_LOST,
     PROBE_FAILED,
@@ -199,7 +200,11 @@ def _observe(
                 failure_code=code,
                 cause=FailureCause.VERSION,
             )
-        told = SPOT_RECLAIMED if cause is FailureCause.SPOT_RECLAIM else "terminated outside fleetkeeper"
+        told = (
+            SPOT_RECLAIMED
+            if cause is FailureCause.SPOT_RECLAIM
+            else ENVIRONMENT_TERMINATIONS.get(code, "terminated outside fleetkeeper")
+        )
         return replace(
             record,
             status=ReplicaStatus.PREEMPTED,

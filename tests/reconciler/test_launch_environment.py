@@ -1,0 +1,48 @@
+"""Instances EC2 ends during their launch for the account's reasons, through the shell on the strict
+layer: the replica is replaced, the circuit breaker never blames the version, and the status says
+what to fix.
+
+With EBS encryption by default (or an encrypted image) under a customer managed KMS key the launching
+role may not use, EC2 accepts RunInstances and the instance goes pending -> terminated with StateReason
+`Client.InternalError` (EC2 API reference, StateReason; *Troubleshoot Amazon EC2 instance launch
+issues*, "Instance terminates immediately"). However often it happens, no version is at fault.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import pytest
+
+from fleetkeeper.model import FailureCause, ReplicaStatus, ServiceStatus, VersionState
+
+if TYPE_CHECKING:
+    from tests.reconciler_world import World
+    from tests.strict_aws import StrictAws
+
+
+@pytest.mark.parametrize(
+    ("code", "told"),
+    [("Client.InternalError", "EbsKmsKeyArn"), ("Client.VolumeLimitExceeded", "EBS volume or storage quota")],
+)
+def test_launches_ended_by_the_accounts_kms_key_or_volume_quota_never_fail_the_version(
+    world: World, strict_aws: StrictAws, code: str, told: str
+) -> None:
+    world.create(replicas=1)
+    ended = 0
+    for _ in range(6):  # twice the breaker's threshold of failures before any replica is ready
+        world.run()
+        for instance in world.instances():
+            strict_aws.ec2.terminate_by_aws(instance["InstanceId"], code)
+            ended += 1
+    world.run()
+    assert ended >= 6
+    state = world.store.require("svc")
+    assert state.versions[1].state is not VersionState.FAILED
+    assert state.service.status is not ServiceStatus.FAILED
+    assert state.service.target_version == 1
+    preempted = [r for r in state.replicas.values() if r.status is ReplicaStatus.PREEMPTED]
+    assert preempted and all(r.cause is FailureCause.ENVIRONMENT and r.failure_code == code for r in preempted)
+    assert told in (state.service.status_message or "")
+    # And it keeps trying: a replacement is on its way.
+    assert world.instances()
