@@ -45,13 +45,18 @@ def test_each_queue_feeds_the_worker_one_message_at_a_time_under_a_concurrency_c
         caps[queue] = resolve(props["ScalingConfig"]["MaximumConcurrency"])
     # What the template promises: whatever the traffic, at most 12 worker executions at once.
     assert caps == {"ReconcileQueue": 10, "KickQueue": 2}
-    # No function reserves concurrency: Lambda keeps 100 executions unreserved, so in a new account
-    # (a concurrency quota of 10) any reservation fails the deployment
-    # (https://docs.aws.amazon.com/lambda/latest/dg/configuration-concurrency.html); nor provisions it.
+    # No function reserves concurrency but the wake target (a bound on an anonymous flood, docs/SECURITY.md):
+    # Lambda keeps 100 executions unreserved, so in a new account (a concurrency quota of 10) any
+    # reservation fails the deployment (https://docs.aws.amazon.com/lambda/latest/dg/configuration-concurrency.html),
+    # and WakeConcurrency=0 reserves none. Nothing provisions concurrency.
     for logical_id, body in resources_of_type(translated, "AWS::Lambda::Function").items():
         props = body["Properties"]
-        assert "ReservedConcurrentExecutions" not in props, logical_id
+        if logical_id == "WakeFunction":
+            assert props["ReservedConcurrentExecutions"]["Fn::If"][0] == "HasWakeReservation"
+        else:
+            assert "ReservedConcurrentExecutions" not in props, logical_id
         assert "ProvisionedConcurrencyConfig" not in props, logical_id
+    assert translated["Parameters"]["WakeConcurrency"]["MinValue"] == 0
     # The workers' caps can go as low as SQS event sources allow (2 each: 4 executions in all), which
     # is what docs/DEPLOY.md advises for an account whose quota is 10.
     for name in ("ReconcilerShardConcurrency", "ReconcilerKickConcurrency"):

@@ -46,10 +46,11 @@ from typing import TYPE_CHECKING, Any
 from botocore.exceptions import ClientError
 
 from fleetkeeper import aws
-from fleetkeeper.store.identities import IdentityRecord, IdentityRecords
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable
+
+    from fleetkeeper.store.identities import IdentityRecords
 
 logger = logging.getLogger(__name__)
 
@@ -316,6 +317,9 @@ class IdentityKeeper:
 
     def _record(self, scope: str, owner: str, made_at: float, report: EnsureReport) -> None:
         name = role_name(self.identities.stack_id, scope)
+        # Imported here: the api imports this module for owner_scope, and must not load the store's records.
+        from fleetkeeper.store.identities import IdentityRecord
+
         self.records.put(IdentityRecord(scope=scope, owner=owner, profile=name, made_at=made_at))
         report.recorded.append(scope)
 
