@@ -561,8 +561,10 @@ def test_the_guardrails_parameters_are_the_stacks_outputs(translated: dict[str, 
     lambdas = {
         resolver.get_att(lid, "Arn")
         for lid, body in resources_of_type(translated, "AWS::Lambda::Function").items()
-        if "Condition" not in body or resolver.condition(body["Condition"])
+        if ("Condition" not in body or resolver.condition(body["Condition"])) and lid != "UninstallFunction"
     }
+    # The uninstall cleanup is left out (the SCP would pass Organizations' size limit): a forged
+    # invocation of it removes nothing unless its own stack is being deleted (tests/uninstall).
     assert functions == lambdas
     roles = set(outputs["ControlPlaneRoleArns"].split(","))
     tagged = {
