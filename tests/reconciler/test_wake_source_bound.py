@@ -14,7 +14,7 @@ import pytest
 
 from fleetkeeper.wake import handler as wake_handler
 from fleetkeeper.wake.sources import SOURCE_REQUESTS, SourceBound, source_of
-from tests.cfn import Resolver
+from tests.cfn import Resolver, translate
 
 
 class Clock:
@@ -79,7 +79,15 @@ def test_a_client_over_its_bound_gets_429_and_costs_no_write(monkeypatch: pytest
 
 def test_the_wake_function_has_reserved_concurrency(translated: dict[str, Any]) -> None:
     function = translated["Resources"]["WakeFunction"]["Properties"]
-    assert function["ReservedConcurrentExecutions"] == {"Ref": "WakeConcurrency"}
+    assert function["ReservedConcurrentExecutions"] == {
+        "Fn::If": ["HasWakeReservation", {"Ref": "WakeConcurrency"}, {"Ref": "AWS::NoValue"}]
+    }
     parameter = translated["Parameters"]["WakeConcurrency"]
     assert Resolver(translated).ref("WakeConcurrency") == parameter["Default"] == 5
-    assert parameter["MinValue"] >= 1  # 0 would stop the function
+    assert Resolver(translated).resolve(function["ReservedConcurrentExecutions"]) == 5
+    # 0 reserves nothing (a reservation of 0 would stop the function): an account whose quota cannot
+    # reserve any (a new account's 10) deploys with WakeConcurrency=0.
+    assert parameter["MinValue"] == 0
+    no_reservation = translate(overrides={"WakeConcurrency": 0})
+    props = no_reservation["Resources"]["WakeFunction"]["Properties"]
+    assert Resolver(no_reservation).resolve(props["ReservedConcurrentExecutions"]) is None
