@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from tests.cfn import Resolver, as_list, translate
+from tests.cfn import Resolver, as_list, resources_of_type, translate
 from tests.template.test_iam import parliament_findings
 
 MANAGED = "fleetkeeper:managed"
@@ -231,8 +231,67 @@ def test_the_reconciler_may_do_what_the_alb_adapter_does(translated: dict[str, A
         )
         if f".{name}(" in source or f".{name}," in source
     }
-    granted = {a.split(":")[1] for s in endpoint_statements(translated) for a in as_list(s["Action"])}
+    granted = {
+        a.split(":")[1]
+        for s in endpoint_statements(translated)
+        for a in as_list(s["Action"])
+        if a.startswith("elasticloadbalancing:")
+    }
     assert granted - {"AddTags"} == used
+
+
+# What Elastic Load Balancing checks on the caller's behalf, per operation the reconciler calls, from
+# https://docs.aws.amazon.com/elasticloadbalancing/latest/userguide/elb-api-permissions.html: without
+# them each call is AccessDenied on AWS (moto checks nothing).
+ELB_CALLER_SIDE = {
+    "CreateTargetGroup": {"ec2:DescribeVpcs", "ec2:DescribeInternetGateways"},
+    "RegisterTargets": {
+        "ec2:DescribeVpcs",
+        "ec2:DescribeInternetGateways",
+        "ec2:DescribeInstances",
+        "ec2:DescribeSubnets",
+    },
+    "CreateLoadBalancer": {
+        "ec2:DescribeAccountAttributes",
+        "ec2:DescribeAddresses",
+        "ec2:DescribeInternetGateways",
+        "ec2:DescribeSecurityGroups",
+        "ec2:DescribeSubnets",
+        "ec2:DescribeVpcs",
+    },
+}
+
+
+def test_the_reconciler_holds_what_elb_checks_on_its_behalf(translated: dict[str, Any]) -> None:
+    from tests.iam_evaluator import Decision, Request, evaluate
+
+    resolver = Resolver(translated)
+    resources = translated["Resources"]
+    documents = [p["PolicyDocument"] for p in resources["ReconcilerRole"]["Properties"].get("Policies", [])]
+    documents += [
+        body["Properties"]["PolicyDocument"]
+        for body in resources_of_type(translated, "AWS::IAM::RolePolicy").values()
+        if body["Properties"]["RoleName"] == {"Ref": "ReconcilerRole"}
+        and ("Condition" not in body or resolver.condition(body["Condition"]))
+    ]
+    policies = [resolver.resolve(document) for document in documents]
+    role = f"arn:aws:iam::123456789012:role/{resolver.physical_id('ReconcilerRole')}"
+    missing = {
+        operation: sorted(
+            action
+            for action in actions
+            if evaluate(Request(role, action, "*"), policies) is not Decision.ALLOW
+        )
+        for operation, actions in ELB_CALLER_SIDE.items()
+    }
+    assert missing == {operation: [] for operation in ELB_CALLER_SIDE}
+    # CreateLoadBalancer makes ELB's service-linked role in an account that has none yet.
+    linked = (
+        "arn:aws:iam::123456789012:role/aws-service-role/elasticloadbalancing.amazonaws.com/"
+        "AWSServiceRoleForElasticLoadBalancing"
+    )
+    context = {"iam:AWSServiceName": "elasticloadbalancing.amazonaws.com"}
+    assert evaluate(Request(role, "iam:CreateServiceLinkedRole", linked, context), policies) is Decision.ALLOW
 
 
 # parliament's findings on the endpoint permissions that are accepted, and why (any other fails).
