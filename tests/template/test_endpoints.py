@@ -278,9 +278,7 @@ def test_the_reconciler_holds_what_elb_checks_on_its_behalf(translated: dict[str
     role = f"arn:aws:iam::123456789012:role/{resolver.physical_id('ReconcilerRole')}"
     missing = {
         operation: sorted(
-            action
-            for action in actions
-            if evaluate(Request(role, action, "*"), policies) is not Decision.ALLOW
+            action for action in actions if evaluate(Request(role, action, "*"), policies) is not Decision.ALLOW
         )
         for operation, actions in ELB_CALLER_SIDE.items()
     }
