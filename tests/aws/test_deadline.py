@@ -163,3 +163,19 @@ def test_work_handed_to_a_pool_in_a_copy_of_the_context_keeps_the_deadline(stric
 def test_a_nested_deadline_keeps_the_earlier_of_the_two(strict_aws: StrictAws, table: str) -> None:
     with aws.within(lambda: ATTEMPT - 1), aws.within(lambda: 900.0), pytest.raises(aws.DeadlineReached):
         aws.dynamodb().get_item(TableName=table, Key=KEY)
+
+
+def test_keeping_ends_the_calls_of_its_block_that_much_before_the_current_deadline(
+    strict_aws: StrictAws, table: str
+) -> None:
+    """`aws.keeping(s)`: the current deadline less s (the dispatcher's identities keep the shards'
+    time); without a current deadline it sets none."""
+    with aws.keeping(60.0) as none:
+        assert none is None and aws.deadline.current() is None
+        assert "Item" not in aws.dynamodb().get_item(TableName=table, Key=KEY)
+    with aws.within(lambda: ATTEMPT + 5), aws.keeping(5.0) as kept:
+        assert kept is not None and kept.remaining() == pytest.approx(ATTEMPT)
+        aws.dynamodb().get_item(TableName=table, Key=KEY)  # an attempt's worst case is just in hand
+    with aws.within(lambda: ATTEMPT + 5), aws.keeping(5.1), pytest.raises(aws.DeadlineReached) as caught:
+        aws.dynamodb().get_item(TableName=table, Key=KEY)
+    assert caught.value.needed == ATTEMPT and caught.value.remaining == pytest.approx(ATTEMPT - 0.1)

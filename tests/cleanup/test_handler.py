@@ -213,6 +213,31 @@ def test_recreating_the_name_loses_nothing_of_the_new_incarnation(
     assert [v["version"] for v in api.get("/v1/services/web/versions").body["versions"]] == [1, 2, 3, 4]
 
 
+def test_a_hanging_reread_of_the_service_item_fails_the_record_before_lambdas_timeout(
+    table: str, strict_aws: StrictAws
+) -> None:
+    """The consistent GetItem that checks the incarnation is gone is an AWS call of the record like
+    the deletes: its retries are held to the invocation's end less the reserve too."""
+    seed_children(table, "web", "aaaa", versions=30)
+    strict_aws.hang("dynamodb", "GetItem", times=100, kind="read")
+    record = removal_record("web", "aaaa", "100")
+
+    with strict_aws.lambda_context(timeout_seconds=30, function_name="fleetkeeper-cleanup") as context:
+        with pytest.raises(BatchProcessingError, match="DeadlineReached"):
+            handler.lambda_handler({"Records": [record]}, context)
+        left = context.get_remaining_time_in_millis()
+    assert not context.killed
+    assert left >= Budget(remaining_ms=lambda: 0).reserve_ms
+    # 25 s for AWS calls: the first attempt hung 10 s, a retry fitted in the 15 s left and hung
+    # 10 s, and the next could not fit in 5 s. Nothing was deleted.
+    assert [f.kind for f in strict_aws.faults_injected] == ["hang:read"] * 2
+    assert len(partition_keys(table, "web")) == 30
+
+    strict_aws.clear_hangs()
+    assert invoke([record]) == {"batchItemFailures": []}
+    assert partition_keys(table, "web") == set()
+
+
 def test_a_hanging_delete_fails_the_record_before_lambdas_timeout_and_its_redelivery_finishes(
     table: str, strict_aws: StrictAws
 ) -> None:

@@ -17,9 +17,10 @@ import os
 import threading
 from typing import TYPE_CHECKING, Any
 
-# Re-exported: the handlers and the reconciler use them as `aws.within`, `aws.DeadlineReached`.
+# Re-exported: the handlers and the reconciler use them as `aws.within`, `aws.DeadlineReached`...
 from fleetkeeper.aws.deadline import DeadlineReached as DeadlineReached
 from fleetkeeper.aws.deadline import guard
+from fleetkeeper.aws.deadline import keeping as keeping
 from fleetkeeper.aws.deadline import reached as reached
 from fleetkeeper.aws.deadline import seconds_left as seconds_left
 from fleetkeeper.aws.deadline import within as within

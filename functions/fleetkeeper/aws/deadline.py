@@ -112,6 +112,15 @@ def within(remaining: Callable[[], float]) -> Iterator[Deadline]:
         _current.reset(token)
 
 
+def keeping(seconds: float) -> contextlib.AbstractContextManager[Deadline | None]:
+    """Hold every AWS call in this block to the current deadline less `seconds` (what the caller keeps
+    for its work after the block); without a current deadline, to none."""
+    outer = _current.get()
+    if outer is None:
+        return contextlib.nullcontext()
+    return within(lambda: outer.remaining() - seconds)
+
+
 def seconds_left(context: Any, reserve_seconds: float) -> Callable[[], float]:
     """A Lambda context's remaining time, less what the handler keeps to return (`within`'s argument)."""
     return lambda: context.get_remaining_time_in_millis() / 1000 - reserve_seconds

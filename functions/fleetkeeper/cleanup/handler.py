@@ -59,22 +59,23 @@ def record_handler(
         incarnation = Incarnation.from_old_image(record.dynamodb.old_image)
         # "service_name", not "service": that is Logger's own key (the function's service name).
         log.update(service_name=incarnation.name, uid=incarnation.uid)
-        # The record's word is not enough: anyone allowed lambda:InvokeFunction on this function can
-        # hand it one, with the name and uid of a live service (both are in every GET). Deleting
-        # starts only once the table says that incarnation's item is gone.
-        if live_uid(table, incarnation.name) == incarnation.uid:
-            logger.warning(
-                "the service item of this incarnation still exists: not a removal (a forged or replayed "
-                "record), nothing deleted",
-                extra=log,
-            )
-            metrics.add_metric(name="CleanupRecordsOfLiveServices", unit=MetricUnit.Count, value=1)
-            return
         budget = Budget(remaining_ms=lambda_context.get_remaining_time_in_millis)
-        cleaner = Cleaner(children=ChildKeys(table, incarnation.name, incarnation.uid), budget=budget)
-        # Every AWS call of the record, botocore's retries included, ends `reserve_ms` before the
-        # invocation does (fleetkeeper.aws.deadline): short of time, the record fails and is redelivered.
+        # Every AWS call of the record (the re-read below included), botocore's retries included, ends
+        # `reserve_ms` before the invocation does (fleetkeeper.aws.deadline): short of time, the record
+        # fails and is redelivered.
         with aws.within(budget.deadline_seconds):
+            # The record's word is not enough: anyone allowed lambda:InvokeFunction on this function can
+            # hand it one, with the name and uid of a live service (both are in every GET). Deleting
+            # starts only once the table says that incarnation's item is gone.
+            if live_uid(table, incarnation.name) == incarnation.uid:
+                logger.warning(
+                    "the service item of this incarnation still exists: not a removal (a forged or replayed "
+                    "record), nothing deleted",
+                    extra=log,
+                )
+                metrics.add_metric(name="CleanupRecordsOfLiveServices", unit=MetricUnit.Count, value=1)
+                return
+            cleaner = Cleaner(children=ChildKeys(table, incarnation.name, incarnation.uid), budget=budget)
             progress = cleaner.run()
             # Then what the incarnation keeps outside the table: its versions' secrets (Parameter Store)
             # and workdir copies (the workdir store). Deleting is idempotent, so a redelivery redoes it.

@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping
+    from collections.abc import Mapping, Sequence
 
 CREDENTIAL_FILE = "local-api.json"
 RUNTIME_DIR_ENV = "FLEETKEEPER_RUNTIME_DIR"
@@ -287,10 +287,13 @@ class Refusal:
         return headers
 
 
-def _forbidden_host(values: list[str], authority: str) -> Refusal | None:
-    if len(values) != 1 or values[0].strip().lower() != authority:
+def forbidden_host(values: Sequence[str], *authorities: str) -> Refusal | None:
+    """A Refusal unless the request carries exactly one Host and it is one of `authorities` (the
+    server's own `host:port`s, lower-case): what a DNS-rebinding name is refused by here and in the
+    local load balancer (fleetkeeper.local.balancer)."""
+    if len(values) != 1 or values[0].strip().lower() not in authorities:
         got = ", ".join(repr(v) for v in values) or "none"
-        message = f"the Host header must be {authority} (got {got})"
+        message = f"the Host header must be {' or '.join(authorities)} (got {got})"
         return Refusal(403, "forbidden", message, "Host", "not this server's address")
     return None
 
@@ -328,7 +331,7 @@ class ApiGate:
         """A Refusal for a request this server must not serve, else None. Host and Origin first: a
         page or a rebinding name learns nothing more than 403. `json_body`: False for a route that
         takes another body (a workdir archive), still behind the credential."""
-        refusal = _forbidden_host(host, self.authority) or _forbidden_origin(origin, self.origin)
+        refusal = forbidden_host(host, self.authority) or _forbidden_origin(origin, self.origin)
         if refusal is not None:
             return refusal
         if not authorization:
@@ -373,7 +376,7 @@ class AwsGate:
         self.authority = ""  # host:port, once the server is bound
 
     def refuse(self, *, host: list[str], origin: list[str], authorization: str, query: str) -> Refusal | None:
-        refusal = _forbidden_host(host, self.authority) or _forbidden_origin(origin, None)
+        refusal = forbidden_host(host, self.authority) or _forbidden_origin(origin, None)
         if refusal is not None:
             return refusal
         match = _CREDENTIAL_SCOPE.search(authorization)

@@ -49,6 +49,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from fleetkeeper import aws
+from fleetkeeper.local.auth import forbidden_host
 from fleetkeeper.model import EndpointRecord
 from fleetkeeper.reconciler.balancer import METRIC_NAME, METRIC_NAMESPACE, DrainState, target_group_name
 
@@ -373,9 +374,9 @@ class LocalBalancer:
         import aiohttp
         from aiohttp import web
 
-        refused = host_refusal(request.headers.get("Host"), endpoint.port)
+        refused = forbidden_host(request.headers.getall("Host", []), *_own_authorities(endpoint.port))
         if refused is not None:
-            return _error(403, "forbidden", refused)
+            return _error(refused.status, refused.code, refused.message)
         if not endpoint.targets:
             if endpoint.waking:
                 return await self._wake(endpoint)
@@ -543,19 +544,13 @@ def reset_wake_demand() -> None:
         _demand = None
 
 
-def host_refusal(host: str | None, port: int) -> str | None:
-    """Why a request's Host is not this endpoint's own address (None: it is).
-
-    A web page can make the developer's browser send requests to 127.0.0.1 under a name of its own
-    that it points there (DNS rebinding); the browser then treats the answers as that page's. Such a
-    request carries the page's name in Host: only `127.0.0.1:<port>` and `localhost:<port>` (what the
-    endpoint's URL and a developer's own tools send) reach a replica, as the embedded API does for its
-    port (fleetkeeper.local.auth).
-    """
-    allowed = {f"{LOOPBACK}:{port}", f"localhost:{port}"}
-    if host is not None and host.strip().lower() in allowed:
-        return None
-    return f"the Host header must be {LOOPBACK}:{port} or localhost:{port} (got {host!r})"
+def _own_authorities(port: int) -> tuple[str, str]:
+    """The Host values a request to this endpoint may carry: `127.0.0.1:<port>` and `localhost:<port>`
+    (what the endpoint's URL and a developer's own tools send). A web page can make the developer's
+    browser send requests to 127.0.0.1 under a name of its own that it points there (DNS rebinding);
+    the browser then treats the answers as that page's. Such a request carries the page's name in
+    Host and is refused, by the embedded API's own check (fleetkeeper.local.auth.forbidden_host)."""
+    return f"{LOOPBACK}:{port}", f"localhost:{port}"
 
 
 def _error(status: int, code: str, message: str) -> web.Response:

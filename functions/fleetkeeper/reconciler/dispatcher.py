@@ -9,9 +9,9 @@ the role and instance profile of every listed owner that lacks one, so the worke
 them it removes those of owners with no service left. IAM is reachable from here and not from the
 workers' VPC, which is the other reason this is the dispatcher's work.
 
-Its time: the handler holds every AWS call to the invocation's deadline (fleetkeeper.aws.deadline,
-`time_left`). The identities come first and may cost many IAM calls, so they get a deadline of their
-own that ends IDENTITIES_LEAVE_SECONDS earlier: what they cannot make in it waits for the next
+Its time: the handler holds every AWS call to the invocation's deadline (fleetkeeper.aws.deadline).
+The identities come first and may cost many IAM calls, so they get a deadline of their own that ends
+IDENTITIES_LEAVE_SECONDS earlier (`aws.keeping`): what they cannot make in it waits for the next
 period, and the shards still go out. A call the invocation's deadline stops ends the dispatch there
 (`out_of_time` in its report): what it did not do, the next period's does.
 """
@@ -19,7 +19,6 @@ period, and the shards still go out. A call the invocation's deadline stops ends
 from __future__ import annotations
 
 import logging
-import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -27,7 +26,7 @@ from fleetkeeper import aws
 from fleetkeeper.reconciler.dispatch import make_shards, run_index
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Sequence
+    from collections.abc import Sequence
     from datetime import datetime
 
     from fleetkeeper.reconciler.queue import ShardQueue
@@ -87,8 +86,6 @@ class Dispatcher:
     # Replica identity "owner": the owners' roles, made here for the listed owners and removed once
     # their owner has no service.
     identities: IdentityKeeper | None = None
-    # The seconds the invocation's AWS calls may still use (the handler's deadline; unbounded without one).
-    time_left: Callable[[], float] = lambda: math.inf
 
     def run(self) -> DispatchReport:
         report = DispatchReport()
@@ -156,7 +153,7 @@ class Dispatcher:
         assert self.identities is not None
         try:
             # Their own deadline, earlier than the invocation's: the shards must still go out after them.
-            with aws.within(lambda: self.time_left() - IDENTITIES_LEAVE_SECONDS):
+            with aws.keeping(IDENTITIES_LEAVE_SECONDS):
                 made = self.identities.ensure(entry.owner for entry in listed if entry.owner)
         except aws.DeadlineReached as reached:
             # Before the first make (IAM's listing, the records' read): all wait for the next period.

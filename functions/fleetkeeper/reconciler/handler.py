@@ -182,8 +182,7 @@ def sent_at(record: dict[str, Any]) -> float | None:
 @logger.inject_lambda_context(clear_state=True)
 def dispatch_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     dispatcher = build_dispatcher(Settings.from_env(os.environ))
-    dispatcher.time_left = aws.seconds_left(context, _RETURN_RESERVE_SECONDS)
-    with aws.within(dispatcher.time_left):
+    with aws.within(aws.seconds_left(context, _RETURN_RESERVE_SECONDS)):
         summary = dispatcher.run().as_dict()
     if summary["out_of_time"]:
         logger.warning("dispatch cut short", extra=summary)
