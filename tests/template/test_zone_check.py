@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from fleetkeeper.deploy import zone_check
+from fleetkeeper.deploy import cfn_response, zone_check
 from fleetkeeper.reconciler.balancer import served_subnets
 from tests.cfn import Resolver, translate
 from tests.iam_evaluator import Decision, Request, evaluate
@@ -177,8 +177,8 @@ class _CloudFormation:
 def cloudformation(monkeypatch: pytest.MonkeyPatch) -> Iterator[_CloudFormation]:
     endpoint = _CloudFormation()
     # The local endpoint stands for CloudFormation's S3 URL: it alone is let through besides S3's.
-    real = zone_check.response_url_problem
-    monkeypatch.setattr(zone_check, "response_url_problem", lambda url: None if url == endpoint.url else real(url))
+    real = cfn_response.response_url_problem
+    monkeypatch.setattr(cfn_response, "response_url_problem", lambda url: None if url == endpoint.url else real(url))
     yield endpoint
     endpoint.server.shutdown()
     endpoint.server.server_close()
@@ -344,7 +344,7 @@ def test_delete_always_succeeds_and_asks_ec2_nothing(
     ],
 )
 def test_cloudformations_s3_response_urls_are_answered(url: str) -> None:
-    assert zone_check.response_url_problem(url) is None
+    assert cfn_response.response_url_problem(url) is None
 
 
 @pytest.mark.parametrize(
@@ -362,7 +362,7 @@ def test_any_other_response_url_is_not_put_to(
     url: str, problem: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Whoever may invoke the function hands it the URL: it PUTs only to S3, never anywhere else."""
-    assert problem in (zone_check.response_url_problem(url) or "")
+    assert problem in (cfn_response.response_url_problem(url) or "")
     opened: list[object] = []
     import urllib.request
 

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from fleetkeeper.deploy import cfn_response
 from fleetkeeper.reconciler.driver import client_token
 from fleetkeeper.uninstall import handler
 from fleetkeeper.uninstall.cleanup import StackScope, Uninstall
@@ -25,7 +26,10 @@ OWNER = "arn:aws:iam::123456789012:role/team-a-ci"
 @pytest.fixture
 def endpoint(monkeypatch: pytest.MonkeyPatch) -> Iterator[ResponseEndpoint]:
     answered = ResponseEndpoint()
-    monkeypatch.setattr(handler, "response_url_allowed", lambda url: url.startswith("http://127.0.0.1:"))
+    real = cfn_response.response_url_problem
+    monkeypatch.setattr(
+        cfn_response, "response_url_problem", lambda url: None if url.startswith("http://127.0.0.1:") else real(url)
+    )
     yield answered
     answered.close()
 
@@ -179,7 +183,7 @@ def test_bad_properties_are_answered_failed_naming_what_is_wrong(
     ],
 )
 def test_only_an_https_url_of_s3_is_answered(url: str, allowed: bool) -> None:
-    assert handler.response_url_allowed(url) is allowed
+    assert (cfn_response.response_url_problem(url) is None) is allowed
 
 
 def test_an_event_whose_url_is_not_s3s_is_not_answered(stack: Deployed, caplog: pytest.LogCaptureFixture) -> None:

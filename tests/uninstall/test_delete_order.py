@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from fleetkeeper.deploy import cfn_response
 from fleetkeeper.uninstall import handler
 from tests.cfn import translate
 from tests.conftest import TABLE
@@ -46,7 +47,10 @@ OTHER = "fedcba987654"
 def endpoint(monkeypatch: pytest.MonkeyPatch) -> Iterator[ResponseEndpoint]:
     answered = ResponseEndpoint()
     # The test's response URL is 127.0.0.1's, not S3's (test_cleanup.py proves the check itself).
-    monkeypatch.setattr(handler, "response_url_allowed", lambda url: url.startswith("http://127.0.0.1:"))
+    real = cfn_response.response_url_problem
+    monkeypatch.setattr(
+        cfn_response, "response_url_problem", lambda url: None if url.startswith("http://127.0.0.1:") else real(url)
+    )
     yield answered
     answered.close()
 

@@ -26,16 +26,14 @@ that outlasts them is answered FAILED with EC2's message, as any error.
 
 from __future__ import annotations
 
-import json
 import logging
-import re
 import time
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlsplit
 
 from botocore.exceptions import ClientError
 
 from fleetkeeper import aws
+from fleetkeeper.deploy import cfn_response
 from fleetkeeper.reconciler.balancer import served_subnets
 
 if TYPE_CHECKING:
@@ -46,15 +44,6 @@ logger = logging.getLogger(__name__)
 # One resource per stack: the same physical id on every update, so CloudFormation never sees a
 # replacement (a new id would make it Delete the old one).
 PHYSICAL_ID = "fleetkeeper-load-balancer-zones"
-# CloudFormation's limit on a whole response object (custom resource responses, 4,096 bytes); the
-# reason is cut well inside it.
-_REASON_LIMIT = 1500
-# CloudFormation's ResponseURL "identifies a presigned S3 bucket that receives responses": an HTTPS URL
-# of S3 (virtual-hosted or path style, any Region's endpoint). Anything else is not CloudFormation's,
-# and whoever may invoke the function must not make it PUT there (an internal address, another
-# service): the response is dropped and logged (CloudFormation's own request always passes).
-# https://docs.aws.amazon.com/AWSCloudFormation/latest/TemplateReference/crpg-ref-requests.html
-_S3_HOST = re.compile(r"(?:[a-z0-9][a-z0-9.-]*\.)?s3(?:[.-][a-z0-9-]+)?\.amazonaws\.com(?:\.cn)?")
 # Seconds between DescribeSubnets attempts refused while the new role propagates (60 s in all):
 # with the response's PUT (RESPONSE_TIMEOUT_SECONDS) inside template.yaml's Timeout for the function
 # (90 s), itself inside the custom resource's ServiceTimeout (120 s).
@@ -132,50 +121,12 @@ def lambda_handler(event: dict[str, Any], context: object) -> None:
     respond(event, reason)
 
 
-def response_url_problem(url: str) -> str | None:
-    """Why `url` cannot be CloudFormation's presigned S3 response URL (None: it can)."""
-    try:
-        parts = urlsplit(url)
-        port = parts.port
-    except ValueError:
-        return "it is not a URL"
-    if parts.scheme != "https":
-        return "it is not HTTPS"
-    if port not in (None, 443) or parts.username or parts.password:
-        return "it names a port or credentials"
-    if not _S3_HOST.fullmatch(parts.hostname or ""):
-        return f"its host {parts.hostname!r} is not Amazon S3's"
-    return None
-
-
 def respond(event: Mapping[str, Any], reason: str | None) -> None:
-    """PUT the custom resource response (AWS CloudFormation, *Custom resource response objects*,
-    https://docs.aws.amazon.com/AWSCloudFormation/latest/TemplateReference/crpg-ref-responses.html)
-    to the request's ResponseURL, when that is an S3 URL (`response_url_problem`)."""
-    url = str(event.get("ResponseURL", ""))
-    problem = response_url_problem(url)
-    if problem is not None:
-        logger.error("not answering a request whose ResponseURL is not CloudFormation's: %s", problem)
-        return
-    body = json.dumps(
-        {
-            "Status": "FAILED" if reason else "SUCCESS",
-            "Reason": (reason or "the load balancer's zones cover every replica subnet")[:_REASON_LIMIT],
-            "PhysicalResourceId": event.get("PhysicalResourceId") or PHYSICAL_ID,
-            "StackId": event.get("StackId", ""),
-            "RequestId": event.get("RequestId", ""),
-            "LogicalResourceId": event.get("LogicalResourceId", ""),
-        }
-    ).encode()
-    import urllib.request  # only here: most of this module's importers are tests of the verdict
-
-    # The presigned URL is signed without a content type: send none (an empty header, as AWS's
-    # cfn-response module does).
-    request = urllib.request.Request(
-        url,
-        data=body,
-        method="PUT",
-        headers={"Content-Type": "", "Content-Length": str(len(body))},
+    """Answer CloudFormation (fleetkeeper.deploy.cfn_response): FAILED with `reason`, else SUCCESS."""
+    cfn_response.send(
+        event,
+        succeeded=not reason,
+        reason=reason or "the load balancer's zones cover every replica subnet",
+        physical_id=PHYSICAL_ID,
+        timeout=RESPONSE_TIMEOUT_SECONDS,
     )
-    with urllib.request.urlopen(request, timeout=RESPONSE_TIMEOUT_SECONDS) as answer:
-        answer.read()

@@ -20,14 +20,12 @@ this function's answer must go nowhere else.
 
 from __future__ import annotations
 
-import json
 import logging
-import re
 import time
-import urllib.parse
 from typing import TYPE_CHECKING, Any
 
 from fleetkeeper import aws
+from fleetkeeper.deploy import cfn_response
 from fleetkeeper.settings import STACK_ID_ENV, stack_id_of
 from fleetkeeper.uninstall.cleanup import StackScope, Uninstall
 
@@ -43,23 +41,6 @@ CLEANS_DURING = frozenset({"DELETE_IN_PROGRESS", "ROLLBACK_IN_PROGRESS"})
 # No AWS call of the cleanup starts with less than this left of the invocation: the last one (with
 # botocore's retries) and the answer to CloudFormation fit in it.
 RESERVE_SECONDS = 30.0
-# CloudFormation's limit on a whole response object is 4,096 bytes; the reason is cut well inside it.
-_REASON_LIMIT = 1500
-# Where CloudFormation's pre-signed response URLs point: S3 (`...s3.amazonaws.com`, or
-# `.amazonaws.com.cn` in the China Regions).
-_S3_HOST = r"(?:[a-z0-9.-]+\.)?s3[a-z0-9.-]*\.amazonaws\.com(?:\.cn)?"
-
-
-def response_url_allowed(url: str) -> bool:
-    """Whether `url` is one CloudFormation gives: https, on an S3 endpoint, no credentials or port."""
-    parts = urllib.parse.urlsplit(url)
-    host = parts.hostname or ""
-    return (
-        parts.scheme == "https"
-        and parts.username is None
-        and parts.port is None
-        and re.fullmatch(_S3_HOST, host) is not None
-    )
 
 
 def stack_status(stack_id: str) -> str:
@@ -124,26 +105,5 @@ def decide(
 
 
 def answer(event: Mapping[str, Any], succeeded: bool, reason: str) -> None:
-    """PUT the response object to the event's pre-signed URL (only an S3 one)."""
-    url = str(event.get("ResponseURL", ""))
-    if not response_url_allowed(url):
-        logger.error("not answering: the response URL is not an https URL of S3: %r", url[:200])
-        return
-    body = json.dumps(
-        {
-            "Status": "SUCCESS" if succeeded else "FAILED",
-            "Reason": reason[:_REASON_LIMIT],
-            "PhysicalResourceId": event.get("PhysicalResourceId") or PHYSICAL_ID,
-            "StackId": event.get("StackId", ""),
-            "RequestId": event.get("RequestId", ""),
-            "LogicalResourceId": event.get("LogicalResourceId", ""),
-        }
-    ).encode()
-    import urllib.request
-
-    # The pre-signed URL is signed without a content type: send none (an empty header).
-    request = urllib.request.Request(
-        url, data=body, method="PUT", headers={"Content-Type": "", "Content-Length": str(len(body))}
-    )
-    with urllib.request.urlopen(request, timeout=10) as response:  # https to S3 only: checked above
-        response.read()
+    """PUT the response object to the event's pre-signed URL (only an S3 one: fleetkeeper.deploy.cfn_response)."""
+    cfn_response.send(event, succeeded=succeeded, reason=reason, physical_id=PHYSICAL_ID, timeout=10)
