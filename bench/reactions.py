@@ -12,25 +12,16 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import os
+import logging
 import sys
-from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT / "functions"), str(ROOT)]
-os.environ.setdefault("AWS_ACCESS_KEY_ID", "bench")
-os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "bench")
-os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
-os.environ.setdefault("AWS_REGION", "us-east-1")
-os.environ["FLEETKEEPER_REPLICA_HOST"] = "127.0.0.1"
+import offline_aws  # noqa: F401  (first: the path, fake credentials, probes on 127.0.0.1)
 
-import logging  # noqa: E402
-from typing import TYPE_CHECKING, Any, TypeVar  # noqa: E402
-
-from fleetkeeper import aws  # noqa: E402
-from tests.reconciler_world import ProbeServer  # noqa: E402
-from tests.simulation import reactions as r  # noqa: E402
-from tests.strict_aws import FaultRates, StrictAws  # noqa: E402
+from fleetkeeper import aws
+from tests.reconciler_world import ProbeServer
+from tests.simulation import reactions as r
+from tests.strict_aws import FaultRates, StrictAws
 
 if TYPE_CHECKING:
     from collections.abc import Callable
