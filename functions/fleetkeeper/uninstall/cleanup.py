@@ -424,31 +424,23 @@ class Uninstall:
         return tags
 
     def _pages_of_listeners(self, balancer: str) -> Iterator[dict[str, Any]]:
-        kwargs: dict[str, Any] = {"LoadBalancerArn": balancer, "PageSize": 400}
-        while True:
-            self._tick()
-            try:
-                page = aws.elbv2().describe_listeners(**kwargs)
-            except ClientError as exc:
-                if _code(exc) in _GONE:
-                    return
-                raise
-            yield from (dict(item) for item in page.get("Listeners", []))
-            if not page.get("NextMarker"):
-                return
-            kwargs["Marker"] = page["NextMarker"]
+        return self._elb_pages("describe_listeners", "Listeners", LoadBalancerArn=balancer)
 
     def _pages_of_rules(self, listener: str) -> Iterator[dict[str, Any]]:
-        kwargs: dict[str, Any] = {"ListenerArn": listener, "PageSize": 400}
+        return self._elb_pages("describe_rules", "Rules", ListenerArn=listener)
+
+    def _elb_pages(self, operation: str, key: str, **kwargs: Any) -> Iterator[dict[str, Any]]:
+        """Every item of a paged ELB listing (NextMarker), nothing once its parent is gone."""
+        kwargs["PageSize"] = 400
         while True:
             self._tick()
             try:
-                page = aws.elbv2().describe_rules(**kwargs)
+                page = getattr(aws.elbv2(), operation)(**kwargs)
             except ClientError as exc:
                 if _code(exc) in _GONE:
                     return
                 raise
-            yield from (dict(item) for item in page.get("Rules", []))
+            yield from (dict(item) for item in page.get(key, []))
             if not page.get("NextMarker"):
                 return
             kwargs["Marker"] = page["NextMarker"]
