@@ -12,12 +12,13 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from fleetkeeper.reconciler.driver import MANAGED_TAG, STACK_TAG
 from fleetkeeper.reconciler.drivers import make_driver
 from fleetkeeper.reconciler.drivers.ec2 import Ec2Driver
 from fleetkeeper.reconciler.plan import ProbeResult
 from fleetkeeper.reconciler.probe import ProbeTarget, probe_all, probe_one
 from fleetkeeper.reconciler.userdata import USER_DATA_LIMIT, environment_file, render, user_data
-from fleetkeeper.settings import Ec2Settings, Settings
+from fleetkeeper.settings import DEFAULT_STACK_ID, Ec2Settings, Settings
 from fleetkeeper.spec.service import ReadinessProbe, ServiceSpec
 from tests.conftest import hello_spec
 
@@ -114,7 +115,15 @@ def test_replica_host_replaces_the_instance_address() -> None:
 def test_terminate_goes_on_when_one_instance_is_already_gone(aws: None) -> None:
     from fleetkeeper import aws as clients
 
-    made = clients.ec2().run_instances(ImageId="ami-12345678", MinCount=2, MaxCount=2)["Instances"]
+    # The reconciler's role terminates only the stack's managed instances (template.yaml,
+    # TerminateOnlyManaged): these carry the tags its own launches do.
+    managed = [{"Key": MANAGED_TAG, "Value": "true"}, {"Key": STACK_TAG, "Value": DEFAULT_STACK_ID}]
+    made = clients.ec2().run_instances(
+        ImageId="ami-12345678",
+        MinCount=2,
+        MaxCount=2,
+        TagSpecifications=[{"ResourceType": "instance", "Tags": managed}],
+    )["Instances"]
     ids = [i["InstanceId"] for i in made]
     Ec2Driver().terminate([ids[0], "i-0123456789abcdef0", ids[1]])
     states = clients.ec2().describe_instances(InstanceIds=ids)["Reservations"][0]["Instances"]

@@ -37,6 +37,7 @@ from fleetkeeper.reconciler.drivers import ec2 as ec2_driver_module
 from fleetkeeper.reconciler.plan import Policy
 from tests.conftest import ApiClient, FakeContext
 from tests.reconciler_world import make_alb, raw_client, spec_dict, tags
+from tests.strict_aws import active_controller
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -293,6 +294,11 @@ def test_an_upgraded_stack_adopts_its_own_replicas_without_a_restart_and_no_othe
     )
     old, new = (make_stack(STACK_IDS[n], balanced=True) for n in range(2))
     _BeforeStackIds.OLD = {old.stack_id}
+    # The old release ran under the old release's template, whose grants the strict layer does not
+    # have: its calls are not judged. From the upgrade on, every call is.
+    controller = active_controller()
+    old_release = controller.calling_as(None) if controller is not None else contextlib.nullcontext()
+    old_release.__enter__()
     for stack in (old, new):
         assert stack.api("POST", "/v1/services", {"name": "web", "spec": spec_dict(stack_server.port)}).status == 201
     # A service the old stack deleted before the upgrade whose replica outlived it (its item gone).
@@ -318,6 +324,7 @@ def test_an_upgraded_stack_adopts_its_own_replicas_without_a_restart_and_no_othe
     )
 
     # The upgrade: the same stack, the code that knows stack ids. No restart of any replica.
+    old_release.__exit__(None, None, None)
     _BeforeStackIds.OLD = set()
     for stack in (old, new):
         stack.runs.clear()

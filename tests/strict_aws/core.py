@@ -47,7 +47,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from fleetkeeper.aws import CONNECT_TIMEOUT_SECONDS, READ_TIMEOUT_SECONDS
-from tests.strict_aws import model_validation
+from tests.strict_aws import callers, model_validation
+from tests.strict_aws.authorization import VPC_ENDPOINTS, Authorizer, denied, denied_message, endpoint_name
 from tests.strict_aws.clock import VirtualClock
 from tests.strict_aws.cloudwatch import CloudWatchLayer
 from tests.strict_aws.context import LambdaContext
@@ -183,6 +184,12 @@ class StrictAws:
         # context (the reconciler's parallel reads) acts as that caller.
         self._actor: contextvars.ContextVar[str | None] = contextvars.ContextVar("strict_aws_actor", default=None)
         self.rate_limited: list[float] = []
+        # IAM and the network (tests/strict_aws/authorization.py): every call of a template function is
+        # authorized against its role and must be reachable from its network. `nat_gateway`: the VPC
+        # has a NAT (docs/DEPLOY.md requires one of stacks with a hosted zone), so every service answers.
+        self.authorizer = Authorizer()
+        self.nat_gateway = False
+        self._calling_as: contextvars.ContextVar[str | None] = contextvars.ContextVar("strict_aws_caller", default=None)
 
     # -- activation (one controller at a time, process-wide) --
 
@@ -288,6 +295,40 @@ class StrictAws:
     def actor(self) -> str | None:
         return self._actor.get()
 
+    # -- callers (for IAM and the network) --
+
+    @contextlib.contextmanager
+    def calling_as(self, function: str | None) -> Iterator[None]:
+        """AWS calls in this block are made by the template function `function` (a logical id such as
+        "ReconcilerFunction"; None: the test itself), whatever code makes them (tests/strict_aws/callers.py
+        otherwise tells from the stack)."""
+        token = self._calling_as.set(function or "")
+        try:
+            yield
+        finally:
+            self._calling_as.reset(token)
+
+    def caller(self) -> str | None:
+        chosen = self._calling_as.get()
+        if chosen is not None:
+            return chosen or None
+        return callers.calling_function()
+
+    @property
+    def denials(self) -> list[Any]:
+        """Every call IAM denied, in order (tests/strict_aws/authorization.py's Denial)."""
+        with self.authorizer.lock:
+            return list(self.authorizer.denials)
+
+    def _unreachable(self, call: Call, function: str) -> bool:
+        if self.nat_gateway:
+            return False
+        from tests.strict_aws.stack_policies import Bindings, for_bindings
+
+        if not for_bindings(Bindings()).in_vpc(function):
+            return False
+        return endpoint_name(call.request.url) not in VPC_ENDPOINTS
+
     # -- Lambda --
 
     def lambda_context(self, *, timeout_seconds: float = 300.0, function_name: str = "fleetkeeper") -> LambdaContext:
@@ -346,7 +387,19 @@ class StrictAws:
                 digest = hashlib.sha256(call.body_bytes()).hexdigest()[:16]
                 self.call_log.append((call.service, call.operation, digest))
         try:
+            # Taken first, so that a call refused below leaves no violation behind for the next one.
             violation = model_validation.take()
+            function = self.caller()
+            if function is not None:
+                if self._unreachable(call, function):
+                    self._hang(
+                        call, _Hang(call.service, call.operation, "connect", HANG_SECONDS["connect"], 1), invocation
+                    )
+                refusal = self.authorizer.decide(call, function)
+                if refusal is not None:
+                    check, decision, principal = refusal
+                    self.record_fault(call.service, call.operation, f"denied:{check.action}")
+                    return denied(call, denied_message(principal, check, decision, function))
             if violation is not None:
                 self.record_fault(call.service, call.operation, f"model:{violation.path}")
                 self.violations.append(violation)

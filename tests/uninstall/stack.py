@@ -40,6 +40,7 @@ from fleetkeeper.replicas.workdirs import S3WorkdirStore
 from fleetkeeper.spec.service import ServiceSpec
 from tests.cfn import PSEUDO, Resolver
 from tests.reconciler_world import raw_client, spec_dict
+from tests.strict_aws import active_controller
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -167,6 +168,10 @@ def hosted_zone(domain: str) -> str:
     """The user's hosted zone (a parameter, not the stack's), with the user's wildcard record."""
     route53 = raw_client("route53")
     zone = route53.create_hosted_zone(Name=domain, CallerReference=domain)["HostedZone"]["Id"].rsplit("/", 1)[-1]
+    # docs/DEPLOY.md: a stack with a hosted zone has a NAT (Route 53 has no VPC endpoint).
+    controller = active_controller()
+    if controller is not None:
+        controller.nat_gateway = True
     route53.change_resource_record_sets(
         HostedZoneId=zone,
         ChangeBatch={
