@@ -128,6 +128,16 @@ class ReplicaView(_Model):
     endpoint_state: str | None = Field(
         description="its place in the service's endpoint: REGISTERING, REGISTERED, DRAINING, or null (not in it)"
     )
+    failure_code: str | None = Field(
+        default=None,
+        description="the typed code of its failure or refused launch (an EC2 error or state-reason code, or "
+        "fleetkeeper's own, e.g. InsufficientInstanceCapacity, Server.SpotInstanceTermination); null: none",
+    )
+    cause: str | None = Field(
+        default=None,
+        description="whose fault that failure is: VERSION (counts toward the circuit breaker), ENVIRONMENT, "
+        "SPOT_RECLAIM or UNRECORDED; null: no failure",
+    )
     market: str = Field(description="how its instance is bought: spot or on-demand (decided when it was claimed)")
     instance_type: str | None = Field(description="the instance type it was launched as; null before its launch")
     interruption: InterruptionView | None = Field(
@@ -374,6 +384,8 @@ def replica_view(replica: "ReplicaRecord") -> dict[str, Any]:
         "instance_id": replica.instance_id,
         "url": replica.url,
         "endpoint_state": replica.balancer.value if replica.balancer is not None else None,
+        "failure_code": replica.failure_code,
+        "cause": replica.cause.value if replica.cause is not None else None,
         "market": replica.market.value,
         "instance_type": replica.instance_type,
         "interruption": (
