@@ -102,7 +102,9 @@ def replicas_plot(samples: Sequence[Sample], events: Sequence[dict[str, Any]], n
                 upper, lower = above, below
             points = [f"{x:.1f},{_y(v, top):.1f}" for x, v in zip(xs, upper, strict=True)]
             points += [f"{x:.1f},{_y(v, top):.1f}" for x, v in reversed(list(zip(xs, lower, strict=True)))]
-            body.append(f'<polygon class="area s-{escape(status)}" points="{" ".join(points)}"><title>{escape(status)}</title></polygon>')
+            body.append(
+                f'<polygon class="area s-{escape(status)}" points="{" ".join(points)}"><title>{escape(status)}</title></polygon>'
+            )
             below = above
         target_points = [f"{_x(s.at, start, end):.1f},{_y(s.target, top):.1f}" for s in shown if s.target is not None]
         if target_points:
@@ -177,7 +179,9 @@ def _legend(names: list[str]) -> list[str]:
     items = []
     x = LEFT + 4
     for name in names:
-        css = "target" if name in ("target", "autoscaler target") else ("rate" if name == "request rate" else f"s-{name}")
+        css = (
+            "target" if name in ("target", "autoscaler target") else ("rate" if name == "request rate" else f"s-{name}")
+        )
         items.append(f'<rect class="key {escape(css)}" x="{x}" y="{TOP}" width="10" height="10"/>')
         items.append(f'<text class="key-label" x="{x + 14}" y="{TOP + 9}">{escape(name)}</text>')
         x += 22 + 7 * len(name)
