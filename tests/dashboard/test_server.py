@@ -66,7 +66,7 @@ def test_every_answer_has_a_strict_policy_and_the_pages_no_inline_script_or_styl
         answer = visitor.get(path)
         policy = answer.headers["Content-Security-Policy"]
         assert "script-src 'self'" in policy and "default-src 'none'" in policy and "frame-ancestors 'none'" in policy
-        assert answer.headers["X-Frame-Options"] == "DENY" and answer.headers["Referrer-Policy"] == "no-referrer"
+        assert answer.headers["X-Frame-Options"] == "DENY" and answer.headers["Referrer-Policy"] == "same-origin"
         assert re.findall(r"<script(?![^>]*\bsrc=)", answer.text) == [], path
         assert not re.search(r"\sstyle=|\son[a-z]+=", answer.text), path
         assert "<script>alert" not in answer.text and "<b>two" not in answer.text, path

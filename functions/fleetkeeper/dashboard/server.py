@@ -49,6 +49,8 @@ STATIC_FILES = {
     "dashboard.css": "text/css",
     "favicon.svg": "image/svg+xml",
 }
+# The request's session (set by the gate for every page and action).
+SESSION = web.RequestKey("session", str)
 NOTICES = {"rollback": "rolled back to v{version}", "scale": "scaled to {replicas} replica(s)"}
 
 
@@ -123,7 +125,7 @@ class Dashboard:
                     "local`) printed when it started; each link works once"
                 )
                 return _secured(self._html(render.message_page(self.frame, "not logged in", words), status=401))
-            request["session"] = session
+            request[SESSION] = session
             if request.method not in SAFE_METHODS:
                 refusal = await self._refuse_action(request, session)
                 if refusal is not None:
@@ -294,7 +296,7 @@ class Dashboard:
             asyncio.to_thread(self.backend.versions, name), asyncio.to_thread(self.backend.events, name)
         )
         now = self.clock()
-        csrf = self.gate.csrf_token(request["session"]) if self.allow_actions else None
+        csrf = self.gate.csrf_token(request[SESSION]) if self.allow_actions else None
         notice = _notice(request.query)
         plots_html = await self._plots(name, events)
         return self._html(
@@ -386,7 +388,7 @@ class Dashboard:
             fields = {"version": str(version), "generation": str(generation)}
             return self._html(
                 render.confirm_page(
-                    self.frame, name, "rollback", question, fields, self.gate.csrf_token(request["session"])
+                    self.frame, name, "rollback", question, fields, self.gate.csrf_token(request[SESSION])
                 )
             )
         await asyncio.to_thread(self.backend.rollback, name, version, generation)
@@ -406,7 +408,7 @@ class Dashboard:
             fields = {"replicas": str(replicas), "generation": str(generation)}
             return self._html(
                 render.confirm_page(
-                    self.frame, name, "scale", question, fields, self.gate.csrf_token(request["session"])
+                    self.frame, name, "scale", question, fields, self.gate.csrf_token(request[SESSION])
                 )
             )
         await asyncio.to_thread(self.backend.scale, name, replicas, generation)
