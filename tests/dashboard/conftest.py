@@ -89,7 +89,9 @@ def csrf_of(page: str) -> str:
 @pytest.fixture
 def api(table: str, tmp_path: Path) -> Iterator[ApiClient]:
     """The real api handler behind the embedded bridge: the dashboard's backend calls it as the CLI does."""
-    with serving_bridge(lambda_handler, tmp_path / "state", on_kick=lambda _n: None, logs_dir=tmp_path / "logs") as server:
+    with serving_bridge(
+        lambda_handler, tmp_path / "state", on_kick=lambda _n: None, logs_dir=tmp_path / "logs"
+    ) as server:
         credential = credential_for(server.url)
         assert credential is not None
         yield ApiClient(server.url, token=credential.token)

@@ -133,7 +133,9 @@ def text_of(driver: Any, css: str) -> str:
 def series(driver: Any) -> dict[str, Any]:
     from selenium.webdriver.common.by import By
 
-    shown: dict[str, Any] = json.loads(driver.find_element(By.CSS_SELECTOR, "svg.plot-replicas").get_attribute("data-series"))
+    shown: dict[str, Any] = json.loads(
+        driver.find_element(By.CSS_SELECTOR, "svg.plot-replicas").get_attribute("data-series")
+    )
     return shown
 
 
@@ -277,4 +279,3 @@ def test_a_dashboard_without_allow_actions_refuses_every_action(plane: LocalPlan
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
-

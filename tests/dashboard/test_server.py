@@ -112,7 +112,9 @@ def test_an_action_needs_allow_actions(api: ApiClient, dashboard) -> None:  # ty
     api.request("PUT", "/v1/services/web", {"spec": hello(envs={"MODE": "fast"})})
     _running, visitor = dashboard()
     session_token = "x"
-    answer = visitor.post("/services/web/rollback", {"csrf": session_token, "version": "1", "generation": "2", "confirmed": "yes"})
+    answer = visitor.post(
+        "/services/web/rollback", {"csrf": session_token, "version": "1", "generation": "2", "confirmed": "yes"}
+    )
     assert answer.status == 403 and "read-only" in answer.text
     assert api.request("GET", "/v1/services/web").body["target_version"] == 2
 
@@ -130,7 +132,12 @@ def test_an_action_is_confirmed_then_sent_with_this_pages_origin_and_token(api: 
     assert visitor.post("/services/web/rollback", form, origin="http://127.0.0.1:1").status == 403
     assert visitor.post("/services/web/rollback", {**form, "csrf": "0" * 64}).status == 403
     other = type(visitor)(visitor.base, cookie=visitor.cookie)
-    assert other.request("POST", "/services/web/rollback", None, {"Origin": visitor.base, "Content-Type": "text/plain"}).status == 415
+    assert (
+        other.request(
+            "POST", "/services/web/rollback", None, {"Origin": visitor.base, "Content-Type": "text/plain"}
+        ).status
+        == 415
+    )
 
     question = visitor.post("/services/web/rollback", form)
     assert question.status == 200 and "Roll web back from v2 to v1?" in question.text
@@ -168,5 +175,7 @@ def test_the_list_says_when_the_api_cannot_be_reached(api: ApiClient, dashboard)
     api.base_url = "http://127.0.0.1:9"  # the dashboard's client: nothing answers there now
     api.retries = 1
     time.sleep(0.5)
-    eventually(lambda: "could not list the services" in visitor.get("/fragments/services").text, 10, what="problem shown")
+    eventually(
+        lambda: "could not list the services" in visitor.get("/fragments/services").text, 10, what="problem shown"
+    )
     assert running.url.startswith("http://127.0.0.1:")

@@ -124,8 +124,7 @@ class Backend:
 
     def rollback(self, name: str, version: int, generation: int) -> dict[str, Any]:
         """Roll back to `version`, only if the service is still at `generation` (what the user confirmed)."""
-        answer = self._write("POST", f"/v1/services/{quote(name)}/rollback", {"version": version}, generation)
-        return answer
+        return self._write("POST", f"/v1/services/{quote(name)}/rollback", {"version": version}, generation)
 
     def scale(self, name: str, replicas: int, generation: int) -> dict[str, Any]:
         """A fixed-count service's target version, with `replicas` replicas: a new version that changes

@@ -6,12 +6,12 @@ the user's running `fleetkeeper local`, and its credential): the dashboard calls
 
 from __future__ import annotations
 
-import argparse
 from typing import TYPE_CHECKING
 
 from fleetkeeper.local.options import port_number, seconds
 
 if TYPE_CHECKING:
+    import argparse
     from collections.abc import Callable
 
     from fleetkeeper.cli.http import ApiClient

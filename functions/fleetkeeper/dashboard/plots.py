@@ -103,7 +103,8 @@ def replicas_plot(samples: Sequence[Sample], events: Sequence[dict[str, Any]], n
             points = [f"{x:.1f},{_y(v, top):.1f}" for x, v in zip(xs, upper, strict=True)]
             points += [f"{x:.1f},{_y(v, top):.1f}" for x, v in reversed(list(zip(xs, lower, strict=True)))]
             body.append(
-                f'<polygon class="area s-{escape(status)}" points="{" ".join(points)}"><title>{escape(status)}</title></polygon>'
+                f'<polygon class="area s-{escape(status)}" points="{" ".join(points)}">'
+                f"<title>{escape(status)}</title></polygon>"
             )
             below = above
         target_points = [f"{_x(s.at, start, end):.1f},{_y(s.target, top):.1f}" for s in shown if s.target is not None]

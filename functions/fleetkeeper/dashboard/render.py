@@ -225,7 +225,10 @@ def services_table(
         lines.append(f'<tr><td colspan="7" class="empty">{e(empty)}</td></tr>')
     warning = f'<p class="problem">{e(problem)}</p>' if problem else ""
     summary = f'<p class="count">{len(shown)} of {len(rows)} service(s)</p>'
-    return f'{warning}<table class="services"><thead><tr>{"".join(head)}</tr></thead><tbody>{"".join(lines)}</tbody></table>{summary}'
+    return (
+        f'{warning}<table class="services"><thead><tr>{"".join(head)}</tr></thead>'
+        f"<tbody>{''.join(lines)}</tbody></table>{summary}"
+    )
 
 
 # --- one service --------------------------------------------------------------------------------------
@@ -245,14 +248,16 @@ def service_page(
     base = f"/fragments/services/{quote(name)}"
     replicas = view.get("replicas") or []
     options = "".join(
-        f'<option value="{int(r["replica_id"])}">replica {int(r["replica_id"])} (v{int(r["version"])}, {e(r["status"])})</option>'
+        f'<option value="{int(r["replica_id"])}">'
+        f"replica {int(r['replica_id'])} (v{int(r['version'])}, {e(r['status'])})</option>"
         for r in replicas
     )
     first = int(replicas[0]["replica_id"]) if replicas else None
     logs = (
         '<section class="logs"><h2>Log tail</h2>'
         f'<form method="get" action="/services/{quote(name)}/logs" class="log-pick">'
-        f'<select name="replica" id="log-replica" aria-label="replica" data-fragment-base="{e(base)}/logs">{options}</select>'
+        '<select name="replica" id="log-replica" aria-label="replica" '
+        f'data-fragment-base="{e(base)}/logs">{options}</select>'
         '<button type="submit">show</button></form>'
         + (
             f'<pre id="log" class="log" data-fragment="{e(base)}/logs?replica={first}">loading…</pre>'
@@ -265,10 +270,12 @@ def service_page(
     body = (
         f'<nav class="crumbs"><a href="/">services</a> / {e(name)}</nav>{notice_html}'
         f'<div id="state" data-fragment="{e(base)}/state">{state}</div>'
-        f'<section class="plots"><h2>Traffic and replicas</h2><div id="plots" data-fragment="{e(base)}/plots">{plots}</div></section>'
+        '<section class="plots"><h2>Traffic and replicas</h2>'
+        f'<div id="plots" data-fragment="{e(base)}/plots">{plots}</div></section>'
         + actions_section(frame, view, versions, csrf)
         + versions_section(name, versions, int(view["target_version"]))
-        + f'<section class="events"><h2>Events</h2><div id="events" data-fragment="{e(base)}/events">{events}</div></section>'
+        + '<section class="events"><h2>Events</h2>'
+        + f'<div id="events" data-fragment="{e(base)}/events">{events}</div></section>'
         + logs
     )
     return page(frame, name, body)
@@ -286,7 +293,7 @@ def state_fragment(view: dict[str, Any], now: float) -> str:
         rate = scaling.get("request_rate")
         pending = (scaling.get("pending") or {}).get("message")
         scaling_text = (
-            f"<dt>autoscaling</dt><dd>{e(scaling['min_replicas'])}–{e(scaling['max_replicas'])} replicas, "
+            f"<dt>autoscaling</dt><dd>{e(scaling['min_replicas'])} to {e(scaling['max_replicas'])} replicas, "
             f"{e(scaling['target_qps_per_replica'])} req/s each; last rate {e(_rate_text(rate))}"
             + (f"; {e(pending)}" if pending else "; steady")
             + "</dd>"
@@ -305,7 +312,8 @@ def state_fragment(view: dict[str, Any], now: float) -> str:
             else e(url or "—")
         )
         rows.append(
-            f'<tr class="replica" data-replica="{int(r["replica_id"])}" data-status="{e(r["status"])}" data-version="{int(r["version"])}">'
+            f'<tr class="replica" data-replica="{int(r["replica_id"])}" data-status="{e(r["status"])}" '
+            f'data-version="{int(r["version"])}">'
             f'<td class="num">{int(r["replica_id"])}</td><td>v{int(r["version"])}</td>'
             f'<td>{_badge(str(r["status"]))}<div class="why">{e(reason)}</div>'
             + (f'<div class="typed">{e(typed)}</div>' if typed else "")
@@ -321,12 +329,15 @@ def state_fragment(view: dict[str, Any], now: float) -> str:
     return (
         f'<section class="summary"><h1>{e(name)} {_badge(str(view["status"]))}</h1>'
         f'<p class="why">{e(view.get("status_message"))}</p><dl>'
-        f'<dt>replicas</dt><dd><span id="ready-count">{ready}</span> ready / {e("?" if target is None else target)} target</dd>'
-        f"<dt>version</dt><dd>v{int(view['target_version'])} (latest v{int(view['latest_version'])}, mode {e(view.get('mode'))})</dd>"
+        f'<dt>replicas</dt><dd><span id="ready-count">{ready}</span> ready / '
+        f"{e('?' if target is None else target)} target</dd>"
+        f"<dt>version</dt><dd>v{int(view['target_version'])} (latest v{int(view['latest_version'])}, "
+        f"mode {e(view.get('mode'))})</dd>"
         f"<dt>endpoint</dt><dd>{endpoint_html}</dd>"
         f"<dt>owner</dt><dd>{e(view.get('owner') or '—')}</dd>"
         f"<dt>age</dt><dd>{e(age(view.get('created_at'), now))}</dd>"
-        f"<dt>generation</dt><dd>{int(view['generation'])}{'' if view.get('reconciled') else ' (the reconciler has not acted on it yet)'}</dd>"
+        f"<dt>generation</dt><dd>{int(view['generation'])}"
+        f"{'' if view.get('reconciled') else ' (the reconciler has not acted on it yet)'}</dd>"
         f"{scaling_text}</dl></section>"
         '<section class="replicas"><h2>Replicas</h2><table class="replicas"><thead><tr>'
         "<th>id</th><th>version</th><th>status and reason</th><th>endpoint</th><th>instance type</th>"
@@ -349,10 +360,11 @@ def events_fragment(events: Sequence[dict[str, Any]], now: float) -> str:
             )
             if part
         )
-        count = f' <span class="count">×{int(event["count"])}</span>' if int(event.get("count") or 1) > 1 else ""
+        count = f' <span class="count">x{int(event["count"])}</span>' if int(event.get("count") or 1) > 1 else ""
         items.append(
             f'<li class="event {e(str(event["type"]).lower())}" data-reason="{e(event["reason"])}">'
-            f'<time datetime="{e(event["time"])}" title="{e(event["time"])}">{e(age(str(event["time"]), now))} ago</time>'
+            f'<time datetime="{e(event["time"])}" title="{e(event["time"])}">'
+            f"{e(age(str(event['time']), now))} ago</time>"
             f'<span class="reason">{e(event["reason"])}</span>{count}'
             f'<span class="about">{e(about)}</span><span class="text">{e(event["message"])}</span></li>'
         )
@@ -381,7 +393,8 @@ def versions_section(name: str, versions: Sequence[dict[str, Any]], target: int)
     )
     return (
         '<section class="versions"><h2>Versions</h2>'
-        '<table class="versions"><thead><tr><th>version</th><th>state</th><th>mode</th><th>created</th><th>note</th></tr></thead>'
+        '<table class="versions"><thead><tr><th>version</th><th>state</th><th>mode</th><th>created</th>'
+        "<th>note</th></tr></thead>"
         f"<tbody>{''.join(rows)}</tbody></table>{diff_form}</section>"
     )
 
@@ -407,7 +420,8 @@ def diff_page(frame: Frame, name: str, older: dict[str, Any], newer: dict[str, A
             + "</pre>"
         )
     body = (
-        f'<nav class="crumbs"><a href="/">services</a> / <a href="/services/{quote(name)}">{e(name)}</a> / v{a} → v{b}</nav>'
+        f'<nav class="crumbs"><a href="/">services</a> / <a href="/services/{quote(name)}">{e(name)}</a>'
+        f" / v{a} → v{b}</nav>"
         f"<section><h1>{e(name)}: what changed from v{a} to v{b}</h1>{shown}</section>"
     )
     return page(frame, f"{name} v{a}→v{b}", body)
@@ -430,20 +444,25 @@ def actions_section(frame: Frame, view: dict[str, Any], versions: Sequence[dict[
     generation = int(view["generation"])
     target = int(view["target_version"])
     earlier = [int(v["version"]) for v in versions if int(v["version"]) != target]
-    hidden = f'<input type="hidden" name="csrf" value="{e(csrf)}"><input type="hidden" name="generation" value="{generation}">'
+    hidden = (
+        f'<input type="hidden" name="csrf" value="{e(csrf)}">'
+        f'<input type="hidden" name="generation" value="{generation}">'
+    )
     forms = []
     if earlier:
         picks = "".join(f'<option value="{n}">v{n}</option>' for n in reversed(earlier))
         forms.append(
             f'<form method="post" action="/services/{quote(name)}/rollback" class="action" id="rollback-form">{hidden}'
-            f'roll back to <select name="version" aria-label="version">{picks}</select> <button type="submit">roll back…</button></form>'
+            f'roll back to <select name="version" aria-label="version">{picks}</select> '
+            '<button type="submit">roll back…</button></form>'
         )
     fixed = not isinstance(view.get("autoscaling"), dict)
     if fixed:
         current = desired_replicas(view) or 0
         forms.append(
             f'<form method="post" action="/services/{quote(name)}/scale" class="action" id="scale-form">{hidden}'
-            f'scale to <input type="number" name="replicas" min="0" max="1000" value="{current}" aria-label="replicas"> replicas '
+            '<label>scale to <input type="number" name="replicas" min="0" max="1000" '
+            f'value="{current}" aria-label="replicas"> replicas</label> '
             '<button type="submit">scale…</button></form>'
         )
     forms.append('<p class="later">Terminating one replica needs an API route fleetkeeper does not have yet.</p>')

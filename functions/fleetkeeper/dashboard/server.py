@@ -248,7 +248,10 @@ class Dashboard:
     async def login(self, request: web.Request) -> web.StreamResponse:
         session = self.gate.log_in(request.query.get("code", ""))
         if session is None:
-            words = "this login link was used already or is not this run's: each link works once; start the dashboard again for a new one"
+            words = (
+                "this login link was used already or is not this run's: each link works once; "
+                "start the dashboard again for a new one"
+            )
             return self._html(render.message_page(self.frame, "login link spent", words), status=403)
         response = web.HTTPSeeOther("/")
         response.set_cookie(self.gate.cookie_name, session, httponly=True, samesite="Strict", path="/")
@@ -356,7 +359,8 @@ class Dashboard:
     async def logs_page(self, request: web.Request) -> web.StreamResponse:
         name = request.match_info["name"]
         text = render.log_fragment(await self._log_text(request))
-        body = f'<nav class="crumbs"><a href="/">services</a> / <a href="/services/{quote(name)}">{render.e(name)}</a></nav><pre class="log">{text}</pre>'
+        crumbs = f'<a href="/">services</a> / <a href="/services/{quote(name)}">{render.e(name)}</a>'
+        body = f'<nav class="crumbs">{crumbs}</nav><pre class="log">{text}</pre>'
         return self._html(render.page(self.frame, f"{name} logs", body))
 
     async def diff_page(self, request: web.Request) -> web.StreamResponse:
@@ -407,9 +411,7 @@ class Dashboard:
             question = f"Scale {name} to {replicas} replica(s)? (it has {now} now)"
             fields = {"replicas": str(replicas), "generation": str(generation)}
             return self._html(
-                render.confirm_page(
-                    self.frame, name, "scale", question, fields, self.gate.csrf_token(request[SESSION])
-                )
+                render.confirm_page(self.frame, name, "scale", question, fields, self.gate.csrf_token(request[SESSION]))
             )
         await asyncio.to_thread(self.backend.scale, name, replicas, generation)
         logger.warning("dashboard: scaled %s to %d replica(s)", name, replicas)
