@@ -44,7 +44,7 @@ CHROMIUM_FLAGS = (
     "--disable-component-update",
     "--disable-sync",
     "--disable-dev-shm-usage",
-    "--window-size=1280,1000",
+    "--window-size=1280,1500",
 )
 SPEC = """\
 service:

@@ -26,6 +26,9 @@ if TYPE_CHECKING:
 
 WIDTH, HEIGHT = 760, 220
 LEFT, RIGHT, TOP, BOTTOM = 44, 12, 12, 28
+# The shortest stretch a plot shows: a rollout of a minute, seen as soon as the dashboard starts, is not
+# a sliver at the edge of half an hour.
+MIN_SPAN_SECONDS = 120.0
 # Events worth a marker on the replicas plot: what moves replicas.
 MARKED_REASONS = frozenset({"Created", "Updated", "RolledBack", "Scaled", "BreakerTripped", "VersionReady"})
 
@@ -60,6 +63,12 @@ def _clock(at: float) -> str:
     return datetime.fromtimestamp(at, UTC).strftime("%H:%M:%S")
 
 
+def stretch(samples: Sequence[Sample], now: float, window: float) -> float:
+    """Where a plot starts: `window` back, or from the first sample if the dashboard has seen less."""
+    first = samples[0].at if samples else now
+    return max(now - window, min(first, now - MIN_SPAN_SECONDS))
+
+
 def _frame(kind: str, label: str, series: Any, top: float, start: float, end: float, body: list[str]) -> str:
     ticks = []
     for fraction in (0.0, 0.5, 1.0):
@@ -67,9 +76,9 @@ def _frame(kind: str, label: str, series: Any, top: float, start: float, end: fl
         shown = f"{top * fraction:g}"
         ticks.append(f'<line class="grid" x1="{LEFT}" x2="{WIDTH - RIGHT}" y1="{y:.1f}" y2="{y:.1f}"/>')
         ticks.append(f'<text class="tick" x="{LEFT - 6}" y="{y + 4:.1f}" text-anchor="end">{shown}</text>')
-    for at in (start, (start + end) / 2, end):
+    for at, anchor in ((start, "start"), ((start + end) / 2, "middle"), (end, "end")):
         x = _x(at, start, end)
-        ticks.append(f'<text class="tick" x="{x:.1f}" y="{HEIGHT - 8}" text-anchor="middle">{_clock(at)}</text>')
+        ticks.append(f'<text class="tick" x="{x:.1f}" y="{HEIGHT - 8}" text-anchor="{anchor}">{_clock(at)}</text>')
     data = escape(json.dumps(series, separators=(",", ":")), quote=True)
     return (
         f'<svg class="plot plot-{kind}" viewBox="0 0 {WIDTH} {HEIGHT}" role="img" aria-label="{escape(label)}" '
@@ -83,7 +92,7 @@ def _frame(kind: str, label: str, series: Any, top: float, start: float, end: fl
 def replicas_plot(samples: Sequence[Sample], events: Sequence[dict[str, Any]], now: float, window: float) -> str:
     """Replicas by status over the last `window` seconds, stacked, with the target as a dashed line
     and the events that move replicas as marked lines."""
-    start, end = now - window, now
+    start, end = stretch(samples, now, window), now
     shown = [s for s in samples if s.at >= start]
     statuses = ordered_statuses(shown)
     totals = [sum(s.by_status.values()) for s in shown]
@@ -141,7 +150,7 @@ def replicas_plot(samples: Sequence[Sample], events: Sequence[dict[str, Any]], n
 def rate_plot(metrics: dict[str, Any] | None, samples: Sequence[Sample], now: float, window: float) -> str:
     """Requests a second through the endpoint, against what the replicas are sized for (the
     autoscaler's target_qps_per_replica times its target, as it changed while sampled)."""
-    start, end = now - window, now
+    start, end = stretch(samples, now, window), now
     points = []
     for point in (metrics or {}).get("request_rate", []):
         at = from_iso(str(point["at"])).timestamp()
@@ -185,7 +194,7 @@ def _legend(names: list[str]) -> list[str]:
         )
         items.append(f'<rect class="key {escape(css)}" x="{x}" y="{TOP}" width="10" height="10"/>')
         items.append(f'<text class="key-label" x="{x + 14}" y="{TOP + 9}">{escape(name)}</text>')
-        x += 22 + 7 * len(name)
+        x += 30 + 7.5 * len(name)
     return items
 
 
