@@ -187,7 +187,7 @@ def rate_plot(metrics: dict[str, Any] | None, samples: Sequence[Sample], now: fl
 
 def _legend(names: list[str]) -> list[str]:
     items = []
-    x = LEFT + 4
+    x = LEFT + 4.0
     for name in names:
         css = (
             "target" if name in ("target", "autoscaler target") else ("rate" if name == "request rate" else f"s-{name}")
