@@ -15,7 +15,7 @@ METRICS_INTERVAL ?= 5
 PYTEST_WORKERS ?= 2
 PYTEST_DIST    ?= --dist load --maxschedchunk 1
 
-.PHONY: local test lint typecheck imports cfn unit fuzz mutate bench openapi clean sim soak
+.PHONY: local test lint typecheck imports cfn unit fuzz mutate bench openapi clean sim soak browser screenshots
 
 # checkov and the SAM CLI pin boto3 (and each other's dependencies) to exact versions that clash
 # with ours and with each other, so each gets a venv of its own under .venv-tools/.
@@ -75,9 +75,22 @@ cfn: $(STAMP) $(CHECKOV_STAMP) $(SAM_STAMP)
 	SAM_CLI_TELEMETRY=0 $(OFFLINE) $(SAM) validate --lint --template template.yaml --region us-east-1
 	$(OFFLINE) $(CHECKOV) --config-file .checkov.yaml $(addprefix -f ,$(CFN_TEMPLATES))
 
+# The dashboard's browser tests (tests/dashboard/test_browser.py) drive Debian's headless Chromium and
+# its driver: installed here when missing and we may (root with apt-get); otherwise this says so and
+# those tests, only those, are skipped with the same words.
+BROWSER_PACKAGES := chromium chromium-driver
+browser:
+	@if [ -x /usr/bin/chromium ] && [ -x /usr/bin/chromedriver ]; then :; \
+	 elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	   echo "installing $(BROWSER_PACKAGES) for the dashboard's browser tests"; \
+	   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(BROWSER_PACKAGES) >/dev/null 2>&1 || \
+	   { apt-get update -qq >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(BROWSER_PACKAGES) >/dev/null 2>&1; } || \
+	   echo "could not install $(BROWSER_PACKAGES): the dashboard's browser tests will be skipped"; \
+	 else echo "no Chromium here and no root apt-get to install it: the dashboard's browser tests will be skipped"; fi
+
 # The suite runs inside a network namespace with only loopback up where Linux allows it, so a
 # test that tried to reach anything but 127.0.0.1 fails instead of sending traffic.
-unit: $(STAMP)
+unit: $(STAMP) browser
 	+@if unshare -rn true 2>/dev/null && command -v ip >/dev/null 2>&1; then \
 	   echo "running pytest in a loopback-only network namespace"; \
 	   unshare -rn sh -c 'ip link set lo up && exec $(BIN)/python -m pytest -n $(PYTEST_WORKERS) $(PYTEST_DIST) $(PYTEST_ARGS)'; \
@@ -170,6 +183,10 @@ bench: $(STAMP)
 # Regenerates the checked-in OpenAPI document; a test fails while it differs from the code's.
 openapi: $(STAMP)
 	TABLE_NAME=unused $(BIN)/python -c 'from fleetkeeper.api.handler import openapi_json; print(openapi_json())' > docs/openapi.json
+
+# The dashboard's screenshots in docs/images/ (the README shows one), taken by its browser test.
+screenshots: $(STAMP) browser
+	FLEETKEEPER_SCREENSHOTS=docs/images $(BIN)/python -m pytest tests/dashboard/test_browser.py -p no:xdist -q $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) $(TOOLS) $(MUTATE_DIR) .mypy_cache .ruff_cache .pytest_cache .aws-sam

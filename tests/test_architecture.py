@@ -57,6 +57,8 @@ VIOLATIONS = [
     # The local load balancer (and aiohttp, which it runs on) is the embedded mode's alone.
     ("lambda-bundle", "fleetkeeper.reconciler.balancers", "from fleetkeeper.local.balancer import LocalBalancer", LAZY),
     ("lambda-bundle", "fleetkeeper.reconciler.balancers.alb", "import aiohttp", LAZY),
+    # The dashboard is a local web server of the user's: never in a function.
+    ("lambda-bundle", "fleetkeeper.api.services", "from fleetkeeper.dashboard import server", LAZY),
     ("pure-planner", "fleetkeeper.reconciler.plan.endpoints", "from fleetkeeper.reconciler.balancers import alb", LAZY),
 ]  # fmt: skip
 

@@ -338,4 +338,9 @@ def test_the_reconciler_may_read_request_rates_and_nothing_more_of_cloudwatch(
     assert "ReconcilerMetricsPolicy" not in deployed(without_balancer)
     source = Path(metrics.__file__).read_text()
     assert "client.get_metric_data(" in source
+    # The api reads the same metric for GET .../metrics (a dashboard's plot), with the same one right.
+    api = props(translated, "ApiMetricsPolicy")
+    assert api["RoleName"] == Resolver(translated).ref("ApiFunctionRole")
+    assert api["PolicyDocument"]["Statement"] == policy["PolicyDocument"]["Statement"]
+    assert "ApiMetricsPolicy" in deployed(translated) and "ApiMetricsPolicy" not in deployed(without_balancer)
     assert "put_metric_data" not in source and "list_metrics" not in source

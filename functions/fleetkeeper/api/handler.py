@@ -29,6 +29,7 @@ from fleetkeeper.api.models import (
     CreateServiceRequest,
     ErrorBody,
     EventList,
+    MetricsView,
     RollbackRequest,
     ServiceList,
     ServiceView,
@@ -39,6 +40,7 @@ from fleetkeeper.api.models import (
     WorkdirUploadRequest,
     access_view,
     event_view,
+    metrics_view,
     service_view,
     summary,
     target_view,
@@ -78,6 +80,8 @@ if TYPE_CHECKING:
 # A response as the OpenAPI document declares it: description, headers, content {media: {"model": M}}.
 OpenAPIResponse = dict[str, Any]
 MAX_BODY_BYTES = 64 * 1024
+# GET .../metrics reads at most a day back (a day of one-minute buckets: one CloudWatch query).
+MAX_METRICS_MINUTES = 24 * 60
 # A page of GET .../versions. A version's spec comes from a body of at most 64 KiB and is answered
 # as ASCII JSON, where one 4-byte character becomes a 12-byte surrogate-pair escape: at most ~3x,
 # 192 KiB a version, so a page of 20 stays under 4 MB, well within Lambda's 6 MB response.
@@ -145,7 +149,7 @@ def build_commands(settings: Settings, caller: Caller) -> ServiceCommands:
     """The commands of one invocation, acting as `caller`: cheap (the clients are cached in fleetkeeper.aws)."""
     # Imported on the first invocation that reaches a route, not with the module (see the imports above).
     from fleetkeeper.api.request_hmac import RequestHmac
-    from fleetkeeper.api.services import ServiceCommands
+    from fleetkeeper.api.services import ServiceCommands, rate_reader
     from fleetkeeper.kick import ReconcilerKick
     from fleetkeeper.replicas.secrets import SecretStore
     from fleetkeeper.replicas.workdirs import store_from_settings
@@ -160,6 +164,8 @@ def build_commands(settings: Settings, caller: Caller) -> ServiceCommands:
         region=settings.region,
         caller=caller,
         fingerprint=RequestHmac.from_settings(settings),
+        request_rates=rate_reader(),
+        metric_period_seconds=settings.metric_window_seconds,
     )
 
 
@@ -469,6 +475,28 @@ def list_events(
 ) -> Reply[EventList]:
     events, token = commands().events_page(name, limit=limit, next_token=next_token)
     return _json(200, {"events": [event_view(e) for e in events], "next_token": token})
+
+
+@app.get(
+    "/v1/services/<name>/metrics",
+    responses={
+        200: _success(
+            "the endpoint's request rate over time, against the replicas' target (for a dashboard's plot)",
+            MetricsView,
+            etag_header=False,
+        ),
+        **_READ_ERRORS,
+    },
+)
+def service_metrics(
+    name: ServiceNameParam,
+    minutes: Annotated[int, Query(ge=1, le=MAX_METRICS_MINUTES, description="how far back to read")] = 30,
+) -> Reply[MetricsView]:
+    """The request rate through the service's endpoint, bucketed by the autoscaler's window, and what
+    the replicas are sized for: read with the caller's read access to the service."""
+    commands_now = commands()
+    state, points = commands_now.request_rate_series(name, minutes=minutes)
+    return _json(200, metrics_view(state, points, commands_now.metric_period_seconds))
 
 
 @app.post(

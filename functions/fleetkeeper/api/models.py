@@ -128,6 +128,16 @@ class ReplicaView(_Model):
     endpoint_state: str | None = Field(
         description="its place in the service's endpoint: REGISTERING, REGISTERED, DRAINING, or null (not in it)"
     )
+    failure_code: str | None = Field(
+        default=None,
+        description="the typed code of its failure or refused launch (an EC2 error or state-reason code, or "
+        "fleetkeeper's own, e.g. InsufficientInstanceCapacity, Server.SpotInstanceTermination); null: none",
+    )
+    cause: str | None = Field(
+        default=None,
+        description="whose fault that failure is: VERSION (counts toward the circuit breaker), ENVIRONMENT, "
+        "SPOT_RECLAIM or UNRECORDED; null: no failure",
+    )
     market: str = Field(description="how its instance is bought: spot or on-demand (decided when it was claimed)")
     instance_type: str | None = Field(description="the instance type it was launched as; null before its launch")
     interruption: InterruptionView | None = Field(
@@ -296,6 +306,37 @@ class EventList(_Model):
     next_token: str | None = Field(description="pass as next_token for the next page; null on the last")
 
 
+class RatePoint(_Model):
+    at: str = Field(description="the start of the bucket (ISO 8601)")
+    rate: float = Field(description="requests a second through the endpoint in that bucket")
+
+
+class RecommendationView(_Model):
+    at: str = Field(description="when the autoscaler's recommendation became this")
+    replicas: int = Field(description="the replicas it recommended")
+    rate: float = Field(description="the request rate that made it")
+
+
+class MetricsView(_Model):
+    """A service's request rate over time against what its replicas are sized for: the points a
+    dashboard plots (the endpoint's RequestCount in CloudWatch, as the autoscaler reads it)."""
+
+    name: str
+    period_seconds: int = Field(description="the buckets' length: the autoscaler's metric window")
+    request_rate: list[RatePoint] = Field(
+        description="oldest first; a bucket without a data point is absent (no requests, or not published yet), "
+        "never answered as zero; empty without an endpoint"
+    )
+    target_replicas: int = Field(description="the replicas the service runs now (the autoscaled target, or its count)")
+    target_qps_per_replica: float | None = Field(
+        description="the autoscaler's requests a second per replica; null: the service does not autoscale"
+    )
+    recommendations: list[RecommendationView] = Field(
+        description="the autoscaler's recent recommendations, oldest first, as change points (the table keeps "
+        "those its windows still reach); empty without autoscaling"
+    )
+
+
 class ErrorDetail(_Model):
     code: str
     message: str
@@ -343,6 +384,8 @@ def replica_view(replica: "ReplicaRecord") -> dict[str, Any]:
         "instance_id": replica.instance_id,
         "url": replica.url,
         "endpoint_state": replica.balancer.value if replica.balancer is not None else None,
+        "failure_code": replica.failure_code,
+        "cause": replica.cause.value if replica.cause is not None else None,
         "market": replica.market.value,
         "instance_type": replica.instance_type,
         "interruption": (
@@ -441,3 +484,25 @@ def event_view(record: "EventRecord") -> dict[str, Any]:
         if value is not None:
             view[key] = value
     return view
+
+
+def metrics_view(state: "ServiceState", points: "list[tuple[datetime, float]]", period_seconds: int) -> dict[str, Any]:
+    # Imported here: only GET of one service (or of its metrics) reads the autoscaler.
+    from fleetkeeper.reconciler import autoscale
+
+    target = state.target
+    policy = autoscale.policy_of(target.spec) if target is not None else None
+    scaler = state.service.autoscaler
+    if policy is not None:
+        replicas = autoscale.current_target(policy, scaler)
+    else:
+        replicas = target.spec.target_replicas if target is not None else 0
+    history = scaler.history if policy is not None and scaler is not None else ()
+    return {
+        "name": state.service.name,
+        "period_seconds": period_seconds,
+        "request_rate": [{"at": to_iso(at), "rate": round(rate, 3)} for at, rate in points],
+        "target_replicas": replicas,
+        "target_qps_per_replica": policy.target_qps_per_replica if policy is not None else None,
+        "recommendations": [{"at": r.at, "replicas": r.replicas, "rate": r.rate} for r in history],
+    }

@@ -50,6 +50,7 @@ from fleetkeeper.store.errors import (
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
+    from datetime import datetime
 
     from aws_lambda_powertools.utilities.idempotency import IdempotencyConfig
 
@@ -80,12 +81,29 @@ IDEMPOTENCY_TTL_SECONDS = 24 * 3600
 DELETING_MESSAGE = "deleting: terminating every replica"
 
 Kick = Callable[[str], None]
+# An endpoint's requests a second per bucket: (its metric's dimensions, start, end, bucket seconds) ->
+# [(bucket start, rate)], oldest first (fleetkeeper.reconciler.metrics.request_series on a CloudWatch client).
+RateReader = Callable[[tuple[tuple[str, str], ...], "datetime", "datetime", int], list[tuple["datetime", float]]]
 Command = Literal["get", "list", "versions", "events", "create", "update", "rollback", "delete", "access"]
 T = TypeVar("T")
 
 
 def _no_kick(_name: str) -> None:
     return None
+
+
+def rate_reader() -> RateReader:
+    """The endpoints' request rates from this deployment's CloudWatch (client made on first use)."""
+
+    def read(
+        dimensions: tuple[tuple[str, str], ...], start: datetime, end: datetime, period: int
+    ) -> list[tuple[datetime, float]]:
+        from fleetkeeper import aws
+        from fleetkeeper.reconciler.metrics import request_series
+
+        return request_series(aws.cloudwatch(), dimensions, start, end, period)
+
+    return read
 
 
 @dataclass(frozen=True)
@@ -115,6 +133,10 @@ class ServiceCommands:
     # The HMAC of secret values in an Idempotency-Key record's fingerprint (fleetkeeper.api.request_hmac);
     # None: no key store (a request with secrets is refused anyway: there is no secret store).
     fingerprint: RequestHmac | None = None
+    # The endpoints' request rates (GET .../metrics) and the bucket they are read in: the autoscaler's
+    # window (settings.metric_window_seconds). None: this deployment reads none (answered empty).
+    request_rates: RateReader | None = None
+    metric_period_seconds: int = 60
     _idempotency: tuple[Callable[..., dict[str, Any]], IdempotencyConfig] | None = field(
         default=None, init=False, repr=False
     )
@@ -162,6 +184,31 @@ class ServiceCommands:
 
         with _as_api_errors("events"):
             return self._contended(read)
+
+    def request_rate_series(self, name: str, *, minutes: int) -> tuple[ServiceState, list[tuple[datetime, float]]]:
+        """The service (if the caller may read it) and its endpoint's requests a second over the last
+        `minutes`, one point per metric period with a data point, oldest first; none without an endpoint."""
+        state = self.get(name)
+        endpoint = state.service.endpoint
+        if endpoint is None or not endpoint.dimensions or self.request_rates is None:
+            return state, []
+        period = self.metric_period_seconds
+        now = from_iso(self.now()).timestamp()
+        # Buckets start on the period, as CloudWatch's do; the current (partial) one is included.
+        end = (int(now) // period + 1) * period
+        start = end - max(minutes * 60 // period, 1) * period
+        from datetime import UTC
+        from datetime import datetime as moment
+
+        begin, finish = moment.fromtimestamp(start, UTC), moment.fromtimestamp(end, UTC)
+        try:
+            return state, self.request_rates(endpoint.dimensions, begin, finish, period)
+        except Exception as exc:  # CloudWatch throttled or failed: the metric is not the service's state
+            logger.warning("reading the request rates of %s failed: %s", name, exc)
+            raise ServiceUnavailable(
+                f"could not read {name}'s request rates from CloudWatch ({type(exc).__name__}); retry later",
+                retry_after=RETRY_AFTER_THROTTLED,
+            ) from exc
 
     # -- writes --
 

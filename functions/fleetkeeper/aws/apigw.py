@@ -17,6 +17,7 @@ from urllib.parse import parse_qs, unquote, urlsplit
 ROUTES: tuple[tuple[str, str], ...] = (
     ("/v1/services/{name}/versions", r"^/v1/services/(?P<name>[^/]+)/versions$"),
     ("/v1/services/{name}/events", r"^/v1/services/(?P<name>[^/]+)/events$"),
+    ("/v1/services/{name}/metrics", r"^/v1/services/(?P<name>[^/]+)/metrics$"),
     ("/v1/services/{name}/rollback", r"^/v1/services/(?P<name>[^/]+)/rollback$"),
     ("/v1/services/{name}/access", r"^/v1/services/(?P<name>[^/]+)/access$"),
     ("/v1/services/{name}", r"^/v1/services/(?P<name>[^/]+)$"),

@@ -250,14 +250,17 @@ class ApiClient:
     def embedded(self) -> bool:
         return is_loopback(self.base_url)
 
-    def request(self, method: str, path: str, body: Any = None, *, raw: bool = False) -> Response:
-        """Send one request; retried (reads only) on connection errors, throttling and 502-504."""
+    def request(
+        self, method: str, path: str, body: Any = None, *, raw: bool = False, headers: dict[str, str] | None = None
+    ) -> Response:
+        """Send one request (with `headers` added: If-Match...); retried (reads only) on connection
+        errors, throttling and 502-504."""
         url = self.base_url + path
         data = None if body is None else json.dumps(body).encode()
         attempts = self.retries if method == "GET" else 1
         for attempt in range(1, attempts + 1):
             try:
-                return self._send(method, url, data, raw=raw)
+                return self._send(method, url, data, raw=raw, extra=headers)
             except ApiError as exc:
                 if exc.status not in RETRYABLE or attempt == attempts:
                     raise
@@ -289,8 +292,10 @@ class ApiClient:
                 reason = getattr(exc, "reason", exc)
                 raise Unreachable(f"cannot upload the workdir to {parts.hostname}: {reason}") from None
 
-    def _send(self, method: str, url: str, data: bytes | None, *, raw: bool) -> Response:
-        headers = {"Accept": "application/json", "User-Agent": "fleetkeeper-cli"}
+    def _send(
+        self, method: str, url: str, data: bytes | None, *, raw: bool, extra: dict[str, str] | None = None
+    ) -> Response:
+        headers = {"Accept": "application/json", "User-Agent": "fleetkeeper-cli", **(extra or {})}
         if data is not None:
             headers["Content-Type"] = "application/json"
         if self.signer is not None:

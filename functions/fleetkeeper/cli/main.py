@@ -34,6 +34,7 @@ from fleetkeeper.cli.http import (
 )
 from fleetkeeper.cli.terminal import printable
 from fleetkeeper.cli.waiting import EXIT_FAILED, EXIT_OK, Goal, Progress, wait_for
+from fleetkeeper.dashboard.command import add_arguments as add_dashboard_arguments
 from fleetkeeper.local.options import add_arguments, options_from, seconds
 from fleetkeeper.spec import yaml_errors
 from fleetkeeper.spec.skypilot_fields import remote_workdir
@@ -131,6 +132,14 @@ _HELP: dict[str, tuple[str, str]] = {
         "  fleetkeeper doctor --stack fleetkeeper\n"
         "  fleetkeeper doctor --stack fleetkeeper --second-owner-role arn:aws:iam::111122223333:role/team-b-ci\n"
         "  fleetkeeper doctor --local",
+    ),
+    "dashboard": (
+        "Serve a web page of your services on 127.0.0.1: status, replicas, versions, events, logs, request\n"
+        "rate and replicas over time; with --allow-actions, roll back and scale from it. It calls the API as\n"
+        "you (your running `fleetkeeper local`, or --stack's API signed with your AWS credentials): open the\n"
+        "one-time link it prints.",
+        "  fleetkeeper dashboard\n  fleetkeeper dashboard --stack fleetkeeper --port 8480\n"
+        "  fleetkeeper dashboard --allow-actions",
     ),
     "local": (
         "Run the whole control plane on this machine: the API, the reconciler, the cleanup and an in-memory\n"
@@ -292,6 +301,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     doctor = _command(commands, "doctor", [common])
     add_doctor_arguments(doctor)
+
+    dashboard = _command(commands, "dashboard", [common])
+    add_dashboard_arguments(dashboard)
 
     local = _command(commands, "local", [])
     add_arguments(local)
@@ -730,6 +742,12 @@ class Cli:
         wanted = [(rid, path) for rid, path in sorted(found.items()) if self.args.all or rid in current]
         return wanted, len(found) - len(wanted)
 
+    def dashboard(self) -> int:
+        """The web page (fleetkeeper.dashboard): serves until Ctrl-C."""
+        from fleetkeeper.dashboard.command import run as run_dashboard
+
+        return run_dashboard(self.args, self.client, lambda line: print(line, file=self.out, flush=True))
+
     def doctor(self) -> int:
         """The smoke test (fleetkeeper.cli.doctor): its own output, its own exit code."""
         from fleetkeeper.cli.doctor import run_doctor
@@ -889,6 +907,7 @@ _COMMANDS: dict[str, Callable[[Cli], int]] = {
     "logs": Cli.logs,
     "events": Cli.events,
     "doctor": Cli.doctor,
+    "dashboard": Cli.dashboard,
 }
 
 

@@ -23,6 +23,9 @@ TABLE = "fleetkeeper-local"
 DEFAULT_IDLE_TIMEOUT = 300.0
 DEFAULT_METRICS_INTERVAL = 5.0
 ISOLATIONS = ("auto", "netns", "shared")
+# The dashboard (fleetkeeper.dashboard): beside the API's default port; with another --port, any free one.
+DEFAULT_DASHBOARD_PORT = DEFAULT_PORT + 1
+NO_DASHBOARD = -1
 
 
 def port_number(text: str) -> int:
@@ -66,6 +69,17 @@ class Options:
     idle_timeout: float = DEFAULT_IDLE_TIMEOUT
     metrics_interval: float = DEFAULT_METRICS_INTERVAL
     isolation: str = "auto"
+    # None: DEFAULT_DASHBOARD_PORT beside the default API port, else a free one; NO_DASHBOARD: none.
+    dashboard_port: int | None = None
+    allow_actions: bool = False
+
+    @property
+    def dashboard_port_to_bind(self) -> int | None:
+        if self.dashboard_port == NO_DASHBOARD:
+            return None
+        if self.dashboard_port is not None:
+            return self.dashboard_port
+        return DEFAULT_DASHBOARD_PORT if self.port == DEFAULT_PORT else 0
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -108,6 +122,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "-v", "--verbose", action="store_true", help="also log what every reconciler run did (INFO, each tick)"
     )
     p.add_argument("--quiet", action="store_true", help="log warnings and errors only")
+    dashboard = p.add_mutually_exclusive_group()
+    dashboard.add_argument(
+        "--dashboard-port",
+        type=port_number,
+        help=f"the dashboard's port on 127.0.0.1 (default {DEFAULT_DASHBOARD_PORT} with the default --port, "
+        "else any free one)",
+    )
+    dashboard.add_argument(
+        "--no-dashboard", dest="dashboard_port", action="store_const", const=NO_DASHBOARD, help="serve no dashboard"
+    )
+    p.add_argument(
+        "--allow-actions",
+        action="store_true",
+        help="let the dashboard roll back and scale services (each confirmed; read-only by default)",
+    )
 
 
 def options_from(args: argparse.Namespace) -> Options:
@@ -118,4 +147,6 @@ def options_from(args: argparse.Namespace) -> Options:
         idle_timeout=args.idle_timeout,
         metrics_interval=args.metrics_interval,
         isolation=args.isolation,
+        dashboard_port=args.dashboard_port,
+        allow_actions=args.allow_actions,
     )

@@ -163,8 +163,12 @@ class EmbeddedControlPlane:
             idle_timeout=options.idle_timeout,
             metrics_interval=options.metrics_interval,
             isolation=options.isolation,
+            dashboard_port=options.dashboard_port,
+            allow_actions=options.allow_actions,
         )
         self.aws_endpoint = ""
+        self.dashboard: Any = None  # fleetkeeper.dashboard.server.Running, once started
+        self.dashboard_problem: str | None = None
         # This run's credentials: the API's bearer token, and the in-memory AWS's access key id.
         self.token = auth.new_token()
         self.aws_access_key_id = auth.new_access_key_id()
@@ -269,6 +273,7 @@ class EmbeddedControlPlane:
         self.published = auth.publish(credential, self.options.local_dir)
         self._spawn("api-server", self._bridge.serve_forever)
         self._serving = True
+        self._start_dashboard()
         if self._loop is not None:
             self._loop.start()
         if self._pump is not None:
@@ -276,8 +281,34 @@ class EmbeddedControlPlane:
             # Named after the function: readable logs tell the handlers apart by thread.
             self._spawn(pump.source.function_name, lambda: pump.run(self._stop_pump, interval=0.25))
 
+    def _start_dashboard(self) -> None:
+        """The dashboard, calling this run's API with its credential as the CLI does. A port that is
+        taken costs the dashboard only: the control plane runs on (the banner says why)."""
+        port = self.options.dashboard_port_to_bind
+        if port is None or self._bridge is None:
+            return
+        from fleetkeeper.cli.http import ApiClient
+        from fleetkeeper.dashboard.backend import Backend
+        from fleetkeeper.dashboard.command import EMBEDDED_REFRESH
+        from fleetkeeper.dashboard.server import start_in_thread
+
+        backend = Backend(ApiClient(self._bridge.url, token=self.token))
+        try:
+            self.dashboard = start_in_thread(
+                backend,
+                port,
+                target=f"embedded mode ({self._bridge.url})",
+                allow_actions=self.options.allow_actions,
+                refresh_seconds=EMBEDDED_REFRESH,
+            )
+        except OSError as exc:
+            self.dashboard_problem = f"not served: 127.0.0.1:{port}: {exc.strerror or exc} (--dashboard-port)"
+
     def stop(self) -> None:
         """Stop taking requests, stop the loops, then stop every replica and the in-memory AWS."""
+        if self.dashboard is not None:
+            self.dashboard.stop()
+            self.dashboard = None
         if self.published is not None:
             auth.withdraw(self.published)
             self.published = None
@@ -386,6 +417,13 @@ def _streams_client(endpoint: str) -> Any:
     return boto3.session.Session().client("dynamodbstreams", region_name="us-east-1", endpoint_url=endpoint)
 
 
+def _dashboard_line(plane: EmbeddedControlPlane) -> str:
+    if plane.dashboard is not None:
+        mode = "actions allowed" if plane.options.allow_actions else "read-only (--allow-actions)"
+        return f"{plane.dashboard.login_url()}   (this link works once; {mode})"
+    return plane.dashboard_problem or "not served (--no-dashboard)"
+
+
 def banner(plane: EmbeddedControlPlane) -> str:
     published = plane.published
     where = published.path if published is not None else plane.options.local_dir / auth.CREDENTIAL_FILE
@@ -397,6 +435,7 @@ def banner(plane: EmbeddedControlPlane) -> str:
         f"  replicas       {plane.isolation}",
         f"  replica logs   {plane.logs_dir}/<service>/<uid>/replica-<id>.log   (fleetkeeper logs NAME)",
         f"  in-memory AWS  {plane.aws_endpoint}   table {plane.options.table}",
+        f"  dashboard      {_dashboard_line(plane)}",
         f"  reconciler     every {plane.options.tick:g}s and after every write (-v logs each run)",
         f"  autoscaler     reads the endpoints' request counts every {plane.options.metrics_interval:g}s "
         "(--metrics-interval)",

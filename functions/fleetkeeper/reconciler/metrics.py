@@ -136,3 +136,50 @@ class RequestRates:
     def calls_for(metrics: int) -> int:
         """GetMetricData calls a run makes for this many autoscaled services (no paging)."""
         return math.ceil(metrics / MAX_QUERIES_PER_CALL)
+
+
+def request_series(
+    client: CloudWatchClient,
+    dimensions: Sequence[tuple[str, str]],
+    start: datetime,
+    end: datetime,
+    period_seconds: int,
+) -> list[tuple[datetime, float]]:
+    """One endpoint's requests a second in each `period_seconds` bucket of [start, end), oldest first,
+    from the same RequestCount the autoscaler reads (the api's GET .../metrics, for a dashboard's plot).
+
+    A bucket without a data point is left out, not answered as zero: as for the autoscaler, a missing
+    point may be a quiet minute or a late one (the module docstring), and a plot must not tell them apart
+    by guessing. One GetMetricData query, followed through its pages."""
+    query: MetricDataQueryTypeDef = {
+        "Id": "requests",
+        "MetricStat": {
+            "Metric": {
+                "Namespace": METRIC_NAMESPACE,
+                "MetricName": METRIC_NAME,
+                "Dimensions": [{"Name": k, "Value": v} for k, v in dimensions],
+            },
+            "Period": period_seconds,
+            "Stat": "Sum",
+        },
+        "ReturnData": True,
+    }
+    sums: dict[datetime, float] = {}
+    token: str | None = None
+    while True:
+        request: dict[str, Any] = {
+            "MetricDataQueries": [query],
+            "StartTime": start,
+            "EndTime": end,
+            "ScanBy": "TimestampAscending",
+        }
+        if token:
+            request["NextToken"] = token
+        answer = client.get_metric_data(**request)
+        for result in answer.get("MetricDataResults", []):
+            for stamp, value in zip(result.get("Timestamps", []), result.get("Values", []), strict=False):
+                sums[stamp] = sums.get(stamp, 0.0) + float(value)
+        token = answer.get("NextToken")
+        if not token:
+            break
+    return [(stamp, total / period_seconds) for stamp, total in sorted(sums.items())]
