@@ -80,7 +80,8 @@ def _plan_replicas(
 
     markets = target.spec.markets if target is not None else None
     spot_ready = sum(1 for r in new if r.market is Market.SPOT and r.status is ReplicaStatus.READY)
-    wanted_by = wanted_by_market(markets, wanted, spot_ready)
+    overprovision = target.spec.overprovision if target is not None else 0
+    wanted_by = wanted_by_market(markets, wanted, spot_ready, overprovision)
     for market in (Market.SPOT, Market.ON_DEMAND):
         bought = [r for r in new if r.market is market]
         if len(bought) <= wanted_by[market]:
@@ -112,7 +113,9 @@ def _plan_replicas(
             # serving until the user updates the service or rolls back to a READY version.
             going = []
         elif target.mode == "blue_green":
-            going = old_ready if ready_new >= wanted else []
+            # SkyPilot's switch: once the new version has min_replicas READY (at least one), all
+            # traffic goes to it and the old version goes; the rest of `wanted` keeps booting.
+            going = old_ready if ready_new >= min(wanted, max(target.spec.min_replicas, 1)) else []
         else:
             # Rolling: keep at least `wanted - max_unavailable` ready; oldest versions go first. The
             # surge is over every replica the target wants, on-demand fallback ones included.
