@@ -31,6 +31,9 @@ if TYPE_CHECKING:
     from fleetkeeper.reconciler.plan.work import _Work
 
 
+TERMINATED_BY_REQUEST = "terminated by request (fleetkeeper down --replica-id)"
+
+
 def _removal_order(record: ReplicaRecord) -> tuple[bool, int]:
     """Which replicas go first when there are too many: not-ready ones, then the newest."""
     return (record.status is ReplicaStatus.READY, -record.replica_id)
@@ -75,6 +78,12 @@ def _plan_replicas(
             work.delete.append(before)
 
     _plan_warned(work, live, target, wanted, now, policy)
+    # Asked for by a person (`fleetkeeper down NAME --replica-id N`): drained and terminated now; it
+    # holds no slot from here, so its replacement is claimed in this plan, as SkyPilot's
+    # `sky serve down --replica-id` has the autoscaler launch another.
+    for record in sorted(work.replicas.values(), key=lambda r: r.replica_id):
+        if record.terminate_requested_at is not None and record.status not in LEAVING:
+            work.drain(record.replica_id, TERMINATED_BY_REQUEST, live)
     new = [r for r in work.replicas.values() if holds_slot(r) and r.version == target_number]
     old = [r for r in work.replicas.values() if holds_slot(r) and r.version != target_number]
 
