@@ -284,12 +284,12 @@ class World:
 
     def _draining(self) -> bool:
         """Whether a replica of some service is leaving its endpoint (its instance held for the drain)."""
-        for service in self.store.iter_services():
-            state = self.store.load(service.name)
-            replicas = state.replicas.values() if state is not None else ()
-            if any(r.status is ReplicaStatus.SHUTTING_DOWN and r.drain_started_at for r in replicas):
-                return True
-        return False
+        try:
+            states = [self.store.load(service.name) for service in self.store.iter_services()]
+        except Exception:
+            return False
+        replicas = [r for state in states if state is not None for r in state.replicas.values()]
+        return any(r.status is ReplicaStatus.SHUTTING_DOWN and r.drain_started_at for r in replicas)
 
     # -- looking --
 
