@@ -332,6 +332,9 @@ class ReplicaRecord:
     instance_type: str | None = None
     # The last warning AWS sent about its instance (a rebalance recommendation, a spot interruption).
     interruption: Interruption | None = None
+    # When a person asked for this replica to go (`fleetkeeper down NAME --replica-id N`, SkyPilot's
+    # `sky serve down --replica-id`): the reconciler drains and terminates it, and replaces it as any other.
+    terminate_requested_at: str | None = None
     # Optimistic-concurrency revision: every reconciler write is conditioned on the revision it read,
     # so of two runs acting on one replica only the first write lands (store.put_replica).
     rev: int = 0

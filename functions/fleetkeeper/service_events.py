@@ -90,6 +90,12 @@ def access_changed(by: str, changes: list[str]) -> Event:
     return Event("AccessChanged", f"access changed by {by or 'fleetkeeper'}: {'; '.join(changes)}")
 
 
+def termination_requested(replica_id: int, by: str) -> Event:
+    """A person asked for one replica to go (`fleetkeeper down NAME --replica-id N`)."""
+    message = f"termination of replica {replica_id} requested by {by or 'fleetkeeper'}: it is drained and replaced"
+    return Event("TerminationRequested", message, replica_id=replica_id)
+
+
 # --- what the reconciler's writes report ---------------------------------------------------------------
 
 

@@ -87,6 +87,32 @@ def test_two_replicas_of_a_fixed_port_app_each_have_the_port_in_a_namespace_of_t
 
 
 @needs_namespaces
+def test_a_replica_serves_on_port_80_in_its_own_namespace(make_driver: Callable[[str], ProcessDriver]) -> None:
+    """SkyPilot takes `ports: 80`; an unprivileged app binds it in its namespace (the host's rule stays)."""
+    driver = make_driver(NETNS)
+    replica = launch(driver, 0, 80)
+    url = driver.base_url(replica, 80)
+    assert url is not None
+    assert eventually(lambda: fetch(f"{url}/id.txt")) == "replica 0\n"
+    assert "PORT=80 on its own network namespace" in driver.log_path("web", "uid1", 0).read_text()
+
+
+@needs_namespaces
+def test_a_port_below_1024_is_open_to_the_replicas_user_in_its_namespace_only(tmp_path: Path) -> None:
+    setting = "/proc/sys/net/ipv4/ip_unprivileged_port_start"
+    launcher = [sys.executable, "-I", str(netns.SCRIPT), "--socket", str(tmp_path / "r.sock")]
+    inside = subprocess.run(
+        [*launcher, "--port", "80", "--", "cat", setting], capture_output=True, text=True, check=True
+    )
+    assert inside.stdout == "0\n"
+    high = subprocess.run(
+        [*launcher, "--port", "8080", "--", "cat", setting], capture_output=True, text=True, check=True
+    )
+    with open(setting) as host:
+        assert high.stdout == host.read()  # a namespace's own default, as the host's: untouched
+
+
+@needs_namespaces
 def test_a_namespaced_app_on_another_port_is_diagnosed_and_its_probe_says_nothing_answered(
     make_driver: Callable[[str], ProcessDriver],
 ) -> None:

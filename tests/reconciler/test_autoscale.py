@@ -16,12 +16,14 @@ import pytest
 from fleetkeeper.model import AutoscalerState, Lifecycle, Recommendation, ServiceRecord, ServiceStatus, to_iso
 from fleetkeeper.reconciler.autoscale import (
     TIMES,
+    Capacity,
     ScalingPolicy,
     current_target,
     decide,
     pending,
     policy_of,
     recommend,
+    replica_target,
 )
 from fleetkeeper.spec.service import ServiceSpec
 from fleetkeeper.store.codec import from_raw, service_from_item, service_item, to_raw
@@ -96,13 +98,22 @@ CASES: list[tuple[str, ScalingPolicy, Trace, AutoscalerState | None, list[int]]]
     ("spike shorter than the upscale delay", POLICY, SPIKE, None, [1] * 20),
     # Traffic stops at a service running 4: down to min only after the downscale delay (1200 s).
     ("traffic stopping", POLICY, STOP, at_target(4, 8.0), [4] * 20 + [1] * 10),
-    # min 0: the first request at zero scales to 1 at once; to 3 once the upscale delay agrees.
+    # min 0: the first requests at zero scale at once straight to what they ask for, ceil(5 / 2) = 3
+    # (SkyPilot's "faster scale up when there is no replica"); before, to 1, and to 3 after the delay.
     (
-        "zero to one",
+        "zero straight to the rate's target",
         replace(POLICY, min_replicas=0, max_replicas=3),
         ZERO_TO_ONE,
         at_target(0),
-        [0, 0, 1, 1, 1, 1, 1, 3, 3, 3],
+        [0, 0, 3, 3, 3, 3, 3, 3, 3, 3],
+    ),
+    # The same, bounded by max_replicas: 5 req/s asks for 3, the policy allows 2.
+    (
+        "zero straight to the rate's target, within max",
+        replace(POLICY, min_replicas=0, max_replicas=2),
+        ZERO_TO_ONE,
+        at_target(0),
+        [0, 0, 2, 2, 2, 2, 2, 2, 2, 2],
     ),
     # 100 req/s asks for 50: clamped to max 5, after the upscale delay.
     ("max clamp", POLICY, MAX_CLAMP, None, [1] * 5 + [5] * 7),
@@ -221,6 +232,58 @@ def test_pending_at_zero_is_at_once() -> None:
     state = AutoscalerState(target=0, history=(Recommendation(to_iso(at(0)), 1, 0.5),))
     change = pending(policy, state, at(10))
     assert change is not None and change.describe(at(10)) == f"scaling up to 1 at the next run: 0.5 req/s > 2 {TIMES} 0"
+
+
+def test_pending_at_zero_is_the_rates_target_at_once() -> None:
+    policy = replace(POLICY, min_replicas=0)
+    state = AutoscalerState(target=0, history=(Recommendation(to_iso(at(0)), 4, 7.9),))
+    change = pending(policy, state, at(10))
+    assert change is not None and change.describe(at(10)) == f"scaling up to 4 at the next run: 7.9 req/s > 2 {TIMES} 0"
+
+
+# SkyPilot's InstanceAwareRequestRateAutoscaler: A100 replicas serve 5 req/s each, L4 ones 2.
+AWARE = ScalingPolicy(
+    min_replicas=1, max_replicas=6, target_qps_per_replica=5.0, per_accelerator=(("A100", 5.0), ("L4", 2.0))
+)
+
+
+@pytest.mark.parametrize(
+    ("rate", "capacity", "expected"),
+    [
+        # No replica yet: the rate at the largest target, ceil(12 / 5).
+        (12.0, Capacity(), 3),
+        # Two L4 replicas serve 4: 8 more at 5 each is 2 more.
+        (12.0, Capacity(live=(2.0, 2.0), ready=(2.0, 2.0)), 4),
+        # Exactly what the live replicas serve: as many as now.
+        (7.0, Capacity(live=(5.0, 2.0), ready=(5.0, 2.0)), 2),
+        # Below what they serve: the fewest READY, largest first, that serve more than the rate.
+        (4.0, Capacity(live=(5.0, 2.0, 2.0), ready=(2.0, 5.0, 2.0)), 1),
+        (6.0, Capacity(live=(5.0, 2.0, 2.0), ready=(2.0, 5.0, 2.0)), 2),
+        # None READY yet: one at the largest target at a time.
+        (1.0, Capacity(live=(5.0, 2.0), ready=()), 1),
+        # Clipped to the policy's bounds.
+        (100.0, Capacity(), 6),
+        (0.0, Capacity(live=(5.0,), ready=(5.0,)), 1),
+    ],
+)
+def test_a_target_per_accelerator_recommends_as_skypilots_instance_aware_autoscaler(
+    rate: float, capacity: Capacity, expected: int
+) -> None:
+    assert recommend(AWARE, rate, 3, capacity) == expected
+
+
+def test_an_accelerator_without_a_target_counts_at_the_smallest() -> None:
+    assert (replica_target(AWARE, "A100"), replica_target(AWARE, "L4"), replica_target(AWARE, None)) == (5.0, 2.0, 2.0)
+    assert replica_target(POLICY, "A100") == 2.0
+
+
+def test_a_decision_with_targets_per_accelerator_reads_the_replicas_capacity() -> None:
+    live = Capacity(live=(2.0, 2.0), ready=(2.0, 2.0))
+    state = decide(AWARE, at_target(2, 4.0), 12.0, at(0), live)
+    assert state is not None and state.history[-1].replicas == 4
+    assert "12 req/s > what 2 replica(s) serve (A100: 5, L4: 2 each)" in str(
+        pending(AWARE, state, at(0)).describe(at(0))  # type: ignore[union-attr]
+    )
 
 
 def _spec(policy: dict[str, object]) -> ServiceSpec:

@@ -336,7 +336,7 @@ def test_a_stored_spec_no_instance_type_satisfies_is_a_refusal_the_version_is_bl
             "spec.resources",
             "root device",
         ),
-        ({"ports": 80}, "spec.resources.ports", "below 1024"),
+        ({"ports": 0}, "spec.resources.ports", "port 0 is not a port: give 1-65535"),
     ],
 )
 def test_the_api_refuses_what_the_reconciler_could_not_launch_or_reach(

@@ -70,12 +70,12 @@ def test_create_makes_the_endpoint_registers_every_ready_replica_and_then_costs_
     assert state is not None and state.service.endpoint is not None
     endpoint = state.service.endpoint
     assert endpoint.url == f"http://{balancer.dns_name}:10000"
-    assert endpoint.config.policy == "least_load" and endpoint.config.drain_seconds == 30
+    assert endpoint.config.policy == "least_load" and endpoint.config.drain_seconds == 120  # SkyPilot's
     group = elbv2().describe_target_groups(Names=[target_group_name(uid, DEFAULT_STACK_ID)])["TargetGroups"][0]
     assert endpoint.target_group == group["TargetGroupArn"]
     assert group["HealthCheckPath"] == "/health" and group["Port"] == server.port
     assert attributes(endpoint.target_group)["load_balancing.algorithm.type"] == "least_outstanding_requests"
-    assert attributes(endpoint.target_group)["deregistration_delay.timeout_seconds"] == "30"
+    assert attributes(endpoint.target_group)["deregistration_delay.timeout_seconds"] == "120"
     listeners = elbv2().describe_listeners(LoadBalancerArn=balancer.arn)["Listeners"]
     assert [(listener["Port"], listener["Protocol"]) for listener in listeners] == [(10000, "HTTP")]
     assert listeners[0]["DefaultActions"][0]["TargetGroupArn"] == endpoint.target_group
@@ -262,8 +262,8 @@ def test_the_exact_load_balancer_calls_of_a_create_and_a_delete(
     aws: None, server: ProbeServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Run by run: the endpoint first (before any launch), one RegisterTargets for both replicas
-    once READY, then nothing; on delete one DeregisterTargets, one DescribeTargetHealth while they
-    drain, and the listener and target group removed once the instances are gone."""
+    once READY, then nothing; on delete one DeregisterTargets, one DescribeTargetHealth a run while they
+    drain (120 s, a run a minute), and the listener and target group removed once the instances are gone."""
     world, _ = alb_world(server, monkeypatch)
     world.create()
     runs = []
@@ -284,12 +284,13 @@ def test_the_exact_load_balancer_calls_of_a_create_and_a_delete(
     ]
     world.delete()
     runs = []
-    for _ in range(4):
+    for _ in range(5):
         mark = world.log.mark()
         world.run()
         runs.append(elbv2_calls(world, mark))
     assert runs == [
         ["DeregisterTargets"],
+        ["DescribeTargetHealth"],
         ["DescribeTargetHealth"],
         ["DescribeTargetGroups", "DescribeListeners", "DeleteListener", "DeleteTargetGroup"],
         [],

@@ -21,10 +21,13 @@ from fleetkeeper.model import (
 )
 from fleetkeeper.reconciler.followup import MAX_DELAY_SECONDS, FollowUp, follow_up, next_reconcile
 from fleetkeeper.reconciler.plan import Policy
-from tests.reconciler.plan.test_plan import NOW, S, ago, refusal, replica, state, version
+from tests.reconciler.plan.test_plan import NOW, S, ago, refusal, replica, spec, state, version
 
 ENV = FailureCause.ENVIRONMENT
 POLICY = Policy()
+# The cases' spec drains for 30 s (not the default 120 s, EC2's whole notice), so a warned spot replica
+# has a drain deadline to be woken for.
+SPEC = spec().model_copy(update={"service": spec().service.model_copy(update={"drain_seconds": 30})})
 EPOCH = int(NOW.timestamp())
 
 
@@ -77,7 +80,7 @@ CASES: list[tuple[str, list[ReplicaRecord], set[int], float | None]] = [
 
 @pytest.mark.parametrize(("replicas", "live", "expected"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])
 def test_next_reconcile(replicas: list[ReplicaRecord], live: set[int], expected: float | None) -> None:
-    moment = next_reconcile(state(replicas, [version(1)]), live, NOW, POLICY)
+    moment = next_reconcile(state(replicas, [version(1, spec=SPEC)]), live, NOW, POLICY)
     assert moment == (None if expected is None else at(expected))
 
 

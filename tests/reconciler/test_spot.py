@@ -247,7 +247,8 @@ def test_a_warning_recorded_by_a_run_that_then_died_is_still_acted_on(world: Wor
 def test_a_spot_interruption_wakes_the_reconciler_when_the_drain_must_start(world: World) -> None:
     """The warned replica serves on; a kick is asked for the moment its drain must start (notice 120 s
     - drain 30 s - margin 15 s after the warning), as a delayed message on the kick queue."""
-    world.create(replicas=1, resources={"use_spot": True, "instance_type": "t3.micro"})
+    service = {"readiness_probe": "/health", "replicas": 1, "ports": world.server.port, "drain_seconds": 30}
+    world.create(service=service, resources={"use_spot": True, "instance_type": "t3.micro"})
     world.converge()
     [record] = world.store.require("svc").replicas.values()
     assert record.instance_id is not None

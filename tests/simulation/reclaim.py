@@ -81,6 +81,9 @@ def run_wave(seed: int, world: World, strict: StrictAws, name: str = "wave") -> 
         "readiness_probe": "/health",
         "ports": world.server.port,
         "replica_policy": {"min_replicas": target, **({"dynamic_ondemand_fallback": True} if dynamic else {})},
+        # 30 s, not the default 120 s (EC2's whole notice, which drains a warned replica at once): the
+        # wave's bound is about warned replicas serving until their replacements are READY.
+        "drain_seconds": 30,
     }
     data["resources"] = {"use_spot": True, "instance_type": "t3.micro"}
     world.commands.create(name, ServiceSpec.model_validate(data))

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
+from fleetkeeper.spec.service import DEFAULT_DRAIN_SECONDS
 from tests.simulation import reactions
 
 if TYPE_CHECKING:
@@ -36,8 +37,8 @@ def test_without_follow_ups_the_schedule_is_what_notices(server: ProbeServer, st
 
 def test_a_rolling_update_takes_about_boot_and_ready_per_replica(server: ProbeServer, strict_aws: StrictAws) -> None:
     reaction = reactions.rolling_update(server, follow_ups=True, replicas=2)
-    # Each step within boot + ready + 15 s; then the last old replica's drain (the endpoint's 30 s).
-    bound = 2 * (reactions.BOOT + reactions.READY + 15) + 30
+    # Each step within boot + ready + 15 s; then the last old replica's drain (the default, SkyPilot's 120 s).
+    bound = 2 * (reactions.BOOT + reactions.READY + 15) + DEFAULT_DRAIN_SECONDS
     assert reaction.seconds is not None and reaction.seconds <= bound, reaction
 
 

@@ -207,12 +207,12 @@ def test_a_misplaced_or_unsupported_field_says_where_it_belongs(data: dict[str, 
                 }
             },
             "spec.service.replica_policy.target_qps_per_replica",
-            "a target per accelerator ({H100: 5, A100: 2}) is not supported",
+            "a target per accelerator (H100: 5) has none for the stack's default instance type (no accelerator)",
         ),
         (
-            {"service": {"readiness_probe": "/h", "load_balancing_policy": "instance_aware_least_load"}},
+            {"service": {"readiness_probe": "/h", "load_balancing_policy": "power_of_two"}},
             "spec.service.load_balancing_policy",
-            "use least_load",
+            "use least_load (the default",
         ),
     ],
 )

@@ -184,7 +184,7 @@ def test_accelerators_are_accepted_next_to_an_instance_type() -> None:
 
 def test_load_balancing_policy_takes_skypilots_names_and_defaults_to_least_load() -> None:
     assert parse_spec(hello_spec()).load_balancing_policy == "least_load"
-    assert parse_spec(hello_spec()).drain_seconds == 30
+    assert parse_spec(hello_spec()).drain_seconds == 120  # SkyPilot's
     section = {**hello_spec()["service"], "load_balancing_policy": "round_robin", "drain_seconds": 0}
     spec = parse_spec(hello_spec(service=section))
     assert (spec.load_balancing_policy, spec.drain_seconds) == ("round_robin", 0)
@@ -195,8 +195,7 @@ def test_load_balancing_policy_takes_skypilots_names_and_defaults_to_least_load(
 @pytest.mark.parametrize(
     ("field", "value", "problem"),
     [
-        ("load_balancing_policy", "instance_aware_least_load", "is not supported: use least_load"),
-        ("load_balancing_policy", "random", "is not supported: use least_load"),
+        ("load_balancing_policy", "random", "is not a load balancing policy: use least_load"),
         ("drain_seconds", 3601, "less than or equal to 3600"),
         ("drain_seconds", -1, "greater than or equal to 0"),
     ],
@@ -220,11 +219,39 @@ def test_ports_as_sky_writes_them(ports: Any) -> None:
 
 @pytest.mark.parametrize(
     ("ports", "words"),
-    [([8080, 8081], "a replica serves on one port; got 2 (8080, 8081)"), ("10022-10040", "a port range")],
+    [
+        ([8080, 8081], "resources.ports opens 2 ports (8080, 8081): set service.ports"),
+        ("10022-10040", "resources.ports opens 19 ports (10022-10040): set service.ports"),
+        ([], "an empty list of ports"),
+        (0, "port 0 is not a port: give 1-65535"),
+        (65536, "port 65536 is not a port"),
+        ("9000-8000", "port range 9000-8000 is not 1-65535, lowest first"),
+        ("http", "'http' is not a port (8080) or a range of ports (10020-10040)"),
+    ],
 )
-def test_more_than_one_port_is_refused_with_a_reason(ports: Any, words: str) -> None:
+def test_several_ports_need_the_endpoints_and_bad_ports_are_refused(ports: Any, words: str) -> None:
     message, fields = errors_of({"service": {}, "resources": {"ports": ports}, "run": "serve"})
     assert fields == ["spec.resources.ports"] and words in message
+
+
+def test_several_ports_with_the_one_the_endpoint_serves_are_taken_as_sky_does() -> None:
+    """SkyPilot's rule: resources.ports opens them all, service.ports is the replica's service port."""
+    data = {"service": {"ports": 8000}, "resources": {"ports": [8000, "8081", "9000-9002"]}, "run": "serve"}
+    spec = parse_spec(data)
+    assert (spec.port, spec.resources.opened_ports) == (8000, [8000, 8081, 9000, 9001, 9002])
+    assert spec.to_json_dict()["resources"]["ports"] == [8000, 8081, "9000-9002"]
+
+
+@pytest.mark.parametrize("port", [80, 443, 1, 1023, 65535])
+def test_any_port_sky_takes_is_taken(port: int) -> None:
+    """Before: below 1024 was a 400 (the network stack opened 1024-65535 only)."""
+    assert parse_spec({"service": {"ports": port}, "run": "serve"}).port == port
+    assert parse_spec({"service": {}, "resources": {"ports": port}, "run": "serve"}).port == port
+
+
+def test_service_ports_is_one_port() -> None:
+    message, fields = errors_of({"service": {"ports": [8080, 8081]}, "run": "serve"})
+    assert fields == ["spec.service.ports"] and "the one port the endpoint serves; got 2" in message
 
 
 def test_without_a_readiness_probe_sky_probes_slash() -> None:

@@ -85,7 +85,7 @@ def test_replicas_accept_their_ports_from_the_load_balancer_only(translated: dic
     assert replica["SourceSecurityGroupId"] == props(translated, "LoadBalancerSecurityGroup").get(
         "GroupId", Resolver(translated).ref("LoadBalancerSecurityGroup")
     )
-    assert (replica["FromPort"], replica["ToPort"]) == (1024, 65535)
+    assert (replica["FromPort"], replica["ToPort"]) == (1, 65535)  # any port, as SkyPilot takes
     assert "CidrIp" not in replica
     # The load balancer admits the allowed range on the services' listener ports only.
     ports = rules["LoadBalancerServicePortsIngress"]
@@ -114,7 +114,7 @@ def test_a_domain_and_certificate_give_https_host_rules_and_a_redirect(with_doma
     assert {(r["FromPort"], r["ToPort"]) for r in ingress(with_domain).values()} == {
         (443, 443),
         (80, 80),
-        (1024, 65535),
+        (1, 65535),
     }
 
 

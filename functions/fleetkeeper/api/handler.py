@@ -30,6 +30,7 @@ from fleetkeeper.api.models import (
     ErrorBody,
     EventList,
     MetricsView,
+    ReplicaTerminating,
     RollbackRequest,
     ServiceList,
     ServiceView,
@@ -523,6 +524,28 @@ def rollback_service(name: ServiceNameParam, if_match: IfMatchHeader = None) -> 
 )
 def delete_service(name: ServiceNameParam) -> Reply[ServiceWritten]:
     return _written(202, commands().delete(name))
+
+
+ReplicaIdParam = Annotated[
+    int, Path(ge=0, le=MAX_CLIENT_INTEGER, description="the replica's id (`fleetkeeper status NAME` lists them)")
+]
+
+
+@app.delete(
+    "/v1/services/<name>/replicas/<replica_id>",
+    responses={
+        202: _success(
+            "the replica is drained, terminated and replaced; `changed` false: asked for or leaving already",
+            ReplicaTerminating,
+        ),
+        **_ERRORS,
+    },
+)
+def terminate_replica(name: ServiceNameParam, replica_id: ReplicaIdParam) -> Reply[ReplicaTerminating]:
+    """Terminate one replica (SkyPilot's `sky serve down NAME --replica-id N`): the reconciler drains it,
+    terminates its instance and launches its replacement. Needs write access to the service."""
+    state, changed = commands().terminate_replica(name, replica_id)
+    return _json(202, {**service_view(state), "changed": changed}, {"ETag": etag(state.service.generation)})
 
 
 @app.post(

@@ -144,6 +144,11 @@ class ReplicaView(_Model):
         description="the last warning AWS sent about its instance (a spot interruption warning or a rebalance "
         "recommendation); null: none"
     )
+    terminate_requested_at: str | None = Field(
+        default=None,
+        description="when its termination was asked for (`fleetkeeper down NAME --replica-id N`): it is drained "
+        "and replaced; null: not asked",
+    )
     created_at: str
     updated_at: str
 
@@ -236,7 +241,9 @@ class AutoscalingView(_Model):
     target_replicas: int = Field(description="the autoscaled target: the replicas the service runs now")
     min_replicas: int
     max_replicas: int
-    target_qps_per_replica: float
+    target_qps_per_replica: float = Field(
+        description="one replica's target rate; with a target per accelerator, the largest of them"
+    )
     request_rate: float | None = Field(
         description="requests a second through the endpoint when the recommendation last changed (a rate "
         "within 10% of what the target is sized for does not change it); null before the first reading"
@@ -264,6 +271,14 @@ class ServiceView(ServiceTarget):
     replicas: list[ReplicaView]
     autoscaling: AutoscalingView | None = Field(
         default=None, description="the autoscaler's state; null when the target version does not autoscale"
+    )
+
+
+class ReplicaTerminating(ServiceView):
+    """What `DELETE /v1/services/{name}/replicas/{replica_id}` answers: the service with its replicas."""
+
+    changed: bool = Field(
+        description="false when the replica was asked for already, or is already leaving: nothing was written"
     )
 
 
@@ -397,6 +412,7 @@ def replica_view(replica: "ReplicaRecord") -> dict[str, Any]:
                 "at": replica.interruption.at,
             }
         ),
+        "terminate_requested_at": replica.terminate_requested_at,
         "created_at": replica.created_at,
         "updated_at": replica.updated_at,
     }

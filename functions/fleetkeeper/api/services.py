@@ -15,7 +15,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast
 
 from fleetkeeper import service_events
@@ -84,7 +84,9 @@ Kick = Callable[[str], None]
 # An endpoint's requests a second per bucket: (its metric's dimensions, start, end, bucket seconds) ->
 # [(bucket start, rate)], oldest first (fleetkeeper.reconciler.metrics.request_series on a CloudWatch client).
 RateReader = Callable[[tuple[tuple[str, str], ...], "datetime", "datetime", int], list[tuple["datetime", float]]]
-Command = Literal["get", "list", "versions", "events", "create", "update", "rollback", "delete", "access"]
+Command = Literal[
+    "get", "list", "versions", "events", "create", "update", "rollback", "delete", "access", "terminate a replica"
+]
 T = TypeVar("T")
 
 
@@ -338,6 +340,43 @@ class ServiceCommands:
             deleted = self._contended(mark)
         self.kick(name)
         return deleted
+
+    def terminate_replica(self, name: str, replica_id: int) -> tuple[ServiceState, bool]:
+        """Ask for one replica to go (SkyPilot's `sky serve down NAME --replica-id N`): the reconciler
+        drains and terminates it, and launches its replacement as for any replica that goes. Returns the
+        service (the replica as written) and whether anything was written: a replica already asked
+        for, or already leaving, is left as it is."""
+        from fleetkeeper.reconciler.plan.lifecycle import LEAVING
+
+        def write() -> tuple[ServiceState, bool]:
+            for attempt in range(1, _RACE_ATTEMPTS + 1):
+                state = self._require_active(name, "terminating one of its replicas")
+                record = state.replicas.get(replica_id)
+                if record is None:
+                    ids = ", ".join(str(r) for r in sorted(state.replicas)) or "none"
+                    raise NotFound(
+                        f"service {name!r} has no replica {replica_id} (its replicas: {ids}); "
+                        f"see `fleetkeeper status {name}`",
+                        details=[{"field": "path parameter replica_id", "problem": f"no replica {replica_id}"}],
+                    )
+                if record.terminate_requested_at is not None or record.status in LEAVING:
+                    return state, False
+                try:
+                    written = self.store.request_termination(
+                        state.service, record, self.now(), by=self.caller.principal
+                    )
+                except Raced:
+                    if attempt == _RACE_ATTEMPTS:
+                        raise
+                    continue
+                return replace(state, replicas={**state.replicas, replica_id: written}), True
+            raise AssertionError("unreachable")  # pragma: no cover
+
+        with _as_api_errors("terminate a replica"):
+            terminated = self._contended(write)
+        if terminated[1]:
+            self.kick(name)
+        return terminated
 
     def change_access(self, name: str, add: list[AccessGrant], remove: list[str]) -> tuple[ServiceRecord, bool]:
         """Grant (`add`: a principal already named takes the new mode) and revoke (`remove`) access

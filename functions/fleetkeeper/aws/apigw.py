@@ -20,6 +20,7 @@ ROUTES: tuple[tuple[str, str], ...] = (
     ("/v1/services/{name}/metrics", r"^/v1/services/(?P<name>[^/]+)/metrics$"),
     ("/v1/services/{name}/rollback", r"^/v1/services/(?P<name>[^/]+)/rollback$"),
     ("/v1/services/{name}/access", r"^/v1/services/(?P<name>[^/]+)/access$"),
+    ("/v1/services/{name}/replicas/{replica_id}", r"^/v1/services/(?P<name>[^/]+)/replicas/(?P<replica_id>[^/]+)$"),
     ("/v1/services/{name}", r"^/v1/services/(?P<name>[^/]+)$"),
     ("/v1/services", r"^/v1/services$"),
     ("/v1/openapi.json", r"^/v1/openapi\.json$"),

@@ -197,6 +197,21 @@ def _spec_inputs(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _resource_overrides(parser: argparse.ArgumentParser) -> None:
+    """SkyPilot's resource flags of `sky serve up`/`update` (and `sky launch`): applied to the spec's
+    `resources` before it is sent (`overridden`)."""
+    group = parser.add_argument_group("resource overrides (as `sky serve up` takes them; over the spec's resources)")
+    group.add_argument("--cpus", metavar="N[+]", help="vCPUs: 4 (exactly) or 4+ (at least)")
+    group.add_argument("--memory", metavar="GB[+]", help="memory in GB: 32 or 32+")
+    group.add_argument(
+        "--gpus", metavar="NAME[:COUNT]", help="accelerators, e.g. A10G:1 or L4 (`resources.accelerators`)"
+    )
+    group.add_argument("--instance-type", "-t", metavar="TYPE", help="an EC2 instance type, e.g. g5.xlarge")
+    spot = group.add_mutually_exclusive_group()
+    spot.add_argument("--use-spot", dest="use_spot", action="store_true", default=None, help="spot instances")
+    spot.add_argument("--no-use-spot", dest="use_spot", action="store_false", help="on-demand instances")
+
+
 def build_parser() -> argparse.ArgumentParser:
     common = _Parser(add_help=False)
     where = common.add_argument_group("where the API is")
@@ -241,12 +256,14 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("spec", type=Path, metavar="SPEC.yaml")
     up.add_argument("--name", "-n", help="the service's name (replaces the spec's `name`)")
     _spec_inputs(up)
+    _resource_overrides(up)
 
     update = _command(commands, "update", [common, output, waiting])
     update.add_argument("name", metavar="NAME")
     update.add_argument("spec", type=Path, metavar="SPEC.yaml")
     update.add_argument("--mode", choices=["rolling", "blue_green"], help="default: the spec's update.mode")
     _spec_inputs(update)
+    _resource_overrides(update)
 
     status = _command(commands, "status", [common, output])
     status.add_argument("name", nargs="?", metavar="NAME")
@@ -260,6 +277,15 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"seconds between --watch refreshes (default {DEFAULT_WATCH_INTERVAL:g})",
     )
     status.add_argument("--count", type=_positive, metavar="N", help="stop --watch after N refreshes")
+    status.add_argument(
+        "--all",
+        "-a",
+        "--verbose",
+        "-v",
+        dest="detail",
+        action="store_true",
+        help="every service in full: its replicas, placement and autoscaler, as `status NAME` shows one",
+    )
 
     versions = _command(commands, "versions", [common, output])
     versions.add_argument("name", metavar="NAME")
@@ -272,6 +298,12 @@ def build_parser() -> argparse.ArgumentParser:
     down.add_argument("names", nargs="*", metavar="NAME")
     down.add_argument("--all", "-a", action="store_true", help="every service")
     down.add_argument("--yes", "-y", action="store_true", help="do not ask before --all")
+    down.add_argument(
+        "--replica-id",
+        type=_replica_id,
+        metavar="N",
+        help="terminate replica N of NAME only (the reconciler drains it and launches its replacement)",
+    )
 
     access = _command(commands, "access", [common, output])
     access.add_argument("name", metavar="NAME")
@@ -297,6 +329,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     logs.add_argument(
         "--log-group", help="on AWS: the stack's replica log group (else $FLEETKEEPER_LOG_GROUP or --stack's output)"
+    )
+    logs.add_argument(
+        "--sync-down",
+        action="store_true",
+        help="write each replica's log to a file (in --to DIR) instead of printing it, as `sky serve logs --sync-down`",
+    )
+    logs.add_argument(
+        "--to", type=Path, metavar="DIR", help="where --sync-down writes (default: ./fleetkeeper-logs/NAME-<time>)"
     )
 
     doctor = _command(commands, "doctor", [common])
@@ -330,6 +370,12 @@ def derived_name(path: Path) -> str | None:
     if not name[0].isalpha():
         name = f"svc-{name}"
     return name[:63].rstrip("-")
+
+
+def _replica_id(text: str) -> int:
+    if not (text.isascii() and text.isdigit()) or len(text) > 9:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a replica id (a whole number; `fleetkeeper status NAME`)")
+    return int(text)
 
 
 def _count(text: str) -> int:
@@ -414,6 +460,7 @@ class Cli:
         """The spec as the API takes it: --env-file, --env and --secret applied, the workdir packed
         and uploaded (its digest in its place)."""
         spec = apply_values(spec, self.args.env_file, self.args.env, self.args.secret, source=str(self.args.spec))
+        spec = overridden(spec, resource_overrides(self.args), source=str(self.args.spec))
         workdir = spec.get("workdir")
         if isinstance(workdir, str) and not remote_workdir(workdir):  # a URL: the API says what to do
             spec["workdir"] = {"digest": self._upload_workdir(Path(workdir), name if existing else None)}
@@ -453,6 +500,8 @@ class Cli:
 
         Every name is tried even when one fails; the exit code is the worst: 2 if the API refused one
         (a missing service), else 1 if a wait failed, else 0."""
+        if self.args.replica_id is not None:
+            return self._down_replica()
         names = self._down_names()
         if not names:
             self._said("no services to delete", {})
@@ -488,6 +537,26 @@ class Cli:
             elif deleted:
                 self.emit(deleted[0])
         return code
+
+    def _down_replica(self) -> int:
+        """`down NAME --replica-id N` (SkyPilot's `sky serve down NAME --replica-id N`): one replica goes,
+        and the reconciler replaces it."""
+        if self.args.all or len(self.args.names) != 1:
+            raise UsageError("--replica-id N terminates a replica of one service: give its NAME (and not --all)")
+        if self.args.wait:
+            raise UsageError(
+                "--wait waits for deleted services; to watch the replica go and its replacement come, "
+                f"run `fleetkeeper status {self.args.names[0]} --watch`"
+            )
+        name, replica = self.args.names[0], self.args.replica_id
+        view = self.client.request("DELETE", f"/v1/services/{_quote(name)}/replicas/{replica}").body
+        if view.get("changed") is False:
+            self._said(f"replica {replica} of {name} is already going; the reconciler replaces it", view)
+        else:
+            self._said(f"terminating replica {replica} of {name}: the reconciler drains it and replaces it", view)
+        if self.structured:
+            self.emit(view)
+        return EXIT_OK
 
     def _down_names(self) -> list[str]:
         if self.args.all and self.args.names:
@@ -552,10 +621,28 @@ class Cli:
             self.print(f"{render.service_detail(view)}\n\n{more}\n{render.events_table(events)}")
             return
         services = self._all_services()
+        if self.args.detail:
+            # --all / -v (SkyPilot's `sky serve status --all`): every service as `status NAME` shows it.
+            views = [view for s in services if (view := self._service_if_there(str(s["name"]))) is not None]
+            if self.structured:
+                self._emit_item({"services": views}, watching)
+            else:
+                self.print("\n\n".join(render.service_detail(v) for v in views) if views else "no services")
+            return
         if self.structured:
             self._emit_item({"services": services}, watching)
         else:
             self.print(render.services_table(services))
+
+    def _service_if_there(self, name: str) -> dict[str, Any] | None:
+        """One service's view; None when it went between the list and this read."""
+        try:
+            view: dict[str, Any] = self.client.request("GET", f"/v1/services/{_quote(name)}").body
+        except ApiError as exc:
+            if exc.status == 404:
+                return None
+            raise
+        return view
 
     def _emit_item(self, value: Any, streaming: bool) -> None:
         """One document of a stream (--watch, --follow): JSON one a line, YAML `---` separated."""
@@ -651,6 +738,10 @@ class Cli:
             if self.args.replica is not None and self.args.replica != self.args.replica_option:
                 raise UsageError("give the replica once: REPLICA or --replica N")
             self.args.replica = self.args.replica_option
+        if self.args.to is not None and not self.args.sync_down:
+            raise UsageError("--to DIR is where --sync-down writes: add --sync-down")
+        if self.args.sync_down:
+            return self._sync_down()
         if not self.client.embedded:
             return self._cloud_logs()
         # Log files can outlive their service (or never have been its own): a missing service is
@@ -695,6 +786,68 @@ class Cli:
                     self.note(f"{self.args.name} is gone")
                     return EXIT_OK
                 raise
+
+    def _sync_down(self) -> int:
+        """`logs NAME --sync-down` (SkyPilot's `sky serve logs --sync-down`): each replica's log, as it is
+        now, to `replica-<id>.log` in --to DIR (default ./fleetkeeper-logs/NAME-<UTC time>)."""
+        if self.args.follow:
+            raise UsageError("--sync-down writes the logs as they are now: it does not take --follow")
+        view = self.client.request("GET", f"/v1/services/{self.name}").body
+        logs = self._embedded_logs(view) if self.client.embedded else self._cloud_replica_logs(view)
+        stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+        folder = self.args.to if self.args.to is not None else Path("fleetkeeper-logs") / f"{self.args.name}-{stamp}"
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            for replica_id, text in logs:
+                (folder / f"replica-{replica_id}.log").write_text(printable(text, keep_newlines=True), encoding="utf-8")
+        except OSError as exc:
+            raise UsageError(f"cannot write the logs to {folder}: {exc.strerror or exc}") from exc
+        if not logs:
+            self.note(f"no logs of {self.args.name}'s replicas yet; nothing written to {folder}")
+        else:
+            ids = ", ".join(str(replica_id) for replica_id, _ in logs)
+            self.print(f"synced down the logs of {self.args.name}'s replica(s) {ids} to {folder}")
+        return EXIT_OK
+
+    def _embedded_logs(self, view: dict[str, Any]) -> list[tuple[int, str]]:
+        base = f"/_local/logs/{self.name}"
+        incarnation = f"uid={_quote(str(view['uid']))}"
+        query = [incarnation]
+        if self.args.tail is not None:
+            query.append(f"tail={self.args.tail}")
+        if self.args.since is not None:
+            query.append(f"since={int(time.time()) - self.args.since}")
+        wanted, _ = self._logs_wanted(f"{base}?{incarnation}", view)
+        return [
+            (rid, str(self.client.request("GET", f"{base}/{rid}?{'&'.join(query)}", raw=True).body))
+            for rid, _ in wanted
+        ]
+
+    def _cloud_replica_logs(self, view: dict[str, Any]) -> list[tuple[int, str]]:
+        """On AWS: each replica's stream (the one asked for, else the service's current replicas)."""
+        import io
+
+        group = cloudlogs.log_group(self.args.log_group, self.args.stack)
+        ids = [self.args.replica] if self.args.replica is not None else [int(r["replica_id"]) for r in view["replicas"]]
+        client = cloudlogs.logs_client()
+        found: list[tuple[int, str]] = []
+        for replica_id in ids:
+            out = io.StringIO()
+            cloudlogs.print_logs(
+                client,
+                group,
+                str(view["name"]),
+                str(view["uid"]),
+                replica=replica_id,
+                since_seconds=self.args.since,
+                follow=False,
+                out=out,
+                still_there=lambda: True,
+                owner=str(view.get("owner") or ""),
+            )
+            if out.getvalue():
+                found.append((replica_id, out.getvalue()))
+        return found
 
     def _cloud_logs(self) -> int:
         """On AWS: the replicas' streams in the stack's log group, read with the caller's credentials."""
@@ -862,6 +1015,41 @@ def read_env_file(path: Path) -> dict[str, str]:
             value = value[1:-1]
         values[name.strip()] = value
     return values
+
+
+# The flags of `_resource_overrides`, by the `resources` field each sets.
+_OVERRIDES = {"cpus": "cpus", "memory": "memory", "gpus": "accelerators", "instance_type": "instance_type"}
+
+
+def resource_overrides(args: argparse.Namespace) -> dict[str, Any]:
+    """The `resources` fields the command line sets (`--gpus` is `accelerators`, as in SkyPilot)."""
+    fields = {field: getattr(args, flag) for flag, field in _OVERRIDES.items() if getattr(args, flag, None) is not None}
+    if getattr(args, "use_spot", None) is not None:
+        fields["use_spot"] = args.use_spot
+    return fields
+
+
+def overridden(spec: dict[str, Any], fields: dict[str, Any], *, source: str) -> dict[str, Any]:
+    """The spec with `fields` set in `resources`, as SkyPilot's overrides: over every alternative too
+    (an `any_of` or `ordered` entry's own value for a field given here is dropped), so the flag is what
+    every candidate gets. The API validates the values and names the field at fault."""
+    if not fields:
+        return spec
+    resources = spec.get("resources")
+    if resources is None:
+        resources = {}
+    if not isinstance(resources, dict):
+        raise UsageError(f"{source}: `resources` must be a mapping to take --cpus, --memory, --gpus... overrides")
+    resources = {**resources, **fields}
+    for key in ("any_of", "ordered"):
+        entries = resources.get(key)
+        if isinstance(entries, list):
+            kept = [{k: v for k, v in e.items() if k not in fields} if isinstance(e, dict) else e for e in entries]
+            if all(entry == {} for entry in kept):
+                del resources[key]  # nothing left to choose between: the overrides are the one choice
+            else:
+                resources[key] = kept
+    return {**spec, "resources": resources}
 
 
 def apply_values(

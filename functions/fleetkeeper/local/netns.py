@@ -186,8 +186,15 @@ class HostRelay:
 # -- the launcher ------------------------------------------------------------------------------------
 
 
+# The lowest port an unprivileged process may bind: per network namespace (ip-sysctl.rst), and the
+# namespace's own to set. In its own namespace a replica may bind any port, as on EC2 (`ports: 80`).
+_UNPRIVILEGED_PORT_START = Path("/proc/sys/net/ipv4/ip_unprivileged_port_start")
+
+
 def _launch(socket_path: str, port: int, command: Sequence[str]) -> int:
     enter_own_network()
+    if port < 1024:  # the host's own setting is untouched: this is the namespace's
+        _UNPRIVILEGED_PORT_START.write_text("0")
     Path(socket_path).unlink(missing_ok=True)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(socket_path)

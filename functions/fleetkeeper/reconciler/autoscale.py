@@ -18,7 +18,13 @@ The rules (SkyPilot Serve's fields and defaults, Kubernetes HPA's stabilization)
   (SkyPilot issue #4444);
 - to zero only when every recommendation of the last `downscale_to_zero_delay_seconds` was zero (when
   set; else the downscale delay applies to zero too);
-- at zero replicas, the first request scales to one at once (no delay: nothing serves it);
+- at zero replicas, the first requests scale at once (no delay: nothing serves them) straight to
+  their recommendation, clip(ceil(rate / target_qps_per_replica)), as SkyPilot's "faster scale up
+  when there is no replica" does;
+- a target per accelerator (`{A100: 5, L4: 2}`) is SkyPilot's InstanceAwareRequestRateAutoscaler: the
+  rate the target version's live replicas serve is the sum of their accelerators' targets; above it,
+  as many more replicas as the excess needs at the largest target; below it, the fewest READY
+  replicas, largest first, whose targets exceed the rate (`Capacity`); no tolerance (SkyPilot has none);
 - before the first recommendation (a new service, a policy just turned on) the window holds the
   current target: nothing moves until a whole window of evidence says so.
 
@@ -58,10 +64,14 @@ class ScalingPolicy:
 
     min_replicas: int
     max_replicas: int
+    # One replica's target rate; with `per_accelerator`, the largest of them (what a replica added
+    # for excess demand is sized at, as SkyPilot's instance-aware autoscaler does).
     target_qps_per_replica: float
     upscale_delay_seconds: int = 300
     downscale_delay_seconds: int = 1200
     downscale_to_zero_delay_seconds: int | None = None
+    # SkyPilot's target per accelerator, (name, rate) pairs; empty: one target for every replica.
+    per_accelerator: tuple[tuple[str, float], ...] = ()
 
     def clip(self, replicas: int) -> int:
         return min(max(replicas, self.min_replicas), self.max_replicas)
@@ -72,6 +82,19 @@ class ScalingPolicy:
         return max(self.upscale_delay_seconds, self.downscale_delay_seconds, zero)
 
 
+@dataclass(frozen=True)
+class Capacity:
+    """For a target per accelerator: the target rate of each of the target version's live replicas
+    (provisioning, starting or READY: SkyPilot's `_calculate_total_qps_from_replicas`), and of the READY
+    ones (what a scale-down keeps)."""
+
+    live: tuple[float, ...] = ()
+    ready: tuple[float, ...] = ()
+
+
+NO_CAPACITY = Capacity()
+
+
 def policy_of(spec: ServiceSpec) -> ScalingPolicy | None:
     """The spec's autoscaling policy; None when the spec does not autoscale (fixed replicas)."""
     policy = spec.service.replica_policy
@@ -79,15 +102,28 @@ def policy_of(spec: ServiceSpec) -> ScalingPolicy | None:
         return None
     top = policy.max_replicas if policy.max_replicas is not None else policy.min_replicas
     if top <= policy.min_replicas:
-        return None  # nothing to scale (the api refuses such specs; stored ones run at min)
+        return None  # SkyPilot's "Fixed N replicas": a target with min_replicas == max_replicas
+    targets = policy.target_qps_per_replica
+    per_accelerator = tuple(sorted(targets.items())) if isinstance(targets, dict) else ()
     return ScalingPolicy(
         min_replicas=policy.min_replicas,
         max_replicas=top,
-        target_qps_per_replica=policy.target_qps_per_replica,
+        target_qps_per_replica=max(targets.values()) if isinstance(targets, dict) else targets,
         upscale_delay_seconds=policy.upscale_delay_seconds,
         downscale_delay_seconds=policy.downscale_delay_seconds,
         downscale_to_zero_delay_seconds=policy.downscale_to_zero_delay_seconds,
+        per_accelerator=per_accelerator,
     )
+
+
+def replica_target(policy: ScalingPolicy, accelerator: str | None) -> float:
+    """One replica's target rate on an instance with `accelerator`: its own target; one the targets do
+    not name (a stored spec, an instance type the catalogue does not know) counts at the smallest, as
+    SkyPilot's `_get_target_qps_for_gpu_type` falls back."""
+    if not policy.per_accelerator:
+        return policy.target_qps_per_replica
+    targets = dict(policy.per_accelerator)
+    return targets.get(accelerator or "", min(targets.values()))
 
 
 def current_target(policy: ScalingPolicy, state: AutoscalerState | None) -> int:
@@ -95,8 +131,11 @@ def current_target(policy: ScalingPolicy, state: AutoscalerState | None) -> int:
     return policy.clip(state.target) if state is not None else policy.min_replicas
 
 
-def recommend(policy: ScalingPolicy, rate: float, current: int) -> int:
-    """The replicas `rate` requests a second call for, given the `current` target (its tolerance)."""
+def recommend(policy: ScalingPolicy, rate: float, current: int, capacity: Capacity = NO_CAPACITY) -> int:
+    """The replicas `rate` requests a second call for, given the `current` target (its tolerance), or
+    with a target per accelerator, given what the live replicas serve (`capacity`)."""
+    if policy.per_accelerator:
+        return policy.clip(_instance_aware(policy, rate, capacity))
     if current > 0:
         usage = rate / (policy.target_qps_per_replica * current)
         if abs(usage - 1.0) <= TOLERANCE:
@@ -104,8 +143,26 @@ def recommend(policy: ScalingPolicy, rate: float, current: int) -> int:
     return policy.clip(math.ceil(rate / policy.target_qps_per_replica - _EPSILON))
 
 
+def _instance_aware(policy: ScalingPolicy, rate: float, capacity: Capacity) -> int:
+    """SkyPilot's InstanceAwareRequestRateAutoscaler: more replicas at the largest target for the rate
+    the live ones do not serve; else the fewest READY ones (largest first) that serve more than it."""
+    served = sum(capacity.live)
+    if rate >= served:
+        return len(capacity.live) + math.ceil((rate - served) / policy.target_qps_per_replica - _EPSILON)
+    count, total = 0, 0.0
+    for target in sorted(capacity.ready, reverse=True) or [policy.target_qps_per_replica]:
+        count, total = count + 1, total + target
+        if total > rate:
+            break
+    return count
+
+
 def decide(
-    policy: ScalingPolicy, state: AutoscalerState | None, rate: float | None, now: datetime
+    policy: ScalingPolicy,
+    state: AutoscalerState | None,
+    rate: float | None,
+    now: datetime,
+    capacity: Capacity = NO_CAPACITY,
 ) -> AutoscalerState | None:
     """The autoscaler's next state; `state` itself (the same object) when nothing changed.
 
@@ -118,15 +175,16 @@ def decide(
     rate = round(max(rate, 0.0), _RATE_DIGITS)
     target = current_target(policy, state)
     before = state.history if state is not None else ()
-    recommended = recommend(policy, rate, target)
+    recommended = recommend(policy, rate, target, capacity)
     history = before
     if not history or history[-1].replicas != recommended:
         entry = Recommendation(at=to_iso(now), replicas=recommended, rate=rate)
         # Two decisions at the same instant: the later one is what held from then on.
         kept = history[:-1] if history and history[-1].at == entry.at else history
         history = (*kept, entry)
-    # The first request at zero replicas: one at once (nothing serves it meanwhile).
-    new_target = policy.clip(1) if target == 0 and rate > 0 else _stabilized(policy, history, target, now)
+    # The first requests at zero replicas: their recommendation at once (nothing serves them meanwhile).
+    at_zero = target == 0 and rate > 0
+    new_target = max(recommended, policy.clip(1)) if at_zero else _stabilized(policy, history, target, now)
     if state is not None and new_target == state.target and history == before:
         return state  # steady: nothing to write
     return AutoscalerState(
@@ -203,7 +261,8 @@ def pending(policy: ScalingPolicy, state: AutoscalerState | None, now: datetime)
     target = current_target(policy, state)
     last = state.history[-1]
     if target == 0 and last.rate > 0:
-        return Pending("up", policy.clip(1), now, _reason(policy, last.rate, target, ">"))
+        replicas = max(recommend(policy, last.rate, 0), policy.clip(1))
+        return Pending("up", replicas, now, _reason(policy, last.rate, target, ">"))
     history = state.history
     delays = {policy.upscale_delay_seconds, policy.downscale_delay_seconds}
     if policy.downscale_to_zero_delay_seconds is not None:
@@ -222,6 +281,9 @@ def pending(policy: ScalingPolicy, state: AutoscalerState | None, now: datetime)
 
 
 def _reason(policy: ScalingPolicy, rate: float, target: int, sign: str) -> str:
+    if policy.per_accelerator:
+        targets = ", ".join(f"{name}: {_number(value)}" for name, value in policy.per_accelerator)
+        return f"{_number(rate)} req/s {sign} what {target} replica(s) serve ({targets} each)"
     return f"{_number(rate)} req/s {sign} {_number(policy.target_qps_per_replica)} {TIMES} {target}"
 
 

@@ -110,6 +110,28 @@ def parse_accelerators(value: Any) -> list[tuple[str, int]]:
     return out
 
 
+def accelerator_key(text: str) -> str:
+    """A key of a per-accelerator `target_qps_per_replica` (`A100`, `a100:1`) as the catalogue spells the
+    accelerator: SkyPilot matches a replica's accelerator by the key's name, its count aside."""
+    name = text.partition(":")[0].strip()
+    device = catalogue.accelerator(name)
+    if device is None:
+        close = difflib.get_close_matches(name.upper(), [a.name.upper() for a in catalogue.ACCELERATORS], n=1)
+        hint = (
+            f"did you mean {next(a.name for a in catalogue.ACCELERATORS if a.name.upper() == close[0])}? "
+            if close
+            else ""
+        )
+        raise ValueError(f"{text!r} is not an accelerator AWS has: {hint}{accelerators_aws_has()}")
+    return device.name
+
+
+def accelerator_of(instance_type: str) -> str | None:
+    """The accelerator an instance type carries (the catalogue's name), None for CPU-only or unknown types."""
+    known = catalogue.BY_NAME.get(instance_type)
+    return known.accelerator if known is not None else None
+
+
 def accelerators_in_order(value: Any) -> bool:
     """Whether `accelerators` is SkyPilot's list (tried in the order written) rather than a set."""
     return isinstance(value, list | tuple) and len(value) > 1

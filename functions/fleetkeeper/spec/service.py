@@ -38,9 +38,11 @@ if TYPE_CHECKING:
 # needed only while a spec is validated or placed, so only the invocations that do it load them.
 
 DEFAULT_PORT = 8080
-# The lowest port a replica may serve on: infra/network.yaml opens ReplicaPortFrom (1024) to
-# ReplicaPortTo to the reconciler's probes, and a port below 1024 needs root in the replica.
-MIN_PORT = 1024
+# Ports are SkyPilot's 1-65535: infra/network.yaml opens ReplicaPortFrom (1) to ReplicaPortTo to the
+# reconciler's probes, template.yaml the same range to the load balancer; on EC2 the replica's units
+# run as root, and an embedded replica's own network namespace lets its user bind a port below 1024.
+MIN_PORT = 1
+MAX_PORT = 65535
 # AWS's public SSM parameters: the only ones the reconciler's IAM lets EC2 resolve for a spec
 # (template.yaml's ResolveImages; the stack's own DefaultImageParameter serves specs without image_id).
 PUBLIC_PARAMETERS = "/aws/service/"
@@ -76,11 +78,16 @@ def root_device_of_parameter(parameter: str) -> str | None:
 # The endpoint's load balancing policies, by SkyPilot Serve's names: `least_load` (SkyPilot's default)
 # sends a request to the replica with the fewest in flight (the ALB's least_outstanding_requests),
 # `round_robin` to each in turn (the ALB's round_robin).
-LOAD_BALANCING_POLICIES = ("least_load", "round_robin")
+# SkyPilot's `instance_aware_least_load` (the fewest in flight relative to each replica's per-accelerator
+# target) is least_load here: an ALB target group has no per-target weights, and sending each request to
+# the replica with the fewest in flight already gives a faster replica more (it finishes sooner).
+LOAD_BALANCING_POLICIES = ("least_load", "round_robin", "instance_aware_least_load")
 DEFAULT_LOAD_BALANCING_POLICY = "least_load"
+_BALANCED_AS = {"instance_aware_least_load": "least_load"}
 # How long a replica leaving the endpoint may finish its requests in flight before it is terminated
-# (the ALB's deregistration delay; its range is 0-3600 s).
-DEFAULT_DRAIN_SECONDS = 30
+# (the ALB's deregistration delay; its range is 0-3600 s). SkyPilot's 120 s: a model server's
+# streamed answers get two minutes to finish before the replica goes.
+DEFAULT_DRAIN_SECONDS = 120
 MAX_DRAIN_SECONDS = 3600
 # The autoscaler's bounds: its delays (a day keeps the windows' history small) and request rates.
 MAX_SCALE_DELAY_SECONDS = 86_400
@@ -114,31 +121,58 @@ def stored_spec(text: str) -> ServiceSpec:
     return ServiceSpec.model_validate_json(text, context={_STORED: True})
 
 
-def _unprivileged(port: int | None, info: ValidationInfo) -> int | None:
-    if port is not None and port < MIN_PORT and not _stored(info):
-        raise ValueError(
-            f"port {port} is below {MIN_PORT}: the network stack (infra/network.yaml) opens replica "
-            f"ports {MIN_PORT}-65535 to the reconciler's probes; serve on {MIN_PORT} or above"
-        )
-    return port
+def _port_number(value: Any) -> int | None:
+    """A port as SkyPilot writes one: 8080 or "8080" (None when it is neither)."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().isascii() and value.strip().isdigit() and len(value.strip()) <= 5:
+        return int(value.strip())
+    return None
 
 
 def _one_port(value: Any) -> Any:
-    """SkyPilot writes ports as `8080`, `"8080"` or `[8080]`: a replica serves on one port."""
+    """`service.ports`: the replica's one service port, `8080`, `"8080"` or `[8080]` (SkyPilot's int)."""
     if isinstance(value, list | tuple):
         if len(value) != 1:
             listed = ", ".join(map(str, value))
-            raise ValueError(f"a replica serves on one port; got {len(value)} ({listed}): give one, e.g. `ports: 8080`")
-        (value,) = value
-    if isinstance(value, str):
-        text = value.strip()
-        if "-" in text:
             raise ValueError(
-                f"a port range ({text}) is not supported: a replica serves on one port, e.g. `ports: 8080`"
+                f"service.ports is the one port the endpoint serves; got {len(value)} ({listed}): give one, e.g. "
+                "`ports: 8080`, and list the others in resources.ports"
             )
-        if text.isascii() and text.isdigit() and len(text) <= 5:
-            return int(text)
-    return value
+        (value,) = value
+    number = _port_number(value)
+    return value if number is None else number
+
+
+def _port_entry(value: Any) -> int | str:
+    """One entry of `resources.ports`: a port (8080, "8080") or a range ("10020-10040"), as SkyPilot's."""
+    number = _port_number(value)
+    if number is not None:
+        if not MIN_PORT <= number <= MAX_PORT:
+            raise ValueError(f"port {number} is not a port: give {MIN_PORT}-{MAX_PORT}")
+        return number
+    if isinstance(value, str):
+        low, dash, high = value.strip().partition("-")
+        first, last = _port_number(low), _port_number(high)
+        if dash and first is not None and last is not None:
+            if not MIN_PORT <= first <= last <= MAX_PORT:
+                raise ValueError(f"port range {value.strip()} is not {MIN_PORT}-{MAX_PORT}, lowest first")
+            return f"{first}-{last}"
+    raise ValueError(f"{value!r} is not a port (8080) or a range of ports (10020-10040)")
+
+
+def port_set(value: int | str | list[int | str] | None) -> list[int]:
+    """Every port `resources.ports` opens, in order (a range expanded), as SkyPilot's port_ranges_to_set."""
+    if value is None:
+        return []
+    ports: set[int] = set()
+    for entry in value if isinstance(value, list) else [value]:
+        if isinstance(entry, int):
+            ports.add(entry)
+        else:
+            low, _, high = entry.partition("-")
+            ports.update(range(int(low), int(high or low) + 1))
+    return sorted(ports)
 
 
 def _substitute(text: str, values: Mapping[str, str]) -> str:
@@ -247,7 +281,8 @@ class ReadinessProbe(_Strict):
             raise ValueError(
                 f"{value}s is longer than a probe can take: a probe must end inside one run of the reconciler "
                 f"(a Lambda invocation of at most 120 s, with its reads and writes around the probe), so a "
-                f"probe's timeout is at most {MAX_READINESS_TIMEOUT_SECONDS}s"
+                f"probe's timeout is at most {MAX_READINESS_TIMEOUT_SECONDS}s: probe a path that answers without "
+                "the slow work (e.g. /health rather than a generation), or keep the generation short (max_tokens: 1)"
             )
         return value
 
@@ -263,7 +298,15 @@ class ReplicaPolicy(_Strict):
 
     min_replicas: Annotated[int, Field(ge=0, le=1000)]
     max_replicas: Annotated[int, Field(ge=0, le=1000)] | None = None
-    target_qps_per_replica: Annotated[float, Field(gt=0, allow_inf_nan=False)] | None = None
+    # One number, or SkyPilot's per-accelerator targets ({A100: 5, L4: 2}: what one replica of each
+    # serves; its InstanceAwareRequestRateAutoscaler, fleetkeeper.reconciler.autoscale).
+    target_qps_per_replica: (
+        Annotated[float, Field(gt=0, allow_inf_nan=False)]
+        | dict[str, Annotated[float, Field(gt=0, allow_inf_nan=False)]]
+        | None
+    ) = None
+    # SkyPilot's extra replicas over the autoscaler's target (get_final_target_num_replicas).
+    num_overprovision: Annotated[int, Field(ge=0, le=1000)] | None = None
     upscale_delay_seconds: Annotated[int, Field(ge=0)] = 300
     downscale_delay_seconds: Annotated[int, Field(ge=0)] = 1200
     downscale_to_zero_delay_seconds: Annotated[int, Field(ge=0)] | None = None
@@ -275,13 +318,29 @@ class ReplicaPolicy(_Strict):
 
     @field_validator("target_qps_per_replica", mode="before")
     @classmethod
-    def _one_target(cls, value: Any) -> Any:
-        if isinstance(value, dict):
-            raise ValueError(
-                "a target per accelerator ({H100: 5, A100: 2}) is not supported: the endpoint's rate is shared by "
-                "every replica, so give one number (the rate one replica of your smallest candidate serves)"
-            )
-        return value
+    def _targets_per_accelerator(cls, value: Any) -> Any:
+        """A per-accelerator target's keys are accelerators (`A100`, `A100:1`, as SkyPilot matches them):
+        canonical names, each once."""
+        if not isinstance(value, dict):
+            return value
+        if not value:
+            raise ValueError("an empty mapping: give one number, or a target per accelerator ({A100: 5, L4: 2})")
+        from fleetkeeper.spec import placement as placing
+
+        out: dict[str, Any] = {}
+        for key, target in value.items():
+            name = placing.accelerator_key(str(key))
+            if name in out:
+                raise ValueError(f"{name} is given twice ({key!r}): give each accelerator one target")
+            out[name] = target
+        return out
+
+    def target_for(self, accelerator: str | None) -> float | None:
+        """One replica's target rate on an instance with `accelerator` (its catalogue name; None: CPU only)."""
+        target = self.target_qps_per_replica
+        if not isinstance(target, dict):
+            return target
+        return target.get(accelerator) if accelerator is not None else None
 
     @model_validator(mode="after")
     def _skypilot_rules(self, info: ValidationInfo) -> ReplicaPolicy:
@@ -292,15 +351,11 @@ class ReplicaPolicy(_Strict):
                 raise ValueError("max_replicas > min_replicas requires target_qps_per_replica for autoscaling")
         if _stored(info):
             return self  # what the api accepted before keeps loading; the autoscaler copes
-        top = self.max_replicas if self.max_replicas is not None else self.min_replicas
-        if self.target_qps_per_replica is not None:
-            if top == self.min_replicas:
-                raise ValueError(
-                    f"target_qps_per_replica needs room to scale: min_replicas and max_replicas are both {top}; "
-                    "set max_replicas above min_replicas, or drop target_qps_per_replica for a fixed count"
-                )
-            if self.target_qps_per_replica > MAX_TARGET_QPS:
-                raise ValueError(f"target_qps_per_replica must be at most {MAX_TARGET_QPS:g}")
+        # A target with min_replicas == max_replicas is SkyPilot's fixed count ("Fixed N replicas"): taken.
+        targets = self.target_qps_per_replica
+        values = list(targets.values()) if isinstance(targets, dict) else [] if targets is None else [targets]
+        if any(value > MAX_TARGET_QPS for value in values):
+            raise ValueError(f"target_qps_per_replica must be at most {MAX_TARGET_QPS:g}")
         for name in ("upscale_delay_seconds", "downscale_delay_seconds", "downscale_to_zero_delay_seconds"):
             value = getattr(self, name)
             if value is not None and value > MAX_SCALE_DELAY_SECONDS:
@@ -328,18 +383,13 @@ class ServiceSection(_Strict):
     def _one_port(cls, value: Any) -> Any:
         return _one_port(value)
 
-    @field_validator("ports")
-    @classmethod
-    def _port_range(cls, value: int | None, info: ValidationInfo) -> int | None:
-        return _unprivileged(value, info)
-
     @field_validator("load_balancing_policy")
     @classmethod
     def _known_policy(cls, value: str | None) -> str | None:
         if value is not None and value not in LOAD_BALANCING_POLICIES:
             raise ValueError(
-                f"{value!r} is not supported: use least_load (the default: the replica with the fewest "
-                "requests in flight) or round_robin"
+                f"{value!r} is not a load balancing policy: use least_load (the default: the replica with the "
+                "fewest requests in flight), round_robin or instance_aware_least_load"
             )
         return value
 
@@ -481,7 +531,9 @@ class ResourceChoice(_Placed):
 class Resources(_Placed):
     image_id: str | None = None
     use_spot: bool = False
-    ports: Annotated[int, Field(ge=1, le=65535)] | None = None
+    # SkyPilot's ports to open: one (8080, "8080"), a range ("10020-10040") or a list of both. The
+    # endpoint serves `service.ports`, or the one port given here (ServiceSpec._one_service_port).
+    ports: int | str | list[int | str] | None = None
     disk_size: Annotated[int, Field(ge=8, le=16_384)] | None = None
     disk_tier: Literal["low", "medium", "high", "ultra", "best"] | None = None
     any_of: Annotated[list[ResourceChoice], Field(min_length=1, max_length=16)] | None = None
@@ -490,13 +542,20 @@ class Resources(_Placed):
 
     @field_validator("ports", mode="before")
     @classmethod
-    def _one_port(cls, value: Any) -> Any:
-        return _one_port(value)
+    def _ports_as_skypilot_writes_them(cls, value: Any) -> Any:
+        if value is None:
+            return value
+        if isinstance(value, list | tuple):
+            if not value:
+                raise ValueError("an empty list of ports: give a port (8080), or leave ports out")
+            entries = [_port_entry(entry) for entry in value]
+            return entries[0] if len(entries) == 1 and isinstance(entries[0], int) else entries
+        return _port_entry(value)
 
-    @field_validator("ports")
-    @classmethod
-    def _port_range(cls, value: int | None, info: ValidationInfo) -> int | None:
-        return _unprivileged(value, info)
+    @property
+    def opened_ports(self) -> list[int]:
+        """Every port `ports` opens (ranges expanded)."""
+        return port_set(self.ports)
 
     @field_validator("image_id", mode="before")
     @classmethod
@@ -884,19 +943,68 @@ class ServiceSpec(_Strict):
     def probe_needs_secrets(self) -> bool:
         return bool(self.service.readiness_probe.variables() & set(self.secrets))
 
+    @model_validator(mode="after")
+    def _a_target_for_every_candidate(self, info: ValidationInfo) -> ServiceSpec:
+        """A per-accelerator target must cover the accelerator of every candidate instance type, or the
+        autoscaler would have no rate for its replicas (SkyPilot falls back to the smallest target)."""
+        from fleetkeeper.spec import placement as placing
+
+        policy = self.service.replica_policy
+        targets = policy.target_qps_per_replica if policy is not None else None
+        if not isinstance(targets, dict) or _stored(info):
+            return self
+        candidates = self.resources.placement.instance_types
+        missing: dict[str, list[str]] = {}
+        for instance_type in candidates:
+            accelerator = placing.accelerator_of(instance_type)
+            if accelerator not in targets:
+                missing.setdefault(accelerator or "no accelerator", []).append(instance_type)
+        if not candidates or missing:
+            what = "; ".join(f"{name} ({', '.join(types)})" for name, types in missing.items())
+            what = what or "the stack's default instance type (no accelerator)"
+            raise _refused(
+                "service.replica_policy.target_qps_per_replica",
+                f"a target per accelerator ({', '.join(f'{k}: {v:g}' for k, v in targets.items())}) has none for "
+                f"{what}: give each candidate's accelerator a target, or one number for every replica",
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _one_service_port(self) -> ServiceSpec:
+        """SkyPilot's rule (serve's _validate_service_task): several ports in `resources.ports` need
+        `service.ports`, the one the endpoint serves; the others are opened too."""
+        opened = self.resources.opened_ports
+        if self.service.ports is None and len(opened) > 1:
+            shown = (
+                self.resources.ports
+                if isinstance(self.resources.ports, str)
+                else ", ".join(map(str, self.resources.ports if isinstance(self.resources.ports, list) else []))
+            )
+            raise _refused(
+                "resources.ports",
+                f"resources.ports opens {len(opened)} ports ({shown}): set service.ports to the one the endpoint "
+                f"serves (e.g. `service: {{ports: {opened[0]}}}`), as SkyPilot asks",
+            )
+        return self
+
     @property
     def port(self) -> int:
-        """The port a replica serves on: `service.ports`, else `resources.ports`, else 8080."""
-        return self.service.ports or self.resources.ports or DEFAULT_PORT
+        """The port a replica serves on: `service.ports`, else the one port of `resources.ports`, else 8080."""
+        if self.service.ports is not None:
+            return self.service.ports
+        opened = self.resources.opened_ports
+        return opened[0] if opened else DEFAULT_PORT
 
     @property
     def load_balancing_policy(self) -> str:
-        """The endpoint's policy: `service.load_balancing_policy`, else least_load."""
-        return self.service.load_balancing_policy or DEFAULT_LOAD_BALANCING_POLICY
+        """The endpoint's policy: `service.load_balancing_policy` (instance_aware_least_load as least_load),
+        else least_load."""
+        policy = self.service.load_balancing_policy or DEFAULT_LOAD_BALANCING_POLICY
+        return _BALANCED_AS.get(policy, policy)
 
     @property
     def drain_seconds(self) -> int:
-        """How long a leaving replica may drain: `service.drain_seconds`, else 30."""
+        """How long a leaving replica may drain: `service.drain_seconds`, else SkyPilot's 120."""
         drain = self.service.drain_seconds
         return DEFAULT_DRAIN_SECONDS if drain is None else drain
 
@@ -909,6 +1017,22 @@ class ServiceSpec(_Strict):
         if self.service.replica_policy is not None:
             return self.service.replica_policy.min_replicas
         return 1
+
+    @property
+    def min_replicas(self) -> int:
+        """SkyPilot's min_replicas: `replicas`, else the policy's minimum, else 1 (a blue-green update
+        switches once this many new replicas are READY)."""
+        if self.service.replicas is not None:
+            return self.service.replicas
+        if self.service.replica_policy is not None:
+            return self.service.replica_policy.min_replicas
+        return 1
+
+    @property
+    def overprovision(self) -> int:
+        """SkyPilot's `num_overprovision`: replicas run over the (autoscaled) target."""
+        policy = self.service.replica_policy
+        return (policy.num_overprovision or 0) if policy is not None else 0
 
     @property
     def markets(self) -> MarketPolicy:

@@ -98,9 +98,6 @@ UNSUPPORTED: dict[str, str] = {
         f"and once a run when it is steady (the stack's ReconcileSchedule, every minute by default; {_DEPLOY}); "
         "remove it"
     ),
-    "service.replica_policy.num_overprovision": (
-        "overprovisioning is not supported: raise min_replicas (and max_replicas) by as many replicas instead"
-    ),
     "service.replica_policy.spot_placer": (
         "spot placement is fleetkeeper's own: replicas are spread over the stack's subnets (zones), and a "
         "refused spot launch walks the other instance types and zones; remove it"

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from botocore.exceptions import ClientError
 
 from fleetkeeper import service_events
-from fleetkeeper.model import Lifecycle, ServiceRecord, ServiceState, ServiceStatus, VersionRecord
+from fleetkeeper.model import Lifecycle, ReplicaRecord, ServiceRecord, ServiceState, ServiceStatus, VersionRecord
 from fleetkeeper.store import keys
 from fleetkeeper.store.codec import (
     Item,
@@ -315,6 +315,49 @@ class CommandStore:
             raise VersionMissing(current.name, version, current.latest_version) from exc
         service = replace(current, target_version=version, generation=current.generation + 1, updated_at=now)
         return replace(state, service=service)
+
+    def request_termination(self, service: ServiceRecord, record: ReplicaRecord, now: str, *, by: str) -> ReplicaRecord:
+        """Ask the reconciler to terminate one replica (it replaces it as any other): the replica item's
+        `terminate_requested_at`, its revision moved, with a `TerminationRequested` event, in ONE
+        transaction conditioned on the revision read (a reconciler write in between is Raced: read
+        again) and on the incarnation being ACTIVE."""
+        written = replace(record, terminate_requested_at=now, rev=record.rev + 1)
+        update: TransactWriteItemTypeDef = {
+            "Update": {
+                "TableName": self.table.name,
+                "Key": to_raw(keys.replica_key(record.name, record.uid, record.replica_id)),
+                "UpdateExpression": "SET terminate_requested_at = :now, rev = :next",
+                "ConditionExpression": "rev = :rev",
+                "ExpressionAttributeValues": expression_values(now=now, next=record.rev + 1, rev=record.rev),
+            }
+        }
+        active: TransactWriteItemTypeDef = {
+            "ConditionCheck": {
+                "TableName": self.table.name,
+                "Key": to_raw(keys.service_key(service.name)),
+                "ConditionExpression": "uid = :uid AND lifecycle = :active",
+                "ExpressionAttributeValues": expression_values(uid=service.uid, active=Lifecycle.ACTIVE.value),
+                "ReturnValuesOnConditionCheckFailure": "ALL_OLD",
+            }
+        }
+        event = service_events.termination_requested(record.replica_id, by)
+        try:
+            self.table.client.transact_write_items(
+                TransactItems=[update, active, event_update(self.table.name, service.name, service.uid, event, now)]
+            )
+        except ClientError as exc:
+            reasons = cancellation_reasons(exc)
+            if condition_failed(reasons, 1):
+                raise _why_the_service_refused(
+                    service.name,
+                    item_as_it_was(reasons[1].get("Item")),
+                    expected_uid=service.uid,
+                    expected_generation=None,
+                ) from exc
+            if condition_failed(reasons, 0):
+                raise Raced(service.name) from exc
+            raise
+        return written
 
     def mark_deleting(self, state: ServiceState, now: str, *, status_message: str) -> ServiceState:
         """Lifecycle DELETING, generation+1. Deleting a service that is already going changes nothing."""

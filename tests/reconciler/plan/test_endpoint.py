@@ -57,7 +57,7 @@ from tests.reconciler.plan.test_plan import (
 CONFIG = EndpointConfig(
     port=8080,
     policy="least_load",
-    drain_seconds=30,
+    drain_seconds=120,  # the spec's default, SkyPilot's
     health_path="/health",
     health_codes="200",
     health_timeout_seconds=15,
@@ -167,13 +167,13 @@ def test_a_drained_replica_is_terminated() -> None:
 
 
 def test_a_replica_still_draining_at_its_deadline_is_terminated() -> None:
-    current = one_left([replica(0, balancer=REG), draining(1, since=30)])
+    current = one_left([replica(0, balancer=REG), draining(1, since=120)])
     drains = {1: DrainState.DRAINING}
     assert plan(current, [instance(0), instance(1)], {0: OK}, NOW, balanced=True, drains=drains) == [
         terminate(("i-1", "replica 1: SHUTTING_DOWN")),
     ]
     # One second earlier it is still held; with no report at all (not asked yet) too.
-    held = one_left([replica(0, balancer=REG), draining(1, since=29)])
+    held = one_left([replica(0, balancer=REG), draining(1, since=119)])
     assert plan(held, [instance(0), instance(1)], {0: OK}, NOW, balanced=True, drains=drains) == []
     assert plan(held, [instance(0), instance(1)], {0: OK}, NOW, balanced=True) == []
 
@@ -208,7 +208,7 @@ def test_a_replica_that_stops_answering_leaves_the_endpoint_but_keeps_its_instan
 
 
 def test_a_drained_replica_that_stays_is_forgotten_by_the_balancer_and_rejoins_when_ready() -> None:
-    sick = replica(1, S.NOT_READY, probe_failures=1, balancer=DRAIN, drain_started_at=ago(40))
+    sick = replica(1, S.NOT_READY, probe_failures=1, balancer=DRAIN, drain_started_at=ago(130))
     message = "1/2 ready; replica 1 NOT_READY"
     current = steady([replica(0, balancer=REG), sick], message=message)
     assert plan(current, [instance(0), instance(1)], {0: OK}, NOW, balanced=True) == [

@@ -47,9 +47,13 @@ SPOT, OD = Market.SPOT, Market.ON_DEMAND
 WARNED_AT = to_iso(NOW - timedelta(seconds=20))
 
 
-def spot_spec(replicas: int = 2, *, base: int | None = None, dynamic: bool | None = None, **update: Any) -> ServiceSpec:
+def spot_spec(
+    replicas: int = 2, *, base: int | None = None, dynamic: bool | None = None, drain: int = 30, **update: Any
+) -> ServiceSpec:
+    """A spot service; its drain is 30 s (not the default 120 s), so a warned replica serves on for a while."""
     data = hello_spec()
     data["service"] = {k: v for k, v in data["service"].items() if k != "replicas"}
+    data["service"]["drain_seconds"] = drain
     data["service"]["readiness_probe"] = {"path": "/health", "initial_delay_seconds": 600}
     policy: dict[str, Any] = {"min_replicas": replicas}
     if base is not None:
@@ -215,6 +219,22 @@ def test_an_interruption_warning_replaces_the_replica_at_once_and_it_serves_unti
         drained(records[0], why),
         terminate(("i-0", f"replica 0: {why}")),
         status(ServiceStatus.READY, "1/2 ready; replica 2 STARTING"),
+    ]
+
+
+def test_with_the_default_drain_a_warned_replica_leaves_the_endpoint_at_once() -> None:
+    """SkyPilot's 120 s drain is as long as EC2's notice: to finish before AWS takes the instance, the
+    drain starts at the warning (before the change, with 30 s, it served on for 75 s)."""
+    records = [spot(0, interruption=notice(0)), spot(1)]
+    current = state(
+        records, [version(1, READY, spec=spot_spec(2, drain=120))], status=ServiceStatus.READY, message="2/2 ready"
+    )
+    why = f"spot interruption warning at {WARNED_AT}: AWS takes instance i-0 back"
+    assert plan(current, [instance(0), instance(1)], {0: OK, 1: OK}, NOW) == [
+        drained(records[0], why),
+        terminate(("i-0", f"replica 0: {why}")),
+        *claims(1, (2,), (2,)),
+        status(ServiceStatus.READY, "1/2 ready; replica 2 PENDING"),
     ]
 
 

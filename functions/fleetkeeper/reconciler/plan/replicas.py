@@ -31,6 +31,9 @@ if TYPE_CHECKING:
     from fleetkeeper.reconciler.plan.work import _Work
 
 
+TERMINATED_BY_REQUEST = "terminated by request (fleetkeeper down --replica-id)"
+
+
 def _removal_order(record: ReplicaRecord) -> tuple[bool, int]:
     """Which replicas go first when there are too many: not-ready ones, then the newest."""
     return (record.status is ReplicaStatus.READY, -record.replica_id)
@@ -75,12 +78,19 @@ def _plan_replicas(
             work.delete.append(before)
 
     _plan_warned(work, live, target, wanted, now, policy)
+    # Asked for by a person (`fleetkeeper down NAME --replica-id N`): drained and terminated now; it
+    # holds no slot from here, so its replacement is claimed in this plan, as SkyPilot's
+    # `sky serve down --replica-id` has the autoscaler launch another.
+    for record in sorted(work.replicas.values(), key=lambda r: r.replica_id):
+        if record.terminate_requested_at is not None and record.status not in LEAVING:
+            work.drain(record.replica_id, TERMINATED_BY_REQUEST, live)
     new = [r for r in work.replicas.values() if holds_slot(r) and r.version == target_number]
     old = [r for r in work.replicas.values() if holds_slot(r) and r.version != target_number]
 
     markets = target.spec.markets if target is not None else None
     spot_ready = sum(1 for r in new if r.market is Market.SPOT and r.status is ReplicaStatus.READY)
-    wanted_by = wanted_by_market(markets, wanted, spot_ready)
+    overprovision = target.spec.overprovision if target is not None else 0
+    wanted_by = wanted_by_market(markets, wanted, spot_ready, overprovision)
     for market in (Market.SPOT, Market.ON_DEMAND):
         bought = [r for r in new if r.market is market]
         if len(bought) <= wanted_by[market]:
@@ -112,7 +122,9 @@ def _plan_replicas(
             # serving until the user updates the service or rolls back to a READY version.
             going = []
         elif target.mode == "blue_green":
-            going = old_ready if ready_new >= wanted else []
+            # SkyPilot's switch: once the new version has min_replicas READY (at least one), all
+            # traffic goes to it and the old version goes; the rest of `wanted` keeps booting.
+            going = old_ready if ready_new >= min(wanted, max(target.spec.min_replicas, 1)) else []
         else:
             # Rolling: keep at least `wanted - max_unavailable` ready; oldest versions go first. The
             # surge is over every replica the target wants, on-demand fallback ones included.
