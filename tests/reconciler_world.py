@@ -134,10 +134,16 @@ class CallLog:
 
 
 class Clock:
-    """Real time at the start (moto stamps LaunchTime with it), then moved by hand: no sleeping."""
+    """Real time at the start (moto stamps LaunchTime with it), then moved by hand: no sleeping.
+
+    It starts 5 s into the next whole minute, whatever second the test starts at: windows aligned to
+    the minute (the autoscaler's metrics) then fall the same way on every run. Started at the real
+    second, a test's 61 s runs crossed an extra window boundary in about one start second of sixty
+    (seen: a late data point read as a quiet minute)."""
 
     def __init__(self) -> None:
-        self.moment = datetime.now(UTC)
+        now = datetime.now(UTC)
+        self.moment = now.replace(second=0, microsecond=0) + timedelta(minutes=1, seconds=5)
 
     def __call__(self) -> datetime:
         return self.moment

@@ -60,16 +60,13 @@ import re
 import threading
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from tests.iam_evaluator import Decision, Request, evaluate
 from tests.strict_aws import stack_policies
 from tests.strict_aws.stack_policies import ACCOUNT, Bindings
 from tests.strict_aws.wire import Call, Response, ec2_error, json_error, request_id
-
-if TYPE_CHECKING:
-    pass
 
 # The endpoints infra/network.yaml creates (ServiceName com.amazonaws.<region>.<name>), by the first
 # label of the host a client calls. tests/strict_aws/test_authorization.py reads them off the file.
