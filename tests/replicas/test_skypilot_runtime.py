@@ -14,6 +14,7 @@ from __future__ import annotations
 import base64
 import json
 import re
+import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -94,6 +95,8 @@ def test_a_conda_yamls_setup_runs_unchanged_as_ubuntu_in_its_home(
     assert "Miniforge3-Linux-$(uname -m).sh" in setup and '-b -p "$HOME/miniconda3"' in setup
 
     # The user data on this machine (paths under tmp_path, root-only commands stood in for)...
+    if shutil.which("curl") is None:
+        pytest.skip("curl (on every image the user data boots) is not on this machine")
     fake_commands(tmp_path / "bin", tmp_path)
     done = subprocess.run(
         ["bash", "-c", relocated(script, tmp_path)],
