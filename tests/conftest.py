@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 from hypothesis import HealthCheck, settings
 
-from tests import moto_tuning, openapi_conformance
+from tests import moto_tuning, openapi_conformance, public_images
 from tests import strict_aws as strict_layer
 
 if TYPE_CHECKING:
@@ -47,6 +47,9 @@ os.environ["FLEETKEEPER_RUNTIME_DIR"] = tempfile.mkdtemp(prefix="fleetkeeper-run
 os.environ.setdefault("MOTO_AMIS_PATH", moto_tuning.amis_file())
 if os.environ.get("FLEETKEEPER_MOTO_TUNING", "1") != "0":
     moto_tuning.install()
+# The public image parameters fleetkeeper launches with (Ubuntu, the Deep Learning AMIs): AWS has them,
+# moto does not (tests/public_images.py).
+public_images.install()
 
 TABLE = "fleetkeeper-test"
 

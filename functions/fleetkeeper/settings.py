@@ -88,7 +88,9 @@ ADMIN_PRINCIPALS_ENV = "FLEETKEEPER_ADMIN_PRINCIPALS"
 # mode, tests): Parameter Store's default, the account's aws/ssm key.
 SECRETS_KEY_ID_ENV = "FLEETKEEPER_SECRETS_KEY_ID"
 
-DEFAULT_IMAGE_PARAMETER = "/aws/service/ami-amazon-linux-latest/al2023-ami-kernel-default-x86_64"
+# Canonical's current Ubuntu LTS (fleetkeeper.spec.images.UBUNTU_PARAMETER; its arm64 build for Graviton
+# types): SkyPilot's images are Ubuntu, and its YAMLs run `sudo apt-get` as the `ubuntu` user.
+DEFAULT_IMAGE_PARAMETER = "/aws/service/canonical/ubuntu/server/24.04/stable/current/amd64/hvm/ebs-gp3/ami-id"
 DEFAULT_INSTANCE_TYPE = "t3.small"
 DEFAULT_PROBE_BUDGET_SECONDS = 20.0
 # The longest probe timeout the run's probe phase holds (its budget at least this plus the headroom a

@@ -373,6 +373,73 @@ def test_a_skypilot_shaped_service_runs_with_its_workdir_env_and_secret(plane: L
     eventually(lambda: secret_parameters(plane, "sky") == [], timeout=20, what="the secrets deleted with it")
 
 
+# --- SkyPilot's layout: HOME of the replica's own, the workdir in ~/sky_workdir, started there -------------
+
+WHERE_APP = """\
+import http.server, json, os
+from pathlib import Path
+
+PORT = int(os.environ["PORT"])
+
+
+class Handler(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        seen = {
+            "home": os.environ["HOME"],
+            "cwd": os.getcwd(),
+            "files": sorted(os.listdir(".")),
+            "setup": (Path.home() / "setup.txt").read_text(),
+        }
+        body = json.dumps(seen).encode()
+        self.send_response(200)
+        self.end_headers()
+        self.wfile.write(body)
+
+
+http.server.ThreadingHTTPServer((os.environ.get("HOST", "0.0.0.0"), PORT), Handler).serve_forever()
+"""
+# As SkyPilot YAMLs write it: setup and run refer to `~` and `~/sky_workdir`.
+WHERE_YAML = """\
+service:
+  readiness_probe:
+    path: /
+    initial_delay_seconds: 30
+  replicas: 1
+
+workdir: app
+
+setup: |
+  echo "setup ran in $(pwd)" > ~/setup.txt
+
+run: |
+  cd ~/sky_workdir
+  python3 where.py
+"""
+
+
+def test_a_replica_runs_in_sky_workdir_under_a_home_of_its_own(plane: LocalPlane) -> None:
+    (plane.workdir / "where" / "app").mkdir(parents=True)
+    (plane.workdir / "where" / "app" / "where.py").write_text(WHERE_APP)
+    (plane.workdir / "where" / "where.yaml").write_text(WHERE_YAML)
+    up = subprocess_in(
+        plane, plane.workdir / "where", "up", "-n", "where", "where.yaml", "--wait", "--timeout", WAIT, env={}
+    )
+    assert up.returncode == 0, up.stderr
+    shown = json.loads(ok(plane.cli("status", "where", "-o", "json")))
+    (replica,) = ready_replicas(shown)
+    status, body = http_get(replica["url"] + "/")
+    assert status == 200
+    seen = json.loads(body)
+    # HOME is the replica's own directory in the embedded state, ~/sky_workdir holds the workdir, and
+    # setup and run both started there.
+    (home,) = (plane.workdir / "state" / "work" / "where").glob(f"*/replica-{replica['replica_id']}")
+    assert seen["home"] == str(home)
+    assert seen["cwd"] == str(home / "sky_workdir")
+    assert seen["files"] == ["where.py"]
+    assert seen["setup"] == f"setup ran in {home / 'sky_workdir'}\n"
+    ok(plane.cli("down", "where", "--wait", "--timeout", WAIT))
+
+
 def subprocess_in(plane: LocalPlane, cwd: Any, *args: str, env: dict[str, str]) -> Any:
     """`fleetkeeper ARGS --api-url <plane>` run from `cwd` (a workdir is relative to it, as with sky)."""
     import subprocess

@@ -227,7 +227,7 @@ def test_the_default_image_is_resolved_by_ec2_and_its_root_device_is_known(world
     assert raw["ImageId"] == expected
     args = Ec2Driver()._run_instances_args(_request(disk_size=40))
     assert args["ImageId"] == f"resolve:ssm:{DEFAULT_IMAGE_PARAMETER}"
-    assert args["BlockDeviceMappings"][0]["DeviceName"] == "/dev/xvda"
+    assert args["BlockDeviceMappings"][0]["DeviceName"] == "/dev/sda1"  # Canonical's Ubuntu
 
 
 def test_a_throttled_describe_images_is_not_a_silent_dev_xvda(strict_aws: StrictAws, world: World) -> None:

@@ -27,6 +27,7 @@ from fleetkeeper.reconciler import replica_boot
 from fleetkeeper.reconciler.probe import ProbeTarget, probe_one
 from fleetkeeper.reconciler.userdata import BootSource, render
 from fleetkeeper.spec.service import parse_spec
+from tests.local_boot import fake_commands, relocated
 from tests.replicas.test_boot import STACK_KEY, file_entry, tarball
 
 if TYPE_CHECKING:
@@ -290,12 +291,9 @@ def test_the_user_data_serves_an_environment_failure_on_the_replicas_port(world:
     source = BootSource(parameter=PARAMETER, kms_key=STACK_KEY)
     root = tmp_path / "root"
     bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    for fake in ("systemctl", "systemd-run"):
-        (bin_dir / fake).write_text(f'#!/bin/sh\necho "$@" >> {tmp_path}/{fake}.log\n')
-        (bin_dir / fake).chmod(0o755)
+    fake_commands(bin_dir, tmp_path)
     (bin_dir / "python3").symlink_to(sys.executable)
-    script = render(spec, source).replace("/opt/fleetkeeper", str(root))
+    script = relocated(render(spec, source), tmp_path)
     env = {
         "PATH": f"{bin_dir}:/usr/bin:/bin",
         "FLEETKEEPER_BOOT_IMDS": world.imds,

@@ -74,6 +74,39 @@ def test_a_type_the_catalogue_does_not_know_boots_the_default() -> None:
     assert images.dlami_for("x9z.48xlarge") is None
 
 
+def test_the_default_image_is_canonicals_current_ubuntu_lts_its_arm64_build_for_graviton_types() -> None:
+    # Canonical's parameter tree: .../ubuntu/<product>/<release>/stable/current/<arch>/hvm/<volume>/ami-id.
+    assert DEFAULT_IMAGE_PARAMETER == images.UBUNTU_PARAMETER
+    ubuntu = "/aws/service/canonical/ubuntu/server/24.04/stable/current/{}/hvm/ebs-gp3/ami-id"
+    assert ubuntu.format("amd64") == DEFAULT_IMAGE_PARAMETER
+    assert DEFAULT_IMAGE_PARAMETER.startswith(PUBLIC_PARAMETERS)
+    arm = ubuntu.format("arm64")
+    for graviton in ("m7g.large", "c7gn.xlarge", "t4g.small", "r8gd.2xlarge", "a1.large", "im4gn.large"):
+        assert image_for(graviton, None, DEFAULT_IMAGE_PARAMETER) == f"resolve:ssm:{arm}"
+    for x86 in ("t3.small", "c6i.large", "m7i-flex.large", "g4ad.xlarge", "u7i-12tb.224xlarge"):
+        assert image_for(x86, None, DEFAULT_IMAGE_PARAMETER) == f"resolve:ssm:{DEFAULT_IMAGE_PARAMETER}"
+    # Amazon Linux's public parameters have their arm64 build too; a stack's own parameter is one image.
+    al2023 = "/aws/service/ami-amazon-linux-latest/al2023-ami-kernel-default-x86_64"
+    assert images.for_architecture(al2023, "m7g.large") == al2023.replace("-x86_64", "-arm64")
+    assert images.for_architecture(DEFAULT, "m7g.large") == DEFAULT
+    assert images.for_architecture(arm, "m7g.large") == arm
+
+
+def test_the_graviton_rule_holds_for_every_instance_type_aws_lists() -> None:
+    """EC2's names against DescribeInstanceTypes as moto captures it (ProcessorInfo.SupportedArchitectures)."""
+    from moto.utilities.utils import load_resource
+
+    listed = load_resource("ec2/resources/instance_types.json")
+    assert len(listed) > 1000
+    wrong = {
+        name: info["ProcessorInfo"]["SupportedArchitectures"]
+        for name, info in listed.items()
+        if images.is_graviton(name) != ("arm64" in info["ProcessorInfo"]["SupportedArchitectures"])
+    }
+    assert wrong == {}
+    assert sum(images.is_graviton(name) for name in listed) > 100
+
+
 def test_the_parameters_are_aws_public_ones_in_their_documented_formats() -> None:
     # find-dlami-id.html: /aws/service/deeplearning/ami/$architecture/$ami_type/latest/ami-id, the type
     # being the AMI's name without "Deep", "Learning" and "AMI".
@@ -102,9 +135,10 @@ def test_the_parameters_are_aws_public_ones_in_their_documented_formats() -> Non
         # A DLAMI of another OS is not known: no device is guessed.
         ("/aws/service/deeplearning/ami/x86_64/base-proprietary-amazon-linux-2/latest/ami-id", None),
         ("/aws/service/neuron/dlami/x/latest/image_id", None),
-        # The families known before.
-        (DEFAULT_IMAGE_PARAMETER, "/dev/xvda"),
-        ("/aws/service/canonical/ubuntu/server/24.04/stable/current/amd64/hvm/ebs-gp3/ami-id", "/dev/sda1"),
+        # The families known before: the default image is Canonical's Ubuntu (its arm64 build too).
+        (DEFAULT_IMAGE_PARAMETER, "/dev/sda1"),
+        (images.for_architecture(DEFAULT_IMAGE_PARAMETER, "m7g.large"), "/dev/sda1"),
+        ("/aws/service/ami-amazon-linux-latest/al2023-ami-kernel-default-x86_64", "/dev/xvda"),
     ],
 )
 def test_deep_learning_amis_root_devices_follow_their_os(parameter: str, device: str | None) -> None:
@@ -204,7 +238,13 @@ def _request(resources: dict[str, Any], replica_id: int = 0, stored: bool = Fals
             f"resolve:ssm:{NEURON_DLAMI_PARAMETER}",
             "/dev/sda1",
         ),
-        ({"cpus": 2, "disk_size": 40}, "c6i.large", f"resolve:ssm:{DEFAULT_IMAGE_PARAMETER}", "/dev/xvda"),
+        ({"cpus": 2, "disk_size": 40}, "c6i.large", f"resolve:ssm:{DEFAULT_IMAGE_PARAMETER}", "/dev/sda1"),
+        (
+            {"instance_type": "m7g.large", "disk_size": 40},
+            "m7g.large",
+            "resolve:ssm:/aws/service/canonical/ubuntu/server/24.04/stable/current/arm64/hvm/ebs-gp3/ami-id",
+            "/dev/sda1",
+        ),
     ],
 )
 def test_run_instances_boots_the_launched_types_image_and_sizes_its_root_device(

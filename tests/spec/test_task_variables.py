@@ -34,6 +34,7 @@ from fleetkeeper.reconciler.userdata import (
 from fleetkeeper.spec import task_variables
 from fleetkeeper.spec.service import parse_spec, stored_spec
 from tests.local.test_process_driver import eventually
+from tests.local_boot import fake_commands, relocated
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -146,17 +147,12 @@ def imds() -> Iterator[str]:
 
 
 def _boot(tmp_path: Path, script: str, imds_url: str) -> subprocess.CompletedProcess[str]:
-    """Runs the user data with /opt/fleetkeeper and the unit directory under tmp_path."""
+    """Runs the user data with /opt/fleetkeeper, the user's home and the unit directory under tmp_path."""
     if shutil.which("curl") is None:
         pytest.skip("curl (on every image the user data boots) is not on this machine")
     bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    (bin_dir / "systemctl").write_text(f'#!/bin/sh\necho "$@" >> {tmp_path}/systemctl.log\n')
-    (bin_dir / "systemctl").chmod(0o755)
-    moved = script.replace("/opt/fleetkeeper", str(tmp_path / "root")).replace(
-        "/etc/systemd/system", str(tmp_path / "units")
-    )
-    (tmp_path / "units").mkdir()
+    fake_commands(bin_dir, tmp_path)
+    moved = relocated(script, tmp_path)
     return subprocess.run(
         ["bash", "-c", moved],
         capture_output=True,
@@ -207,9 +203,15 @@ def test_setup_and_run_see_the_task_variables_with_the_instances_own_ip(tmp_path
         files = [line for line in text.splitlines() if line.startswith("EnvironmentFile=")]
         assert files[-1] == "EnvironmentFile=/opt/fleetkeeper/task.env"  # read last: nothing shadows it
         env = _systemd_environment(text, tmp_path)
-        work = tmp_path / "root" / "work"
+        # As systemd starts the unit: as its User=, whose HOME it sets, in its WorkingDirectory.
+        assert "User=ubuntu\nWorkingDirectory=/home/ubuntu/sky_workdir\n" in text
+        home = tmp_path / "home"
+        work = home / "sky_workdir"
         ran = subprocess.run(
-            ["bash", str(tmp_path / "root" / script)], cwd=work, env={"PATH": "/usr/bin:/bin", **env}, check=False
+            ["bash", str(tmp_path / "root" / script)],
+            cwd=work,
+            env={"PATH": "/usr/bin:/bin", "HOME": str(home), **env},
+            check=False,
         )
         assert ran.returncode == 0
         seen = _shown((work / out).read_text())

@@ -306,12 +306,20 @@ def test_the_deep_learning_amis_are_resolvable_and_launchable_with_the_reconcile
     Amazon-owned image it names. Nothing broader than the statements that already exist."""
     from fnmatch import fnmatchcase
 
-    from fleetkeeper.spec.images import GPU_DLAMI_PARAMETER, NEURON_DLAMI_PARAMETER
+    from fleetkeeper.settings import DEFAULT_IMAGE_PARAMETER
+    from fleetkeeper.spec.images import GPU_DLAMI_PARAMETER, NEURON_DLAMI_PARAMETER, for_architecture
 
     [granting] = statements_granting(statements, "ssm:GetParameters")
     assert granting["Effect"] == "Allow" and "Condition" not in granting
     patterns = resources(translated, granting)
-    for parameter in (GPU_DLAMI_PARAMETER, NEURON_DLAMI_PARAMETER):
+    # Every parameter the code resolves without image_id: the DLAMIs, and the default Ubuntu with the
+    # arm64 build a Graviton type boots (public too: the stack's own DefaultImageParameter grant would
+    # not cover it).
+    default = translated["Parameters"]["DefaultImageParameter"]["Default"]
+    assert default == DEFAULT_IMAGE_PARAMETER
+    arm64 = for_architecture(default, "m7g.large")
+    assert arm64 != default
+    for parameter in (GPU_DLAMI_PARAMETER, NEURON_DLAMI_PARAMETER, default, arm64):
         arn = f"arn:aws:ssm:{REGION}::parameter{parameter}"
         assert any(fnmatchcase(arn, pattern) for pattern in patterns), (arn, patterns)
         # ...and only as a public parameter of the stack's region, never another account's or region's.

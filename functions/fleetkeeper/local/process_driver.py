@@ -1,11 +1,14 @@
 """The `process` replica driver: each replica is a local process group that really serves HTTP.
 
 Embedded mode's stand-in for EC2. A replica runs `setup` then `run` through bash in its own session
-(so terminating it kills everything it started), with the spec's `envs`, in its own working
-directory `<local dir>/work/<service>/<uid>/replica-<id>/`, its output appended to
-`<local dir>/logs/<service>/<uid>/replica-<id>.log`. Both are keyed by the service's uid, so a
-service deleted and created again under the same name starts with none of the old run's files, and
-both go when the service does (`remove_incarnation`, called by embedded mode's cleanup).
+(so terminating it kills everything it started), with the spec's `envs`, in the layout an EC2
+replica (and SkyPilot's) has: HOME is the replica's own directory
+`<local dir>/work/<service>/<uid>/replica-<id>/`, the workdir is unpacked into `~/sky_workdir`
+inside it, and setup and run start there, each through SkyPilot's task preamble
+(fleetkeeper.spec.runtime); its output is appended to `<local dir>/logs/<service>/<uid>/replica-<id>.log`.
+Both are keyed by the service's uid, so a service deleted and created again under the same name
+starts with none of the old run's files, and both go when the service does (`remove_incarnation`,
+called by embedded mode's cleanup).
 
 Each replica gets a host of its own where the machine allows it (`isolation` "netns", netns.py): a
 network namespace of its own, `PORT` set to the spec's port as on EC2, so two replicas of an app
@@ -73,7 +76,7 @@ from fleetkeeper.reconciler.driver import (
 from fleetkeeper.reconciler.ownership import is_ours
 from fleetkeeper.reconciler.replica_boot import BootError, unpack
 from fleetkeeper.settings import LOCAL_STACK_ID, TABLE_NAME_ENV, WORKDIR_DIR_ENV, stack_id_of
-from fleetkeeper.spec import task_variables
+from fleetkeeper.spec import runtime, task_variables
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
@@ -364,9 +367,13 @@ class ProcessDriver:
         created again under its name does not see the old run's lines)."""
         return self.local_dir / "logs" / service / uid / f"replica-{replica_id}.log"
 
-    def work_dir(self, service: str, uid: str, replica_id: int) -> Path:
-        """The replica's working directory: its own, as each EC2 replica has its own disk."""
+    def home_dir(self, service: str, uid: str, replica_id: int) -> Path:
+        """The replica's HOME: its own, as each EC2 replica has its own disk (and /home/ubuntu)."""
         return self.local_dir / "work" / service / uid / f"replica-{replica_id}"
+
+    def work_dir(self, service: str, uid: str, replica_id: int) -> Path:
+        """The replica's working directory, `~/sky_workdir` (SkyPilot's): the workdir is unpacked there."""
+        return self.home_dir(service, uid, replica_id) / runtime.WORKDIR_NAME
 
     def remove_incarnation(self, service: str, uid: str) -> None:
         """Delete a deleted service's logs and working directories (embedded mode's cleanup calls this
@@ -435,6 +442,9 @@ class ProcessDriver:
         env.update(spec.envs)
         env.update(secrets)
         env["PORT"] = str(app_port)
+        # `~` is the replica's own directory, as /home/ubuntu is an EC2 replica's: `cd ~/sky_workdir`,
+        # `tee ~/server.log` stay inside it.
+        env["HOME"] = str(work_dir.parent)
         # SkyPilot's task variables and fleetkeeper's own, as an EC2 replica has them (over envs and
         # secrets): this host is the node, the accelerators those of the first candidate type.
         candidates = spec.resources.placement.instance_types
@@ -447,7 +457,8 @@ class ProcessDriver:
         # A local replica listens on loopback only, whatever its spec says (on EC2 it binds all
         # interfaces, so the reconciler's probes reach it): see examples/hello.
         env["HOST"] = LOOPBACK
-        command = ["bash", "-c", _WRAPPER, "fleetkeeper-replica", spec.setup or "", spec.run]
+        setup = runtime.task_script(spec.setup) if spec.setup else ""
+        command = ["bash", "-c", _WRAPPER, "fleetkeeper-replica", setup, runtime.task_script(spec.run)]
         self._seq += 1
         socket_path = ""
         if isolated:

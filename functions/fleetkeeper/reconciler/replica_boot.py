@@ -1,7 +1,7 @@
 """A replica's first-boot fetch: its version's workdir (S3) and secrets (SSM), with its own role.
 
 The ec2 user data writes this file to the instance and runs it before `setup`. It needs python3 and
-nothing else (Amazon Linux, Ubuntu and the Deep Learning AMIs have it; no AWS CLI, no boto3): it
+nothing else (Ubuntu, the Deep Learning AMIs and Amazon Linux have it; no AWS CLI, no boto3): it
 takes the instance role's credentials from IMDSv2, signs its two kinds of requests with SigV4
 itself, checks the archive's SHA-256 before unpacking it (safely: no absolute paths, no `..`, no
 links out of the directory) and writes the secrets to a root-only systemd EnvironmentFile, after
@@ -622,7 +622,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--bucket")
     parser.add_argument("--key")
     parser.add_argument("--digest")
-    parser.add_argument("--dest", default="/opt/fleetkeeper/work")
+    parser.add_argument("--dest", default="/home/ubuntu/sky_workdir")  # SkyPilot's ~/sky_workdir
     parser.add_argument("--parameter")
     parser.add_argument("--kms-key", default="alias/aws/ssm", help="the key the parameter must be encrypted under")
     parser.add_argument("--secret-names", default="", help="the names the version declares, comma-separated")

@@ -4,18 +4,27 @@ cloud-init runs the script as root at first boot. File contents travel base64-en
 a user's script can end a heredoc or be expanded by the shell that writes it. `envs` and `PORT` go
 to an EnvironmentFile that both units read; `run` restarts when it exits.
 
+The units run `setup` and `run` as SkyPilot does (fleetkeeper.spec.runtime): as the user `ubuntu`
+(the default user of the Ubuntu images fleetkeeper boots by default; created on an image without it),
+with passwordless sudo (a sudoers drop-in, whatever the image's own), HOME `/home/ubuntu`, started in
+`~/sky_workdir`, which holds the workdir, each through SkyPilot's task preamble (`~/.bashrc`,
+conda's shell functions). The run unit may bind a port below 1024 (CAP_NET_BIND_SERVICE), as
+SkyPilot's `ports: 80` on a root-less replica needs. fleetkeeper's own files (the scripts, the
+EnvironmentFiles, the boot and log scripts) stay in /opt/fleetkeeper, the EnvironmentFiles root-only:
+systemd reads them before it drops to the user.
+
 A version with a workdir or secrets first runs `replica_boot.py` (written beside the units): it
-fetches the workdir archive from the stack's bucket into the working directory and the secret values
-from Parameter Store into a second, root-only EnvironmentFile, with the instance's role. Neither the
-values nor anything but their parameter's name is in the user data.
+fetches the workdir archive from the stack's bucket into `~/sky_workdir` (then handed to the user)
+and the secret values from Parameter Store into a second, root-only EnvironmentFile, with the
+instance's role. Neither the values nor anything but their parameter's name is in the user data.
 
 SkyPilot's task variables and fleetkeeper's own (fleetkeeper.spec.task_variables) go to a third
 EnvironmentFile, `task.env`, which both units read last (nothing in `envs` or the secrets can shadow
 them): the launch writes the values it knows, and the script adds the instance's private IP
 (SKYPILOT_NODE_IPS), read from the instance metadata service with an IMDSv2 token (the launch
-requires tokens) by curl, which Amazon Linux and Ubuntu (the Deep Learning AMIs) both have. The
-script assumes bash, coreutils, systemd, curl and python3 only: no package manager, no distribution's
-own paths.
+requires tokens) by curl, which Ubuntu (the default image and the Deep Learning AMIs) and Amazon
+Linux both have. The script assumes bash, coreutils, systemd, curl, python3 and, only on an image
+without the user, useradd: no package manager, no distribution's own paths.
 
 With a log group (the stack's ReplicaLogGroup), `replica_logs.py` runs as a third unit, started
 before setup: it ships both units' journal to CloudWatch Logs, one stream per replica. The two
@@ -35,7 +44,7 @@ from typing import TYPE_CHECKING
 
 from fleetkeeper.reconciler import replica_boot
 from fleetkeeper.replicas.identity import owner_scope, scope_prefix
-from fleetkeeper.spec import task_variables
+from fleetkeeper.spec import runtime, task_variables
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -89,6 +98,12 @@ _LOGS_SCRIPT = Path(__file__).with_name("replica_logs.py")
 # EC2 takes at most 16 KB of user data; cloud-init unpacks gzip by itself.
 USER_DATA_LIMIT = 16 * 1024
 ROOT = "/opt/fleetkeeper"
+USER = runtime.RUN_USER
+HOME = runtime.HOME
+WORKDIR = runtime.WORKDIR
+# The user's passwordless sudo, as cloud-init gives an Ubuntu image's default user: written on every
+# image, so a custom image_id (or an Amazon Linux default image) behaves the same.
+SUDOERS = f"/etc/sudoers.d/90-fleetkeeper-{USER}"
 
 _SETUP_UNIT = f"""[Unit]
 Description=fleetkeeper replica setup
@@ -101,7 +116,8 @@ RemainAfterExit=yes
 EnvironmentFile={ROOT}/env
 EnvironmentFile=-{ROOT}/secrets.env
 EnvironmentFile={ROOT}/task.env
-WorkingDirectory={ROOT}/work
+User={USER}
+WorkingDirectory={WORKDIR}
 ExecStart=/bin/bash {ROOT}/setup.sh
 """
 
@@ -114,7 +130,9 @@ Requires=fleetkeeper-setup.service
 EnvironmentFile={ROOT}/env
 EnvironmentFile=-{ROOT}/secrets.env
 EnvironmentFile={ROOT}/task.env
-WorkingDirectory={ROOT}/work
+User={USER}
+WorkingDirectory={WORKDIR}
+AmbientCapabilities=CAP_NET_BIND_SERVICE
 ExecStart=/bin/bash {ROOT}/run.sh
 Restart=always
 RestartSec=5
@@ -181,9 +199,21 @@ def _node_ips() -> str:
     )
 
 
-def _write(path: str, content: str, mode: str) -> str:
+def _write(path: str, content: str, mode: str, owner: str | None = None) -> str:
     encoded = base64.b64encode(content.encode()).decode()
-    return f"echo '{encoded}' | base64 -d > {path}\nchmod {mode} {path}\n"
+    own = f"chown {owner}: {path}\n" if owner else ""
+    return f"echo '{encoded}' | base64 -d > {path}\nchmod {mode} {path}\n{own}"
+
+
+def _user() -> str:
+    """The user setup and run run as, with its home and `~/sky_workdir`, and passwordless sudo (the
+    image's default user on Ubuntu; created, with a group of its own, where the image lacks it)."""
+    return (
+        f"id -u {USER} > /dev/null 2>&1 || useradd --create-home --home-dir {HOME} --user-group "
+        f"--shell /bin/bash {USER}\n"
+        + _write(SUDOERS, f"{USER} ALL=(ALL) NOPASSWD:ALL\n", "440")
+        + f"mkdir -p {WORKDIR}\nchown {USER}: {HOME} {WORKDIR}\n"
+    )
 
 
 _SCRIPT_END = "FLEETKEEPER_SCRIPT_END"
@@ -237,7 +267,7 @@ def _boot(source: BootSource | None, spec: ServiceSpec) -> str:
     digest = spec.workdir.digest if spec.workdir is not None else None
     if source is None or not ((source.workdir_key and digest) or source.parameter):
         return ""
-    args = ["python3", f"{ROOT}/replica_boot.py", "--dest", f"{ROOT}/work", "--env-file", f"{ROOT}/secrets.env"]
+    args = ["python3", f"{ROOT}/replica_boot.py", "--dest", WORKDIR, "--env-file", f"{ROOT}/secrets.env"]
     args += ["--dns-suffix", source.dns_suffix, "--propagation-seconds", str(propagation_seconds(spec))]
     args += ["--report", BOOT_REPORT]
     if source.workdir_key and source.bucket and digest:
@@ -253,6 +283,8 @@ def _boot(source: BootSource | None, spec: ServiceSpec) -> str:
         + f"if ! {' '.join(map(shlex.quote, args))}; then\n"
         + f"  if [ -s {BOOT_REPORT} ]; then {' '.join(map(shlex.quote, serve))} || true; fi\n"
         + "  exit 1\nfi\n"
+        # Unpacked by root: the user's to change, as SkyPilot's synced workdir is.
+        + f"chown -R {USER}: {WORKDIR}\n"
     )
 
 
@@ -273,23 +305,27 @@ def _logs(source: BootSource | None) -> str:
     )
 
 
+def _setup_script(spec: ServiceSpec) -> str:
+    """`setup` as SkyPilot runs it, with conda installed first when setup or run calls it."""
+    return runtime.task_script(spec.setup, install_conda=runtime.calls_conda(spec.setup, spec.run))
+
+
 def render(spec: ServiceSpec, source: BootSource | None = None, task: Mapping[str, str] | None = None) -> str:
     """The boot script for one replica of `spec`, with its task variables (fleetkeeper.spec.task_variables)."""
-    setup = "set -euo pipefail\n" + (spec.setup or "true") + "\n"
-    run = "set -uo pipefail\n" + spec.run + "\n"
     boot = _boot(source, spec)
     return (
         "#!/bin/bash\n"
         "# fleetkeeper replica bootstrap (generated)\n"
         "set -euo pipefail\n"
-        f"mkdir -p {ROOT}/work\n"
+        f"mkdir -p {ROOT}\n"
+        + _user()
         + _logs(source)
         + boot
         + _write(f"{ROOT}/env", environment_file(spec), "600")
         + _write(f"{ROOT}/task.env", task_file(task or {}), "600")
         + _node_ips()
-        + _write(f"{ROOT}/setup.sh", setup, "700")
-        + _write(f"{ROOT}/run.sh", run, "700")
+        + _write(f"{ROOT}/setup.sh", _setup_script(spec), "700", owner=USER)
+        + _write(f"{ROOT}/run.sh", runtime.task_script(spec.run), "700", owner=USER)
         + _write("/etc/systemd/system/fleetkeeper-setup.service", _SETUP_UNIT, "644")
         + _write("/etc/systemd/system/fleetkeeper-replica.service", _RUN_UNIT, "644")
         + "systemctl daemon-reload\n"

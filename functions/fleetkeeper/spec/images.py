@@ -3,8 +3,17 @@
 A spec's `resources.image_id` wins. Otherwise an instance type with NVIDIA GPUs boots AWS's Deep
 Learning AMI (the NVIDIA driver, CUDA, docker and the NVIDIA container toolkit for `--gpus all`), one
 with Neuron devices (inf2, trn1) the Neuron Deep Learning AMI, and anything else the stack's default
-image. Each is named by AWS's public SSM parameter, which EC2 resolves at launch (`resolve:ssm:`):
-the reconciler makes no SSM call, and a new DLAMI release is picked up by the next launch.
+image: by default Canonical's current Ubuntu LTS (DEFAULT_IMAGE_PARAMETER), as SkyPilot's own images
+are Ubuntu, its arm64 build for a Graviton type (`for_architecture`). Each is named by a public SSM
+parameter, which EC2 resolves at launch (`resolve:ssm:`): the reconciler makes no SSM call, and a
+new release is picked up by the next launch. All three are Ubuntu, whose default user `ubuntu` has
+passwordless sudo: the user `setup` and `run` run as (fleetkeeper.spec.runtime).
+
+- Ubuntu: Canonical's "Finding Ubuntu images with the AWS SSM Parameter Store"
+  (https://discourse.ubuntu.com/t/finding-ubuntu-images-with-the-aws-ssm-parameter-store/15507)
+  gives `/aws/service/canonical/ubuntu/<product>/<release>/stable/current/<arch>/hvm/<volume>/ami-id`,
+  `<arch>` amd64 or arm64; 24.04's images are gp3 ones (their AMI names say `hvm-ssd-gp3`), so
+  `<volume>` is `ebs-gp3`.
 
 Where the names come from (AWS's documentation, never a guess):
 
@@ -25,20 +34,24 @@ Where the names come from (AWS's documentation, never a guess):
   (Ubuntu 24.04)", which supports Inf2, Trn1, Trn1n, Trn2 and Trn3. The guide says Ubuntu 22.04
   reached end of support on Neuron (no more 22.04 DLAMIs), hence 24.04 there.
 
-Both are Ubuntu, whose root device is /dev/sda1 (spec.root_device_of_parameter knows the DLAMI
-families). The images' root volumes are larger than a stock Ubuntu's: `Dlami.min_disk_gb` is the
+Both DLAMIs are Ubuntu too, whose root device is /dev/sda1 (spec.root_device_of_parameter knows the
+DLAMI families). The images' root volumes are larger than a stock Ubuntu's: `Dlami.min_disk_gb` is the
 smallest `disk_size` the api accepts for a type that boots one (see
 docs/architecture/spec-and-placement.md, "Images (GPU and Neuron)").
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from fleetkeeper.spec import catalogue
 from fleetkeeper.spec.catalogue import GPU, NEURON
 
 SSM = "resolve:ssm:"
+# Canonical's current Ubuntu LTS server image (24.04, Noble), x86_64: the stack's default image
+# (template.yaml's DefaultImageParameter).
+UBUNTU_PARAMETER = "/aws/service/canonical/ubuntu/server/24.04/stable/current/amd64/hvm/ebs-gp3/ami-id"
 GPU_DLAMI_PARAMETER = "/aws/service/deeplearning/ami/x86_64/base-oss-nvidia-driver-gpu-ubuntu-22.04/latest/ami-id"
 NEURON_DLAMI_PARAMETER = "/aws/service/neuron/dlami/multi-framework/ubuntu-24.04/latest/image_id"
 
@@ -97,10 +110,45 @@ def dlami_for(instance_type: str) -> Dlami | None:
     return dlami
 
 
+# An instance type's family: its class letters, its generation, its attributes (`m7gd`: m, 7, gd),
+# then an optional `-` part (`u7i-12tb`, `mac2-m2pro`).
+_FAMILY = re.compile(r"^([a-z]+)([0-9]+)([a-z0-9]*)")
+
+
+def is_graviton(instance_type: str) -> bool:
+    """Whether an instance type runs on AWS's Graviton (arm64) processors: EC2's naming marks them
+    with a `g` among the attributes after the generation (m7g, c7gn, r8gd, t4g, x2gd, im4gn, is4gen,
+    g5g), and the first Graviton family is a1. tests/spec/test_images.py holds the rule against every
+    type of DescribeInstanceTypes as moto captures it (ProcessorInfo.SupportedArchitectures)."""
+    family = instance_type.split(".", 1)[0]
+    match = _FAMILY.match(family)
+    return family == "a1" or (match is not None and "g" in match.group(3))
+
+
+# The x86_64 and arm64 spellings of AWS's and Canonical's public image parameters, by family.
+_ARM64 = (
+    ("/aws/service/canonical/", "/amd64/", "/arm64/"),
+    ("/aws/service/ami-amazon-linux-latest/", "-x86_64", "-arm64"),
+)
+
+
+def for_architecture(parameter: str, instance_type: str) -> str:
+    """The default image parameter for `instance_type`: the arm64 build of a public Ubuntu or Amazon
+    Linux parameter for a Graviton type, else the parameter as given (a stack's own parameter names
+    one image, whichever architecture it is)."""
+    if not is_graviton(instance_type):
+        return parameter
+    for prefix, x86, arm in _ARM64:
+        if parameter.startswith(prefix) and x86 in parameter:
+            return parameter.replace(x86, arm)
+    return parameter
+
+
 def image_for(instance_type: str, spec_image_id: str | None, default_parameter: str) -> str:
     """The ImageId to launch `instance_type` with: the spec's AMI id or `resolve:ssm:` parameter,
-    else its Deep Learning AMI's parameter, else the stack's default parameter, as `resolve:ssm:`."""
+    else its Deep Learning AMI's parameter, else the stack's default parameter (its arm64 build for a
+    Graviton type), as `resolve:ssm:`."""
     if spec_image_id is not None:
         return spec_image_id
     dlami = dlami_for(instance_type)
-    return SSM + (dlami.parameter if dlami is not None else default_parameter)
+    return SSM + (dlami.parameter if dlami is not None else for_architecture(default_parameter, instance_type))

@@ -39,8 +39,9 @@ if TYPE_CHECKING:
 
 DEFAULT_PORT = 8080
 # Ports are SkyPilot's 1-65535: infra/network.yaml opens ReplicaPortFrom (1) to ReplicaPortTo to the
-# reconciler's probes, template.yaml the same range to the load balancer; on EC2 the replica's units
-# run as root, and an embedded replica's own network namespace lets its user bind a port below 1024.
+# reconciler's probes, template.yaml the same range to the load balancer; on EC2 the replica's run unit
+# (as the `ubuntu` user) holds CAP_NET_BIND_SERVICE, and an embedded replica's own network namespace
+# lets its user bind a port below 1024.
 MIN_PORT = 1
 MAX_PORT = 65535
 # AWS's public SSM parameters: the only ones the reconciler's IAM lets EC2 resolve for a spec
