@@ -7,6 +7,8 @@ import re
 import time
 from typing import TYPE_CHECKING
 
+from fleetkeeper.model import ReplicaStatus
+from tests.api.test_terminate_replica import with_replicas
 from tests.dashboard.conftest import csrf_of, hello
 from tests.local_process import eventually
 
@@ -166,6 +168,60 @@ def test_scaling_a_fixed_count_service_makes_a_version_with_the_new_count(api: A
     view = api.request("GET", "/v1/services/web").body
     assert view["spec"]["service"]["replicas"] == 4 and view["target_version"] == 2
     assert visitor.post("/services/web/scale", {**form, "replicas": "abc", "confirmed": "yes"}).status == 400
+
+
+def test_a_confirmed_terminate_asks_for_that_replica_to_go(api: ApiClient, dashboard) -> None:  # type: ignore[no-untyped-def]
+    create(api, "web", hello())
+    with_replicas("web", ReplicaStatus.READY, ReplicaStatus.READY)
+    _running, visitor = dashboard(allow_actions=True)
+    page = visitor.get("/services/web").text
+    assert 'class="action terminate-form" data-replica="0"' in page and 'data-replica="1"><input' in page
+    uid = str(api.request("GET", "/v1/services/web").body["uid"])
+    form = {"csrf": csrf_of(page), "replica": "1", "uid": uid}
+
+    question = visitor.post("/services/web/terminate", form)
+    assert question.status == 200 and "Terminate replica 1 of web (v1, READY)?" in question.text
+    assert all(r["terminate_requested_at"] is None for r in api.request("GET", "/v1/services/web").body["replicas"])
+    done = visitor.post("/services/web/terminate", {**form, "csrf": csrf_of(question.text), "confirmed": "yes"})
+    assert done.status == 303 and done.headers["Location"] == "/services/web?done=terminate&replica=1"
+    replicas = {r["replica_id"]: r for r in api.request("GET", "/v1/services/web").body["replicas"]}
+    assert replicas[1]["terminate_requested_at"] is not None and replicas[0]["terminate_requested_at"] is None
+    events = api.request("GET", "/v1/services/web/events").body["events"]
+    assert [e["replica_id"] for e in events if e["reason"] == "TerminationRequested"] == [1]
+    after = visitor.get(done.headers["Location"]).text
+    assert "terminating replica 1: the reconciler drains it and replaces it" in after
+    assert 'data-replica="1"><input' not in after  # asked for already: no button
+
+    again = visitor.post("/services/web/terminate", {**form, "confirmed": "yes"})
+    assert again.headers["Location"] == "/services/web?done=terminate-going&replica=1"
+    unknown = visitor.post("/services/web/terminate", {**form, "replica": "7", "confirmed": "yes"})
+    assert unknown.status == 404 and "has no replica 7 (its replicas: 0, 1)" in unknown.text
+    assert visitor.post("/services/web/terminate", {**form, "replica": "7"}).status == 404  # not even asked
+    other = visitor.post("/services/web/terminate", {**form, "replica": "0", "uid": "another", "confirmed": "yes"})
+    assert other.status == 409 and "deleted and made again" in other.text
+    assert visitor.post("/services/web/terminate", {**form, "replica": "x", "confirmed": "yes"}).status == 400
+    assert api.request("GET", "/v1/services/web").body["replicas"][0]["terminate_requested_at"] is None
+
+
+def test_terminate_is_refused_without_allow_actions_or_the_csrf_token(api: ApiClient, dashboard) -> None:  # type: ignore[no-untyped-def]
+    create(api, "web", hello())
+    with_replicas("web", ReplicaStatus.READY)
+    uid = str(api.request("GET", "/v1/services/web").body["uid"])
+    _running, reader = dashboard()
+    assert "terminate-form" not in reader.get("/services/web").text
+    refused = reader.post("/services/web/terminate", {"csrf": "x", "replica": "0", "uid": uid, "confirmed": "yes"})
+    assert refused.status == 403 and "read-only" in refused.text
+
+    _running, visitor = dashboard(allow_actions=True)
+    csrf = csrf_of(visitor.get("/services/web").text)
+    form = {"replica": "0", "uid": uid, "confirmed": "yes"}
+    assert visitor.post("/services/web/terminate", form).status == 403
+    assert visitor.post("/services/web/terminate", {**form, "csrf": "0" * 64}).status == 403
+    assert visitor.post("/services/web/terminate", {**form, "csrf": csrf}, origin=None).status == 403
+    assert api.request("GET", "/v1/services/web").body["replicas"][0]["terminate_requested_at"] is None
+    # The same form with this session's token is taken: the refusals were the token's and the Origin's.
+    assert visitor.post("/services/web/terminate", {**form, "csrf": csrf}).status == 303
+    assert api.request("GET", "/v1/services/web").body["replicas"][0]["terminate_requested_at"] is not None
 
 
 def test_the_list_says_when_the_api_cannot_be_reached(api: ApiClient, dashboard) -> None:  # type: ignore[no-untyped-def]

@@ -137,6 +137,18 @@ class Backend:
         spec = scaled_spec(view.get("spec") or {}, replicas)
         return self._write("PUT", f"/v1/services/{quote(name)}", {"spec": spec}, generation)
 
+    def terminate(self, name: str, replica_id: int, uid: str) -> dict[str, Any]:
+        """Ask for one replica to go (`fleetkeeper down NAME --replica-id N`): the reconciler drains it and
+        replaces it. No If-Match: what the user confirmed is this replica, not a spec, and a service never
+        reuses a replica id; `uid` (the service the page showed) keeps a service deleted and made again
+        under the same name from losing its replica of that id. The answer's `changed` is false for a
+        replica asked for, or leaving, already."""
+        view = self.service(name)
+        if str(view["uid"]) != uid:
+            raise ActionRefused(f"{name} was deleted and made again since you confirmed: look again")
+        answer: dict[str, Any] = self.client.request("DELETE", f"/v1/services/{quote(name)}/replicas/{replica_id}").body
+        return answer
+
     def _write(self, method: str, path: str, body: dict[str, Any], generation: int) -> dict[str, Any]:
         headers = {"If-Match": f'"{generation}"'}
         answer: dict[str, Any] = self.client.request(method, path, body, headers=headers).body

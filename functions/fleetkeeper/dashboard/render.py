@@ -439,7 +439,7 @@ def actions_section(frame: Frame, view: dict[str, Any], versions: Sequence[dict[
     if not frame.allow_actions or csrf is None:
         return (
             '<section class="actions read-only"><h2>Actions</h2><p>This dashboard is read-only: start it with '
-            "<code>--allow-actions</code> to roll back or scale from here.</p></section>"
+            "<code>--allow-actions</code> to roll back, scale or terminate a replica from here.</p></section>"
         )
     generation = int(view["generation"])
     target = int(view["target_version"])
@@ -465,8 +465,24 @@ def actions_section(frame: Frame, view: dict[str, Any], versions: Sequence[dict[
             f'value="{current}" aria-label="replicas"> replicas</label> '
             '<button type="submit">scale…</button></form>'
         )
-    forms.append('<p class="later">Terminating one replica needs an API route fleetkeeper does not have yet.</p>')
+    forms.append(_terminate_forms(name, str(view["uid"]), view.get("replicas") or [], csrf))
     return f'<section class="actions"><h2>Actions</h2>{"".join(forms)}</section>'
+
+
+def _terminate_forms(name: str, uid: str, replicas: Sequence[dict[str, Any]], csrf: str) -> str:
+    """A button per replica not asked for already: it goes, and the reconciler replaces it."""
+    hidden = f'<input type="hidden" name="csrf" value="{e(csrf)}"><input type="hidden" name="uid" value="{e(uid)}">'
+    buttons = "".join(
+        f'<form method="post" action="/services/{quote(name)}/terminate" class="action terminate-form" '
+        f'data-replica="{int(r["replica_id"])}">{hidden}'
+        f'<input type="hidden" name="replica" value="{int(r["replica_id"])}">'
+        f'<button type="submit">terminate replica {int(r["replica_id"])}…</button></form>'
+        for r in replicas
+        if r.get("terminate_requested_at") is None
+    )
+    if not buttons:
+        return ""
+    return f'<div class="terminate">terminate one replica (the reconciler replaces it): {buttons}</div>'
 
 
 def confirm_page(frame: Frame, name: str, action: str, question: str, fields: dict[str, str], csrf: str) -> str:

@@ -51,7 +51,12 @@ STATIC_FILES = {
 }
 # The request's session (set by the gate for every page and action).
 SESSION = web.RequestKey("session", str)
-NOTICES = {"rollback": "rolled back to v{version}", "scale": "scaled to {replicas} replica(s)"}
+NOTICES = {
+    "rollback": "rolled back to v{version}",
+    "scale": "scaled to {replicas} replica(s)",
+    "terminate": "terminating replica {replica}: the reconciler drains it and replaces it",
+    "terminate-going": "replica {replica} is already going; the reconciler replaces it",
+}
 
 
 @dataclass
@@ -106,6 +111,7 @@ class Dashboard:
         app.router.add_get("/fragments/services/{name}/logs", self.logs_fragment)
         app.router.add_post("/services/{name}/rollback", self.rollback)
         app.router.add_post("/services/{name}/scale", self.scale)
+        app.router.add_post("/services/{name}/terminate", self.terminate)
         if refresh_in_background:
             app.cleanup_ctx.append(self._refresh_loop)
         return app
@@ -147,7 +153,10 @@ class Dashboard:
 
     async def _refuse_action(self, request: web.Request, session: str) -> web.Response | None:
         if not self.allow_actions:
-            words = "this dashboard is read-only: start it with --allow-actions to roll back or scale from it"
+            words = (
+                "this dashboard is read-only: start it with --allow-actions to roll back, scale or terminate "
+                "a replica from it"
+            )
             return self._html(render.message_page(self.frame, "read-only", words), status=403)
         content_type = request.content_type
         if content_type != "application/x-www-form-urlencoded":
@@ -417,6 +426,36 @@ class Dashboard:
         logger.warning("dashboard: scaled %s to %d replica(s)", name, replicas)
         raise web.HTTPSeeOther(f"/services/{quote(name)}?done=scale&replicas={replicas}")
 
+    async def terminate(self, request: web.Request) -> web.StreamResponse:
+        name = request.match_info["name"]
+        form = await request.post()
+        replica, uid = _number(form.get("replica")), form.get("uid")
+        if replica is None or not isinstance(uid, str) or not uid:
+            raise web.HTTPBadRequest(text="replica: a replica id (a whole number); uid: the service's")
+        if form.get("confirmed") != "yes":
+            view = await self._view(name)
+            shown = next((r for r in view.get("replicas") or [] if int(r["replica_id"]) == replica), None)
+            if shown is None:
+                ids = ", ".join(str(int(r["replica_id"])) for r in view.get("replicas") or []) or "none"
+                words = f"{name} has no replica {replica} (its replicas: {ids})"
+                return self._html(
+                    render.message_page(self.frame, "no such replica", words, f"/services/{quote(name)}"), status=404
+                )
+            question = (
+                f"Terminate replica {replica} of {name} (v{int(shown['version'])}, {shown['status']})? "
+                "The reconciler drains it and launches its replacement."
+            )
+            fields = {"replica": str(replica), "uid": uid}
+            return self._html(
+                render.confirm_page(
+                    self.frame, name, "terminate", question, fields, self.gate.csrf_token(request[SESSION])
+                )
+            )
+        answer = await asyncio.to_thread(self.backend.terminate, name, replica, uid)
+        done = "terminate" if answer.get("changed") is not False else "terminate-going"
+        logger.warning("dashboard: asked for replica %d of %s to go", replica, name)
+        raise web.HTTPSeeOther(f"/services/{quote(name)}?done={done}&replica={replica}")
+
 
 def _number(value: Any) -> int | None:
     text = value if isinstance(value, str) else ""
@@ -427,7 +466,7 @@ def _notice(query: Any) -> str | None:
     template = NOTICES.get(str(query.get("done", "")))
     if template is None:
         return None
-    values = {k: _number(query.get(k)) for k in ("version", "replicas")}
+    values = {k: _number(query.get(k)) for k in ("version", "replicas", "replica")}
     if any(f"{{{k}}}" in template and v is None for k, v in values.items()):
         return None
     return template.format(**values)
