@@ -182,6 +182,25 @@ class _Replica:
         return self.instance
 
 
+def port_mismatch(listening: Sequence[int], port: int, *, isolated: bool) -> str:
+    """What to change when a replica listens elsewhere than on its $PORT. In a namespace of its own
+    $PORT is the spec's port, as on EC2: the spec and the app must agree (reading $PORT is one way,
+    naming the app's port in the spec the other); sharing this machine's loopback, $PORT is a free
+    port of the replica's own, which the app has to read."""
+    shown = ", ".join(map(str, listening))
+    if isolated:
+        fix = (
+            f"set the spec's port to it (`service.ports: {listening[0]}`)"
+            if len(listening) == 1
+            else "set the spec's port (`service.ports`) to the one it serves on"
+        )
+        return f"listening on {shown}, not on the spec's port {port} ($PORT): {fix}, or make the app listen on {port}"
+    return (
+        f"listening on {shown}, expected $PORT={port}: replicas share this machine's loopback here, so each "
+        "gets a free port in $PORT: make the app listen on $PORT"
+    )
+
+
 def _describe_exit(code: int) -> str:
     if code < 0:
         with contextlib.suppress(ValueError):
@@ -363,8 +382,7 @@ class ProcessDriver:
         listening = sorted(_listening_ports(pgid) - {port})
         if not listening:
             return None
-        shown = ", ".join(map(str, listening))
-        return f"listening on {shown}, expected $PORT={port}: read $PORT in embedded mode"
+        return port_mismatch(listening, port, isolated=self.isolation == NETNS)
 
     # -- embedded mode ---------------------------------------------------------------------------------
 
