@@ -8,7 +8,8 @@ in them (tests/conftest.py applies both before any mock starts).
   instead (read when its EC2 models are imported; `fleetkeeper local` subprocesses inherit it).
   The simulation keeps moto's own set (`default_amis()`): every AMI draws ids from moto's seeded
   RNG, so the AMIs loaded decide the ids, and the steps, a seed gets.
-- `share_stream_records()`: moto backs up every table a TransactWriteItems touches with a deepcopy
+- `share_stream_records()` and `lean_transaction_backups()` (fleetkeeper.local.moto_memory, which
+  `fleetkeeper local` installs too): moto backs up every table a TransactWriteItems touches with a deepcopy
   (to roll back a cancelled one), stream shard included, a copy that grows with every write of the
   test. A record is never changed once written, so the backup's shard shares them (it still gets a
   list of its own, so a rollback restores the shard as it was). The rest of that backup is lean
@@ -28,18 +29,19 @@ in them (tests/conftest.py applies both before any mock starts).
 from __future__ import annotations
 
 import contextlib
-import copy
 import json
 import os
 import tempfile
-import threading
-from collections import defaultdict
 from importlib.metadata import version
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from fleetkeeper.local.moto_memory import lean_transaction_backups, share_stream_records
+
 if TYPE_CHECKING:
     from collections.abc import Iterator
+
+__all__ = ["amis_file", "default_amis", "install", "lean_transaction_backups", "share_stream_records"]
 
 
 def amis_file() -> str:
@@ -72,95 +74,6 @@ def default_amis() -> Iterator[None]:
         amis.AMIS = saved_amis
         if saved_path is not None:
             os.environ["MOTO_AMIS_PATH"] = saved_path
-
-
-def _copy_shard(shard: Any, memo: dict[int, Any]) -> Any:
-    """`copy.deepcopy` of moto's StreamShard: its own list of the very same (immutable) records."""
-    clone = copy.copy(shard)
-    memo[id(shard)] = clone
-    clone.table = copy.deepcopy(shard.table, memo)
-    clone.items = list(shard.items)
-    return clone
-
-
-def share_stream_records() -> None:
-    from moto.dynamodb.models.table import StreamShard
-
-    StreamShard.__deepcopy__ = _copy_shard  # type: ignore[attr-defined]
-
-
-# The keys a TransactWriteItems on this thread names, per table, while moto backs its tables up
-# (None outside one: every other deepcopy of a table is a whole one).
-_TRANSACTION = threading.local()
-
-
-def _transaction_keys(backend: Any, transact_items: Any) -> dict[str, list[tuple[Any, Any]]] | None:
-    """(hash, range) DynamoTypes of every item the transaction names, per table; None when the
-    request is malformed (moto then refuses it, after a whole backup, as it always did)."""
-    from moto.dynamodb.models.dynamo_type import DynamoType
-
-    keys: dict[str, list[tuple[Any, Any]]] = {}
-    try:
-        for entry in transact_items:
-            op_type, op = next(iter(entry.items()))
-            table = backend.tables.get(op.get("TableName"))
-            if table is None:
-                continue
-            raw = op["Item"] if op_type == "Put" else op["Key"]
-            range_value = DynamoType(raw[table.range_key_attr]) if table.range_key_attr else None
-            keys.setdefault(table.name, []).append((DynamoType(raw[table.hash_key_attr]), range_value))
-    except Exception:
-        return None
-    return keys
-
-
-def _copy_table(table: Any, memo: dict[int, Any]) -> Any:
-    """`copy.deepcopy` of moto's dynamodb Table: whole, but inside a TransactWriteItems' backup,
-    where only the items the transaction names are copied (see the module's docstring)."""
-    cls = type(table)
-    clone = cls.__new__(cls)
-    memo[id(table)] = clone
-    keys = getattr(_TRANSACTION, "keys", None)
-    named = None if keys is None else keys.get(table.name)
-    if named is None:
-        for attribute, value in table.__dict__.items():
-            setattr(clone, attribute, copy.deepcopy(value, memo))
-        return clone
-    clone.__dict__.update(table.__dict__)
-    items: defaultdict[Any, Any] = defaultdict(dict)
-    for hash_value, bucket in table.items.items():
-        items[hash_value] = dict(bucket) if isinstance(bucket, dict) else bucket
-    for hash_value, range_value in named:
-        bucket = items.get(hash_value)
-        if range_value is None:
-            if bucket is not None and not isinstance(bucket, dict):
-                items[hash_value] = copy.deepcopy(bucket, memo)
-        elif isinstance(bucket, dict) and range_value in bucket:
-            bucket[range_value] = copy.deepcopy(bucket[range_value], memo)
-    clone.items = items
-    if table.stream_shard is not None:
-        clone.stream_shard = copy.deepcopy(table.stream_shard, memo)
-    return clone
-
-
-def lean_transaction_backups() -> None:
-    from moto.dynamodb.models import DynamoDBBackend
-    from moto.dynamodb.models.table import Table
-
-    Table.__deepcopy__ = _copy_table  # type: ignore[attr-defined]
-    original = DynamoDBBackend.transact_write_items
-    if getattr(original, "lean_backup", False):
-        return
-
-    def transact_write_items(self: Any, transact_items: Any) -> None:
-        _TRANSACTION.keys = _transaction_keys(self, transact_items)
-        try:
-            original(self, transact_items)
-        finally:
-            _TRANSACTION.keys = None
-
-    transact_write_items.lean_backup = True  # type: ignore[attr-defined]
-    DynamoDBBackend.transact_write_items = transact_write_items  # type: ignore[method-assign]
 
 
 _WILDCARDS = frozenset("*?[\\")

@@ -30,13 +30,13 @@ def policy_spec(**policy: Any) -> dict[str, Any]:
         ),
         (
             {"min_replicas": 1, "max_replicas": 3, "target_qps_per_replica": 1, "upscale_delay_seconds": -1},
-            "greater than or equal to 0",
+            "-1 is too small: at least 0",
         ),
         (
             {"min_replicas": 1, "max_replicas": 3, "target_qps_per_replica": 1, "downscale_delay_seconds": -5},
-            "greater than or equal to 0",
+            "-5 is too small: at least 0",
         ),
-        ({"min_replicas": 1, "max_replicas": 3, "target_qps_per_replica": 0}, "greater than 0"),
+        ({"min_replicas": 1, "max_replicas": 3, "target_qps_per_replica": 0}, "0 is too small: it must be above 0"),
         ({"min_replicas": 1, "max_replicas": 3, "target_qps_per_replica": 1e9}, "at most"),
         (
             {"min_replicas": 1, "max_replicas": 3, "target_qps_per_replica": 1, "upscale_delay_seconds": 10**6},

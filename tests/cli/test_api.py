@@ -124,23 +124,33 @@ def test_logs_prints_each_replicas_log_file(api_url: str, tmp_path: Path) -> Non
     folder.mkdir(parents=True)
     (folder / "replica-1.log").write_text("one\n")
     (folder / "replica-2.log").write_text("two")
-    # The service has no replicas yet (no reconciler here): its current replicas' logs are none.
+    (folder / "replica-3.log").write_text("three\n")
+    (folder / "replica-4.log").write_text("Error: four\n")
+    # The service has no replicas (no reconciler here) and is not READY: the newest three it no
+    # longer has are shown, as a failed replica's log is why a service is not READY.
     code, out, err = cli(api_url, "logs", "web")
-    assert (code, out) == (0, "")
-    assert err == "no logs of web's current replicas yet; --all shows 2 of replicas no longer in it\n"
+    assert (code, err) == (0, "")
+    assert out.splitlines() == [
+        f"==> replica 2, no longer in the service ({folder / 'replica-2.log'}) <==",
+        "two",
+        f"==> replica 3, no longer in the service ({folder / 'replica-3.log'}) <==",
+        "three",
+        f"==> replica 4, no longer in the service ({folder / 'replica-4.log'}) <==",
+        "Error: four",
+    ]
     code, out, _ = cli(api_url, "logs", "web", "--all")
     assert code == 0
-    assert out.splitlines() == [
-        f"==> replica 1 ({folder / 'replica-1.log'}) <==",
+    assert out.splitlines()[:4] == [
+        f"==> replica 1, no longer in the service ({folder / 'replica-1.log'}) <==",
         "one",
-        f"==> replica 2 ({folder / 'replica-2.log'}) <==",
+        f"==> replica 2, no longer in the service ({folder / 'replica-2.log'}) <==",
         "two",
     ]
     assert cli(api_url, "logs", "web", "2")[1] == "two\n"
     assert cli(api_url, "logs", "web", "1", "--tail", "0")[1] == ""
     (folder / "replica-1.log").write_text("a\nb\nc\n")
     assert cli(api_url, "logs", "web", "1", "--tail", "2")[1] == "b\nc\n"
-    assert cli(api_url, "logs", "web", "3")[0] == 2
+    assert cli(api_url, "logs", "web", "5")[0] == 2
     # --since: from where the log was at the last mark (the driver's, once a second) before then.
     now = int(time.time())
     (folder / "replica-1.log.times").write_text(f"{now - 3600} 2\n{now - 700} 4\n")

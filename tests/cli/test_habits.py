@@ -58,7 +58,10 @@ def test_the_command_list_shows_each_commands_first_sentence_whole(capsys: pytes
         build_parser().parse_args(["--help"])
     text = " ".join(capsys.readouterr().out.split())
     assert "repeats folded with a count): why it is not READY" in text  # not cut at the line's end
-    assert "Print the replicas' logs: the service's current replicas (embedded mode: --all of them)" in text
+    assert (
+        "Print the replicas' logs: the service's current replicas (embedded mode: while it is not READY also "
+        "the 3 newest it no longer has, as a failed one's log says why; --all: every one)" in text
+    )
 
 
 def test_down_help_says_it_waits_until_the_services_are_gone(capsys: pytest.CaptureFixture[str]) -> None:

@@ -15,7 +15,14 @@ import pytest
 
 from fleetkeeper.local import netns
 from fleetkeeper.local.http_bridge import incarnation_folder, offset_since
-from fleetkeeper.local.process_driver import NETNS, PROCESS_EXITED, SHARED, ProcessDriver, namespaces_available
+from fleetkeeper.local.process_driver import (
+    NETNS,
+    PROCESS_EXITED,
+    SHARED,
+    ProcessDriver,
+    namespaces_available,
+    port_mismatch,
+)
 from fleetkeeper.reconciler.driver import InstanceState, LaunchRequest
 from fleetkeeper.reconciler.probe import ProbeTarget, probe_one
 from fleetkeeper.spec.service import ReadinessProbe, parse_spec
@@ -126,7 +133,11 @@ def test_a_namespaced_app_on_another_port_is_diagnosed_and_its_probe_says_nothin
     )
     instance = driver.launch(LaunchRequest("web", "uid1", 1, 0, spec))
     message = eventually(lambda: driver.diagnose(instance))
-    assert message == "listening on 9000, expected $PORT=8080: read $PORT in embedded mode"
+    # $PORT is the spec's port here: what to change is the spec or the app, not "read $PORT".
+    assert message == (
+        "listening on 9000, not on the spec's port 8080 ($PORT): set the spec's port to it "
+        "(`service.ports: 9000`), or make the app listen on 8080"
+    )
     url = driver.base_url(instance, 8080)
     assert url is not None
     result = probe_one(ProbeTarget("r", url, ReadinessProbe(path="/", timeout_seconds=2)))
@@ -307,3 +318,14 @@ def test_without_namespaces_the_port_an_apps_message_names_is_the_one_reported(
 
     gone = eventually(ended)
     assert f"exited with code 1: port {port} is taken by another process; replicas share" in gone.state_reason
+
+
+def test_the_port_hint_says_what_to_change_for_each_isolation() -> None:
+    assert port_mismatch([9000, 9001], 8080, isolated=True) == (
+        "listening on 9000, 9001, not on the spec's port 8080 ($PORT): set the spec's port "
+        "(`service.ports`) to the one it serves on, or make the app listen on 8080"
+    )
+    assert port_mismatch([8080], 52933, isolated=False) == (
+        "listening on 8080, expected $PORT=52933: replicas share this machine's loopback here, so each gets "
+        "a free port in $PORT: make the app listen on $PORT"
+    )

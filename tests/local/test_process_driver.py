@@ -145,6 +145,27 @@ def test_a_replica_that_exits_is_terminated_with_its_exit_code(driver: ProcessDr
     assert "bye" in driver.log_path("web", "uid1", 1).read_text()
 
 
+def test_a_replica_that_exits_says_its_last_error_line_in_its_reason(driver: ProcessDriver) -> None:
+    run = 'echo starting; exec python3 -c "import fk_no_such_module"'
+    instance = driver.launch(request(run=run, setup=None))
+    ended = eventually(lambda: (i := state_of(driver, instance)).state is InstanceState.TERMINATED and i)
+    assert ended.state_reason == (
+        f"{PROCESS_EXITED}: the replica process exited with code 1: "
+        "ModuleNotFoundError: No module named 'fk_no_such_module'"
+    )
+    # stderr still reaches the log, whole, after what the app printed on stdout.
+    log = driver.log_path("web", "uid1", 1).read_text()
+    assert log.index("starting") < log.index("Traceback (most recent call last)")
+    assert "ModuleNotFoundError" in log
+
+
+def test_a_reason_never_shows_a_secret_of_the_replica(driver: ProcessDriver, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(driver, "_secrets", lambda _request: {"API_TOKEN": "tok-5ecret-value"})
+    instance = driver.launch(request(run='echo "fatal: token $API_TOKEN refused" >&2; exit 2', setup=None))
+    ended = eventually(lambda: (i := state_of(driver, instance)).state is InstanceState.TERMINATED and i)
+    assert ended.state_reason == f"{PROCESS_EXITED}: the replica process exited with code 2: fatal: token *** refused"
+
+
 def test_a_failing_setup_ends_the_replica_before_run(driver: ProcessDriver) -> None:
     instance = driver.launch(request(setup="exit 7", run="echo run-started; sleep 30"))
     ended = eventually(lambda: (i := state_of(driver, instance)).state is InstanceState.TERMINATED and i)

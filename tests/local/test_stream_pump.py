@@ -301,3 +301,23 @@ def test_removals_after_a_cancelled_transaction_still_reach_the_handler(table: s
     removed_services(table, "second")
     drain(pump)
     assert handler.delivered == ["first", "second"]
+
+
+def test_the_checkpoint_stops_before_a_record_to_be_delivered_again(table: str) -> None:
+    # What the pump is done with (delivered, or filtered out) the embedded mode drops from the
+    # in-memory stream; a record that failed, and everything after it, must stay.
+    handler = Recorder(fail=lambda name, _attempt: name == "b")
+    checkpoints: list[tuple[str, int]] = []
+    pump = make_pump(table, handler, maximum_retry_attempts=-1)
+    pump.on_checkpoint = lambda shard, sequence: checkpoints.append((shard, sequence))
+    removed_services(table, "a", "b")
+    drain(pump, polls=3)
+    first_b = next(
+        int(record["dynamodb"]["SequenceNumber"])
+        for record in pump._shards[checkpoints[0][0]].pending
+        if record["dynamodb"]["Keys"]["PK"]["S"] == "SVC#b"
+    )
+    assert [sequence for _, sequence in checkpoints] == [first_b - 1]  # reported once, not per poll
+    handler.fail = lambda _name, _attempt: False
+    drain(pump, polls=1)
+    assert handler.delivered[-1] == "b" and checkpoints[-1][1] == first_b  # b was the last record

@@ -126,7 +126,7 @@ def test_probe_path_shorthand_and_defaults() -> None:
                 }
             },
             "spec.service.replica_policy.base_ondemand_fallback_replicas",
-            "greater than or equal to 0",
+            "-1 is too small: at least 0",
         ),
     ],
 )
@@ -196,8 +196,8 @@ def test_load_balancing_policy_takes_skypilots_names_and_defaults_to_least_load(
     ("field", "value", "problem"),
     [
         ("load_balancing_policy", "random", "is not a load balancing policy: use least_load"),
-        ("drain_seconds", 3601, "less than or equal to 3600"),
-        ("drain_seconds", -1, "greater than or equal to 0"),
+        ("drain_seconds", 3601, "3601 is too large: at most 3600"),
+        ("drain_seconds", -1, "-1 is too small: at least 0"),
     ],
 )
 def test_other_endpoint_values_are_a_400_naming_the_field(field: str, value: object, problem: str) -> None:

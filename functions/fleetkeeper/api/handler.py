@@ -673,9 +673,20 @@ def _is_the_name(error: Any) -> bool:
     return tuple(error.get("loc", ()))[:2] == ("path", "name")
 
 
+def _said_twice(error: Any, errors: list[Any]) -> bool:
+    """A create's `name` refused for the very value its spec's `name` gives: the spec's refusal says it
+    (with where to give another), once."""
+    if tuple(error.get("loc", ()))[:2] != ("body", "name"):
+        return False
+    return any(
+        tuple(e.get("loc", ()))[:3] == ("body", "spec", "name") and e.get("input") == error.get("input") for e in errors
+    )
+
+
 @app.exception_handler(RequestValidationError)
 def _validation_error(exc: RequestValidationError) -> Reply[Any]:
     errors = list(exc.errors())
+    errors = [e for e in errors if not _said_twice(e, errors)]
     others = [e for e in errors if not _is_the_name(e)]
     if not others:
         # Only the service name is wrong: the api's own message for it (what the name must look like).

@@ -64,6 +64,18 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(f"{message}\n{self.format_usage().strip()}")
 
 
+# `fleetkeeper logs NAME` of a service that is not READY also shows this many of the replicas it no
+# longer has (the newest): those that failed are why, and they are replaced at once.
+RECENTLY_ENDED_LOGS = 3
+
+
+def _recently_ended(found: dict[int, str], current: set[int], view: dict[str, Any]) -> set[int]:
+    """The newest replicas (ids only grow) the service no longer has, when it is not READY."""
+    if view.get("status") == "READY":
+        return set()
+    return set(sorted(rid for rid in found if rid not in current)[-RECENTLY_ENDED_LOGS:])
+
+
 def _version() -> str:
     from importlib.metadata import PackageNotFoundError, version
 
@@ -118,7 +130,8 @@ _HELP: dict[str, tuple[str, str]] = {
         "  fleetkeeper events web\n  fleetkeeper events web --follow\n  fleetkeeper events web -o json",
     ),
     "logs": (
-        "Print the replicas' logs: the service's current replicas (embedded mode: --all of them). On AWS\n"
+        "Print the replicas' logs: the service's current replicas (embedded mode: while it is not READY also\n"
+        "the 3 newest it no longer has, as a failed one's log says why; --all: every one). On AWS\n"
         "they are read from the stack's CloudWatch Logs group with your own credentials (--stack NAME\n"
         "finds it; else --log-group or $FLEETKEEPER_LOG_GROUP).",
         "  fleetkeeper logs web\n  fleetkeeper logs web --replica 3 --tail 50\n  fleetkeeper logs web --follow\n"
@@ -759,6 +772,7 @@ class Cli:
             first.append(f"since={int(time.time()) - self.args.since}")
         while True:
             wanted, others = self._logs_wanted(f"{base}?{incarnation}", view)
+            current = {int(r["replica_id"]) for r in view.get("replicas", [])}
             if not wanted and not offsets:
                 more = f"; --all shows {others} of replicas no longer in it" if others else ""
                 self.note(f"no logs of {self.args.name}'s current replicas yet{more}")
@@ -770,7 +784,8 @@ class Cli:
                 if not text:
                     continue
                 if self.args.replica is None and headed != replica_id:
-                    self.out.write(f"==> replica {replica_id} ({path}) <==\n")
+                    ended = "" if replica_id in current else ", no longer in the service"
+                    self.out.write(f"==> replica {replica_id}{ended} ({path}) <==\n")
                     headed = replica_id
                 # The replica's output as its service wrote it: nothing a terminal would obey.
                 text = printable(text, keep_newlines=True)
@@ -892,7 +907,8 @@ class Cli:
                 raise UsageError(f"no log for replica {replica} of {name}; see `fleetkeeper logs {name} --all`")
             return [(self.args.replica, found[self.args.replica])], 0
         current = {int(r["replica_id"]) for r in view.get("replicas", [])}
-        wanted = [(rid, path) for rid, path in sorted(found.items()) if self.args.all or rid in current]
+        shown = set(found) if self.args.all else current | _recently_ended(found, current, view)
+        wanted = [(rid, path) for rid, path in sorted(found.items()) if rid in shown]
         return wanted, len(found) - len(wanted)
 
     def dashboard(self) -> int:

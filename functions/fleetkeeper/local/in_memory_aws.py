@@ -10,7 +10,11 @@ DynamoDB's operations are serialised (`serialise_dynamodb`): moto's server answe
 but its DynamoDB is not isolated. A TransactWriteItems whose condition fails restores a copy of the
 whole table taken before it began, silently undoing any write another thread made meanwhile (a
 reconciler run's superseded transaction undid a concurrent delete of the same service: the service
-stayed ACTIVE). DynamoDB never loses an acknowledged write.
+stayed ACTIVE). DynamoDB never loses an acknowledged write. The stream's reads take the same turn,
+so a reader never sees the records of a transaction that is then cancelled.
+
+moto's DynamoDB keeps every stream record, every shard iterator and, through them, every table a
+cancelled transaction replaced: `fleetkeeper.local.moto_memory` bounds them (installed at start).
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import threading
 from http import HTTPStatus
 from typing import TYPE_CHECKING, Any
 
+from fleetkeeper.local import moto_memory
 from fleetkeeper.local.auth import AwsGate
 
 if TYPE_CHECKING:
@@ -70,7 +75,7 @@ _SERIALISED = (
     "batch_write_item",
     "batch_get_item",
 )
-_dynamodb_lock = threading.RLock()
+_SERIALISED_STREAMS = ("describe_stream", "get_shard_iterator", "get_records")
 _serialised = False
 
 
@@ -82,18 +87,20 @@ def serialise_dynamodb() -> None:
     import functools
 
     from moto.dynamodb.models import DynamoDBBackend
+    from moto.dynamodbstreams.models import DynamoDBStreamsBackend
 
-    for name in _SERIALISED:
-        original = getattr(DynamoDBBackend, name, None)
-        if original is None:
-            continue
+    for backend, names in ((DynamoDBBackend, _SERIALISED), (DynamoDBStreamsBackend, _SERIALISED_STREAMS)):
+        for name in names:
+            original = getattr(backend, name, None)
+            if original is None:
+                continue
 
-        @functools.wraps(original)
-        def serialised(*args: Any, __original: Any = original, **kwargs: Any) -> Any:
-            with _dynamodb_lock:
-                return __original(*args, **kwargs)
+            @functools.wraps(original)
+            def serialised(*args: Any, __original: Any = original, **kwargs: Any) -> Any:
+                with moto_memory.DYNAMODB_LOCK:
+                    return __original(*args, **kwargs)
 
-        setattr(DynamoDBBackend, name, serialised)
+            setattr(backend, name, serialised)
     _serialised = True
 
 
@@ -116,6 +123,7 @@ class InMemoryAws:
         from moto.moto_server.werkzeug_app import DomainDispatcherApplication, MotoRequestHandler, create_backend_app
         from werkzeug.serving import make_server
 
+        moto_memory.install()
         serialise_dynamodb()
         app = GuardedApp(DomainDispatcherApplication(create_backend_app), self.gate)
         self._server = make_server(self.host, 0, app, threaded=True, request_handler=MotoRequestHandler)

@@ -19,8 +19,10 @@ by whom ("port 8080 is taken by replica 0 of web (pid 4242)").
 
 It reports what EC2 would: a process that exited by itself is a TERMINATED instance with its own
 state reason code (`PROCESS_EXITED`: the app ended on its own, which counts against its version, as
-a crash would; it is no preemption) and a message that says how it exited, so the reconciler sees a
-failed replica and replaces it. A replica fleetkeeper terminated ends as an EC2 instance terminated
+a crash would; it is no preemption) and a message that says how it exited, with the last error line
+it wrote on stderr ("exited with code 1: ModuleNotFoundError: No module named 'x'", stderr_tail.py:
+bounded, control characters stripped, its secrets masked), so the reconciler sees a failed replica,
+says why, and replaces it. A replica fleetkeeper terminated ends as an EC2 instance terminated
 through the API does: `Client.UserInitiatedShutdown`.
 Instance ids look like `local-3-pid4242`: the pid is there so a person (or a test) can find and
 kill a replica's process.
@@ -60,6 +62,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, ClassVar
 
 from fleetkeeper.local import netns
+from fleetkeeper.local.stderr_tail import StderrTee
 from fleetkeeper.model import Market, to_iso, utcnow
 from fleetkeeper.reconciler.driver import (
     MANAGED_TAG,
@@ -138,6 +141,9 @@ class _Replica:
     relay: netns.HostRelay | None = None
     # Why the process exited, beyond its code (a port someone else holds), asked once when it has.
     explain: Callable[[_Replica], str | None] | None = None
+    # Its stderr on the way to its log, whose last line goes into the reason it exited (stderr_tail.py).
+    stderr: StderrTee | None = None
+    secrets: tuple[str, ...] = ()  # the values no reason may show
     terminating: bool = False
     reclaimed: bool = False
     ended_at: float | None = None
@@ -156,6 +162,8 @@ class _Replica:
             why = self.explain(self) if self.explain is not None and code != 0 and not self.terminating else None
             _signal_group(self.process, signal.SIGKILL)
             self.ended_at = time.monotonic()
+            if self.stderr is not None:
+                self.stderr.finish(timeout=2.0)  # at once, unless something outside the group holds the pipe
             self.log.close()
             if self.relay is not None:
                 self.relay.close()
@@ -165,8 +173,9 @@ class _Replica:
                 reason_code, reason = USER_INITIATED_SHUTDOWN, "terminated by fleetkeeper"
             else:
                 reason_code, reason = PROCESS_EXITED, f"the replica process exited with code {_describe_exit(code)}"
-                if why:
-                    reason += f": {why}"
+                said = why or (self.stderr.summary(self.secrets) if self.stderr is not None else None)
+                if said:
+                    reason += f": {said}"
             self.instance = replace(
                 self.instance,
                 state=InstanceState.TERMINATED,
@@ -174,6 +183,25 @@ class _Replica:
                 state_reason=f"{reason_code}: {reason}",
             )
         return self.instance
+
+
+def port_mismatch(listening: Sequence[int], port: int, *, isolated: bool) -> str:
+    """What to change when a replica listens elsewhere than on its $PORT. In a namespace of its own
+    $PORT is the spec's port, as on EC2: the spec and the app must agree (reading $PORT is one way,
+    naming the app's port in the spec the other); sharing this machine's loopback, $PORT is a free
+    port of the replica's own, which the app has to read."""
+    shown = ", ".join(map(str, listening))
+    if isolated:
+        fix = (
+            f"set the spec's port to it (`service.ports: {listening[0]}`)"
+            if len(listening) == 1
+            else "set the spec's port (`service.ports`) to the one it serves on"
+        )
+        return f"listening on {shown}, not on the spec's port {port} ($PORT): {fix}, or make the app listen on {port}"
+    return (
+        f"listening on {shown}, expected $PORT={port}: replicas share this machine's loopback here, so each "
+        "gets a free port in $PORT: make the app listen on $PORT"
+    )
 
 
 def _describe_exit(code: int) -> str:
@@ -357,8 +385,7 @@ class ProcessDriver:
         listening = sorted(_listening_ports(pgid) - {port})
         if not listening:
             return None
-        shown = ", ".join(map(str, listening))
-        return f"listening on {shown}, expected $PORT={port}: read $PORT in embedded mode"
+        return port_mismatch(listening, port, isolated=self.isolation == NETNS)
 
     # -- embedded mode ---------------------------------------------------------------------------------
 
@@ -470,7 +497,7 @@ class ProcessDriver:
                 command,
                 stdin=subprocess.DEVNULL,
                 stdout=log,
-                stderr=subprocess.STDOUT,
+                stderr=subprocess.PIPE,
                 env=env,
                 cwd=work_dir,
                 start_new_session=True,  # its own process group: terminate kills all it started
@@ -478,6 +505,8 @@ class ProcessDriver:
         except OSError as exc:
             log.close()
             raise LaunchRefused("ProcessLaunchFailed", str(exc)) from exc
+        assert process.stderr is not None  # stderr=PIPE
+        stderr = StderrTee(process.stderr, log, name=f"replica-{self._seq}-stderr")
         relay = netns.HostRelay(socket_path) if isolated else None
         instance = Instance(
             instance_id=f"local-{self._seq}-pid{process.pid}",
@@ -512,6 +541,8 @@ class ProcessDriver:
             spec_port=spec.port,
             relay=relay,
             explain=None if isolated else self._port_taken,
+            stderr=stderr,
+            secrets=tuple(secrets.values()),
         )
 
     def _sockets(self) -> Path:

@@ -28,7 +28,7 @@ import warnings
 from typing import TYPE_CHECKING, Any
 
 from fleetkeeper import aws
-from fleetkeeper.local import auth
+from fleetkeeper.local import auth, moto_memory
 from fleetkeeper.local.balancer import LocalBalancer
 from fleetkeeper.local.context import LocalContext
 from fleetkeeper.local.http_bridge import KICK_PATH, ApiBridge, local_principal
@@ -242,8 +242,14 @@ class EmbeddedControlPlane:
         if source is None:
             raise RuntimeError("template.yaml declares no DynamoDB event for CleanupFunction")
         stream_arn = aws.dynamodb().describe_table(TableName=self.options.table)["Table"]["LatestStreamArn"]
+        table = self.options.table
         self._pump = StreamPump(
-            _streams_client(self.aws_endpoint), stream_arn, source, _and_local_files(cleanup_handler)
+            _streams_client(self.aws_endpoint),
+            stream_arn,
+            source,
+            _and_local_files(cleanup_handler),
+            # The pump is the stream's one reader: what it is done with need not be kept.
+            on_checkpoint=lambda shard_id, sequence: moto_memory.trim_stream(table, shard_id, sequence),
         )
 
         self._reconciler_handler = reconciler_handler

@@ -14,6 +14,10 @@ the settings template.yaml declares for it (read at startup, never restated here
 - a retry carries the same records (from the failed one on), never newer ones;
 - after MaximumRetryAttempts failed deliveries the retried batch is discarded (in AWS: described to
   the OnFailure destination) and logged, so one poisoned record cannot block the shard forever.
+
+Each shard's checkpoint (every record up to it delivered, discarded or filtered out) goes to
+`on_checkpoint` when it moves: embedded mode drops those records from the in-memory stream
+(`fleetkeeper.local.moto_memory.trim_stream`), whose only reader the pump is.
 """
 
 from __future__ import annotations
@@ -40,6 +44,8 @@ if TYPE_CHECKING:
 logger = logging.getLogger("local.stream_pump")
 
 Handler = Callable[[dict[str, Any], Any], Any]
+# (shard id, sequence number): every record of the shard up to that one is done with.
+Checkpoint = Callable[[str, int], object]
 CLEANUP_FUNCTION = "CleanupFunction"
 
 
@@ -92,6 +98,14 @@ class _Shard:
     failed_attempts: int = 0
     # Shrinks when a failing batch is bisected; back to the batch size after a success.
     batch_limit: int = 0
+    # The last checkpoint handed to `on_checkpoint`.
+    reported: int | None = None
+
+    def checkpoint(self) -> int | None:
+        """The sequence number up to which every record read is done with (None: none read yet)."""
+        if self.pending:
+            return int(self.pending[0]["dynamodb"]["SequenceNumber"]) - 1
+        return None if self.last_sequence is None else int(self.last_sequence)
 
 
 def lambda_record(raw: dict[str, Any], stream_arn: str, region: str) -> dict[str, Any]:
@@ -122,8 +136,10 @@ class StreamPump:
         handler: Handler,
         *,
         region: str = "us-east-1",
+        on_checkpoint: Checkpoint | None = None,
     ) -> None:
         self.client = client
+        self.on_checkpoint = on_checkpoint
         self.stream_arn = stream_arn
         self.source = source
         self.handler = handler
@@ -139,7 +155,15 @@ class StreamPump:
         before = self.delivered
         for shard in list(self._shards.values()):
             self._pump(shard)
+            self._report(shard)
         return self.delivered - before
+
+    def _report(self, shard: _Shard) -> None:
+        checkpoint = shard.checkpoint()
+        if self.on_checkpoint is None or checkpoint is None or checkpoint == shard.reported:
+            return
+        self.on_checkpoint(shard.shard_id, checkpoint)
+        shard.reported = checkpoint
 
     def run(self, stop: threading.Event, interval: float = 0.5) -> None:
         """Poll until `stop` is set; errors are logged and the next poll tries again."""

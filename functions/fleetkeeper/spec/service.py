@@ -7,7 +7,6 @@ is a production incident waiting to happen.
 
 from __future__ import annotations
 
-import difflib
 import json
 import re
 from dataclasses import dataclass
@@ -1102,9 +1101,49 @@ def describe_validation_errors(errors: Sequence[Any], prefix: str = "") -> list[
         elif kind == "string_pattern_mismatch" and field.rsplit(".", 1)[-1] in {"name", "service"}:
             problem = f"{item.get('input')!r} is not a service name: use {NAME_RULE}"
         else:
-            problem = str(item.get("msg", "invalid value")).removeprefix("Value error, ")
+            problem = _in_words(item)
         details.append({"field": f"{where}{field}", "problem": problem})
     return details
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:59] + "…"
+
+
+def _in_words(item: Any) -> str:
+    """pydantic's refusal of a value, said of the value the user wrote, in the spec's words (never
+    "Input should be a valid dictionary or instance of ReadinessProbe")."""
+    kind, ctx = str(item.get("type", "")), item.get("ctx") or {}
+    got = _shown(item.get("input"))
+    plain = {
+        "int_parsing": f"{got} is not a whole number",
+        "int_type": f"{got} is not a whole number",
+        "int_from_float": f"{got} is not a whole number",
+        "float_parsing": f"{got} is not a number",
+        "float_type": f"{got} is not a number",
+        "finite_number": f"{got} is not a finite number",
+        "bool_parsing": f"{got} is not true or false",
+        "bool_type": f"{got} is not true or false",
+        "string_type": f"{got} is not text: quote it",
+        "dict_type": f"{got} is not a mapping: give `key: value` lines under it",
+        "model_type": f"{got} is not a mapping: give `key: value` lines under it",
+        "model_attributes_type": f"{got} is not a mapping: give `key: value` lines under it",
+        "list_type": f"{got} is not a list: give `- item` lines under it",
+        "greater_than_equal": f"{got} is too small: at least {ctx.get('ge')}",
+        "greater_than": f"{got} is too small: it must be above {ctx.get('gt')}",
+        "less_than_equal": f"{got} is too large: at most {ctx.get('le')}",
+        "less_than": f"{got} is too large: it must be below {ctx.get('lt')}",
+        "literal_error": f"{got} is not one of {ctx.get('expected')}",
+        "enum": f"{got} is not one of {ctx.get('expected')}",
+        "too_short": f"too few entries: at least {ctx.get('min_length')}",
+        "too_long": f"too many entries: at most {ctx.get('max_length')}",
+        "string_too_short": f"{got} is too short: at least {ctx.get('min_length')} characters",
+        "string_too_long": f"{got} is too long: at most {ctx.get('max_length')} characters",
+    }.get(kind)
+    if plain is not None:
+        return plain
+    return str(item.get("msg", "invalid value")).removeprefix("Value error, ")
 
 
 def _model_at(parts: Sequence[int | str]) -> type[BaseModel] | None:
@@ -1158,14 +1197,41 @@ def _unknown_field(loc: tuple[int | str, ...], prefix: str) -> str:
         where = " or ".join(f"under `{home}`" if home else "at the top level" for home in homes)
         return f"misplaced field: `{name}` belongs {where}; move it there"
     known = list(model.model_fields) if model is not None else []
-    close = difflib.get_close_matches(name, known, n=1, cutoff=0.7)
+    close = _near_misses(name, known)
     if close:
         return f"unknown field; did you mean `{close[0]}`?"
-    elsewhere = difflib.get_close_matches(name, list(_HOMES), n=1, cutoff=0.8)
+    elsewhere = _near_misses(name, list(_HOMES))
     if elsewhere:
         found = _HOMES[elsewhere[0]]
         return f"unknown field; did you mean `{'.'.join(filter(None, (found[0], elsewhere[0])))}`?"
     return "unknown field; fleetkeeper does not support it"
+
+
+def _near_misses(name: str, known: Sequence[str]) -> list[str]:
+    """The fields `name` is a slip of the keyboard for: one letter wrong, missing, extra or swapped
+    (two in a name of 12 letters or more). A similar field that is another word (`init_replicas`,
+    `min_replicas`) is no near miss: suggesting it would send the user to the wrong field."""
+    allowed = 2 if len(name) >= 12 else 1
+    scored = sorted((d, field) for field in known if (d := _edits(name.lower(), field.lower())) <= allowed)
+    return [field for _, field in scored[:1]]
+
+
+def _edits(a: str, b: str) -> int:
+    """Edits (insert, delete, substitute, swap two neighbours) from `a` to `b` (3 for anything further:
+    only small counts matter here)."""
+    if abs(len(a) - len(b)) > 2:
+        return 3
+    previous2: list[int] = []
+    previous = list(range(len(b) + 1))
+    for i, ca in enumerate(a, 1):
+        current = [i]
+        for j, cb in enumerate(b, 1):
+            cost = min(previous[j] + 1, current[j - 1] + 1, previous[j - 1] + (ca != cb))
+            if i > 1 and j > 1 and ca == b[j - 2] and a[i - 2] == cb:
+                cost = min(cost, previous2[j - 2] + 1)
+            current.append(cost)
+        previous2, previous = previous, current
+    return previous[-1]
 
 
 def _sections(model: type[BaseModel], path: str) -> dict[str, list[str]]:

@@ -19,6 +19,24 @@ _TLS = (
     f'{_DEPLOY} "Endpoints"; replicas serve plain HTTP behind it'
 )
 _FILES = "put the files in `workdir`, bake them into the image, or fetch them in `setup` (e.g. `aws s3 sync`)"
+_SPOT_PLACEMENT = (
+    "spot placement is fleetkeeper's own: set `resources.use_spot: true`; replicas are spread over the "
+    "stack's subnets (zones) and a refused spot launch walks the other instance types and zones; for "
+    "on-demand fallback give service.replica_policy.base_ondemand_fallback_replicas or "
+    "dynamic_ondemand_fallback"
+)
+_SPOT_ZONES = (
+    "the zones are the stack's subnets (the ReplicaSubnetIds parameter, " + _DEPLOY + "): replicas, spot ones "
+    "included, are spread over them; to keep a service in some, deploy a stack with those subnets"
+)
+_AUTH = (
+    "an endpoint has no key of its own: check one in your app, given as a secret (`secrets: {API_KEY: null}` "
+    "and --secret API_KEY); the fleetkeeper API itself is signed with your AWS credentials (SigV4)"
+)
+_INITIAL_COUNT = (
+    "a service starts with its replica count: `service.replicas`, or `service.replica_policy.min_replicas` "
+    "when it autoscales (the autoscaler moves from there); there is no separate initial count"
+)
 
 # dotted path (without `spec.`) -> what to do instead.
 UNSUPPORTED: dict[str, str] = {
@@ -105,6 +123,14 @@ UNSUPPORTED: dict[str, str] = {
     "service.replica_policy.qps_upper_threshold": "an old SkyPilot field: give target_qps_per_replica instead",
     "service.replica_policy.qps_lower_threshold": "an old SkyPilot field: give target_qps_per_replica instead",
     "service.replica_policy.auto_restart": "replicas are always replaced when they fail: remove it",
+    # Fields of SkyServe's earlier specs (and of other tools' services) a SkyPilot user still writes.
+    "service.spot_policy": _SPOT_PLACEMENT,
+    "service.replica_policy.spot_policy": _SPOT_PLACEMENT,
+    "service.spot_zones": _SPOT_ZONES,
+    "service.replica_policy.spot_zones": _SPOT_ZONES,
+    "service.auth_key": _AUTH,
+    "service.replica_policy.init_replicas": _INITIAL_COUNT,
+    "service.init_replicas": _INITIAL_COUNT,
 }
 
 
