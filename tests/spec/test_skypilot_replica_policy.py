@@ -62,7 +62,7 @@ def test_a_target_per_accelerator_is_taken_with_names_as_the_catalogue_spells_th
         ({"A10": 5}, "A10G:1", "'A10' is not an accelerator AWS has: did you mean A10G?"),
         ({}, "A10G:1", "an empty mapping"),
         ({"A10G": 5, "a10g:1": 3}, "A10G:1", "A10G is given twice"),
-        ({"A10G": 0}, "A10G:1", "greater than 0"),
+        ({"A10G": 0}, "A10G:1", "too small: it must be above 0"),
         ({"A10G": 5}, None, "has none for the stack's default instance type (no accelerator)"),
     ],
 )
