@@ -308,7 +308,8 @@ class ReplicaRecord:
     last_probe_ok_at: str | None = None
     probe_failures: int = 0
     # The first failed probe of a READY replica's current run of failures (None: not failing): it is
-    # replaced once they have lasted its probe's consecutive-failure window (SkyPilot's 180 s).
+    # replaced once they have lasted its probe's consecutive-failure window (SkyPilot's 180 s). While
+    # STARTING: the first of its probe's run of 404 answers (plan/observe.py, NOT_FOUND_SECONDS).
     failing_since: str | None = None
     # When the reconciler first saw its instance running (the end of provisioning): the initial delay
     # counts from here, as SkyPilot's does (None: not yet, or a record written before it was kept).

@@ -194,7 +194,7 @@ def probe_one(target: ProbeTarget) -> ProbeResult:
         if boot_failure is not None:
             return ProbeResult(target.base_url, False, f"HTTP {status} (boot failed: {boot_failure})", boot_failure)
         if status not in _REDIRECTS:
-            return ProbeResult(target.base_url, False, f"HTTP {status}")
+            return ProbeResult(target.base_url, False, f"HTTP {status}", http_status=status)
         if not location:
             return ProbeResult(target.base_url, False, f"HTTP {status} without a Location")
         url = urllib.parse.urlsplit(urllib.parse.urljoin(urllib.parse.urlunsplit(url), location))

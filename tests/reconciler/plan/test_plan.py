@@ -427,8 +427,11 @@ def test_a_launch_records_the_instance_and_clears_the_failure(before: ReplicaRec
             S.STARTING,
             InstanceState.RUNNING,
             DOWN,
-            {"status_message": "not ready yet: connection refused"},
-            (ServiceStatus.REPLICA_INIT, "0/1 ready; replica 0 STARTING: not ready yet: connection refused"),
+            {"status_message": "not ready yet: probe GET /health → connection refused"},
+            (
+                ServiceStatus.REPLICA_INIT,
+                "0/1 ready; replica 0 STARTING: not ready yet: probe GET /health → connection refused",
+            ),
         ),
         (S.STARTING, InstanceState.RUNNING, OK, "ready", (ServiceStatus.READY, "1/1 ready")),
         (
@@ -552,7 +555,7 @@ def test_a_probe_still_in_flight_is_no_verdict() -> None:
 def test_starting_past_the_initial_delay_fails_and_is_replaced() -> None:
     slow = replica(0, S.STARTING, launched_at=ago(601))
     actions = plan(state([slow, replica(1)]), [instance(0), instance(1)], {0: DOWN, 1: OK}, NOW)
-    message = "not ready 600s after launch (last probe: connection refused)"
+    message = "not ready 600s after launch (last probe GET /health → connection refused)"
     assert actions == [
         moved(
             slow,
@@ -566,6 +569,48 @@ def test_starting_past_the_initial_delay_fails_and_is_replaced() -> None:
         *launches(1, 2),
         status(ServiceStatus.READY, f"1/2 ready; replica 0 FAILED_INITIAL_DELAY: {message}; replica 2 PENDING"),
     ]
+
+
+NOT_FOUND = ProbeResult("http://127.0.0.1:8080", False, "HTTP 404", http_status=404)
+UNAVAILABLE = ProbeResult("http://127.0.0.1:8080", False, "HTTP 503", http_status=503)
+
+
+def test_a_probe_path_that_answers_404_fails_a_starting_replica_before_its_initial_delay() -> None:
+    # The app listens and answers: the path is not its own, which the rest of a 600 s delay won't change.
+    starting = replica(0, S.STARTING, launched_at=ago(60))
+    first = plan(state([starting]), [instance(0)], {0: NOT_FOUND}, NOW)[0]
+    assert first == moved(
+        starting, status_message="not ready yet: probe GET /health → HTTP 404", probe_failures=1, failing_since=ago(0)
+    )
+    counted = replace(starting, status_message=first.after.status_message, probe_failures=2, failing_since=ago(30))
+    failed = plan(state([counted]), [instance(0)], {0: NOT_FOUND}, NOW)[0]
+    assert failed == moved(
+        counted,
+        status=S.FAILED_INITIAL_DELAY,
+        probe_failures=3,
+        status_message=(
+            "probe GET /health → HTTP 404 for 30s (3 probes in a row): the app answers, but /health is not one of "
+            "its paths; fix service.readiness_probe.path (or serve it)"
+        ),
+        failure_code=INITIAL_DELAY_EXCEEDED,
+        cause=C.VERSION,
+    )
+
+
+@pytest.mark.parametrize(("probes", "lasted"), [(2, 30), (3, 29)])
+def test_404s_fewer_or_shorter_than_the_rule_wait_as_any_unready_answer(probes: int, lasted: int) -> None:
+    counted = replica(0, S.STARTING, launched_at=ago(60), probe_failures=probes - 1, failing_since=ago(lasted))
+    [again, *_] = plan(state([counted]), [instance(0)], {0: NOT_FOUND}, NOW)
+    assert again.after.status is S.STARTING and again.after.probe_failures == probes
+
+
+def test_another_answer_starts_the_count_of_404s_again() -> None:
+    # A 503 is an app still loading (SkyPilot's semantics: wait for the initial delay).
+    counted = replica(0, S.STARTING, launched_at=ago(60), probe_failures=5, failing_since=ago(50))
+    [reset, *_] = plan(state([counted]), [instance(0)], {0: UNAVAILABLE}, NOW)
+    assert reset == moved(
+        counted, status_message="not ready yet: probe GET /health → HTTP 503", probe_failures=0, failing_since=None
+    )
 
 
 # Why an instance ended, as EC2 (or a driver) reports it, and what the planner makes of it.
@@ -765,9 +810,12 @@ def test_more_transitions() -> None:
             provisioning,
             status=S.STARTING,
             probing_since=STAMP,
-            status_message="not ready yet: connection refused",
+            status_message="not ready yet: probe GET /health → connection refused",
         ),
-        status(ServiceStatus.REPLICA_INIT, "0/1 ready; replica 0 STARTING: not ready yet: connection refused"),
+        status(
+            ServiceStatus.REPLICA_INIT,
+            "0/1 ready; replica 0 STARTING: not ready yet: probe GET /health → connection refused",
+        ),
     ]
     # back to READY: the failure message goes
     failing = replica(0, S.NOT_READY, probe_failures=1, status_message="readiness probe failing: x")
@@ -1093,12 +1141,12 @@ def test_rolling_surges_first_then_retires_old_as_new_become_ready() -> None:
     r3 = replica(3, S.STARTING, v=2, launched_at=ago(60))
     current = rolling_state([r2, r3], [r1], max_surge=1, max_unavailable=0)
     assert plan(current, [instance(1), instance(2), instance(3)], {1: OK, 2: OK, 3: DOWN}, NOW) == [
-        moved(r3, status_message="not ready yet: connection refused"),
+        moved(r3, status_message="not ready yet: probe GET /health → connection refused"),
         mark_ready(2),
         status(
             ServiceStatus.UPDATING,
             "updating to version 2 (rolling): 1/2 new ready, 1 old replica(s) left; "
-            "replica 3 STARTING: not ready yet: connection refused",
+            "replica 3 STARTING: not ready yet: probe GET /health → connection refused",
         ),
     ]
     # step 4: both new ready -> the last old goes
@@ -1140,12 +1188,12 @@ def test_blue_green_launches_all_new_and_keeps_old_until_all_new_are_ready() -> 
     current = rolling_state([r2, r3], [r0, r1], mode="blue_green")
     insts = [instance(i) for i in range(4)]
     assert plan(current, insts, {0: OK, 1: OK, 2: OK, 3: DOWN}, NOW) == [
-        moved(r3, status_message="not ready yet: connection refused"),
+        moved(r3, status_message="not ready yet: probe GET /health → connection refused"),
         mark_ready(2),
         status(
             ServiceStatus.UPDATING,
             "updating to version 2 (blue_green): 1/2 new ready, 2 old replica(s) left; "
-            "replica 3 STARTING: not ready yet: connection refused",
+            "replica 3 STARTING: not ready yet: probe GET /health → connection refused",
         ),
     ]
     current = rolling_state([r2, replica(3, v=2)], [r0, r1], mode="blue_green")
@@ -1279,7 +1327,7 @@ def test_breaker_without_a_good_version_fails_the_service_and_stops_launching() 
 def test_a_failure_in_this_run_that_trips_the_breaker_still_loses_its_instance() -> None:
     failed = [replica(i, S.FAILED_PROBING) for i in range(2)]
     slow = replica(2, S.STARTING, launched_at=ago(700))
-    message = "not ready 600s after launch (last probe: connection refused)"
+    message = "not ready 600s after launch (last probe GET /health → connection refused)"
     assert plan(state([*failed, slow]), [instance(2)], {2: DOWN}, NOW) == [
         moved(
             slow,
@@ -1412,7 +1460,7 @@ def test_the_breaker_rolls_back_to_a_version_that_became_ready_in_the_same_run()
 def test_the_breaker_names_the_failure_of_this_run_before_more_recent_records() -> None:
     failed = [replace(replica(i, S.FAILED_PROBING), updated_at=ago(10)) for i in (1, 2)]
     slow = replica(0, S.STARTING, launched_at=ago(700))
-    message = "not ready 600s after launch (last probe: connection refused)"
+    message = "not ready 600s after launch (last probe GET /health → connection refused)"
     assert plan(state([slow, *failed]), [instance(0)], {0: DOWN}, NOW) == [
         moved(
             slow,
@@ -1618,8 +1666,11 @@ def test_a_replica_not_ready_exactly_at_its_initial_delay_still_has_time() -> No
     starting = replica(0, S.STARTING, launched_at=ago(600))
     current = state([starting], [version(1, spec=spec(1))])
     assert plan(current, [instance(0)], {0: DOWN}, NOW) == [
-        moved(starting, status_message="not ready yet: connection refused"),
-        status(ServiceStatus.REPLICA_INIT, "0/1 ready; replica 0 STARTING: not ready yet: connection refused"),
+        moved(starting, status_message="not ready yet: probe GET /health → connection refused"),
+        status(
+            ServiceStatus.REPLICA_INIT,
+            "0/1 ready; replica 0 STARTING: not ready yet: probe GET /health → connection refused",
+        ),
     ]
 
 
@@ -1753,7 +1804,7 @@ def test_initial_delay_zero_and_a_long_probe_never_fail_a_replica_while_its_firs
     assert isinstance(failed, RecordReplica)
     assert (failed.after.status, failed.after.status_message) == (
         S.FAILED_INITIAL_DELAY,
-        "not ready 0s after provisioning (last probe: connection refused)",
+        "not ready 0s after provisioning (last probe GET /h → connection refused)",
     )
 
 

@@ -56,6 +56,7 @@ class ProbeResult:
     boot_failure: str | None = None
     answered: bool = True
     started_at: datetime | None = None
+    http_status: int | None = None  # the answer's status, when the replica answered one (not 200)
 
 
 _NOT_YET_RUNNING = frozenset({ReplicaStatus.PENDING, ReplicaStatus.PROVISIONING})
@@ -273,11 +274,14 @@ def _observe(
             failing_since=None,
         )
     if record.status is ReplicaStatus.STARTING:
+        said = f"{_probe_request(record, state)} → {probe.detail}"
+        if probe.http_status == HTTP_NOT_FOUND:
+            return _not_found_while_starting(record, state, asked, said)
         return _check_initial_delay(
-            replace(record, status_message=f"not ready yet: {probe.detail}"),
+            replace(record, status_message=f"not ready yet: probe {said}", probe_failures=0, failing_since=None),
             state,
             asked,
-            f"last probe: {probe.detail}",
+            f"last probe {said}",
         )
     # READY once: replaced only after a whole window of failed probes in a row (SkyPilot's consecutive
     # failure window, from the first failed probe to this one), probed every follow-up meanwhile.
@@ -305,6 +309,50 @@ def _observe(
         failing_since=failing_since,
         status_message=f"readiness probe failing: {probe.detail}",
     )
+
+
+# A STARTING replica whose probe path answers 404 in every probe for this long (and at least
+# NOT_FOUND_PROBES probes) fails then, before its initial delay is over. SkyPilot waits the whole
+# delay (1200 s by default) whatever the probe gets; but a 404 is an answer, not silence: the app is
+# up and listening, and says the path is not one of its own, which waiting does not change (an app
+# still loading refuses the connection, or answers 503). Any other answer in between starts the
+# count again. fleetkeeper's own rule: docs/architecture/reconciler.md.
+HTTP_NOT_FOUND = 404
+NOT_FOUND_SECONDS = 30
+NOT_FOUND_PROBES = 3
+
+
+def _not_found_while_starting(record: ReplicaRecord, state: ServiceState, asked: datetime, said: str) -> ReplicaRecord:
+    """A STARTING replica's probe answered 404: counted (probe_failures, failing_since: the run of 404s),
+    failed once the run is long enough, else judged by its initial delay as any unready answer."""
+    failures = record.probe_failures + 1
+    since = record.failing_since or to_iso(asked)
+    lasted = max(_seconds_since(since, asked) or 0.0, 0.0)
+    if failures >= NOT_FOUND_PROBES and lasted >= NOT_FOUND_SECONDS:
+        path = _probe_of(record, state).path
+        return replace(
+            record,
+            status=ReplicaStatus.FAILED_INITIAL_DELAY,
+            probe_failures=failures,
+            failing_since=since,
+            status_message=(
+                f"probe {said} for {int(lasted)}s ({failures} probes in a row): the app answers, but {path} is not "
+                "one of its paths; fix service.readiness_probe.path (or serve it)"
+            ),
+            failure_code=INITIAL_DELAY_EXCEEDED,
+            cause=FailureCause.VERSION,
+        )
+    return _check_initial_delay(
+        replace(record, status_message=f"not ready yet: probe {said}", probe_failures=failures, failing_since=since),
+        state,
+        asked,
+        f"last probe {said}",
+    )
+
+
+def _probe_request(record: ReplicaRecord, state: ServiceState) -> str:
+    probe = _probe_of(record, state)
+    return f"{'GET' if probe.post_data is None else 'POST'} {probe.path}"
 
 
 def _probe_of(record: ReplicaRecord, state: ServiceState) -> ReadinessProbe:
