@@ -41,8 +41,21 @@ $(STAMP): pyproject.toml functions/requirements.txt
 	$(BIN)/python -m pip install --quiet -e '.[dev]' -c functions/requirements.txt
 	@touch $(STAMP)
 
+# `make local` needs the embedded mode's runtime only (the `local` extra: moto, aiohttp), not the
+# development and test toolchain `make test` installs (README: the sizes). A venv that has the
+# toolchain already has the runtime too.
+LOCAL_STAMP := $(VENV)/.installed-local
+
+$(LOCAL_STAMP): pyproject.toml functions/requirements.txt
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "fleetkeeper needs Python 3.11 or newer")'
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	@if [ -f $(STAMP) ] && [ $(STAMP) -nt pyproject.toml ] && [ $(STAMP) -nt functions/requirements.txt ]; then :; else \
+	   $(BIN)/python -m pip install --quiet --upgrade pip && \
+	   $(BIN)/python -m pip install --quiet -e '.[local]' -c functions/requirements.txt; fi
+	@touch $@
+
 # `make local VERBOSE=1` also prints the handlers' INFO logs, every reconciler run's included.
-local: $(STAMP)
+local: $(LOCAL_STAMP)
 	$(BIN)/python -m fleetkeeper.local.demo --port $(PORT) --metrics-interval $(METRICS_INTERVAL) $(if $(VERBOSE),--verbose)
 
 lint: $(STAMP)

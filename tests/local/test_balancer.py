@@ -201,6 +201,56 @@ def test_an_unreachable_replica_is_skipped_for_a_reachable_one(
     assert [request(endpoint.url)[0] for _ in range(6)] == [200] * 6
 
 
+class Resetting:
+    """A replica that is gone behind its relay: each connection is accepted, then closed unanswered."""
+
+    def __init__(self) -> None:
+        self.listener = socket.socket()
+        self.listener.bind(("127.0.0.1", 0))
+        self.listener.listen(16)
+        self.url = f"http://127.0.0.1:{self.listener.getsockname()[1]}"
+        self.accepted = 0
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                connection, _ = self.listener.accept()
+            except OSError:
+                return
+            self.accepted += 1
+            connection.recv(65536)
+            connection.close()
+
+
+def test_a_replica_whose_connection_fails_is_dropped_at_once_and_the_request_retried(
+    balancer: LocalBalancer, backends: list[Backend]
+) -> None:
+    # A killed replica in its own namespace: its relay accepts, then resets. Each idempotent request
+    # is answered by the live replica, and the gone one is not tried again (SkyPilot's balancer drops
+    # a replica it cannot reach; the ALB would 502 until its health check noticed).
+    gone = Resetting()
+    endpoint = served(balancer, backends[:1])
+    balancer.register(endpoint, [Target(replica_id=9, instance_id="local-gone", port=0, url=gone.url)])
+    try:
+        assert [request(endpoint.url)[0] for _ in range(8)] == [200] * 8
+        # Tried by one request only (whose client, aiohttp's, may connect twice), never again.
+        assert 1 <= gone.accepted <= 2
+    finally:
+        gone.listener.close()
+
+
+def test_a_request_that_may_have_been_acted_on_is_not_sent_again(balancer: LocalBalancer) -> None:
+    gone = Resetting()
+    endpoint = balancer.ensure("svc", "0123456789abcdef", CONFIG, None)
+    balancer.register(endpoint, [Target(replica_id=9, instance_id="local-gone", port=0, url=gone.url)])
+    try:
+        status, _, body = request(endpoint.url, "PATCH", "/")
+        assert status == 502 and json.loads(body)["error"]["code"] == "bad_gateway"
+    finally:
+        gone.listener.close()
+
+
 def test_a_deregistered_replica_drains_its_requests_in_flight(balancer: LocalBalancer, backends: list[Backend]) -> None:
     endpoint = served(balancer, backends[:1])
     a = backends[0]

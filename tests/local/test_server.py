@@ -34,6 +34,7 @@ def test_local_serves_the_api_and_exits_cleanly_on_a_signal(tmp_path: Path, sig:
     output = plane.output()
     assert code == 0, output
     assert f"API            {plane.url}" in output
+    assert "GPUs simulated (none is used)   (docs/CLI.md, local)" in output  # what a replica here cannot do
     assert str(tmp_path / "state" / "logs") in output
     assert output.rstrip().endswith("fleetkeeper local: stopped")
 

@@ -88,10 +88,20 @@ _HOP_BY_HOP = frozenset(
 _CALL_TIMEOUT = 30.0
 
 
+# A target whose connection failed before any answer gets no request for this long (unless every
+# target did), as SkyPilot's load balancer drops a replica it cannot reach: the reconciler's next
+# probe takes it out of the endpoint for good, and a replica that was only slow is back after it.
+UNREACHABLE_SECONDS = 10.0
+# Methods whose request may be sent again to another replica after the first one's connection failed
+# before any answer (RFC 9110, 9.2.2): the others may have been acted on.
+_IDEMPOTENT = frozenset({"GET", "HEAD", "OPTIONS", "PUT", "DELETE", "TRACE"})
+
+
 @dataclass
 class _Target:
     url: str
     in_flight: int = 0
+    unreachable_until: float = 0.0  # time.monotonic(): skipped by `pick` until then
 
 
 @dataclass
@@ -124,6 +134,8 @@ class _Endpoint:
         candidates = [(key, target) for key, target in self.targets.items() if key not in tried]
         if not candidates:
             return None
+        now = time.monotonic()
+        candidates = [(k, t) for k, t in candidates if t.unreachable_until <= now] or candidates
         start = next(self.turn) % len(candidates)
         rotated = candidates[start:] + candidates[:start]
         if self.policy == "round_robin":
@@ -410,13 +422,18 @@ class LocalBalancer:
                         allow_redirects=False,
                         compress=None,
                     )
-                except aiohttp.ClientConnectorError:
-                    # Nothing was sent: another target may take it (a body already read cannot be).
-                    if body is not None and body.total_bytes > 0:
-                        return _error(502, "bad_gateway", f"replica of service {endpoint.service} refused it")
+                except (aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
+                    # The replica is not there (refused, or its relay reset the connection): no new
+                    # request goes to it for a while, and this one goes to another when it may be
+                    # sent again (nothing was sent, or it is idempotent; a body already read cannot).
+                    target.unreachable_until = time.monotonic() + UNREACHABLE_SECONDS
+                    sent = not isinstance(exc, aiohttp.ClientConnectorError)
+                    if (body is not None and body.total_bytes > 0) or (sent and request.method not in _IDEMPOTENT):
+                        return _error(502, "bad_gateway", f"replica of service {endpoint.service} failed: {exc!r}")
                     continue
                 except (aiohttp.ClientError, TimeoutError) as exc:
                     return _error(502, "bad_gateway", f"replica of service {endpoint.service} failed: {exc!r}")
+                target.unreachable_until = 0.0  # it answered
                 async with upstream:
                     response = web.StreamResponse(status=upstream.status, reason=upstream.reason)
                     for name, value in upstream.headers.items():
@@ -425,7 +442,10 @@ class LocalBalancer:
                     length = upstream.headers.get("Content-Length")
                     if length is None and request.method != "HEAD" and upstream.status not in (204, 304):
                         response.enable_chunked_encoding()
-                    await response.prepare(request)
+                    try:
+                        await response.prepare(request)
+                    except ConnectionResetError:
+                        return response  # the client left before the answer's headers: a normal end
                     try:
                         async for chunk in upstream.content.iter_any():
                             try:

@@ -43,6 +43,7 @@ from fleetkeeper.local.process_driver import (
     namespaces_available,
 )
 from fleetkeeper.local.reconcile_loop import ReconcileLoop
+from fleetkeeper.local.retention import prune_earlier_runs
 from fleetkeeper.local.stream_pump import StreamPump, StreamSource
 from fleetkeeper.local.template import create_queue, create_table, load_template
 from fleetkeeper.reconciler.balancers import EMBEDDED_BALANCER, register_balancer
@@ -200,6 +201,16 @@ class EmbeddedControlPlane:
             return "each in a network namespace of its own: PORT is the spec's port, as on EC2"
         return f"sharing this machine's loopback ({driver.isolation_note}): each gets a free PORT"
 
+    @property
+    def limits(self) -> str:
+        """What a replica here cannot do that an EC2 one can, for the banner."""
+        network = (
+            "no outbound network (their namespace has loopback only)"
+            if ProcessDriver.shared().isolation == NETNS
+            else "this machine's network"
+        )
+        return f"{network}; GPUs simulated (none is used)"
+
     def start(self) -> None:
         if self.options.isolation == NETNS:
             ok, note = namespaces_available()
@@ -209,6 +220,8 @@ class EmbeddedControlPlane:
         # (0700; a dir of another user's is refused: auth.CredentialProblem).
         auth.private_dir(self.options.local_dir)
         configure_environment(self.options, self.aws_access_key_id)
+        if not _used_by_another_run(self.options.local_dir):
+            prune_earlier_runs(self.options.local_dir)  # their services died with their in-memory AWS
         self.logs_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         template = load_template()
 
@@ -412,6 +425,14 @@ def _and_local_files(cleanup: Handler) -> Handler:
     return handler
 
 
+def _used_by_another_run(local_dir: Path) -> bool:
+    """Whether a `fleetkeeper local` that still runs published its credential in `local_dir`."""
+    try:
+        return auth._load(local_dir / auth.CREDENTIAL_FILE) is not None
+    except auth.CredentialProblem:
+        return True
+
+
 def _problem(code: str, message: str) -> dict[str, Any]:
     """The api's error shape, for the /_local routes' answers."""
     return {"error": {"code": code, "message": message, "details": []}}
@@ -439,6 +460,7 @@ def banner(plane: EmbeddedControlPlane) -> str:
         f"  API            {plane.api_url}   {reach}",
         f"  credential     {where}   (yours only; curl: Authorization: Bearer <its token>)",
         f"  replicas       {plane.isolation}",
+        f"  limits         {plane.limits}   (docs/CLI.md, local)",
         f"  replica logs   {plane.logs_dir}/<service>/<uid>/replica-<id>.log   (fleetkeeper logs NAME)",
         f"  in-memory AWS  {plane.aws_endpoint}   table {plane.options.table}",
         f"  dashboard      {_dashboard_line(plane)}",
