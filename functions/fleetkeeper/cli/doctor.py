@@ -242,7 +242,10 @@ class Doctor:
         return self._create(self.you, self.name, doctor_spec(self._reply(self.name, 1)))
 
     def serve(self, deadline: Deadline) -> str:
-        endpoint, answer, view = self._until_reply(deadline, self.you, self.name, self._reply(self.name, 1))
+        endpoint, answer, _ = self._until_reply(deadline, self.you, self.name, self._reply(self.name, 1))
+        # The service as it is once its endpoint answered (the view of the poll that got the answer
+        # may be from just before its replica was recorded READY).
+        view = self.you.client.request("GET", f"/v1/services/{self.name}").body
         return f"GET {endpoint}/ answered {answer.describe()} ({view['status']} v{view['target_version']})"
 
     def update(self, deadline: Deadline) -> str:
