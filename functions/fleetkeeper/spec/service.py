@@ -1021,12 +1021,8 @@ class ServiceSpec(_Strict):
     @property
     def min_replicas(self) -> int:
         """SkyPilot's min_replicas: `replicas`, else the policy's minimum, else 1 (a blue-green update
-        switches once this many new replicas are READY)."""
-        if self.service.replicas is not None:
-            return self.service.replicas
-        if self.service.replica_policy is not None:
-            return self.service.replica_policy.min_replicas
-        return 1
+        switches once this many new replicas are READY): the count a service starts with."""
+        return self.target_replicas
 
     @property
     def overprovision(self) -> int:
