@@ -154,6 +154,8 @@ class StackPolicies:
     def __init__(self, bindings: Bindings) -> None:
         self.bindings = bindings
         self.resolvers = [BoundResolver(t, bindings) for t in _translations()]
+        # Resolved once per resource: every call on it asks again.
+        self._resource_policies: dict[str, tuple[list[dict[str, Any]], bool]] = {}
 
     def function_role(self, function: str) -> RolePolicies:
         first = self.resolvers[0]
@@ -196,6 +198,11 @@ class StackPolicies:
 
     def resource_policies(self, arn: str) -> tuple[list[dict[str, Any]], bool]:
         """The resource-based policies that apply to `arn` (and whether they are a KMS key policy)."""
+        if arn not in self._resource_policies:
+            self._resource_policies[arn] = self._find_resource_policies(arn)
+        return self._resource_policies[arn]
+
+    def _find_resource_policies(self, arn: str) -> tuple[list[dict[str, Any]], bool]:
         resolver = self.resolvers[0]
         found: list[dict[str, Any]] = []
         key_policy = False
