@@ -73,11 +73,13 @@ def test_the_view_shows_the_rate_the_target_and_the_pending_decision(api: ApiCli
         "target_qps_per_replica": 2.0,
         "request_rate": None,
         "request_rate_at": None,
+        "request_rate_window_seconds": 60,
         "recommended_replicas": None,
         "pending": None,
         "waking": False,
     }
-    assert "autoscaling: 1 replica(s) (1-3, 2 req/s each); no reading yet; steady" in service_detail(view)
+    # No change pending: the line names none (issue 36).
+    assert "  autoscaling: 1 replica(s) (1-3, 2 req/s each); no reading yet\n" in service_detail(view)
 
     # The reconciler saw 7.9 req/s four minutes ago (recommending ceil(7.9 / 2) = 4, clipped to 3).
     store = ReconcilerStore(Table(TABLE))
@@ -98,7 +100,9 @@ def test_the_view_shows_the_rate_the_target_and_the_pending_decision(api: ApiCli
         f"scaling up to 3 in {s}s: 7.9 req/s > 2 \N{MULTIPLICATION SIGN} 1" for s in range(50, 61)
     )
     line = service_detail(view).splitlines()[2]
-    assert line.startswith("  autoscaling: 1 replica(s) (1-3, 2 req/s each); 7.9 req/s (4m ago); scaling up to 3 in ")
+    assert line.startswith(
+        "  autoscaling: 1 replica(s) (1-3, 2 req/s each); 7.9 req/s (60s window, read 4m ago); scaling up to 3 in "
+    )
     assert desired_replicas(view) == 1
 
 

@@ -28,5 +28,17 @@ def test_status_says_a_request_wakes_it() -> None:
     line = autoscaling_line(shown, NOW)
     assert line is not None
     assert line.startswith("  autoscaling: 0 replica(s) (0-2, 2 req/s each)")
-    assert line.endswith("; no replica serving: a request gets 503 + Retry-After and wakes it")
+    assert line.endswith("; 0 req/s (read 1h ago); at zero: a request gets 503 + Retry-After and wakes it")
     assert "wakes it" not in (autoscaling_line({**shown, "waking": False}, NOW) or "")  # type: ignore[dict-item]
+
+
+def test_a_booting_service_is_not_said_to_wake() -> None:
+    """Waking routes a service with no READY replica to the wake target, a new one booting too; only
+    one at zero is woken by a request (issue 36: "wakes it" on a service that was simply booting)."""
+    shown = autoscaling_view(at_zero(), NOW)
+    assert shown is not None
+    booting = autoscaling_line({**shown, "target_replicas": 1, "request_rate": None}, NOW)
+    assert booting == (
+        "  autoscaling: 1 replica(s) (0-2, 2 req/s each); no reading yet; "
+        "no replica ready yet: requests get 503 + Retry-After until one is"
+    )

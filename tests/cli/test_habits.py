@@ -286,12 +286,17 @@ def test_the_autoscaling_line_says_when_there_is_no_reading_and_how_old_one_is()
         "pending": None,
     }
     now = datetime(2026, 1, 1, 0, 1, 0, tzinfo=UTC)
-    assert autoscaling_line(scaling, now) == "  autoscaling: 1 replica(s) (1-3, 2 req/s each); no reading yet; steady"
-    reading = {**scaling, "request_rate": 7.917, "request_rate_at": "2026-01-01T00:00:48.000Z"}
+    assert autoscaling_line(scaling, now) == "  autoscaling: 1 replica(s) (1-3, 2 req/s each); no reading yet"
+    reading = {
+        **scaling,
+        "request_rate": 7.917,
+        "request_rate_at": "2026-01-01T00:00:48.000Z",
+        "request_rate_window_seconds": 60,
+    }
     pending = {"message": "scaling up to 3 in 2m: 7.9 req/s > 2 \N{MULTIPLICATION SIGN} 1"}
     line = autoscaling_line({**reading, "pending": pending}, now)
     # One precision for every rate on the line: the reading's and the reason's.
     assert line == (
-        "  autoscaling: 1 replica(s) (1-3, 2 req/s each); 7.9 req/s (12s ago); "
+        "  autoscaling: 1 replica(s) (1-3, 2 req/s each); 7.9 req/s (60s window, read 12s ago); "
         "scaling up to 3 in 2m: 7.9 req/s > 2 \N{MULTIPLICATION SIGN} 1"
     )

@@ -84,6 +84,36 @@ def test_a_service_life_reports_its_events_newest_first_and_a_steady_run_writes_
     assert ready["count"] == 2
 
 
+def test_the_events_of_one_run_read_in_the_order_they_happened(strict_aws: StrictAws, world: World) -> None:
+    """A run stamps all its writes with its one `now`: `seq` orders them (issue 36: they printed in the
+    arbitrary order of their fold keys), across the run's writes and within one transaction."""
+    world.create(replicas=1)
+    world.converge()
+    assert _reasons(world) == [  # newest first
+        "ServiceReady",
+        "VersionReady",
+        "ReplicaReady",
+        "ServiceReplicaInit",
+        "Launched",
+        "Claimed",
+        "Created",
+    ]
+    world.update(replicas=1, envs={"V": "2"})
+    world.converge()
+    # The second run's writes as the shell made them: the old replica's drain, then the new one's READY.
+    assert _reasons(world)[:9] == [
+        "ServiceReady",
+        "Terminated",
+        "VersionReady",
+        "ReplicaReady",
+        "Terminating",
+        "ServiceUpdating",
+        "Launched",
+        "Claimed",
+        "Updated",
+    ]
+
+
 def test_a_flapping_replica_folds_its_repeats(strict_aws: StrictAws, world: World) -> None:
     world.create(replicas=1)
     world.converge()

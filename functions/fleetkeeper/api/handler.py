@@ -167,6 +167,7 @@ def build_commands(settings: Settings, caller: Caller) -> ServiceCommands:
         fingerprint=RequestHmac.from_settings(settings),
         request_rates=rate_reader(),
         metric_period_seconds=settings.metric_window_seconds,
+        simulated_accelerators=settings.driver == "process",
     )
 
 
@@ -212,7 +213,14 @@ def etag(generation: int) -> str:
 
 
 def _with_etag(status: int, state: ServiceState) -> Reply[Any]:
-    return _json(status, service_view(state), {"ETag": etag(state.service.generation)})
+    return _json(status, _service_view(state), {"ETag": etag(state.service.generation)})
+
+
+def _service_view(state: ServiceState) -> dict[str, Any]:
+    this = commands()
+    return service_view(
+        state, rate_window_seconds=this.metric_period_seconds, simulated_accelerators=this.simulated_accelerators
+    )
 
 
 def _written(status: int, written: Written) -> Reply[Any]:
@@ -545,7 +553,7 @@ def terminate_replica(name: ServiceNameParam, replica_id: ReplicaIdParam) -> Rep
     """Terminate one replica (SkyPilot's `sky serve down NAME --replica-id N`): the reconciler drains it,
     terminates its instance and launches its replacement. Needs write access to the service."""
     state, changed = commands().terminate_replica(name, replica_id)
-    return _json(202, {**service_view(state), "changed": changed}, {"ETag": etag(state.service.generation)})
+    return _json(202, {**_service_view(state), "changed": changed}, {"ETag": etag(state.service.generation)})
 
 
 @app.post(

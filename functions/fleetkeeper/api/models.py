@@ -249,6 +249,9 @@ class AutoscalingView(_Model):
         "within 10% of what the target is sized for does not change it); null before the first reading"
     )
     request_rate_at: str | None = Field(description="when that rate was measured")
+    request_rate_window_seconds: int | None = Field(
+        default=None, description="the window the rate is measured over (requests in it / its length)"
+    )
     recommended_replicas: int | None = Field(description="what that rate recommends")
     pending: PendingScaling | None = Field(description="the next change, if the rate stays; null: none")
     waking: bool = Field(
@@ -429,15 +432,43 @@ def target_view(state: "ServiceState") -> dict[str, Any]:
     }
 
 
-def service_view(state: "ServiceState", now: "datetime | None" = None) -> dict[str, Any]:
-    return {
+def service_view(
+    state: "ServiceState",
+    now: "datetime | None" = None,
+    *,
+    rate_window_seconds: int | None = None,
+    simulated_accelerators: bool = False,
+) -> dict[str, Any]:
+    """A GET's answer. `rate_window_seconds`: the autoscaler's metric window (shown with its rate);
+    `simulated_accelerators`: replicas are local processes (embedded mode), which use no GPU."""
+    view = {
         **target_view(state),
         "replicas": [replica_view(state.replicas[r]) for r in sorted(state.replicas)],
-        "autoscaling": autoscaling_view(state, now or utcnow()),
+        "autoscaling": autoscaling_view(state, now or utcnow(), rate_window_seconds),
     }
+    target = state.target
+    if simulated_accelerators and target is not None and view["placement"] is not None:
+        view["placement"]["notes"].extend(simulated_notes(target.spec))
+    return view
 
 
-def autoscaling_view(state: "ServiceState", now: "datetime") -> dict[str, Any] | None:
+def simulated_notes(spec: ServiceSpec) -> list[str]:
+    """Embedded mode's note for a spec that asks for accelerators: they are simulated."""
+    from fleetkeeper.spec.task_variables import accelerators_of
+
+    types = spec.resources.placement.instance_types
+    count = accelerators_of(types[0] if types else None)
+    if count == 0:
+        return []
+    return [
+        f"embedded mode: GPUs simulated: the replica runs on this machine's CPU with "
+        f"SKYPILOT_NUM_GPUS_PER_NODE={count}, and no GPU is used"
+    ]
+
+
+def autoscaling_view(
+    state: "ServiceState", now: "datetime", rate_window_seconds: int | None = None
+) -> dict[str, Any] | None:
     # Imported here: only a GET of one service shows its autoscaler.
     from fleetkeeper.reconciler import autoscale
 
@@ -455,6 +486,7 @@ def autoscaling_view(state: "ServiceState", now: "datetime") -> dict[str, Any] |
         "target_qps_per_replica": policy.target_qps_per_replica,
         "request_rate": last.rate if last is not None else None,
         "request_rate_at": last.at if last is not None else None,
+        "request_rate_window_seconds": rate_window_seconds,
         "recommended_replicas": policy.clip(last.replicas) if last is not None else None,
         "waking": state.service.endpoint is not None and state.service.endpoint.waking,
         "pending": None

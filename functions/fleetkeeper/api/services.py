@@ -139,6 +139,8 @@ class ServiceCommands:
     # window (settings.metric_window_seconds). None: this deployment reads none (answered empty).
     request_rates: RateReader | None = None
     metric_period_seconds: int = 60
+    # Replicas are local processes (embedded mode): a spec's accelerators are simulated, and a GET says so.
+    simulated_accelerators: bool = False
     _idempotency: tuple[Callable[..., dict[str, Any]], IdempotencyConfig] | None = field(
         default=None, init=False, repr=False
     )

@@ -107,8 +107,10 @@ def placement_lines(placement: dict[str, Any] | None) -> list[str]:
 
 
 def autoscaling_line(scaling: dict[str, Any] | None, now: datetime | None = None) -> str | None:
-    """E.g. "  autoscaling: 1 replica(s) (1-3, 2 req/s each); 7.9 req/s (12s ago); scaling up to 3 in 2m: ..."
-    ("no reading yet" before the autoscaler's first; the age says how stale a reading is)."""
+    """E.g. "  autoscaling: 1 replica(s) (1-3, 2 req/s each); 7.9 req/s (60s window, read 12s ago); scaling
+    up to 3 in 2m: ...". The rate is the reading behind the current recommendation (later readings
+    within 10% of it change nothing, so its age can be minutes): its window and age say what it is.
+    A change is named only while one is pending; waking only for a service at zero."""
     if not scaling:
         return None
     parts = [
@@ -119,13 +121,22 @@ def autoscaling_line(scaling: dict[str, Any] | None, now: datetime | None = None
     if rate is None:
         parts.append("no reading yet")
     else:
+        window = scaling.get("request_rate_window_seconds")
         at = scaling.get("request_rate_at")
-        age = f" ({_ago(at, now or datetime.now(UTC))} ago)" if at else ""
-        parts.append(f"{rate_text(rate)} req/s{age}")
+        notes = [
+            f"{window}s window" if window else None,
+            f"read {_ago(at, now or datetime.now(UTC))} ago" if at else None,
+        ]
+        shown = ", ".join(n for n in notes if n)
+        parts.append(f"{rate_text(rate)} req/s" + (f" ({shown})" if shown else ""))
     pending = scaling.get("pending")
-    parts.append(pending["message"] if pending else "steady")
+    if pending:
+        parts.append(pending["message"])
     if scaling.get("waking"):
-        parts.append("no replica serving: a request gets 503 + Retry-After and wakes it")
+        if scaling["target_replicas"] == 0:
+            parts.append("at zero: a request gets 503 + Retry-After and wakes it")
+        else:
+            parts.append("no replica ready yet: requests get 503 + Retry-After until one is")
     return "  autoscaling: " + "; ".join(parts)
 
 

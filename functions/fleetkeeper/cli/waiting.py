@@ -17,6 +17,7 @@ from typing import IO, TYPE_CHECKING, Any
 from urllib.parse import quote
 
 from fleetkeeper.cli.http import RETRYABLE, ApiError, Unreachable
+from fleetkeeper.reconciler.plan.status import ready_of
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -43,14 +44,17 @@ class Outcome:
 
 
 def desired_replicas(view: dict[str, Any]) -> int:
+    """The replicas the target version runs: the (autoscaled) target plus `num_overprovision`, as the
+    reconciler counts them (without the overprovisioned ones, a service running them read "2/1 ready")."""
+    service = (view.get("spec") or {}).get("service") or {}
+    policy = service.get("replica_policy") or {}
+    extra = int(policy.get("num_overprovision") or 0)
     scaling = view.get("autoscaling")
     if isinstance(scaling, dict) and isinstance(scaling.get("target_replicas"), int):
-        return int(scaling["target_replicas"])  # the autoscaled target (a GET's view)
-    service = (view.get("spec") or {}).get("service") or {}
+        return int(scaling["target_replicas"]) + extra  # the autoscaled target (a GET's view)
     if service.get("replicas") is not None:
-        return int(service["replicas"])
-    policy = service.get("replica_policy") or {}
-    return int(policy.get("min_replicas", 1))
+        return int(service["replicas"]) + extra
+    return int(policy.get("min_replicas", 1)) + extra
 
 
 def ready_at(view: dict[str, Any], version: int) -> int:
@@ -66,14 +70,15 @@ def readiness(view: dict[str, Any], version: int) -> str:
     """ "2/3 ready", or during an update "0/2 new ready, 2 old serving" (an update in progress is not an
     outage): counted from the replicas, so it agrees with what they say."""
     wanted, ready, old = desired_replicas(view), ready_at(view, version), old_serving(view, version)
-    return f"{ready}/{wanted} new ready, {old} old serving" if old else f"{ready}/{wanted} ready"
+    return f"{ready}/{wanted} new ready, {old} old serving" if old else ready_of(ready, wanted)
 
 
 # The reconciler's status messages open with its own count as of its last run ("0/2 ready; ...",
 # "updating to version 2 (rolling): 0/2 new ready, 2 old replica(s) left; ..."); next to a count made
 # from the replicas (fresher), only what follows it is shown.
 _COUNT_PREFIX = re.compile(
-    r"^(?:\d+/\d+ ready|updating to version \d+ \([a-z_]+\): \d+/\d+ new ready, \d+ old replica\(s\) left)(?:; |$)"
+    r"^(?:\d+/\d+ ready(?:, \d+ more being removed)?"
+    r"|updating to version \d+ \([a-z_]+\): \d+/\d+ new ready, \d+ old replica\(s\) left)(?:; |$)"
 )
 
 

@@ -10,6 +10,12 @@ fold into one item: the key is the UTC day and the event's fold key, and the upd
 `count`, moves `last_seen` and the expiry, and keeps `first_seen` (`if_not_exists`). A repeat on
 another day is a new item (Kubernetes, too, folds within a window).
 
+Order: a read lists events newest first by `last_seen`, then by `seq`, the moment the write was
+built (nanoseconds, increasing within a process: `next_sequence`). A reconciler run stamps all its
+writes with its one `now`, so without `seq` the events of one run would come out in the arbitrary
+order of their fold keys; with it they read in the order they happened, across the run's writes and
+within one.
+
 Retention: each item expires EVENT_TTL_SECONDS after it was last seen, through the table's TTL
 attribute. TTL deletes late (typically within days), so a read filters out what has expired, and
 answers the newest EVENTS_KEPT only. The day in the key bounds what a read costs: a Query of the
@@ -24,6 +30,8 @@ import base64
 import binascii
 import json
 import re
+import threading
+import time
 from typing import TYPE_CHECKING, Any
 
 from fleetkeeper.model import from_iso
@@ -43,6 +51,19 @@ if TYPE_CHECKING:
 _FOLD_KEY = re.compile(r"^[0-9a-f]{16}$")
 
 
+_sequence_lock = threading.Lock()
+_last_sequence = 0
+
+
+def next_sequence() -> int:
+    """A write's place among events: wall-clock nanoseconds, strictly increasing within the process
+    (a frozen or coarse clock still orders this process's writes)."""
+    global _last_sequence
+    with _sequence_lock:
+        _last_sequence = max(_last_sequence + 1, time.time_ns())
+        return _last_sequence
+
+
 def expires_at(last_seen: str) -> int:
     """The TTL attribute's value (epoch seconds) of an event last seen at `last_seen`."""
     return int(from_iso(last_seen).timestamp()) + EVENT_TTL_SECONDS
@@ -57,6 +78,7 @@ def event_update(table: str, name: str, uid: str, event: Event, now: str) -> Tra
         "#last = :now",
         "#first = if_not_exists(#first, :now)",
         "#ttl = :ttl",
+        "#seq = :seq",
     ]
     names = {
         "#type": "type",
@@ -66,6 +88,7 @@ def event_update(table: str, name: str, uid: str, event: Event, now: str) -> Tra
         "#first": "first_seen",
         "#ttl": TTL_ATTR,
         "#count": "count",
+        "#seq": "seq",
     }
     values: dict[str, Any] = {
         "type": event.type.value,
@@ -73,6 +96,7 @@ def event_update(table: str, name: str, uid: str, event: Event, now: str) -> Tra
         "message": event.message,
         "now": now,
         "ttl": expires_at(now),
+        "seq": next_sequence(),
         "one": 1,
     }
     for attribute, value in (("replica_id", event.replica_id), ("version", event.version), ("code", event.code)):
@@ -117,11 +141,12 @@ def event_from_item(item: Mapping[str, Any]) -> EventRecord:
         last_seen=str(item["last_seen"]),
         count=int(item["count"]),
         expires_at=int(item[TTL_ATTR]),
+        sequence=int(item.get("seq", 0)),
     )
 
 
-def _order(record: EventRecord) -> tuple[str, str]:
-    return (record.last_seen, record.event.fold_key)
+def _order(record: EventRecord) -> tuple[str, int, str]:
+    return (record.last_seen, record.sequence, record.event.fold_key)
 
 
 def _newest(records: list[EventRecord]) -> list[EventRecord]:
@@ -129,26 +154,28 @@ def _newest(records: list[EventRecord]) -> list[EventRecord]:
 
 
 def encode_event_token(record: EventRecord) -> str:
-    text = json.dumps({"t": record.last_seen, "k": record.event.fold_key}, sort_keys=True)
+    text = json.dumps({"t": record.last_seen, "s": record.sequence, "k": record.event.fold_key}, sort_keys=True)
     return base64.urlsafe_b64encode(text.encode()).decode()
 
 
-def decode_event_token(token: str) -> tuple[str, str]:
-    """(last_seen, fold key) of the last event of the previous page; MalformedPageToken otherwise."""
+def decode_event_token(token: str) -> tuple[str, int, str]:
+    """(last_seen, sequence, fold key) of the last event of the previous page; MalformedPageToken otherwise."""
     try:
         key = json.loads(base64.urlsafe_b64decode(token.encode() + b"=" * (-len(token) % 4)))
     except (ValueError, binascii.Error, UnicodeError, RecursionError) as exc:
         raise MalformedPageToken("malformed") from exc
-    if not isinstance(key, dict) or set(key) != {"t", "k"}:
+    if not isinstance(key, dict) or set(key) != {"t", "s", "k"}:
         raise MalformedPageToken("unknown token")
-    moment, fold = key["t"], key["k"]
+    moment, sequence, fold = key["t"], key["s"], key["k"]
     if not isinstance(moment, str) or not isinstance(fold, str) or not _FOLD_KEY.fullmatch(fold):
+        raise MalformedPageToken("unknown token")
+    if not isinstance(sequence, int) or isinstance(sequence, bool) or sequence < 0:
         raise MalformedPageToken("unknown token")
     try:
         from_iso(moment)
     except ValueError as exc:
         raise MalformedPageToken("unknown token") from exc
-    return moment, fold
+    return moment, sequence, fold
 
 
 class EventReads:

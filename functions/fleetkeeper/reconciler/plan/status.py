@@ -77,7 +77,7 @@ def service_status(
             status = ServiceStatus.REPLICA_INIT
         else:
             status = ServiceStatus.NO_REPLICA
-        progress = f"{ready}/{wanted} ready"
+        progress = ready_of(ready, wanted)
 
     parts = [progress]
     parts.extend(_describe(r) for r in problems[:_MESSAGE_PROBLEMS])
@@ -87,6 +87,14 @@ def service_status(
     if latest is not None and latest.version != target_number and latest.state is VersionState.FAILED:
         parts.append(f"rolled back to version {target_number}: {latest.state_message}")
     return RecordStatus(status, "; ".join(parts), service.generation)
+
+
+def ready_of(ready: int, wanted: int) -> str:
+    """ "2/3 ready"; never more ready than wanted ("1/1 ready, 1 more being removed": the surplus of a
+    scale-down is READY until it is drained, and "2/1 ready" reads as a fraction the wrong way up)."""
+    if ready > wanted:
+        return f"{wanted}/{wanted} ready, {ready - wanted} more being removed"
+    return f"{ready}/{wanted} ready"
 
 
 def status_changed(state: ServiceState, status: RecordStatus) -> bool:
