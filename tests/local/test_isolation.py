@@ -17,6 +17,7 @@ from fleetkeeper.local import netns
 from fleetkeeper.local.http_bridge import incarnation_folder, offset_since
 from fleetkeeper.local.process_driver import (
     NETNS,
+    OFFLINE_HINT,
     PROCESS_EXITED,
     SHARED,
     ProcessDriver,
@@ -26,7 +27,7 @@ from fleetkeeper.local.process_driver import (
 from fleetkeeper.reconciler.driver import InstanceState, LaunchRequest
 from fleetkeeper.reconciler.probe import ProbeTarget, probe_one
 from fleetkeeper.spec.service import ReadinessProbe, parse_spec
-from tests.local.test_process_driver import eventually, fetch
+from tests.local.test_process_driver import eventually, fetch, state_of
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
@@ -91,6 +92,34 @@ def test_two_replicas_of_a_fixed_port_app_each_have_the_port_in_a_namespace_of_t
     assert "PORT=8080 on its own network namespace" in log
     assert driver.diagnose(first) is None  # it listens where it was told to: $PORT is 8080
     assert [i.state for i in driver.list_instances()] == [InstanceState.RUNNING, InstanceState.RUNNING]
+
+
+@needs_namespaces
+def test_a_setup_that_reaches_for_the_internet_is_told_replicas_have_no_network(
+    make_driver: Callable[[str], ProcessDriver],
+) -> None:
+    """Issue 36: a `setup` with `pip install` failed with pip's last line and nothing on why."""
+    driver = make_driver(NETNS)
+    fetch_out = (
+        "import socket, sys\n"
+        "try:\n"
+        "    socket.create_connection(('pypi.org', 443), timeout=5)\n"
+        "except OSError as exc:\n"
+        "    sys.exit(f'ERROR: {exc}')\n"
+    )
+    spec = parse_spec(
+        {
+            "service": {"readiness_probe": "/", "replicas": 1},
+            "resources": {"ports": 8080},
+            "setup": f'python3 -c "{fetch_out}"',
+            "run": "sleep 30",
+        }
+    )
+    instance = driver.launch(LaunchRequest("web", "uid1", 1, 0, spec))
+    ended = eventually(lambda: (i := state_of(driver, instance)).state is InstanceState.TERMINATED and i)
+    reason = ended.state_reason or ""
+    assert reason.startswith(f"{PROCESS_EXITED}: the replica process exited with code 1: ERROR: ")
+    assert reason.endswith(f"({OFFLINE_HINT})")
 
 
 @needs_namespaces

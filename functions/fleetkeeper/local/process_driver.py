@@ -97,6 +97,18 @@ ISOLATIONS = (AUTO, NETNS, SHARED)
 # What apps print when their port is taken (Python, Go, Node, Rust, Java...).
 _ADDRESS_IN_USE = re.compile(r"address already in use|EADDRINUSE|Errno 98|os error 98|BindException", re.IGNORECASE)
 _PORT_IN_TEXT = re.compile(r":(\d{2,5})\b")
+# What a `setup` that reached for the internet prints in a namespace with loopback only: the
+# resolver's and the socket's errors (Python, curl, pip, apt, git), and pip's conclusion.
+_NO_NETWORK = re.compile(
+    r"Temporary failure in name resolution|Name or service not known|Could not resolve host"
+    r"|Network is unreachable|No matching distribution found|Failed to establish a new connection"
+    r"|nodename nor servname|getaddrinfo",
+    re.IGNORECASE,
+)
+OFFLINE_HINT = (
+    "replicas here have no outbound network, each in a namespace with loopback only: install what it "
+    "needs where `fleetkeeper local` runs, put files in `workdir`, or use `--isolation shared`"
+)
 
 # bash runs `setup` ($1) and, if it succeeded, replaces itself with `run` ($2): the group leader is
 # then the service itself, and a failing setup ends the replica with setup's exit code.
@@ -144,9 +156,19 @@ class _Replica:
     # Its stderr on the way to its log, whose last line goes into the reason it exited (stderr_tail.py).
     stderr: StderrTee | None = None
     secrets: tuple[str, ...] = ()  # the values no reason may show
+    # In a network namespace of its own: loopback only, so a failure that reads as "no network" says so.
+    offline: bool = False
     terminating: bool = False
     reclaimed: bool = False
     ended_at: float | None = None
+
+    def _log_tail(self) -> str:
+        try:
+            with self.log_path.open("rb") as log:
+                log.seek(max(0, self.log_path.stat().st_size - 8192))
+                return log.read().decode(errors="replace")
+        except OSError:
+            return ""
 
     def refresh(self) -> Instance:
         """The instance as of now: RUNNING, SHUTTING_DOWN, or TERMINATED with the reason."""
@@ -176,6 +198,8 @@ class _Replica:
                 said = why or (self.stderr.summary(self.secrets) if self.stderr is not None else None)
                 if said:
                     reason += f": {said}"
+                if self.offline and _NO_NETWORK.search(self._log_tail()):
+                    reason += f" ({OFFLINE_HINT})"
             self.instance = replace(
                 self.instance,
                 state=InstanceState.TERMINATED,
@@ -543,6 +567,7 @@ class ProcessDriver:
             explain=None if isolated else self._port_taken,
             stderr=stderr,
             secrets=tuple(secrets.values()),
+            offline=isolated,
         )
 
     def _sockets(self) -> Path:
