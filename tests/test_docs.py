@@ -223,3 +223,190 @@ def test_github_anchors() -> None:
     assert slug("Follow-ups and EC2's state changes") == "follow-ups-and-ec2s-state-changes"
     assert slug("Images (GPU and Neuron)") == "images-gpu-and-neuron"
     assert slug("The strict-AWS test layer") == "the-strict-aws-test-layer"
+
+
+# The docs describe the code as it is: no history in their prose, no path or `make` target that is
+# not in the repository. The same reference check runs on the comments and docstrings of functions/
+# and on the Makefiles' comments, where a renamed module or target goes stale without a test noticing.
+
+HISTORY_PHRASES = re.compile(
+    r"before \(main at|\bthe (?:round|session|run) before\b|\bthis (?:round|session)\b|\blast (?:round|session)\b"
+    r"|\bwe used to\b|\bpreviously\b|\bused to be\b|\bnow (?:compares|counts)\b"
+    r"|\b(?:main|commit|merge) at\b|\b(?:found|measured) (?:by|in) (?:the )?(?:review|last)\b",
+    re.IGNORECASE,
+)
+# A commit hash in prose: 7 to 40 hex digits with a letter and a digit in them, not part of a longer
+# token (an instance id `i-0abc...`, an ARN, a URL) and not in code.
+COMMIT = re.compile(r"(?<![\w./:#-])(?=[0-9a-f]*[a-f])(?=[0-9a-f]*[0-9])[0-9a-f]{7,40}(?![\w-])")
+INLINE_CODE = re.compile(r"`[^`\n]*`")
+# A path of the repository: a folder of its top level (or a folder of the package), then more parts.
+TOP_FOLDERS = ("functions", "tests", "docs", "bench", "infra", "examples", "events")
+REPO_PATH = re.compile(
+    r"(?<![\w./~:$@{-])((?:[A-Za-z_][\w.-]*/)+(?:[\w-][\w.-]*\.(?:py|md|ya?ml|json|toml|txt|sh)\b|(?=[\s`'\"),;:]|$)))"
+)
+# `make TARGET` (in backticks, or at the start of a line of a code block); options and VAR=value skipped.
+MAKE_OPTIONS = r"((?:\s+(?:-C\s+\S+|-\w+|\w+=\S*))*)\s+([A-Za-z0-9_./<>%-]+)"
+MAKE_QUOTED = re.compile(r"`make" + MAKE_OPTIONS)
+MAKE_LINE = re.compile(r"^\s*(?:\$\s+)?make" + MAKE_OPTIONS, re.MULTILINE)
+MAKE_RULE = re.compile(r"^([^\s#:=][^:=\n]*?)\s*::?(?!=)", re.MULTILINE)
+MAKE_VARIABLE = re.compile(r"^(\w+)\s*[:?]?=\s*(\S+)\s*$", re.MULTILINE)
+# Paths named on purpose that are not the repository's: made at run time, in a replica, or another
+# project's (a third-party package's module, SkyPilot's examples).
+NOT_OURS = (
+    ".venv/", ".venv-tools/", ".fleetkeeper/", "sky_workdir/", "moto/", "botocore/", "boto3/", "samtranslator/",
+    "aws_lambda_powertools/", "mutants/", "sky/", "getmoto/", "llm/", "examples/serve/",
+)
+
+
+def history_phrases(page: Path, root: Path = ROOT) -> list[str]:
+    """Lines of a document's prose (code blanked) that tell the project's history, not the code."""
+    found = []
+    for number, line in enumerate(prose(page.read_text(encoding="utf-8")).split("\n"), start=1):
+        text = INLINE_CODE.sub("", line)
+        if HISTORY_PHRASES.search(text) or COMMIT.search(text):
+            found.append(f"{page.relative_to(root)}:{number}: {line.strip()}")
+    return found
+
+
+@functools.cache
+def make_targets(makefile: Path) -> frozenset[str]:
+    """The targets a Makefile defines, its variables expanded (`$(STAMP):` is `.venv/.installed`)."""
+    text = makefile.read_text(encoding="utf-8")
+    variables = dict(MAKE_VARIABLE.findall(text))
+    for _ in range(5):
+        variables = {
+            name: re.sub(r"\$\((\w+)\)", lambda m: variables.get(m.group(1), m.group(0)), value)
+            for name, value in variables.items()
+        }
+    targets = set()
+    for match in MAKE_RULE.finditer(text):
+        for word in match.group(1).split():
+            targets.add(re.sub(r"\$\((\w+)\)", lambda m: variables.get(m.group(1), m.group(0)), word))
+    return frozenset(targets)
+
+
+def _path_exists(name: str, source: Path, root: Path) -> bool:
+    if name.startswith(NOT_OURS) or "*" in name or "<" in name:
+        return True
+    package = root / "functions" / "fleetkeeper"
+    bases = [root, root / "functions", package, package / "reconciler", root / "tests", root / "docs", source.parent]
+    return any((base / name).exists() for base in bases)
+
+
+def missing_references(source: Path, text: str, root: Path = ROOT) -> list[str]:
+    """Repository paths and `make` targets named in `text` (from `source`) that do not exist."""
+    problems = []
+    for match in REPO_PATH.finditer(text):
+        name = match.group(1)
+        is_folder = name.endswith("/")
+        if is_folder and name.split("/", 1)[0] not in (*TOP_FOLDERS, "fleetkeeper"):
+            continue  # a folder named alone, outside the repository's top level: too often not ours
+        if not _path_exists(name.removeprefix("fleetkeeper/"), source, root) and not _path_exists(name, source, root):
+            problems.append(f"{source.relative_to(root)}: {name}")
+    code = "\n".join(
+        line if fenced else "" for line, fenced in zip(text.split("\n"), _fenced_lines(text), strict=True)
+    )
+    for match in [*MAKE_QUOTED.finditer(text), *MAKE_LINE.finditer(code)]:
+        options, target = match.group(1), match.group(2)
+        if target.startswith("-") or "<" in target:
+            continue  # `make -n` alone; `make build-<LogicalId>`: a placeholder
+        folder = re.search(r"-C\s+(\S+)", options)
+        makefile = root / (folder.group(1) if folder else ".") / "Makefile"
+        if makefile.exists() and target not in make_targets(makefile):
+            problems.append(f"{source.relative_to(root)}: make {target}")
+    return sorted(set(problems))
+
+
+def _fenced_lines(text: str) -> list[bool]:
+    """For each line of `text`, whether it is inside a fenced code block."""
+    out, fenced = [], False
+    for line in text.split("\n"):
+        if FENCE.match(line):
+            fenced = not fenced
+            out.append(False)
+        else:
+            out.append(fenced)
+    return out
+
+
+def comments_of(source: Path) -> str:
+    """A Python file's comments and docstrings, or a Makefile's comment lines, one a line."""
+    text = source.read_text(encoding="utf-8")
+    if source.suffix != ".py":
+        return "\n".join(line.split("#", 1)[1] for line in text.split("\n") if line.lstrip().startswith("#"))
+    import ast
+    import io
+    import tokenize
+
+    parts = [t.string[1:] for t in tokenize.generate_tokens(io.StringIO(text).readline) if t.type == tokenize.COMMENT]
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
+            docstring = ast.get_docstring(node, clean=False)
+            if docstring:
+                parts.append(docstring)
+    return "\n".join(parts)
+
+
+def referring_files() -> list[tuple[Path, str]]:
+    """Each document with its prose (code blocks kept: their commands are the docs' too), and each
+    code file of functions/ and each Makefile with its comments."""
+    pages = [(page, page.read_text(encoding="utf-8")) for page in [*doc_files(), ROOT / "README.md"]]
+    code = sorted((ROOT / "functions").rglob("*.py")) + [ROOT / "Makefile", ROOT / "functions" / "Makefile"]
+    return pages + [(path, comments_of(path)) for path in code if path.is_file() and ".venv" not in path.parts]
+
+
+def test_docs_tell_no_history() -> None:
+    found = [problem for page in [*doc_files(), ROOT / "README.md"] for problem in history_phrases(page)]
+    assert found == [], "describe the code as it is; its history is git log's:\n" + "\n".join(found)
+
+
+def test_files_and_make_targets_named_in_docs_and_comments_exist() -> None:
+    found = [problem for source, text in referring_files() for problem in missing_references(source, text)]
+    assert found == [], "\n".join(found)
+
+
+def test_history_phrasing_is_found(tmp_path: Path) -> None:
+    page = tmp_path / "page.md"
+    page.write_text(
+        "Before (main at 4190e87) it took 9 min.\nThe round before took 11 min 33 s.\nIt was previously slow.\n"
+        "Fixed in commit 4190e87a.\nAn instance i-0abc1234def5 and `git show 4190e87` are fine.\n"
+        "```\nthis round\n```\nSorted by the run's start.\n",
+        encoding="utf-8",
+    )
+    assert history_phrases(page, tmp_path) == [
+        "page.md:1: Before (main at 4190e87) it took 9 min.",
+        "page.md:2: The round before took 11 min 33 s.",
+        "page.md:3: It was previously slow.",
+        "page.md:4: Fixed in commit 4190e87a.",
+    ]
+
+
+def test_a_missing_file_or_make_target_is_found(tmp_path: Path) -> None:
+    (tmp_path / "functions" / "fleetkeeper" / "store").mkdir(parents=True)
+    (tmp_path / "functions" / "fleetkeeper" / "store" / "keys.py").write_text("", encoding="utf-8")
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "Makefile").write_text("STAMP := .venv/.installed\n$(STAMP): x\n\ttouch $@\ntest lint: $(STAMP)\n")
+    source = tmp_path / "page.md"
+    text = (
+        "See `store/keys.py`, functions/fleetkeeper/store/keys.py and tests/ (`make test`, `make lint`,\n"
+        "`make .venv/.installed`, `make TEST_JOBS=1 test`); https://example.com/docs/gone.md is not ours.\n"
+        "Gone: `store/old.py`, bench/missing.py, tests/nothing/, `make check`, `make -j2 PORT=9 fast`.\n"
+        "```\nmake sim\n```\nmake what it makes, `make -n`, `make build-<Name>`.\n"
+    )
+    assert missing_references(source, text, tmp_path) == [
+        "page.md: bench/missing.py",
+        "page.md: make check",
+        "page.md: make fast",
+        "page.md: make sim",
+        "page.md: store/old.py",
+        "page.md: tests/nothing/",
+    ]
+
+
+def test_comments_of_code_and_makefiles(tmp_path: Path) -> None:
+    module = tmp_path / "module.py"
+    module.write_text('"""Module: see a/b.py."""\nx = "c/d.py"  # see e/f.py\n', encoding="utf-8")
+    makefile = tmp_path / "Makefile"
+    makefile.write_text("# see g/h.py\nall: i/j.py\n", encoding="utf-8")
+    assert sorted(comments_of(module).split("\n")) == [" see e/f.py", "Module: see a/b.py."]
+    assert comments_of(makefile) == " see g/h.py"
