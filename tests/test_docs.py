@@ -1,9 +1,12 @@
 """The documentation holds together: a one-page architecture, no project history, no dead links.
 
-docs/ARCHITECTURE.md is the overview (at most ~200 lines); the subsystems are documented under
-docs/architecture/. The docs say why, not when: "issue 23" means nothing to the next maintainer.
-Every relative link in docs/ and README.md reaches a file (and, with a `#fragment`, one of its
-headings, as GitHub names them), and every docs/*.md path a comment in the code names exists.
+docs/ARCHITECTURE.md is the overview (at most ~200 lines and 900 words: two printed pages); the
+subsystems are documented under docs/architecture/. The docs say why, not when: "issue 23", "the
+round before" or a commit hash mean nothing to the next maintainer; history is git log's. Every
+relative link in docs/ and README.md reaches a file (and, with a `#fragment`, one of its headings, as
+GitHub names them); every docs/*.md path a comment in the code names exists; and every repository
+path, document name and `make` target that the docs, README.md, the comments of functions/ and the
+Makefiles name exists in the repository (nothing outside it is cited as if it were part of it).
 Each check is also run on a planted violation, so none of them passes by finding nothing.
 """
 
@@ -20,6 +23,7 @@ ROOT = REPO_ROOT
 DOCS = ROOT / "docs"
 OVERVIEW = DOCS / "ARCHITECTURE.md"
 OVERVIEW_MAX_LINES = 220
+OVERVIEW_MAX_WORDS = 900
 
 # Written on another branch at the same time as the links to it; a link to a file listed here is
 # accepted while the file is missing and checked like any other once it exists. Remove the entry
@@ -141,6 +145,14 @@ def test_the_architecture_is_one_page() -> None:
     )
 
 
+def test_the_architecture_fits_two_printed_pages() -> None:
+    words = len(OVERVIEW.read_text(encoding="utf-8").split())
+    assert words <= OVERVIEW_MAX_WORDS, (
+        f"docs/ARCHITECTURE.md has {words} words (at most {OVERVIEW_MAX_WORDS}): it is the entry page; "
+        "put the detail in the subsystem's document under docs/architecture/"
+    )
+
+
 def test_every_subsystem_document_is_linked_from_the_overview() -> None:
     linked = {m.group(1).partition("#")[0] for m in LINK.finditer(prose(OVERVIEW.read_text(encoding="utf-8")))}
     unlinked = [p.name for p in sorted((DOCS / "architecture").glob("*.md")) if f"architecture/{p.name}" not in linked]
@@ -244,6 +256,10 @@ TOP_FOLDERS = ("functions", "tests", "docs", "bench", "infra", "examples", "even
 REPO_PATH = re.compile(
     r"(?<![\w./~:$@{-])((?:[A-Za-z_][\w.-]*/)+(?:[\w-][\w.-]*\.(?:py|md|ya?ml|json|toml|txt|sh)\b|(?=[\s`'\"),;:]|$)))"
 )
+# A document named by its file name alone (`DESIGN.md`, PERFORMANCE.md), or a path that climbs out of
+# its folder (`../shared/DESIGN.md`): it must be one of the repository's, never a file beside it.
+BARE_DOC = re.compile(r"(?<![\w./~:$@{-])([A-Za-z][\w-]*\.md)\b")
+CLIMBING = re.compile(r"(?<![\w./])((?:\.\./)+[\w./-]*\w)")
 # `make TARGET` (in backticks, or at the start of a line of a code block); options and VAR=value skipped.
 MAKE_OPTIONS = r"((?:\s+(?:-C\s+\S+|-\w+|\w+=\S*))*)\s+([A-Za-z0-9_./<>%-]+)"
 MAKE_QUOTED = re.compile(r"`make" + MAKE_OPTIONS)
@@ -253,8 +269,20 @@ MAKE_VARIABLE = re.compile(r"^(\w+)\s*[:?]?=\s*(\S+)\s*$", re.MULTILINE)
 # Paths named on purpose that are not the repository's: made at run time, in a replica, or another
 # project's (a third-party package's module, SkyPilot's examples).
 NOT_OURS = (
-    ".venv/", ".venv-tools/", ".fleetkeeper/", "sky_workdir/", "moto/", "botocore/", "boto3/", "samtranslator/",
-    "aws_lambda_powertools/", "mutants/", "sky/", "getmoto/", "llm/", "examples/serve/",
+    ".venv/",
+    ".venv-tools/",
+    ".fleetkeeper/",
+    "sky_workdir/",
+    "moto/",
+    "botocore/",
+    "boto3/",
+    "samtranslator/",
+    "aws_lambda_powertools/",
+    "mutants/",
+    "sky/",
+    "getmoto/",
+    "llm/",
+    "examples/serve/",
 )
 
 
@@ -272,17 +300,14 @@ def history_phrases(page: Path, root: Path = ROOT) -> list[str]:
 def make_targets(makefile: Path) -> frozenset[str]:
     """The targets a Makefile defines, its variables expanded (`$(STAMP):` is `.venv/.installed`)."""
     text = makefile.read_text(encoding="utf-8")
-    variables = dict(MAKE_VARIABLE.findall(text))
-    for _ in range(5):
-        variables = {
-            name: re.sub(r"\$\((\w+)\)", lambda m: variables.get(m.group(1), m.group(0)), value)
-            for name, value in variables.items()
-        }
-    targets = set()
-    for match in MAKE_RULE.finditer(text):
-        for word in match.group(1).split():
-            targets.add(re.sub(r"\$\((\w+)\)", lambda m: variables.get(m.group(1), m.group(0)), word))
-    return frozenset(targets)
+    variables: dict[str, str] = dict(MAKE_VARIABLE.findall(text))
+
+    def expand(word: str) -> str:
+        for _ in range(5):  # a variable made of variables: $(VENV)/.installed
+            word = re.sub(r"\$\((\w+)\)", lambda m: variables.get(m.group(1), m.group(0)), word)
+        return word
+
+    return frozenset(expand(word) for match in MAKE_RULE.finditer(text) for word in match.group(1).split())
 
 
 def _path_exists(name: str, source: Path, root: Path) -> bool:
@@ -303,9 +328,18 @@ def missing_references(source: Path, text: str, root: Path = ROOT) -> list[str]:
             continue  # a folder named alone, outside the repository's top level: too often not ours
         if not _path_exists(name.removeprefix("fleetkeeper/"), source, root) and not _path_exists(name, source, root):
             problems.append(f"{source.relative_to(root)}: {name}")
-    code = "\n".join(
-        line if fenced else "" for line, fenced in zip(text.split("\n"), _fenced_lines(text), strict=True)
-    )
+    for match in BARE_DOC.finditer(text):
+        name = match.group(1)
+        folders = [root, root / "docs", root / "docs" / "architecture", source.parent]
+        if name != "README.md" and not any((folder / name).exists() for folder in folders):
+            problems.append(f"{source.relative_to(root)}: {name}")
+    for match in CLIMBING.finditer(text):
+        if re.sub(r"^(?:\.\./)+", "", match.group(1)).startswith(NOT_OURS):
+            continue  # `cd .mutmut && ../.venv/bin/mutmut`: made at run time
+        target = (source.parent / match.group(1)).resolve()
+        if not target.is_relative_to(root.resolve()) or not target.exists():
+            problems.append(f"{source.relative_to(root)}: {match.group(1)}")
+    code = "\n".join(line if fenced else "" for line, fenced in zip(text.split("\n"), _fenced_lines(text), strict=True))
     for match in [*MAKE_QUOTED.finditer(text), *MAKE_LINE.finditer(code)]:
         options, target = match.group(1), match.group(2)
         if target.startswith("-") or "<" in target:
@@ -351,7 +385,7 @@ def referring_files() -> list[tuple[Path, str]]:
     """Each document with its prose (code blocks kept: their commands are the docs' too), and each
     code file of functions/ and each Makefile with its comments."""
     pages = [(page, page.read_text(encoding="utf-8")) for page in [*doc_files(), ROOT / "README.md"]]
-    code = sorted((ROOT / "functions").rglob("*.py")) + [ROOT / "Makefile", ROOT / "functions" / "Makefile"]
+    code = [*sorted((ROOT / "functions").rglob("*.py")), ROOT / "Makefile", ROOT / "functions" / "Makefile"]
     return pages + [(path, comments_of(path)) for path in code if path.is_file() and ".venv" not in path.parts]
 
 
@@ -392,14 +426,20 @@ def test_a_missing_file_or_make_target_is_found(tmp_path: Path) -> None:
         "`make .venv/.installed`, `make TEST_JOBS=1 test`); https://example.com/docs/gone.md is not ours.\n"
         "Gone: `store/old.py`, bench/missing.py, tests/nothing/, `make check`, `make -j2 PORT=9 fast`.\n"
         "```\nmake sim\n```\nmake what it makes, `make -n`, `make build-<Name>`.\n"
+        "Outside: DESIGN.md, `../shared/DESIGN.md`, ../../elsewhere; inside: README.md, ../page.md.\n"
     )
+    (tmp_path / "page.md").write_text("", encoding="utf-8")
+    source = tmp_path / "tests" / "page.md"
     assert missing_references(source, text, tmp_path) == [
-        "page.md: bench/missing.py",
-        "page.md: make check",
-        "page.md: make fast",
-        "page.md: make sim",
-        "page.md: store/old.py",
-        "page.md: tests/nothing/",
+        "tests/page.md: ../../elsewhere",
+        "tests/page.md: ../shared/DESIGN.md",
+        "tests/page.md: DESIGN.md",
+        "tests/page.md: bench/missing.py",
+        "tests/page.md: make check",
+        "tests/page.md: make fast",
+        "tests/page.md: make sim",
+        "tests/page.md: store/old.py",
+        "tests/page.md: tests/nothing/",
     ]
 
 
