@@ -259,6 +259,10 @@ REPO_PATH = re.compile(
 # A document named by its file name alone (`DESIGN.md`, PERFORMANCE.md), or a path that climbs out of
 # its folder (`../shared/DESIGN.md`): it must be one of the repository's, never a file beside it.
 BARE_DOC = re.compile(r"(?<![\w./~:$@{-])([A-Za-z][\w-]*\.md)\b")
+# A module named by its file name alone (`alb.py`): some file of the repository's code has that name.
+BARE_MODULE = re.compile(r"(?<![\w./~:$@{-])([A-Za-z_][\w-]*\.py)\b")
+# SkyPilot's modules, which the spec's docs cite as the behaviour they follow.
+SKYPILOTS = frozenset({"service_spec.py", "load_balancing_policies.py", "replica_managers.py", "autoscalers.py"})
 CLIMBING = re.compile(r"(?<![\w./])((?:\.\./)+[\w./-]*\w)")
 # `make TARGET` (in backticks, or at the start of a line of a code block); options and VAR=value skipped.
 MAKE_OPTIONS = r"((?:\s+(?:-C\s+\S+|-\w+|\w+=\S*))*)\s+([A-Za-z0-9_./<>%-]+)"
@@ -310,6 +314,13 @@ def make_targets(makefile: Path) -> frozenset[str]:
     return frozenset(expand(word) for match in MAKE_RULE.finditer(text) for word in match.group(1).split())
 
 
+@functools.cache
+def module_names(root: Path) -> frozenset[str]:
+    """The file names of the repository's Python code."""
+    folders = ("functions", "tests", "bench")
+    return frozenset(p.name for f in folders for p in (root / f).rglob("*.py") if ".venv" not in p.parts)
+
+
 def _path_exists(name: str, source: Path, root: Path) -> bool:
     if name.startswith(NOT_OURS) or "*" in name or "<" in name:
         return True
@@ -332,6 +343,10 @@ def missing_references(source: Path, text: str, root: Path = ROOT) -> list[str]:
         name = match.group(1)
         folders = [root, root / "docs", root / "docs" / "architecture", source.parent]
         if name != "README.md" and not any((folder / name).exists() for folder in folders):
+            problems.append(f"{source.relative_to(root)}: {name}")
+    for match in BARE_MODULE.finditer(text):
+        name = match.group(1)
+        if name not in SKYPILOTS and name not in module_names(root):
             problems.append(f"{source.relative_to(root)}: {name}")
     for match in CLIMBING.finditer(text):
         if re.sub(r"^(?:\.\./)+", "", match.group(1)).startswith(NOT_OURS):
@@ -427,6 +442,7 @@ def test_a_missing_file_or_make_target_is_found(tmp_path: Path) -> None:
         "Gone: `store/old.py`, bench/missing.py, tests/nothing/, `make check`, `make -j2 PORT=9 fast`.\n"
         "```\nmake sim\n```\nmake what it makes, `make -n`, `make build-<Name>`.\n"
         "Outside: DESIGN.md, `../shared/DESIGN.md`, ../../elsewhere; inside: README.md, ../page.md.\n"
+        "Modules by name: keys.py is here, shell.py is not.\n"
     )
     (tmp_path / "page.md").write_text("", encoding="utf-8")
     source = tmp_path / "tests" / "page.md"
@@ -438,6 +454,7 @@ def test_a_missing_file_or_make_target_is_found(tmp_path: Path) -> None:
         "tests/page.md: make check",
         "tests/page.md: make fast",
         "tests/page.md: make sim",
+        "tests/page.md: shell.py",
         "tests/page.md: store/old.py",
         "tests/page.md: tests/nothing/",
     ]
