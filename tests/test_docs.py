@@ -242,7 +242,7 @@ def test_github_anchors() -> None:
 # and on the Makefiles' comments, where a renamed module or target goes stale without a test noticing.
 
 HISTORY_PHRASES = re.compile(
-    r"before \(main at|\bthe (?:round|session|run) before\b|\bthis (?:round|session)\b|\blast (?:round|session)\b"
+    r"before \(main at|\bthe (?:round|session|run) before\b|\bthis round\b|\blast (?:round|session)\b"
     r"|\bwe used to\b|\bpreviously\b|\bused to be\b|\bnow (?:compares|counts)\b"
     r"|\b(?:main|commit|merge) at\b|\b(?:found|measured) (?:by|in) (?:the )?(?:review|last)\b",
     re.IGNORECASE,
@@ -290,10 +290,12 @@ NOT_OURS = (
 )
 
 
-def history_phrases(page: Path, root: Path = ROOT) -> list[str]:
-    """Lines of a document's prose (code blanked) that tell the project's history, not the code."""
+def history_phrases(page: Path, root: Path = ROOT, text: str | None = None) -> list[str]:
+    """Lines of a document's prose (code blanked), or of `text` (a file's comments), that tell the
+    project's history, not the code."""
     found = []
-    for number, line in enumerate(prose(page.read_text(encoding="utf-8")).split("\n"), start=1):
+    lines = prose(page.read_text(encoding="utf-8")) if text is None else text  # a file's comments
+    for number, line in enumerate(lines.split("\n"), start=1):
         text = INLINE_CODE.sub("", line)
         if HISTORY_PHRASES.search(text) or COMMIT.search(text):
             found.append(f"{page.relative_to(root)}:{number}: {line.strip()}")
@@ -406,6 +408,13 @@ def referring_files() -> list[tuple[Path, str]]:
 
 def test_docs_tell_no_history() -> None:
     found = [problem for page in [*doc_files(), ROOT / "README.md"] for problem in history_phrases(page)]
+    # In the code, the lines of its comments and docstrings (numbered among them, not in the file).
+    found += [
+        problem
+        for source, text in referring_files()
+        if source.suffix != ".md"
+        for problem in history_phrases(source, text=text)
+    ]
     assert found == [], "describe the code as it is; its history is git log's:\n" + "\n".join(found)
 
 
@@ -457,6 +466,17 @@ def test_a_missing_file_or_make_target_is_found(tmp_path: Path) -> None:
         "tests/page.md: shell.py",
         "tests/page.md: store/old.py",
         "tests/page.md: tests/nothing/",
+    ]
+
+
+def test_history_phrasing_in_comments_is_found(tmp_path: Path) -> None:
+    module = tmp_path / "module.py"
+    module.write_text(
+        '"""The parser."""\n# It used to be slow; this session\'s token is fine.\nx = 1  # previously 2\n'
+    )
+    assert history_phrases(module, tmp_path, comments_of(module)) == [
+        "module.py:1: It used to be slow; this session's token is fine.",
+        "module.py:2: previously 2",
     ]
 
 
