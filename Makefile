@@ -148,8 +148,8 @@ soak: $(STAMP)
 # functions/, globs allowed) one small edit at a time and runs only MUTATE_TESTS, the tests that
 # exercise them, against each mutant; a mutant no test fails on "survived". It runs in $(MUTATE_DIR)
 # (the package and tests linked in, mutmut's copy under $(MUTATE_DIR)/mutants), fresh each time.
-# The default scope is the planner's package (reconciler/plan/) and the store (store.py or store/).
-# `make mutate MUTATE_PATHS=fleetkeeper/store/conditions.py MUTATE_TESTS=tests/store/test_store.py` narrows it;
+# The default scope is the planner's package (reconciler/plan/) and the store package (store/).
+# `make mutate MUTATE_PATHS=fleetkeeper/store/keys.py MUTATE_TESTS=tests/store/test_store.py` narrows it;
 # then `cd $(MUTATE_DIR) && ../$(BIN)/mutmut show NAME` prints one mutant's diff.
 MUTATE_PATHS   ?= fleetkeeper/reconciler/plan/*.py \
                   $(patsubst functions/%,%,$(wildcard functions/fleetkeeper/store.py functions/fleetkeeper/store/*.py))

@@ -128,8 +128,8 @@ def _wants_strict(request: pytest.FixtureRequest) -> bool:
         return True
     if request.node.get_closest_marker("lenient_aws") is not None:
         return False
-    # AWS's semantics are the default (DESIGN.md invariant 9); FLEETKEEPER_STRICT_AWS=0 runs plain moto,
-    # to tell a finding of the layer from a fault of the test.
+    # AWS's semantics are the default (invariant 9, docs/architecture/invariants.md);
+    # FLEETKEEPER_STRICT_AWS=0 runs plain moto, to tell a finding of the layer from a fault of the test.
     return os.environ.get(strict_layer.STRICT_ENV, "1") != "0"
 
 

@@ -1,5 +1,5 @@
-"""Two changes to how moto does its work, not to what it answers: the suite spent much of its time
-in them (tests/conftest.py applies both before any mock starts).
+"""Four changes to how moto does its work, not to what it answers: the suite spent much of its time
+in them (tests/conftest.py applies them before any mock starts).
 
 - `amis_file()`: moto builds every default AMI, each with a volume and a snapshot, whenever it
   makes an EC2 backend, and it makes one twice per mock (on first use, and again in its reset at the

@@ -1,4 +1,4 @@
-"""The records fleetkeeper keeps, and the status vocabulary (SkyPilot Serve's, DESIGN.md)."""
+"""The records fleetkeeper keeps, and the status vocabulary (SkyPilot Serve's; docs/architecture/store.md)."""
 
 from __future__ import annotations
 

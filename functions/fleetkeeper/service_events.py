@@ -43,7 +43,7 @@ class Event:
     type: EventType = EventType.NORMAL
     replica_id: int | None = None
     version: int | None = None
-    # The typed failure code of a failed replica or a refused launch (DESIGN.md invariant 10).
+    # The typed failure code of a failed replica or a refused launch (invariant 10, docs/architecture/invariants.md).
     code: str | None = None
 
     @property

@@ -1,7 +1,8 @@
 """The api on AWS's semantics (the strict-AWS layer): torn reads, contention, and response sizes.
 
-DESIGN.md invariants 1 (no reader acts on half a transaction), 8 (nothing a client sends yields a
-5xx, judged by AWS's rules, 6 MB responses included) and 9 (proven on AWS's semantics).
+The invariants (docs/architecture/invariants.md) 1 (no reader acts on half a transaction), 8 (nothing
+a client sends yields a 5xx, judged by AWS's rules, 6 MB responses included) and 9 (proven on AWS's
+semantics).
 """
 
 from __future__ import annotations

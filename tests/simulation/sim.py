@@ -1,4 +1,5 @@
-"""The simulation engine: one seed, many interleaved steps, DESIGN.md's invariants after each.
+"""The simulation engine: one seed, many interleaved steps, the invariants after each
+(docs/architecture/invariants.md).
 
 Everything is driven by the seed and nothing by the wall clock:
 

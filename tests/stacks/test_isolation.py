@@ -1,4 +1,5 @@
-"""Stacks sharing an account and Region never touch each other's resources (DESIGN.md, invariant 11).
+"""Stacks sharing an account and Region never touch each other's resources (invariant 11,
+docs/architecture/invariants.md).
 
 Two and three stacks of this template side by side in ONE in-memory AWS (and the strict layer), each
 with its own table, queues, load balancer and stack id, each driven through the real handlers: the

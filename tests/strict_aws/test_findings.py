@@ -1,6 +1,6 @@
 """Client input that AWS refuses but moto accepts: on the strict-AWS layer each was a 500.
 
-Invariant 8 (DESIGN.md): nothing a client sends yields a 5xx, judged by AWS's rules. Each case
+Invariant 8 (docs/architecture/invariants.md): nothing a client sends yields a 5xx, judged by AWS's rules. Each case
 below was a 500 on the strict layer (DynamoDB's ValidationException escaped the api) and a 4xx on
 moto; the api now refuses each before DynamoDB sees it, with a 400 naming the field.
 """

@@ -326,7 +326,7 @@ def test_a_key_policy_must_allow_and_a_grant_to_the_account_delegates_to_iam() -
     assert evaluate(request, [], resource=[enables_iam], key_policy=True) is Decision.IMPLICIT_DENY
 
 
-# --- resource-based policies: principals, the keys derived from the caller (once tests/iam_eval.py's) ---
+# --- resource-based policies: principals, the keys derived from the caller ---
 
 
 def test_the_evaluator_follows_iams_documented_rules() -> None:

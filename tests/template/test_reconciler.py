@@ -1,8 +1,8 @@
 """The reconciler's deployment: its EC2 permissions (enforced by the managed tag), its role passing,
 its schedule and kick, and its VPC, as CloudFormation receives them.
 
-Invariant 7 (DESIGN.md): the control plane only touches instances carrying its managed tag, and its
-IAM policy enforces that. These tests read the translated template, so a policy that says the right
+Invariant 7 (docs/architecture/invariants.md): the control plane only touches instances carrying its
+managed tag, and its IAM policy enforces that. These tests read the translated template, so a policy that says the right
 thing in SAM shorthand but not in CloudFormation fails too.
 """
 

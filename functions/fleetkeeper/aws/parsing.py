@@ -1,4 +1,4 @@
-"""botocore's response parsing with three shortcuts, each giving exactly what botocore's own gives.
+"""botocore's response parsing with five shortcuts, each giving exactly what botocore's own gives.
 
 A steady reconcile run is mostly botocore parsing responses (docs/PERFORMANCE.md): per service one
 DynamoDB Query and, per replica, an instance of DescribeInstances. Generic steps cost most:

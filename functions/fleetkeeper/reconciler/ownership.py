@@ -1,6 +1,6 @@
 """Whose an instance is: this stack's, this stack's from before stacks had ids, or not this stack's.
 
-Many stacks of this template share an account and Region (DESIGN.md, invariant 11). Each has an id
+Many stacks of this template share an account and Region (invariant 11, docs/architecture/invariants.md). Each has an id
 (Settings.stack_id) that every instance it launches carries twice: as the tag `fleetkeeper:stack`
 (what its IAM policy keys on: it terminates only instances tagged with its own id) and inside the
 ClientToken (`fk-<stack>-<uid>-<replica>`), which only the launcher could set, so copying the tags

@@ -6,7 +6,7 @@ shell to apply, in the order it must apply them. Everything it decides is derive
 so two runs that observe the same world plan the same thing, and a run that observes a steady
 world plans only a no-op (invariant 6).
 
-Replica lifecycle (SkyPilot Serve's vocabulary, DESIGN.md):
+Replica lifecycle (SkyPilot Serve's vocabulary; docs/architecture/reconciler.md):
 
     PENDING (claimed) -> PROVISIONING (launched) -> STARTING (running) -> READY (probe 200)
     READY -> NOT_READY (probe failing) -> FAILED_PROBING (failing for its probe's consecutive-failure
