@@ -141,6 +141,14 @@ class Interruption:
 UpdateMode = str  # "rolling" | "blue_green", validated by the spec and the api
 
 
+def ready_of(ready: int, wanted: int) -> str:
+    """ "2/3 ready"; never more ready than wanted ("1/1 ready, 1 more being removed": the surplus of a
+    scale-down is READY until it is drained, and "2/1 ready" reads as a fraction the wrong way up)."""
+    if ready > wanted:
+        return f"{wanted}/{wanted} ready, {ready - wanted} more being removed"
+    return f"{ready}/{wanted} ready"
+
+
 def utcnow() -> datetime:
     return datetime.now(UTC)
 

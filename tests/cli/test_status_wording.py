@@ -9,7 +9,7 @@ import pytest
 
 from fleetkeeper.api.models import simulated_notes
 from fleetkeeper.cli.waiting import desired_replicas, readiness, without_count
-from fleetkeeper.reconciler.plan.status import ready_of
+from fleetkeeper.model import ready_of
 from fleetkeeper.spec.service import parse_spec
 from tests.conftest import hello_spec
 

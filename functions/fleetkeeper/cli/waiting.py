@@ -17,7 +17,7 @@ from typing import IO, TYPE_CHECKING, Any
 from urllib.parse import quote
 
 from fleetkeeper.cli.http import RETRYABLE, ApiError, Unreachable
-from fleetkeeper.reconciler.plan.status import ready_of
+from fleetkeeper.model import ready_of
 
 if TYPE_CHECKING:
     from collections.abc import Callable

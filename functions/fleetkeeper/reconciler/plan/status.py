@@ -10,6 +10,7 @@ from fleetkeeper.model import (
     ServiceState,
     ServiceStatus,
     VersionState,
+    ready_of,
 )
 from fleetkeeper.reconciler.plan.actions import RecordStatus
 from fleetkeeper.reconciler.plan.failures import NOT_IN_USE
@@ -87,14 +88,6 @@ def service_status(
     if latest is not None and latest.version != target_number and latest.state is VersionState.FAILED:
         parts.append(f"rolled back to version {target_number}: {latest.state_message}")
     return RecordStatus(status, "; ".join(parts), service.generation)
-
-
-def ready_of(ready: int, wanted: int) -> str:
-    """ "2/3 ready"; never more ready than wanted ("1/1 ready, 1 more being removed": the surplus of a
-    scale-down is READY until it is drained, and "2/1 ready" reads as a fraction the wrong way up)."""
-    if ready > wanted:
-        return f"{wanted}/{wanted} ready, {ready - wanted} more being removed"
-    return f"{ready}/{wanted} ready"
 
 
 def status_changed(state: ServiceState, status: RecordStatus) -> bool:
