@@ -454,10 +454,9 @@ def service_view(
 
 def simulated_notes(spec: ServiceSpec) -> list[str]:
     """Embedded mode's note for a spec that asks for accelerators: they are simulated."""
-    from fleetkeeper.spec.task_variables import accelerators_of
+    from fleetkeeper.spec.task_variables import accelerators_of, first_instance_type
 
-    types = spec.resources.placement.instance_types
-    count = accelerators_of(types[0] if types else None)
+    count = accelerators_of(first_instance_type(spec))
     if count == 0:
         return []
     return [

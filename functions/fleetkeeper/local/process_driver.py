@@ -162,7 +162,8 @@ class _Replica:
     reclaimed: bool = False
     ended_at: float | None = None
 
-    def _log_tail(self) -> str:
+    def log_tail(self) -> str:
+        """The last 8 KiB of its log ("" when it cannot be read): where its own error lines are."""
         try:
             with self.log_path.open("rb") as log:
                 log.seek(max(0, self.log_path.stat().st_size - 8192))
@@ -198,7 +199,7 @@ class _Replica:
                 said = why or (self.stderr.summary(self.secrets) if self.stderr is not None else None)
                 if said:
                     reason += f": {said}"
-                if self.offline and _NO_NETWORK.search(self._log_tail()):
+                if self.offline and _NO_NETWORK.search(self.log_tail()):
                     reason += f" ({OFFLINE_HINT})"
             self.instance = replace(
                 self.instance,
@@ -498,8 +499,7 @@ class ProcessDriver:
         env["HOME"] = str(work_dir.parent)
         # SkyPilot's task variables and fleetkeeper's own, as an EC2 replica has them (over envs and
         # secrets): this host is the node, the accelerators those of the first candidate type.
-        candidates = spec.resources.placement.instance_types
-        first = candidates[0] if candidates else None
+        first = task_variables.first_instance_type(spec)
         env.update(
             task_variables.variables(
                 request.service, request.uid, request.version, request.replica_id, first, node_ip=LOOPBACK
@@ -578,13 +578,7 @@ class ProcessDriver:
     def _port_taken(self, replica: _Replica) -> str | None:
         """Why a replica sharing this machine's loopback could not bind: whose the port is. Read from
         the end of its log (an app's own "Address already in use"), asked while the holder still runs."""
-        try:
-            with replica.log_path.open("rb") as log:
-                log.seek(max(0, replica.log_path.stat().st_size - 8192))
-                tail = log.read().decode(errors="replace")
-        except OSError:
-            return None
-        lines = [line for line in tail.splitlines() if _ADDRESS_IN_USE.search(line)]
+        lines = [line for line in replica.log_tail().splitlines() if _ADDRESS_IN_USE.search(line)]
         if not lines:
             return None
         said = {int(m) for line in lines for m in _PORT_IN_TEXT.findall(line) if 0 < int(m) < 65536}

@@ -29,7 +29,12 @@ spec stored before that rule cannot shadow them either.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from fleetkeeper.spec import catalogue
+
+if TYPE_CHECKING:
+    from fleetkeeper.spec.service import ServiceSpec
 
 NODE_RANK = "SKYPILOT_NODE_RANK"
 SETUP_NODE_RANK = "SKYPILOT_SETUP_NODE_RANK"
@@ -68,6 +73,13 @@ def accelerators_of(instance_type: str | None) -> int:
     catalogue does not know it."""
     known = catalogue.BY_NAME.get(instance_type) if instance_type is not None else None
     return known.accelerator_count if known is not None else 0
+
+
+def first_instance_type(spec: ServiceSpec) -> str | None:
+    """The type a replica of `spec` is launched as first: its first candidate (None: the stack's
+    default). An embedded replica takes its accelerators from it, as an EC2 one from its instance."""
+    candidates = spec.resources.placement.instance_types
+    return candidates[0] if candidates else None
 
 
 def variables(
