@@ -10,32 +10,15 @@ reached next to the rate the comment promises.
 from __future__ import annotations
 
 import argparse
-import http.server
+import os
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tests.examples.load_command import bounded, load_command
-
-
-class _Hello(http.server.BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-    served = 0
-
-    def do_GET(self) -> None:
-        _Hello.served += 1
-        body = b"hello, autoscaled world\n"
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args: object) -> None:
-        pass
+from tests.examples.load_command import bounded, hello_server, load_command
 
 
 def main() -> None:
@@ -43,18 +26,14 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=100)
     args = parser.parse_args()
     command, promised = load_command()
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Hello)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    endpoint = f"http://127.0.0.1:{server.server_address[1]}"
-    started = time.monotonic()
-    subprocess.run(
-        ["sh", "-c", bounded(command, args.requests)], env={"E": endpoint, "PATH": "/usr/bin:/bin"}, check=True
-    )
-    elapsed = time.monotonic() - started
-    server.shutdown()
+    with hello_server() as (endpoint, paths):
+        started = time.monotonic()
+        env = {"E": endpoint, "PATH": os.environ["PATH"]}
+        subprocess.run(["sh", "-c", bounded(command, args.requests)], env=env, check=True)
+        elapsed = time.monotonic() - started
     print(f"load command: {command}")
-    rate = _Hello.served / elapsed
-    print(f"requests: {_Hello.served} in {elapsed:.1f} s = {rate:.1f} req/s (the example promises {promised})")
+    rate = len(paths) / elapsed
+    print(f"requests: {len(paths)} in {elapsed:.1f} s = {rate:.1f} req/s (the example promises {promised})")
 
 
 if __name__ == "__main__":
