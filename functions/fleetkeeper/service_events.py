@@ -64,7 +64,7 @@ class EventRecord:
     # When DynamoDB's TTL may delete it (epoch seconds); a read skips it from then on.
     expires_at: int
     # Orders events last seen at the same instant (one run's, written with its one `now`): when it was
-    # written, in nanoseconds, increasing within a process (fleetkeeper.store.events.next_sequence).
+    # written, in nanoseconds, increasing within the store that wrote it (store.events.EventSequence).
     # 0: an item written before events had one.
     sequence: int = 0
 

@@ -17,7 +17,7 @@ from fleetkeeper.model import ReplicaRecord, ReplicaStatus, from_iso
 from fleetkeeper.service_events import EVENT_TTL_SECONDS, EVENTS_KEPT, Event, EventType, replica_changed
 from fleetkeeper.store.codec import from_raw
 from fleetkeeper.store.commands import CommandStore
-from fleetkeeper.store.events import EventReads, event_update
+from fleetkeeper.store.events import EventReads, EventSequence, event_update
 from fleetkeeper.store.table import Table
 from tests.conftest import hello_spec
 
@@ -185,7 +185,9 @@ def test_the_events_route_pages_newest_first_and_refuses_what_it_did_not_issue(a
 
 
 def _write(table: str, uid: str, event: Event, now: str) -> None:
-    aws.dynamodb().transact_write_items(TransactItems=[event_update(table, "web", uid, event, now)])
+    aws.dynamodb().transact_write_items(
+        TransactItems=[event_update(table, "web", uid, event, now, EventSequence().next())]
+    )
 
 
 def test_events_expire_on_read_before_ttl_deletes_them_and_only_the_newest_are_kept(api: ApiClient, table: str) -> None:

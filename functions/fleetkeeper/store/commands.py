@@ -37,7 +37,7 @@ from fleetkeeper.store.errors import (
     UidCollision,
     VersionMissing,
 )
-from fleetkeeper.store.events import EventReads, event_update
+from fleetkeeper.store.events import EventReads, EventSequence, event_update
 from fleetkeeper.store.reads import ServiceReads
 from fleetkeeper.store.table import (
     TRANSACT_ITEM_LIMIT,
@@ -73,6 +73,7 @@ class CommandStore:
     def __init__(self, table: Table) -> None:
         self.table = table
         self._reads = ServiceReads(table)
+        self._sequence = EventSequence()  # orders the events this store writes at one `now`
 
     # -- reads --
 
@@ -185,7 +186,7 @@ class CommandStore:
                             "ConditionExpression": "attribute_not_exists(PK)",
                         }
                     },
-                    event_update(self.table.name, name, uid, service_events.created(1), now),
+                    event_update(self.table.name, name, uid, service_events.created(1), now, self._sequence.next()),
                 ]
             )
         except ClientError as exc:
@@ -255,7 +256,12 @@ class CommandStore:
                 },
                 also=[
                     event_update(
-                        self.table.name, current.name, current.uid, service_events.updated(new_version, mode), now
+                        self.table.name,
+                        current.name,
+                        current.uid,
+                        service_events.updated(new_version, mode),
+                        now,
+                        self._sequence.next(),
                     ),
                     *(self._delete_version(current, n) for n in pruned),
                 ],
@@ -308,6 +314,7 @@ class CommandStore:
                         current.uid,
                         service_events.rolled_back(version, current.target_version),
                         now,
+                        self._sequence.next(),
                     )
                 ],
             )
@@ -343,7 +350,11 @@ class CommandStore:
         event = service_events.termination_requested(record.replica_id, by)
         try:
             self.table.client.transact_write_items(
-                TransactItems=[update, active, event_update(self.table.name, service.name, service.uid, event, now)]
+                TransactItems=[
+                    update,
+                    active,
+                    event_update(self.table.name, service.name, service.uid, event, now, self._sequence.next()),
+                ]
             )
         except ClientError as exc:
             reasons = cancellation_reasons(exc)
@@ -391,7 +402,14 @@ class CommandStore:
             self.table.client.transact_write_items(
                 TransactItems=[
                     update,
-                    event_update(self.table.name, current.name, current.uid, service_events.deleting(), now),
+                    event_update(
+                        self.table.name,
+                        current.name,
+                        current.uid,
+                        service_events.deleting(),
+                        now,
+                        self._sequence.next(),
+                    ),
                 ]
             )
         except ClientError as exc:
@@ -440,7 +458,10 @@ class CommandStore:
         }
         try:
             self.table.client.transact_write_items(
-                TransactItems=[update, event_update(self.table.name, service.name, service.uid, event, now)]
+                TransactItems=[
+                    update,
+                    event_update(self.table.name, service.name, service.uid, event, now, self._sequence.next()),
+                ]
             )
         except ClientError as exc:
             reasons = cancellation_reasons(exc)

@@ -11,7 +11,7 @@ fold into one item: the key is the UTC day and the event's fold key, and the upd
 another day is a new item (Kubernetes, too, folds within a window).
 
 Order: a read lists events newest first by `last_seen`, then by `seq`, the moment the write was
-built (nanoseconds, increasing within a process: `next_sequence`). A reconciler run stamps all its
+built (nanoseconds, increasing within the store that writes it: `EventSequence`). A reconciler run stamps all its
 writes with its one `now`, so without `seq` the events of one run would come out in the arbitrary
 order of their fold keys; with it they read in the order they happened, across the run's writes and
 within one.
@@ -51,17 +51,19 @@ if TYPE_CHECKING:
 _FOLD_KEY = re.compile(r"^[0-9a-f]{16}$")
 
 
-_sequence_lock = threading.Lock()
-_last_sequence = 0
+class EventSequence:
+    """The `seq` of one store's event writes: wall-clock nanoseconds, strictly increasing within the
+    store (a frozen or coarse clock still orders its writes). Per store, not per process, so a
+    simulation's replay, with a fresh store on the same virtual clock, writes the same numbers."""
 
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._last = 0
 
-def next_sequence() -> int:
-    """A write's place among events: wall-clock nanoseconds, strictly increasing within the process
-    (a frozen or coarse clock still orders this process's writes)."""
-    global _last_sequence
-    with _sequence_lock:
-        _last_sequence = max(_last_sequence + 1, time.time_ns())
-        return _last_sequence
+    def next(self) -> int:
+        with self._lock:
+            self._last = max(self._last + 1, time.time_ns())
+            return self._last
 
 
 def expires_at(last_seen: str) -> int:
@@ -69,8 +71,9 @@ def expires_at(last_seen: str) -> int:
     return int(from_iso(last_seen).timestamp()) + EVENT_TTL_SECONDS
 
 
-def event_update(table: str, name: str, uid: str, event: Event, now: str) -> TransactWriteItemTypeDef:
-    """One event as a TransactWriteItems item: created, or folded into its earlier repeat."""
+def event_update(table: str, name: str, uid: str, event: Event, now: str, seq: int) -> TransactWriteItemTypeDef:
+    """One event as a TransactWriteItems item: created, or folded into its earlier repeat; `seq`
+    its place among the events last seen at `now` (EventSequence.next)."""
     sets = [
         "#type = :type",
         "#reason = :reason",
@@ -96,7 +99,7 @@ def event_update(table: str, name: str, uid: str, event: Event, now: str) -> Tra
         "message": event.message,
         "now": now,
         "ttl": expires_at(now),
-        "seq": next_sequence(),
+        "seq": seq,
         "one": 1,
     }
     for attribute, value in (("replica_id", event.replica_id), ("version", event.version), ("code", event.code)):
@@ -115,11 +118,13 @@ def event_update(table: str, name: str, uid: str, event: Event, now: str) -> Tra
     }
 
 
-def event_updates(table: str, name: str, uid: str, events: Iterable[Event], now: str) -> list[TransactWriteItemTypeDef]:
+def event_updates(
+    table: str, name: str, uid: str, events: Iterable[Event], now: str, sequence: EventSequence
+) -> list[TransactWriteItemTypeDef]:
     """Several events of one write; the same event twice is one item (a transaction may not touch an
     item twice)."""
     unique = {event.fold_key: event for event in events}
-    return [event_update(table, name, uid, event, now) for event in unique.values()]
+    return [event_update(table, name, uid, event, now, sequence.next()) for event in unique.values()]
 
 
 def event_from_item(item: Mapping[str, Any]) -> EventRecord:

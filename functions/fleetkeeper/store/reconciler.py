@@ -25,7 +25,7 @@ from fleetkeeper.store.codec import (
     to_raw,
 )
 from fleetkeeper.store.errors import Superseded
-from fleetkeeper.store.events import event_updates
+from fleetkeeper.store.events import EventSequence, event_updates
 from fleetkeeper.store.reads import ServiceReads
 from fleetkeeper.store.table import TRANSACT_ITEM_LIMIT, cancellation_reasons, error_code
 
@@ -59,6 +59,7 @@ class ReconcilerStore:
     def __init__(self, table: Table) -> None:
         self.table = table
         self._reads = ServiceReads(table)
+        self._sequence = EventSequence()  # orders the events this store writes at one `now`
 
     # -- reads --
 
@@ -353,10 +354,10 @@ class ReconcilerStore:
             )
 
     def _events(self, service: ServiceRecord, events: Sequence[Event], now: str) -> list[TransactWriteItemTypeDef]:
-        return event_updates(self.table.name, service.name, service.uid, events, now)
+        return event_updates(self.table.name, service.name, service.uid, events, now, self._sequence)
 
     def _events_of(self, record: ReplicaRecord, events: Sequence[Event], now: str) -> list[TransactWriteItemTypeDef]:
-        return event_updates(self.table.name, record.name, record.uid, events, now or record.updated_at)
+        return event_updates(self.table.name, record.name, record.uid, events, now or record.updated_at, self._sequence)
 
     def _version_state_update(
         self, service: ServiceRecord, version: int, expected: VersionState, state: VersionState, message: str
