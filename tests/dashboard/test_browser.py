@@ -217,7 +217,9 @@ def test_the_dashboard_in_a_browser_shows_a_rollout_and_acts_only_when_asked_by_
     browser.get(origin + "/services/web")
     Select(browser.find_element(By.CSS_SELECTOR, "#rollback-form select")).select_by_value("1")
     browser.find_element(By.CSS_SELECTOR, "#rollback-form button").click()
-    assert "Roll web back from v2 to v1?" in browser.page_source
+    # click() may return before the confirmation page has loaded (seen in a clean-clone run: the
+    # source read was still the service page's): wait for it, as for the notice below.
+    eventually(lambda: "Roll web back from v2 to v1?" in browser.page_source, 30, what="the confirmation page")
     assert plane.service("web")["target_version"] == 2  # nothing sent before the confirmation
     screenshot(browser, "confirm")
     browser.find_element(By.ID, "confirm").click()
