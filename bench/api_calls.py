@@ -39,7 +39,8 @@ def count_calls() -> None:
     from fleetkeeper.api.handler import lambda_handler
     from fleetkeeper.aws.apigw import rest_event
     from fleetkeeper.local.template import create_table
-    from tests.conftest import FakeContext, hello_spec
+    from tests.support.handler_client import FakeContext
+    from tests.support.specs import hello_spec
 
     with mock_aws():
         aws.reset_clients()

@@ -35,7 +35,7 @@ from fleetkeeper.cleanup.logic import Budget, Cleaner  # noqa: E402
 from fleetkeeper.local.template import create_table  # noqa: E402
 from fleetkeeper.store.cleanup import ChildKeys  # noqa: E402
 from fleetkeeper.store.table import Table  # noqa: E402
-from tests.cleanup_support import count_calls, partition_keys, seed_children  # noqa: E402
+from tests.support.cleanup_support import count_calls, partition_keys, seed_children  # noqa: E402
 
 TABLE = "fleetkeeper-bench"
 REPLICAS = 2

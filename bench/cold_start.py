@@ -85,8 +85,8 @@ print(json.dumps({"import": t1 - t0, "first": t3 - t2, "second": t5 - t4, "statu
 """
 
 
-# A small valid spec (tests/conftest.py's hello_spec; that module is not imported here: it resets the
-# environment for the tests, the endpoint included).
+# A small valid spec (tests/support/specs.py's hello_spec; the suite's modules are not imported here:
+# tests/conftest.py resets the environment for the tests, the endpoint included).
 HELLO_SPEC = {
     "service": {"readiness_probe": "/health", "replicas": 2, "ports": 8080},
     "resources": {"instance_type": "t3.micro"},

@@ -19,9 +19,9 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import offline_aws  # noqa: F401  (first: the path, fake credentials, probes on 127.0.0.1)
 
 from fleetkeeper import aws
-from tests.reconciler_world import ProbeServer
 from tests.simulation import reactions as r
 from tests.strict_aws import FaultRates, StrictAws
+from tests.support.reconciler_world import ProbeServer
 
 if TYPE_CHECKING:
     from collections.abc import Callable

@@ -18,9 +18,9 @@ import sys
 import offline_aws  # noqa: F401  (first: the path, fake credentials, probes on 127.0.0.1)
 
 from fleetkeeper import aws
-from tests.reconciler_world import ProbeServer, World
 from tests.simulation.reclaim import WaveResult, run_wave, summary
 from tests.strict_aws import FaultRates, StrictAws
+from tests.support.reconciler_world import ProbeServer, World
 
 
 def one(seed: int, server: ProbeServer) -> WaveResult:

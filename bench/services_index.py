@@ -22,9 +22,9 @@ import offline_aws  # noqa: F401  (first: the path, fake credentials, probes on 
 
 from fleetkeeper import aws
 from fleetkeeper.store.keys import SERVICE_SK
-from tests.reconciler_world import ProbeServer
 from tests.simulation import reactions as r
 from tests.strict_aws import FaultRates, StrictAws
+from tests.support.reconciler_world import ProbeServer
 
 PARTITION_WRITE_UNITS = 1000  # a second, per partition (DynamoDB's documented limit)
 

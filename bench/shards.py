@@ -63,9 +63,9 @@ def place(services: int, run: int, *, domain: str | None) -> dict[str, Any]:
 
     from fleetkeeper import aws
     from fleetkeeper.model import EndpointConfig
-    from tests.moto_tuning import amis_file
-    from tests.reconciler_world import make_sharded_alb
     from tests.strict_aws import StrictAws
+    from tests.support.moto_tuning import amis_file
+    from tests.support.reconciler_world import make_sharded_alb
 
     os.environ["MOTO_AMIS_PATH"] = amis_file()
     aws.reset_clients()

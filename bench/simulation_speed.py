@@ -1,4 +1,4 @@
-"""The seeded simulation's cost, with moto's tunings (tests/moto_tuning.py) and without: one seed,
+"""The seeded simulation's cost, with moto's tunings (tests/support/moto_tuning.py) and without: one seed,
 the same steps, each run in a process of its own. Prints the CPU seconds of each (and per 100
 steps, to show how a step's cost grows with a seed's history), the speed-up, and whether the two
 runs made the same AWS calls (the strict layer's call log: operation and a digest of every

@@ -1,20 +1,21 @@
-"""Shared fixtures: an in-process moto AWS with the table template.yaml declares, and an api client."""
+"""Shared fixtures: an in-process moto AWS with the table template.yaml declares, and an api client.
+
+Only fixtures and hooks live here; what tests import is in tests/support/."""
 
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import tempfile
 import zlib
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import pytest
 from hypothesis import HealthCheck, settings
 
-from tests import moto_tuning, openapi_conformance, public_images
 from tests import strict_aws as strict_layer
+from tests.support import TABLE, moto_tuning, public_images
+from tests.support.handler_client import HandlerClient
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -42,16 +43,14 @@ for _var in ("FLEETKEEPER_AWS_ENDPOINT_URL", "FLEETKEEPER_KICK_QUEUE_URL", "FLEE
 os.environ["FLEETKEEPER_RUNTIME_DIR"] = tempfile.mkdtemp(prefix="fleetkeeper-run-")
 
 # Before any mock starts (moto reads MOTO_AMIS_PATH when its EC2 models are imported): see
-# tests/moto_tuning.py. FLEETKEEPER_MOTO_TUNING=0 runs moto's own code paths instead (the same
+# tests/support/moto_tuning.py. FLEETKEEPER_MOTO_TUNING=0 runs moto's own code paths instead (the same
 # answers, slower: bench/simulation_speed.py compares the two), to tell a tuning's fault from the code's.
 os.environ.setdefault("MOTO_AMIS_PATH", moto_tuning.amis_file())
 if os.environ.get("FLEETKEEPER_MOTO_TUNING", "1") != "0":
     moto_tuning.install()
 # The public image parameters fleetkeeper launches with (Ubuntu, the Deep Learning AMIs): AWS has them,
-# moto does not (tests/public_images.py).
+# moto does not (tests/support/public_images.py).
 public_images.install()
-
-TABLE = "fleetkeeper-test"
 
 # Property tests: `make test` runs the "ci" profile, the same examples on every run and machine (no
 # random seed, no example database), so a red build is the code's fault, never the draw's. `make
@@ -73,7 +72,7 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 # The translated template's fixture lives with the template helpers it is built from; the reconciler
 # tests' `server` and `world` with the world they build.
-pytest_plugins = ["tests.cfn", "tests.reconciler_world"]
+pytest_plugins = ["tests.support.cfn", "tests.support.reconciler_world"]
 
 # The longest tests, run first. `make test` hands tests to its two workers one at a time, in collection
 # order (`--dist load --maxschedchunk 1`): long tests left for the end would keep one worker busy
@@ -213,104 +212,6 @@ def atomic_dynamodb(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.setattr(DynamoDBBackend, name, serialised)
 
 
-@dataclass
-class HttpResult:
-    status: int
-    headers: dict[str, str]
-    body: Any
-
-    @property
-    def error(self) -> dict[str, Any]:
-        error: dict[str, Any] = self.body["error"]
-        return error
-
-
-class FakeContext:
-    function_name = "fleetkeeper-api"
-    function_version = "$LATEST"
-    invoked_function_arn = "arn:aws:lambda:us-east-1:123456789012:function:fleetkeeper-api"
-    memory_limit_in_mb = 512
-    aws_request_id = "req-1"
-    log_group_name = "/aws/lambda/fleetkeeper-api"
-    log_stream_name = "local"
-
-    @staticmethod
-    def get_remaining_time_in_millis() -> int:
-        return 30_000
-
-
-# Who the suite's api calls are signed as, unless a test says otherwise: a session of one CI role,
-# not an administrator (tests/api/test_owners.py tries other roles, users and administrators).
-TEST_CALLER = "arn:aws:sts::123456789012:assumed-role/fleetkeeper-test/pytest"
-
-
-class ApiClient:
-    """Calls the api Lambda handler with API Gateway events, as API Gateway would, signed as `principal`
-    (its ARN in `requestContext.identity.userArn`; None: an event without an identity)."""
-
-    def __init__(self, principal: str | None = TEST_CALLER) -> None:
-        self.principal = principal
-
-    def as_(self, principal: str | None) -> ApiClient:
-        """The same api, called as another principal."""
-        return ApiClient(principal)
-
-    def call(
-        self,
-        method: str,
-        path: str,
-        body: Any = None,
-        headers: dict[str, str] | None = None,
-        raw: str | bytes | None = None,
-    ) -> HttpResult:
-        from fleetkeeper.api.handler import lambda_handler
-        from fleetkeeper.aws.apigw import response_parts, rest_event
-
-        payload = raw if raw is not None else (json.dumps(body) if body is not None else None)
-        all_headers = {"Content-Type": "application/json", **(headers or {})}
-        event = rest_event(method, path, headers=all_headers, body=payload, principal=self.principal)
-        status, out_headers, data = response_parts(lambda_handler(event, FakeContext()))
-        result = HttpResult(status, out_headers, json.loads(data) if data else None)
-        # Every answer the suite receives conforms to the OpenAPI document (tests/openapi_conformance.py).
-        openapi_conformance.check(method, path, status, out_headers, result.body)
-        return result
-
-    def all_versions(self, name: str) -> list[dict[str, Any]]:
-        """Every version of a service, following GET .../versions' pages."""
-        versions: list[dict[str, Any]] = []
-        token: str | None = None
-        while True:
-            page = self.get(f"/v1/services/{name}/versions?limit=20" + (f"&next_token={token}" if token else ""))
-            assert page.status == 200, page.body
-            versions.extend(page.body["versions"])
-            token = page.body["next_token"]
-            if not token:
-                return versions
-
-    def get(self, path: str, **kw: Any) -> HttpResult:
-        return self.call("GET", path, **kw)
-
-    def post(self, path: str, body: Any = None, **kw: Any) -> HttpResult:
-        return self.call("POST", path, body, **kw)
-
-    def put(self, path: str, body: Any = None, **kw: Any) -> HttpResult:
-        return self.call("PUT", path, body, **kw)
-
-    def delete(self, path: str, **kw: Any) -> HttpResult:
-        return self.call("DELETE", path, **kw)
-
-
 @pytest.fixture
-def api(table: str) -> ApiClient:
-    return ApiClient()
-
-
-def hello_spec(**overrides: Any) -> dict[str, Any]:
-    """A small valid spec; keyword arguments replace top-level sections."""
-    spec: dict[str, Any] = {
-        "service": {"readiness_probe": "/health", "replicas": 2, "ports": 8080},
-        "resources": {"instance_type": "t3.micro"},
-        "run": "python3 -m http.server $PORT",
-    }
-    spec.update(overrides)
-    return spec
+def api(table: str) -> HandlerClient:
+    return HandlerClient()

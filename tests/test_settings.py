@@ -165,7 +165,7 @@ def test_each_handler_refuses_to_run_without_its_table(monkeypatch: pytest.Monke
     from fleetkeeper.cleanup.handler import lambda_handler as cleanup
     from fleetkeeper.reconciler.handler import dispatch_handler as dispatcher
     from fleetkeeper.reconciler.handler import lambda_handler as reconciler
-    from tests.conftest import FakeContext
+    from tests.support.handler_client import FakeContext
 
     monkeypatch.delenv("TABLE_NAME", raising=False)
     for handler, event in (

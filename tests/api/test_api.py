@@ -6,10 +6,11 @@ import json
 
 import pytest
 
-from tests.conftest import ApiClient, hello_spec
+from tests.support.handler_client import HandlerClient
+from tests.support.specs import hello_spec
 
 
-def create(api: ApiClient, name: str = "web", **spec: object) -> dict[str, object]:
+def create(api: HandlerClient, name: str = "web", **spec: object) -> dict[str, object]:
     response = api.post("/v1/services", {"name": name, "spec": hello_spec(**spec)})
     assert response.status == 201, response.body
     return dict(response.body)
@@ -30,7 +31,7 @@ def assert_error(response, status: int, code: str | None = None, mentions: str |
 # --- POST /v1/services ---------------------------------------------------------------------------
 
 
-def test_create_returns_the_view_with_version_1(api: ApiClient) -> None:
+def test_create_returns_the_view_with_version_1(api: HandlerClient) -> None:
     response = api.post("/v1/services", {"name": "web", "spec": hello_spec()})
     assert response.status == 201
     view = response.body
@@ -61,12 +62,12 @@ def test_create_returns_the_view_with_version_1(api: ApiClient) -> None:
     assert response.headers["ETag"] == '"1"'
 
 
-def test_create_duplicate_is_409(api: ApiClient) -> None:
+def test_create_duplicate_is_409(api: HandlerClient) -> None:
     create(api)
     assert_error(api.post("/v1/services", {"name": "web", "spec": hello_spec()}), 409, "conflict", "already exists")
 
 
-def test_create_while_deleting_is_409(api: ApiClient) -> None:
+def test_create_while_deleting_is_409(api: HandlerClient) -> None:
     create(api)
     assert api.delete("/v1/services/web").status == 202
     assert_error(api.post("/v1/services", {"name": "web", "spec": hello_spec()}), 409, "conflict", "being deleted")
@@ -91,24 +92,24 @@ def test_create_while_deleting_is_409(api: ApiClient) -> None:
         ({"name": "web", "spec": "not a mapping"}, "spec"),
     ],
 )
-def test_create_invalid_is_400_naming_the_field(api: ApiClient, body: dict[str, object], field: str) -> None:
+def test_create_invalid_is_400_naming_the_field(api: HandlerClient, body: dict[str, object], field: str) -> None:
     response = api.post("/v1/services", body)
     assert_error(response, 400, "invalid_request", field)
     assert any(d["field"].startswith(field) for d in response.error["details"]), response.error
     assert api.get("/v1/services").body["services"] == []  # nothing written
 
 
-def test_create_with_invalid_json_is_400(api: ApiClient) -> None:
+def test_create_with_invalid_json_is_400(api: HandlerClient) -> None:
     assert_error(api.post("/v1/services", raw="{not json"), 400, "invalid_request", "not valid JSON")
 
 
-def test_create_with_an_oversized_body_is_413(api: ApiClient) -> None:
+def test_create_with_an_oversized_body_is_413(api: HandlerClient) -> None:
     spec = hello_spec(envs={"BIG": "x" * (70 * 1024)})
     assert_error(api.post("/v1/services", {"name": "web", "spec": spec}), 413, "payload_too_large", "64 KiB")
     assert api.get("/v1/services").body["services"] == []
 
 
-def test_spec_name_must_match(api: ApiClient) -> None:
+def test_spec_name_must_match(api: HandlerClient) -> None:
     response = api.post("/v1/services", {"name": "web", "spec": {**hello_spec(), "name": "other"}})
     assert_error(response, 400, "invalid_request", "spec.name")
 
@@ -116,7 +117,7 @@ def test_spec_name_must_match(api: ApiClient) -> None:
 # --- GET /v1/services ----------------------------------------------------------------------------
 
 
-def test_list_pages_through_every_service(api: ApiClient) -> None:
+def test_list_pages_through_every_service(api: HandlerClient) -> None:
     names = [f"svc-{i:02d}" for i in range(7)]
     for name in names:
         create(api, name)
@@ -135,14 +136,14 @@ def test_list_pages_through_every_service(api: ApiClient) -> None:
 
 
 @pytest.mark.parametrize("query", ["limit=0", "limit=101", "limit=ten", "next_token=garbage!!", "next_token=e30"])
-def test_list_with_bad_parameters_is_400(api: ApiClient, query: str) -> None:
+def test_list_with_bad_parameters_is_400(api: HandlerClient, query: str) -> None:
     assert_error(api.get(f"/v1/services?{query}"), 400, "invalid_request")
 
 
 # --- GET /v1/services/{name} ---------------------------------------------------------------------
 
 
-def test_get_returns_the_view(api: ApiClient) -> None:
+def test_get_returns_the_view(api: HandlerClient) -> None:
     created = create(api)
     response = api.get("/v1/services/web")
     assert response.status == 200
@@ -151,18 +152,18 @@ def test_get_returns_the_view(api: ApiClient) -> None:
     assert response.headers["ETag"] == '"1"'
 
 
-def test_get_missing_is_404(api: ApiClient) -> None:
+def test_get_missing_is_404(api: HandlerClient) -> None:
     assert_error(api.get("/v1/services/nope"), 404, "not_found", "nope")
 
 
-def test_get_with_an_invalid_name_is_400(api: ApiClient) -> None:
+def test_get_with_an_invalid_name_is_400(api: HandlerClient) -> None:
     assert_error(api.get("/v1/services/Not_A_Name"), 400, "invalid_request", "name")
 
 
 # --- PUT /v1/services/{name} ---------------------------------------------------------------------
 
 
-def test_update_adds_a_version_and_moves_the_target(api: ApiClient) -> None:
+def test_update_adds_a_version_and_moves_the_target(api: HandlerClient) -> None:
     create(api)
     response = api.put("/v1/services/web", {"spec": hello_spec(envs={"V": 2}), "mode": "blue_green"})
     assert response.status == 200, response.body
@@ -174,13 +175,13 @@ def test_update_adds_a_version_and_moves_the_target(api: ApiClient) -> None:
 
 
 @pytest.mark.parametrize("if_match", ["1", '"1"', 'W/"1"'])
-def test_update_with_the_current_generation_succeeds(api: ApiClient, if_match: str) -> None:
+def test_update_with_the_current_generation_succeeds(api: HandlerClient, if_match: str) -> None:
     create(api)
     response = api.put("/v1/services/web", {"spec": hello_spec()}, headers={"If-Match": if_match})
     assert response.status == 200, response.body
 
 
-def test_update_with_a_stale_generation_is_412(api: ApiClient) -> None:
+def test_update_with_a_stale_generation_is_412(api: HandlerClient) -> None:
     create(api)
     assert api.put("/v1/services/web", {"spec": hello_spec(envs={"V": "2"})}).status == 200
     response = api.put("/v1/services/web", {"spec": hello_spec(envs={"V": "3"})}, headers={"If-Match": "1"})
@@ -188,16 +189,16 @@ def test_update_with_a_stale_generation_is_412(api: ApiClient) -> None:
     assert api.get("/v1/services/web").body["latest_version"] == 2
 
 
-def test_update_with_a_malformed_if_match_is_400(api: ApiClient) -> None:
+def test_update_with_a_malformed_if_match_is_400(api: HandlerClient) -> None:
     create(api)
     assert_error(api.put("/v1/services/web", {"spec": hello_spec()}, headers={"If-Match": "abc"}), 400)
 
 
-def test_update_missing_is_404(api: ApiClient) -> None:
+def test_update_missing_is_404(api: HandlerClient) -> None:
     assert_error(api.put("/v1/services/nope", {"spec": hello_spec()}), 404, "not_found")
 
 
-def test_update_while_deleting_is_409(api: ApiClient) -> None:
+def test_update_while_deleting_is_409(api: HandlerClient) -> None:
     create(api)
     api.delete("/v1/services/web")
     assert_error(api.put("/v1/services/web", {"spec": hello_spec()}), 409, "conflict", "being deleted")
@@ -214,7 +215,7 @@ def test_update_while_deleting_is_409(api: ApiClient) -> None:
         ({}, "spec"),
     ],
 )
-def test_update_invalid_is_400(api: ApiClient, body: dict[str, object], field: str) -> None:
+def test_update_invalid_is_400(api: HandlerClient, body: dict[str, object], field: str) -> None:
     create(api)
     assert_error(api.put("/v1/services/web", body), 400, "invalid_request", field)
     assert api.get("/v1/services/web").body["latest_version"] == 1
@@ -223,7 +224,7 @@ def test_update_invalid_is_400(api: ApiClient, body: dict[str, object], field: s
 # --- versions and rollback -----------------------------------------------------------------------
 
 
-def test_versions_lists_every_version_in_order(api: ApiClient) -> None:
+def test_versions_lists_every_version_in_order(api: HandlerClient) -> None:
     create(api)
     api.put("/v1/services/web", {"spec": hello_spec(envs={"V": "2"})})
     response = api.get("/v1/services/web/versions")
@@ -233,11 +234,11 @@ def test_versions_lists_every_version_in_order(api: ApiClient) -> None:
     assert response.body["target_version"] == 2
 
 
-def test_versions_of_a_missing_service_is_404(api: ApiClient) -> None:
+def test_versions_of_a_missing_service_is_404(api: HandlerClient) -> None:
     assert_error(api.get("/v1/services/nope/versions"), 404, "not_found")
 
 
-def test_rollback_defaults_to_the_version_before_the_target(api: ApiClient) -> None:
+def test_rollback_defaults_to_the_version_before_the_target(api: HandlerClient) -> None:
     create(api)
     api.put("/v1/services/web", {"spec": hello_spec(envs={"V": "2"})})
     response = api.post("/v1/services/web/rollback")
@@ -246,7 +247,7 @@ def test_rollback_defaults_to_the_version_before_the_target(api: ApiClient) -> N
     assert response.body["generation"] == 3
 
 
-def test_rollback_to_a_given_version(api: ApiClient) -> None:
+def test_rollback_to_a_given_version(api: HandlerClient) -> None:
     create(api)
     for i in (2, 3):
         api.put("/v1/services/web", {"spec": hello_spec(envs={"V": str(i)})})
@@ -256,35 +257,35 @@ def test_rollback_to_a_given_version(api: ApiClient) -> None:
     assert response.body["spec"]["envs"] == {}
 
 
-def test_rollback_to_a_missing_version_is_404_and_writes_nothing(api: ApiClient) -> None:
+def test_rollback_to_a_missing_version_is_404_and_writes_nothing(api: HandlerClient) -> None:
     create(api)
     assert_error(api.post("/v1/services/web/rollback", {"version": 9}), 404, "not_found", "no version 9")
     assert api.get("/v1/services/web").body["generation"] == 1
 
 
-def test_rollback_with_no_earlier_version_is_400(api: ApiClient) -> None:
+def test_rollback_with_no_earlier_version_is_400(api: HandlerClient) -> None:
     create(api)
     assert_error(api.post("/v1/services/web/rollback"), 400, "invalid_request", "no earlier version")
 
 
 @pytest.mark.parametrize("body", [{"version": 0}, {"version": "two"}, {"to": 1}, [1]])
-def test_rollback_with_a_bad_body_is_400(api: ApiClient, body: object) -> None:
+def test_rollback_with_a_bad_body_is_400(api: HandlerClient, body: object) -> None:
     create(api)
     assert_error(api.post("/v1/services/web/rollback", body), 400, "invalid_request")
 
 
-def test_rollback_while_deleting_is_409(api: ApiClient) -> None:
+def test_rollback_while_deleting_is_409(api: HandlerClient) -> None:
     create(api)
     api.put("/v1/services/web", {"spec": hello_spec()})
     api.delete("/v1/services/web")
     assert_error(api.post("/v1/services/web/rollback"), 409, "conflict")
 
 
-def test_rollback_of_a_missing_service_is_404(api: ApiClient) -> None:
+def test_rollback_of_a_missing_service_is_404(api: HandlerClient) -> None:
     assert_error(api.post("/v1/services/nope/rollback"), 404, "not_found")
 
 
-def test_rollback_with_a_stale_if_match_is_412(api: ApiClient) -> None:
+def test_rollback_with_a_stale_if_match_is_412(api: HandlerClient) -> None:
     create(api)
     api.put("/v1/services/web", {"spec": hello_spec(envs={"V": "2"})})
     assert_error(api.post("/v1/services/web/rollback", headers={"If-Match": "1"}), 412, "precondition_failed")
@@ -293,7 +294,7 @@ def test_rollback_with_a_stale_if_match_is_412(api: ApiClient) -> None:
 # --- DELETE --------------------------------------------------------------------------------------
 
 
-def test_delete_marks_the_service_for_teardown_and_repeats_harmlessly(api: ApiClient) -> None:
+def test_delete_marks_the_service_for_teardown_and_repeats_harmlessly(api: HandlerClient) -> None:
     create(api)
     first = api.delete("/v1/services/web")
     assert first.status == 202
@@ -305,14 +306,14 @@ def test_delete_marks_the_service_for_teardown_and_repeats_harmlessly(api: ApiCl
     assert again.body["generation"] == 2
 
 
-def test_delete_missing_is_404(api: ApiClient) -> None:
+def test_delete_missing_is_404(api: HandlerClient) -> None:
     assert_error(api.delete("/v1/services/nope"), 404, "not_found")
 
 
 # --- misc ----------------------------------------------------------------------------------------
 
 
-def test_openapi_document_describes_every_route(api: ApiClient) -> None:
+def test_openapi_document_describes_every_route(api: HandlerClient) -> None:
     response = api.get("/v1/openapi.json")
     assert response.status == 200
     document = response.body
@@ -328,18 +329,18 @@ def test_openapi_document_describes_every_route(api: ApiClient) -> None:
     assert "CreateServiceRequest" in json.dumps(document)
 
 
-def test_unknown_route_is_404_with_the_error_shape(api: ApiClient) -> None:
+def test_unknown_route_is_404_with_the_error_shape(api: HandlerClient) -> None:
     assert_error(api.get("/v2/whatever"), 404, "no_route")
 
 
-def test_method_not_routed_is_4xx_with_the_error_shape(api: ApiClient) -> None:
+def test_method_not_routed_is_4xx_with_the_error_shape(api: HandlerClient) -> None:
     response = api.call("PATCH", "/v1/services/web", {"spec": hello_spec()})
     assert 400 <= response.status < 500
     assert set(response.body["error"]) == {"code", "message", "details"}
 
 
 @pytest.mark.parametrize("content_type", ["text/plain", "application/x-www-form-urlencoded"])
-def test_a_body_that_is_not_json_is_415(api: ApiClient, content_type: str) -> None:
+def test_a_body_that_is_not_json_is_415(api: HandlerClient, content_type: str) -> None:
     response = api.post("/v1/services", {"name": "web", "spec": hello_spec()}, headers={"Content-Type": content_type})
     assert_error(response, 415, "unsupported_media_type", "application/json")
     assert api.get("/v1/services/web").status == 404

@@ -14,7 +14,9 @@ from fleetkeeper.cli.waiting import desired_replicas
 from fleetkeeper.model import AutoscalerState, Recommendation, from_iso, to_iso, utcnow
 from fleetkeeper.store.reconciler import ReconcilerStore
 from fleetkeeper.store.table import Table
-from tests.conftest import TABLE, ApiClient, hello_spec
+from tests.support import TABLE
+from tests.support.handler_client import HandlerClient
+from tests.support.specs import hello_spec
 
 
 def policy_spec(**policy: Any) -> dict[str, Any]:
@@ -50,7 +52,7 @@ def policy_spec(**policy: Any) -> dict[str, Any]:
     ],
 )
 def test_a_policy_that_cannot_work_is_a_400_naming_where_and_what(
-    api: ApiClient, policy: dict[str, Any], problem: str
+    api: HandlerClient, policy: dict[str, Any], problem: str
 ) -> None:
     response = api.call("POST", "/v1/services", {"name": "web", "spec": policy_spec(**policy)})
     assert response.status == 400, response.body
@@ -60,7 +62,7 @@ def test_a_policy_that_cannot_work_is_a_400_naming_where_and_what(
     assert api.call("GET", "/v1/services/web").status == 404  # nothing written
 
 
-def test_the_view_shows_the_rate_the_target_and_the_pending_decision(api: ApiClient) -> None:
+def test_the_view_shows_the_rate_the_target_and_the_pending_decision(api: HandlerClient) -> None:
     spec = policy_spec(
         min_replicas=1, max_replicas=3, target_qps_per_replica=2, upscale_delay_seconds=300, downscale_delay_seconds=600
     )
@@ -106,7 +108,7 @@ def test_the_view_shows_the_rate_the_target_and_the_pending_decision(api: ApiCli
     assert desired_replicas(view) == 1
 
 
-def test_a_fixed_service_has_no_autoscaling(api: ApiClient) -> None:
+def test_a_fixed_service_has_no_autoscaling(api: HandlerClient) -> None:
     assert api.call("POST", "/v1/services", {"name": "web", "spec": hello_spec()}).status == 201
     view = api.call("GET", "/v1/services/web").body
     assert view["autoscaling"] is None

@@ -17,8 +17,10 @@ from fleetkeeper.model import ReplicaRecord, ReplicaStatus
 from fleetkeeper.store.codec import replica_item, to_raw
 from fleetkeeper.store.errors import Contention
 from fleetkeeper.store.keys import IDEMPOTENCY_PARTITION
-from tests.conftest import TABLE, TEST_CALLER, ApiClient, FakeContext, hello_spec
 from tests.strict_aws import StrictAws
+from tests.support import TABLE
+from tests.support.handler_client import TEST_CALLER, FakeContext, HandlerClient
+from tests.support.specs import hello_spec
 
 LAMBDA_RESPONSE_LIMIT = 6 * 1024 * 1024  # Lambda's synchronous response payload
 DYNAMODB_ITEM_LIMIT = 400 * 1024
@@ -36,7 +38,7 @@ def _raw(method: str, path: str, body: str | None = None, headers: dict[str, str
     return response
 
 
-def _updated(api: ApiClient, value: str = "2") -> None:
+def _updated(api: HandlerClient, value: str = "2") -> None:
     assert api.put("/v1/services/web", {"spec": hello_spec(envs={"V": value})}).status == 200
 
 
@@ -44,13 +46,13 @@ def _updated(api: ApiClient, value: str = "2") -> None:
 
 
 @pytest.fixture
-def web(strict_aws: StrictAws, api: ApiClient) -> ApiClient:
+def web(strict_aws: StrictAws, api: HandlerClient) -> HandlerClient:
     assert api.post("/v1/services", {"name": "web", "spec": hello_spec(envs={"V": "1"})}).status == 201
     return api
 
 
 def test_a_get_torn_after_the_service_item_re_reads_until_the_target_version_is_there(
-    strict_aws: StrictAws, web: ApiClient
+    strict_aws: StrictAws, web: HandlerClient
 ) -> None:
     _updated(web)
     # The update's transaction: [0] the service item (target 2), [1] version 2. Version 2 unseen.
@@ -63,7 +65,7 @@ def test_a_get_torn_after_the_service_item_re_reads_until_the_target_version_is_
 
 
 def test_a_get_torn_before_the_service_item_is_the_state_before_the_write(
-    strict_aws: StrictAws, web: ApiClient
+    strict_aws: StrictAws, web: HandlerClient
 ) -> None:
     _updated(web)
     strict_aws.dynamodb.tear_next_read([0])  # the old service item beside the new version 2
@@ -74,7 +76,7 @@ def test_a_get_torn_before_the_service_item_is_the_state_before_the_write(
 
 
 def test_a_get_torn_during_a_create_never_shows_a_service_without_its_version(
-    strict_aws: StrictAws, api: ApiClient
+    strict_aws: StrictAws, api: HandlerClient
 ) -> None:
     assert api.post("/v1/services", {"name": "web", "spec": hello_spec()}).status == 201
     strict_aws.dynamodb.tear_next_read([1])  # service item, no version 1
@@ -84,7 +86,7 @@ def test_a_get_torn_during_a_create_never_shows_a_service_without_its_version(
     assert api.get("/v1/services/web").status == 404
 
 
-def test_a_read_that_keeps_tearing_is_a_503_with_retry_after(strict_aws: StrictAws, web: ApiClient) -> None:
+def test_a_read_that_keeps_tearing_is_a_503_with_retry_after(strict_aws: StrictAws, web: HandlerClient) -> None:
     _updated(web)
     strict_aws.dynamodb.tear_next_read([1], times=2)
     assert web.get("/v1/services/web").status == 200  # three consistent Queries: the third is whole
@@ -96,7 +98,7 @@ def test_a_read_that_keeps_tearing_is_a_503_with_retry_after(strict_aws: StrictA
     assert strict_aws.attempts_of("dynamodb", "Query") >= 3 * 3  # 3 tries of 3 Queries, no more
 
 
-def test_the_reads_behind_writes_never_act_on_half_a_transaction(strict_aws: StrictAws, web: ApiClient) -> None:
+def test_the_reads_behind_writes_never_act_on_half_a_transaction(strict_aws: StrictAws, web: HandlerClient) -> None:
     _updated(web)
     strict_aws.dynamodb.tear_next_read([1])
     deleted = web.delete("/v1/services/web")
@@ -104,7 +106,9 @@ def test_the_reads_behind_writes_never_act_on_half_a_transaction(strict_aws: Str
     assert (deleted.body["target_version"], deleted.body["spec"]["envs"]) == (2, {"V": "2"})
 
 
-def test_a_rollback_after_a_torn_read_rolls_back_from_the_real_target(strict_aws: StrictAws, web: ApiClient) -> None:
+def test_a_rollback_after_a_torn_read_rolls_back_from_the_real_target(
+    strict_aws: StrictAws, web: HandlerClient
+) -> None:
     _updated(web)
     _updated(web, "3")
     strict_aws.dynamodb.tear_next_read([1])
@@ -116,7 +120,7 @@ def test_a_rollback_after_a_torn_read_rolls_back_from_the_real_target(strict_aws
 # --- b. contention: a typed store error, a bounded retry, then 503 + Retry-After --------------------
 
 
-def test_a_transaction_conflict_is_retried_by_the_command(strict_aws: StrictAws, web: ApiClient) -> None:
+def test_a_transaction_conflict_is_retried_by_the_command(strict_aws: StrictAws, web: HandlerClient) -> None:
     strict_aws.dynamodb.conflict_next_transaction(times=2)
     response = web.put("/v1/services/web", {"spec": hello_spec(envs={"V": "2"})})
     assert response.status == 200, response.body
@@ -132,7 +136,7 @@ def test_a_transaction_conflict_is_retried_by_the_command(strict_aws: StrictAws,
     ],
 )
 def test_a_transaction_conflict_that_persists_is_a_503_and_writes_nothing(
-    strict_aws: StrictAws, web: ApiClient, method: str, path: str, body: dict[str, Any]
+    strict_aws: StrictAws, web: HandlerClient, method: str, path: str, body: dict[str, Any]
 ) -> None:
     if path.endswith("rollback"):
         _updated(web)
@@ -146,7 +150,7 @@ def test_a_transaction_conflict_that_persists_is_a_503_and_writes_nothing(
     assert web.get("/v1/services/api").status == 404
 
 
-def test_a_transaction_conflict_on_delete_is_retried_then_a_503(strict_aws: StrictAws, web: ApiClient) -> None:
+def test_a_transaction_conflict_on_delete_is_retried_then_a_503(strict_aws: StrictAws, web: HandlerClient) -> None:
     # Delete is ONE TransactWriteItems (the service item and its Deleting event).
     strict_aws.dynamodb.conflict_next_transaction([0], times=1)
     assert web.delete("/v1/services/web").status == 202
@@ -157,7 +161,9 @@ def test_a_transaction_conflict_on_delete_is_retried_then_a_503(strict_aws: Stri
     assert web.get("/v1/services/api").body["lifecycle"] == "ACTIVE"
 
 
-def test_throttling_that_outlasts_botocore_is_a_503_not_retried_again(strict_aws: StrictAws, web: ApiClient) -> None:
+def test_throttling_that_outlasts_botocore_is_a_503_not_retried_again(
+    strict_aws: StrictAws, web: HandlerClient
+) -> None:
     strict_aws.throttle("dynamodb", "Query", times=50)
     response = web.get("/v1/services/web")
     assert response.status == 503, response.body
@@ -165,14 +171,14 @@ def test_throttling_that_outlasts_botocore_is_a_503_not_retried_again(strict_aws
     assert strict_aws.attempts_of("dynamodb", "Query") == 6  # botocore's 1 + 5; the command adds none
 
 
-def test_a_throttled_idempotency_record_is_a_503(strict_aws: StrictAws, web: ApiClient) -> None:
+def test_a_throttled_idempotency_record_is_a_503(strict_aws: StrictAws, web: HandlerClient) -> None:
     strict_aws.throttle("dynamodb", "PutItem", times=50)
     response = web.put("/v1/services/web", {"spec": hello_spec()}, headers={"Idempotency-Key": "k"})
     assert response.status == 503, response.body
     assert web.get("/v1/services/web").body["generation"] == 1
 
 
-def test_the_reconciler_store_reports_the_same_contention(strict_aws: StrictAws, web: ApiClient) -> None:
+def test_the_reconciler_store_reports_the_same_contention(strict_aws: StrictAws, web: HandlerClient) -> None:
     from fleetkeeper.model import ServiceStatus
     from fleetkeeper.store.reconciler import ReconcilerStore
     from fleetkeeper.store.table import Table
@@ -196,7 +202,7 @@ def test_the_reconciler_store_reports_the_same_contention(strict_aws: StrictAws,
 # --- i. bounded sizes ----------------------------------------------------------------------------------
 
 
-def test_the_kick_makes_one_short_attempt(api: ApiClient, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_kick_makes_one_short_attempt(api: HandlerClient, monkeypatch: pytest.MonkeyPatch) -> None:
     from botocore.awsrequest import AWSResponse
 
     monkeypatch.setenv("FLEETKEEPER_KICK_QUEUE_URL", "https://sqs.us-east-1.amazonaws.com/123456789012/kicks")
@@ -217,7 +223,7 @@ def test_the_kick_makes_one_short_attempt(api: ApiClient, monkeypatch: pytest.Mo
 NON_ASCII = "ünïcødé ✓ 漢字 🚀"
 
 
-def test_specs_are_stored_as_utf8_and_escaped_items_still_read(api: ApiClient, table: str) -> None:
+def test_specs_are_stored_as_utf8_and_escaped_items_still_read(api: HandlerClient, table: str) -> None:
     assert api.post("/v1/services", {"name": "web", "spec": hello_spec(envs={"T": NON_ASCII})}).status == 201
     client = aws.dynamodb()
     items = client.query(
@@ -244,7 +250,7 @@ def _big_spec(release: int = 0) -> str:
     return body
 
 
-def test_versions_pages_stay_under_the_lambda_response_limit(strict_aws: StrictAws, api: ApiClient) -> None:
+def test_versions_pages_stay_under_the_lambda_response_limit(strict_aws: StrictAws, api: HandlerClient) -> None:
     from fleetkeeper.api.handler import MAX_VERSIONS_PAGE
     from fleetkeeper.store.commands import VERSION_HISTORY_LIMIT
 
@@ -295,7 +301,7 @@ def _item_size(item: dict[str, Any]) -> int:
     return sum(len(name.encode()) + value_size(value) for name, value in item.items())
 
 
-def test_the_idempotency_record_of_a_service_of_1000_replicas_is_small(api: ApiClient, table: str) -> None:
+def test_the_idempotency_record_of_a_service_of_1000_replicas_is_small(api: HandlerClient, table: str) -> None:
     assert api.post("/v1/services", {"name": "web", "spec": hello_spec()}).status == 201
     uid = api.get("/v1/services/web").body["uid"]
     client = aws.dynamodb()
@@ -327,7 +333,7 @@ def test_the_idempotency_record_of_a_service_of_1000_replicas_is_small(api: ApiC
     assert size < 4 * 1024  # independent of the replica count
 
 
-def test_the_idempotency_record_of_the_largest_spec_fits_an_item(api: ApiClient, table: str) -> None:
+def test_the_idempotency_record_of_the_largest_spec_fits_an_item(api: HandlerClient, table: str) -> None:
     assert api.post("/v1/services", {"name": "web", "spec": hello_spec()}).status == 201
     body = _big_spec()
     first = _raw("PUT", "/v1/services/web", body, {"Idempotency-Key": "big"})

@@ -6,7 +6,7 @@ import json
 
 from fleetkeeper.api.handler import lambda_handler
 from tests import REPO_ROOT
-from tests.conftest import FakeContext
+from tests.support.handler_client import FakeContext
 
 EVENTS = REPO_ROOT / "events"
 # A service's life, one event per route, with the status each must produce.

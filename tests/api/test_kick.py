@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 
 from fleetkeeper import aws
-from tests.conftest import ApiClient, hello_spec
+from tests.support.handler_client import HandlerClient
+from tests.support.specs import hello_spec
 
 
 def kick_queue(monkeypatch: pytest.MonkeyPatch) -> str:
@@ -27,7 +28,7 @@ def kicks_on(url: str) -> list[dict[str, Any]]:
     return found
 
 
-def test_each_write_queues_a_kick_for_that_service(api: ApiClient, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_each_write_queues_a_kick_for_that_service(api: HandlerClient, monkeypatch: pytest.MonkeyPatch) -> None:
     url = kick_queue(monkeypatch)
     assert api.post("/v1/services", {"name": "web", "spec": hello_spec()}).status == 201
     assert api.put("/v1/services/web", {"spec": hello_spec(envs={"V": "2"})}).status == 200
@@ -37,14 +38,14 @@ def test_each_write_queues_a_kick_for_that_service(api: ApiClient, monkeypatch: 
     assert api.get("/v1/services/web").body["lifecycle"] == "DELETING"
 
 
-def test_a_kick_that_cannot_be_queued_fails_no_write(api: ApiClient, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_kick_that_cannot_be_queued_fails_no_write(api: HandlerClient, monkeypatch: pytest.MonkeyPatch) -> None:
     # No such queue in this AWS: the send fails, and the writes must not notice.
     monkeypatch.setenv("FLEETKEEPER_KICK_QUEUE_URL", "https://sqs.us-east-1.amazonaws.com/123456789012/nowhere")
     assert api.post("/v1/services", {"name": "web", "spec": hello_spec()}).status == 201
     assert api.delete("/v1/services/web").status == 202
 
 
-def test_reads_and_refused_writes_do_not_kick(api: ApiClient, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_reads_and_refused_writes_do_not_kick(api: HandlerClient, monkeypatch: pytest.MonkeyPatch) -> None:
     url = kick_queue(monkeypatch)
     api.get("/v1/services")
     api.get("/v1/services/nope")
@@ -53,7 +54,7 @@ def test_reads_and_refused_writes_do_not_kick(api: ApiClient, monkeypatch: pytes
     assert kicks_on(url) == []
 
 
-def test_an_unreachable_local_kick_url_fails_nothing(api: ApiClient, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_an_unreachable_local_kick_url_fails_nothing(api: HandlerClient, monkeypatch: pytest.MonkeyPatch) -> None:
     with socket.socket() as probe:  # a loopback port with nobody listening
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]

@@ -10,8 +10,10 @@ from fleetkeeper import aws
 from fleetkeeper.model import AutoscalerState, Recommendation, to_iso
 from fleetkeeper.store.reconciler import ReconcilerStore
 from fleetkeeper.store.table import Table
-from tests.conftest import TABLE, ApiClient, hello_spec
 from tests.reconciler.plan.test_endpoint import ENDPOINT
+from tests.support import TABLE
+from tests.support.handler_client import HandlerClient
+from tests.support.specs import hello_spec
 
 
 def policy_spec() -> dict[str, Any]:
@@ -42,7 +44,7 @@ def with_endpoint(name: str) -> None:
     store.record_endpoint(state.service, ENDPOINT)
 
 
-def test_the_rate_per_bucket_oldest_first_with_the_autoscalers_target(api: ApiClient) -> None:
+def test_the_rate_per_bucket_oldest_first_with_the_autoscalers_target(api: HandlerClient) -> None:
     assert api.call("POST", "/v1/services", {"name": "web", "spec": policy_spec()}).status == 201
     with_endpoint("web")
     minute = datetime.now(UTC).replace(second=0, microsecond=0)
@@ -72,21 +74,21 @@ def test_the_rate_per_bucket_oldest_first_with_the_autoscalers_target(api: ApiCl
     }
 
 
-def test_a_service_without_an_endpoint_has_no_points_and_its_fixed_count(api: ApiClient) -> None:
+def test_a_service_without_an_endpoint_has_no_points_and_its_fixed_count(api: HandlerClient) -> None:
     assert api.call("POST", "/v1/services", {"name": "web", "spec": hello_spec()}).status == 201
     shown = api.call("GET", "/v1/services/web/metrics").body
     assert shown["request_rate"] == [] and shown["recommendations"] == []
     assert shown["target_replicas"] == 2 and shown["target_qps_per_replica"] is None
 
 
-def test_only_a_reader_of_the_service_sees_its_metrics(api: ApiClient) -> None:
+def test_only_a_reader_of_the_service_sees_its_metrics(api: HandlerClient) -> None:
     assert api.call("POST", "/v1/services", {"name": "web", "spec": hello_spec()}).status == 201
     stranger = api.as_("arn:aws:sts::123456789012:assumed-role/someone-else/session")
     assert stranger.call("GET", "/v1/services/web/metrics").status == 404
     assert api.call("GET", "/v1/services/nope/metrics").status == 404
 
 
-def test_the_stretch_asked_for_is_bounded(api: ApiClient) -> None:
+def test_the_stretch_asked_for_is_bounded(api: HandlerClient) -> None:
     assert api.call("POST", "/v1/services", {"name": "web", "spec": hello_spec()}).status == 201
     for minutes in ("0", "1441", "ten"):
         answer = api.call("GET", f"/v1/services/web/metrics?minutes={minutes}")

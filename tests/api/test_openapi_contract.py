@@ -1,5 +1,5 @@
 """The OpenAPI document is a valid OpenAPI 3 document, complete, and true to what the api answers
-(each answer of the suite is checked against it: tests/openapi_conformance.py)."""
+(each answer of the suite is checked against it: tests/support/openapi_conformance.py)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,9 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import ApiClient, hello_spec
-from tests.openapi_conformance import Nonconforming, check, document
+from tests.support.handler_client import HandlerClient
+from tests.support.openapi_conformance import Nonconforming, check, document
+from tests.support.specs import hello_spec
 
 
 def test_the_document_is_valid_openapi() -> None:
@@ -59,7 +60,7 @@ def test_an_answer_that_is_not_the_documents_is_caught() -> None:
         check("GET", "/v1/services", 200, {}, {"services": "not a list", "next_token": None})
 
 
-def test_writes_answer_with_a_quoted_etag_and_whether_they_changed_anything(api: ApiClient) -> None:
+def test_writes_answer_with_a_quoted_etag_and_whether_they_changed_anything(api: HandlerClient) -> None:
     created = api.post("/v1/services", {"name": "web", "spec": hello_spec()})
     assert (created.headers["ETag"], created.body["changed"]) == ('"1"', True)
     assert api.put("/v1/services/web", {"spec": hello_spec()}, headers={"If-Match": '"1"'}).body["changed"] is False

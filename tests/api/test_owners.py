@@ -14,7 +14,9 @@ import pytest
 from fleetkeeper import aws
 from fleetkeeper.store import keys
 from fleetkeeper.store.codec import to_raw
-from tests.conftest import TABLE, ApiClient, hello_spec
+from tests.support import TABLE
+from tests.support.handler_client import HandlerClient
+from tests.support.specs import hello_spec
 
 ACCOUNT = "123456789012"
 TEAM_A = f"arn:aws:iam::{ACCOUNT}:role/team-a-ci"
@@ -27,32 +29,32 @@ def session(role: str, name: str = "run-1") -> str:
 
 
 @pytest.fixture
-def a(api: ApiClient) -> ApiClient:
+def a(api: HandlerClient) -> HandlerClient:
     return api.as_(session(TEAM_A))
 
 
 @pytest.fixture
-def b(api: ApiClient) -> ApiClient:
+def b(api: HandlerClient) -> HandlerClient:
     return api.as_(session(TEAM_B))
 
 
 @pytest.fixture
-def admin(api: ApiClient, monkeypatch: pytest.MonkeyPatch) -> ApiClient:
+def admin(api: HandlerClient, monkeypatch: pytest.MonkeyPatch) -> HandlerClient:
     monkeypatch.setenv("FLEETKEEPER_ADMIN_PRINCIPALS", f"arn:aws:iam::{ACCOUNT}:role/platform-*")
     return api.as_(session(f"arn:aws:iam::{ACCOUNT}:role/platform-admins", "alice"))
 
 
-def create(client: ApiClient, name: str = "web", **spec: Any) -> dict[str, Any]:
+def create(client: HandlerClient, name: str = "web", **spec: Any) -> dict[str, Any]:
     answer = client.post("/v1/services", {"name": name, "spec": hello_spec(**spec)})
     assert answer.status == 201, answer.body
     return dict(answer.body)
 
 
-def grant(client: ApiClient, name: str, principal: str, mode: str) -> Any:
+def grant(client: HandlerClient, name: str, principal: str, mode: str) -> Any:
     return client.post(f"/v1/services/{name}/access", {"add": [{"principal": principal, "mode": mode}]})
 
 
-def names(client: ApiClient, limit: int = 100) -> list[str]:
+def names(client: HandlerClient, limit: int = 100) -> list[str]:
     """Every service the caller's list shows, following next_token to the end."""
     seen: list[str] = []
     token = None
@@ -82,7 +84,7 @@ ROUTES: list[tuple[str, str, Any]] = [
 # --- owners ------------------------------------------------------------------------------------------
 
 
-def test_a_service_belongs_to_the_role_that_created_it_not_to_the_session(a: ApiClient, api: ApiClient) -> None:
+def test_a_service_belongs_to_the_role_that_created_it_not_to_the_session(a: HandlerClient, api: HandlerClient) -> None:
     created = create(a)
     assert created["owner"] == TEAM_A
     assert created["access"] == []
@@ -93,7 +95,7 @@ def test_a_service_belongs_to_the_role_that_created_it_not_to_the_session(a: Api
     assert next_run.delete("/v1/services/web").status == 202
 
 
-def test_an_iam_user_owns_by_its_user_arn_path_included(api: ApiClient) -> None:
+def test_an_iam_user_owns_by_its_user_arn_path_included(api: HandlerClient) -> None:
     user = api.as_(f"arn:aws:iam::{ACCOUNT}:user/division/ci-bot")
     assert create(user)["owner"] == f"arn:aws:iam::{ACCOUNT}:user/division/ci-bot"
     assert user.get("/v1/services/web").status == 200
@@ -102,7 +104,7 @@ def test_an_iam_user_owns_by_its_user_arn_path_included(api: ApiClient) -> None:
 
 @pytest.mark.parametrize(("method", "path", "body"), ROUTES)
 def test_another_role_gets_the_404_an_unknown_name_gets_on_every_route(
-    a: ApiClient, b: ApiClient, method: str, path: str, body: Any
+    a: HandlerClient, b: HandlerClient, method: str, path: str, body: Any
 ) -> None:
     unknown = b.call(method, path, body)
     assert unknown.status == 404, unknown.body
@@ -115,14 +117,14 @@ def test_another_role_gets_the_404_an_unknown_name_gets_on_every_route(
     assert (view["generation"], view["lifecycle"], view["access"]) == (1, "ACTIVE", [])
 
 
-def test_another_roles_list_leaves_the_service_out(a: ApiClient, b: ApiClient) -> None:
+def test_another_roles_list_leaves_the_service_out(a: HandlerClient, b: HandlerClient) -> None:
     create(a, "web")
     create(b, "api")
     assert names(a) == ["web"]
     assert names(b) == ["api"]
 
 
-def test_a_name_another_team_holds_is_taken_and_nothing_of_it_is_told(a: ApiClient, b: ApiClient) -> None:
+def test_a_name_another_team_holds_is_taken_and_nothing_of_it_is_told(a: HandlerClient, b: HandlerClient) -> None:
     create(a)
     taken = b.post("/v1/services", {"name": "web", "spec": hello_spec()})
     assert taken.status == 409
@@ -145,7 +147,7 @@ def test_a_name_another_team_holds_is_taken_and_nothing_of_it_is_told(a: ApiClie
     ],
 )
 def test_a_read_grant_reads_but_every_change_is_a_403_naming_the_access_missing(
-    a: ApiClient, b: ApiClient, method: str, path: str, body: Any, doing: str
+    a: HandlerClient, b: HandlerClient, method: str, path: str, body: Any, doing: str
 ) -> None:
     create(a)
     assert a.put("/v1/services/web", {"spec": hello_spec(envs={"V": "1"})}).status == 200
@@ -164,7 +166,7 @@ def test_a_read_grant_reads_but_every_change_is_a_403_naming_the_access_missing(
     assert (view["generation"], view["lifecycle"]) == (2, "ACTIVE")
 
 
-def test_a_write_grant_changes_and_a_revoke_takes_it_back(a: ApiClient, b: ApiClient) -> None:
+def test_a_write_grant_changes_and_a_revoke_takes_it_back(a: HandlerClient, b: HandlerClient) -> None:
     create(a)
     granted = grant(a, "web", TEAM_B, "write")
     assert granted.status == 200
@@ -184,7 +186,7 @@ def test_a_write_grant_changes_and_a_revoke_takes_it_back(a: ApiClient, b: ApiCl
     assert b.get("/v1/services/web").status == 404
 
 
-def test_a_grant_of_a_role_with_a_path_matches_its_sessions_by_name(a: ApiClient, b: ApiClient) -> None:
+def test_a_grant_of_a_role_with_a_path_matches_its_sessions_by_name(a: HandlerClient, b: HandlerClient) -> None:
     create(a)
     answer = grant(a, "web", f"arn:aws:iam::{ACCOUNT}:role/teams/team-b-ci", "read")
     # Stored as the role without its path: that is what a session of it acts as.
@@ -192,7 +194,7 @@ def test_a_grant_of_a_role_with_a_path_matches_its_sessions_by_name(a: ApiClient
     assert b.get("/v1/services/web").status == 200
 
 
-def test_a_pattern_grant_admits_every_role_it_matches(a: ApiClient, api: ApiClient) -> None:
+def test_a_pattern_grant_admits_every_role_it_matches(a: HandlerClient, api: HandlerClient) -> None:
     create(a)
     assert grant(a, "web", f"arn:aws:iam::{ACCOUNT}:role/team-b-*", "read").status == 200
     assert api.as_(session(f"arn:aws:iam::{ACCOUNT}:role/team-b-deploy")).get("/v1/services/web").status == 200
@@ -200,7 +202,7 @@ def test_a_pattern_grant_admits_every_role_it_matches(a: ApiClient, api: ApiClie
     assert api.as_(session("arn:aws:iam::210987654321:role/team-b-ci")).get("/v1/services/web").status == 404
 
 
-def test_a_change_of_access_is_an_event_naming_who_did_what(a: ApiClient) -> None:
+def test_a_change_of_access_is_an_event_naming_who_did_what(a: HandlerClient) -> None:
     create(a)
     grant(a, "web", TEAM_B, "read")
     a.post("/v1/services/web/access", {"add": [{"principal": TEAM_B, "mode": "write"}]})
@@ -236,7 +238,7 @@ def test_a_change_of_access_is_an_event_naming_who_did_what(a: ApiClient) -> Non
     ],
 )
 def test_a_bad_grant_is_a_400_naming_it_and_changes_nothing(
-    a: ApiClient, body: dict[str, Any], field: str, words: str
+    a: HandlerClient, body: dict[str, Any], field: str, words: str
 ) -> None:
     create(a)
     answer = a.post("/v1/services/web/access", body)
@@ -246,7 +248,7 @@ def test_a_bad_grant_is_a_400_naming_it_and_changes_nothing(
     assert a.get("/v1/services/web").body["access"] == []
 
 
-def test_a_service_names_at_most_twenty_principals(a: ApiClient) -> None:
+def test_a_service_names_at_most_twenty_principals(a: HandlerClient) -> None:
     create(a)
     first = [{"principal": f"arn:aws:iam::{ACCOUNT}:role/r{i}", "mode": "read"} for i in range(15)]
     assert a.post("/v1/services/web/access", {"add": first}).status == 200
@@ -260,7 +262,9 @@ def test_a_service_names_at_most_twenty_principals(a: ApiClient) -> None:
 # --- administrators ------------------------------------------------------------------------------------
 
 
-def test_an_administrator_pattern_reads_and_changes_every_service(a: ApiClient, b: ApiClient, admin: ApiClient) -> None:
+def test_an_administrator_pattern_reads_and_changes_every_service(
+    a: HandlerClient, b: HandlerClient, admin: HandlerClient
+) -> None:
     create(a, "web")
     create(b, "api")
     assert names(admin) == ["api", "web"]
@@ -274,7 +278,9 @@ def test_an_administrator_pattern_reads_and_changes_every_service(a: ApiClient, 
     assert create(admin, "ops")["owner"] == f"arn:aws:iam::{ACCOUNT}:role/platform-admins"
 
 
-def test_a_service_from_before_owners_is_an_administrators_only(api: ApiClient, admin: ApiClient, table: str) -> None:
+def test_a_service_from_before_owners_is_an_administrators_only(
+    api: HandlerClient, admin: HandlerClient, table: str
+) -> None:
     create(api)
     aws.dynamodb().update_item(
         TableName=table,
@@ -294,7 +300,7 @@ def test_a_service_from_before_owners_is_an_administrators_only(api: ApiClient, 
 
 @pytest.mark.parametrize("principal", [None, "", "anonymous", "arn:aws:s3:::bucket", "local:me/../x"])
 def test_a_request_without_a_recognized_identity_is_a_403_and_writes_nothing(
-    api: ApiClient, principal: str | None
+    api: HandlerClient, principal: str | None
 ) -> None:
     caller = api.as_(principal)
     for method, path, body in [*ROUTES, ("GET", "/v1/services", None), ("POST", "/v1/services", None)]:
@@ -304,7 +310,7 @@ def test_a_request_without_a_recognized_identity_is_a_403_and_writes_nothing(
     assert names(api) == []
 
 
-def test_a_federated_user_owns_nothing_and_is_named_by_no_grant(api: ApiClient) -> None:
+def test_a_federated_user_owns_nothing_and_is_named_by_no_grant(api: HandlerClient) -> None:
     """`federated-user/NAME` is whatever GetFederationToken's caller named itself: as an owner, any IAM
     user allowed that action would be every federated owner. A 403 saying why, and nothing written."""
     federated = api.as_("arn:aws:sts::123456789012:federated-user/alice")
@@ -325,7 +331,7 @@ def test_a_federated_user_owns_nothing_and_is_named_by_no_grant(api: ApiClient) 
 
 
 def test_a_filtered_list_pages_through_every_visible_service_and_ends(
-    a: ApiClient, b: ApiClient, monkeypatch: pytest.MonkeyPatch
+    a: HandlerClient, b: HandlerClient, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from fleetkeeper.store import reads
 
@@ -358,7 +364,7 @@ def test_a_filtered_list_pages_through_every_visible_service_and_ends(
     assert names(a, limit=7) == [f"svc-{i:02d}" for i in range(40) if f"svc-{i:02d}" not in mine]
 
 
-def test_a_full_last_page_carries_no_token(a: ApiClient) -> None:
+def test_a_full_last_page_carries_no_token(a: HandlerClient) -> None:
     for name in ("one", "two"):
         create(a, name)
     page = a.get("/v1/services?limit=2")
@@ -369,7 +375,7 @@ def test_a_full_last_page_carries_no_token(a: ApiClient) -> None:
 
 
 def test_a_name_re_created_by_another_team_shows_nothing_of_the_old_incarnation(
-    a: ApiClient, b: ApiClient, table: str
+    a: HandlerClient, b: HandlerClient, table: str
 ) -> None:
     create(a, envs={"OLD": "a-secret-ish-value"})
     assert a.put("/v1/services/web", {"spec": hello_spec(envs={"OLD": "v2"})}).status == 200
@@ -392,7 +398,7 @@ def test_a_name_re_created_by_another_team_shows_nothing_of_the_old_incarnation(
 # --- idempotency keys are the caller's ------------------------------------------------------------------
 
 
-def test_two_callers_with_one_idempotency_key_never_share_a_result(a: ApiClient, b: ApiClient) -> None:
+def test_two_callers_with_one_idempotency_key_never_share_a_result(a: HandlerClient, b: HandlerClient) -> None:
     key = {"Idempotency-Key": "deploy-1"}
     first = a.post("/v1/services", {"name": "web", "spec": hello_spec()}, headers=key)
     assert first.status == 201
@@ -408,7 +414,7 @@ def test_two_callers_with_one_idempotency_key_never_share_a_result(a: ApiClient,
     assert (replay.status, replay.body) == (201, first.body)
 
 
-def test_another_session_of_the_same_role_replays_the_roles_key(a: ApiClient, api: ApiClient) -> None:
+def test_another_session_of_the_same_role_replays_the_roles_key(a: HandlerClient, api: HandlerClient) -> None:
     key = {"Idempotency-Key": "deploy-2"}
     first = a.post("/v1/services", {"name": "web", "spec": hello_spec()}, headers=key)
     retry = api.as_(session(TEAM_A, "run-2")).post("/v1/services", {"name": "web", "spec": hello_spec()}, headers=key)
@@ -419,7 +425,7 @@ def secret_spec(value: str) -> dict[str, Any]:
     return hello_spec(secrets={"TOKEN": value})
 
 
-def test_the_same_key_with_other_secret_values_is_another_request(a: ApiClient) -> None:
+def test_the_same_key_with_other_secret_values_is_another_request(a: HandlerClient) -> None:
     key = {"Idempotency-Key": "rotate"}
     create(a, secrets={"TOKEN": "v0"})
     first = a.put("/v1/services/web", {"spec": secret_spec("v1")}, headers=key)
@@ -429,7 +435,7 @@ def test_the_same_key_with_other_secret_values_is_another_request(a: ApiClient) 
     assert (refused.status, refused.error["code"]) == (422, "idempotency_key_reused")
 
 
-def test_the_hmac_key_is_a_securestring_outside_the_replicas_path(a: ApiClient) -> None:
+def test_the_hmac_key_is_a_securestring_outside_the_replicas_path(a: HandlerClient) -> None:
     from fleetkeeper.api.request_hmac import RequestHmac, forget_keys, key_parameter
     from fleetkeeper.replicas.secrets import parameter_prefix
 
@@ -451,7 +457,7 @@ def test_the_hmac_key_is_a_securestring_outside_the_replicas_path(a: ApiClient) 
 
 
 def test_a_workdir_upload_tells_only_readers_what_a_service_stores(
-    a: ApiClient, b: ApiClient, api: ApiClient, monkeypatch: pytest.MonkeyPatch
+    a: HandlerClient, b: HandlerClient, api: HandlerClient, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import base64
     import hashlib
@@ -500,7 +506,7 @@ def test_reconciling_a_service_keeps_its_owner_and_grants(world: Any) -> None:
 
 
 def test_a_change_of_access_on_a_stale_read_is_refused_by_the_store_and_retried_by_the_command(
-    a: ApiClient, table: str, monkeypatch: pytest.MonkeyPatch
+    a: HandlerClient, table: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from fleetkeeper import service_events
     from fleetkeeper.model import AccessGrant
@@ -539,7 +545,7 @@ def test_a_change_of_access_on_a_stale_read_is_refused_by_the_store_and_retried_
     assert raced == [True]
 
 
-def test_access_of_a_service_being_deleted_cannot_change(a: ApiClient) -> None:
+def test_access_of_a_service_being_deleted_cannot_change(a: HandlerClient) -> None:
     create(a)
     assert a.delete("/v1/services/web").status == 202
     answer = grant(a, "web", TEAM_B, "read")

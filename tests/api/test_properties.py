@@ -12,7 +12,8 @@ from typing import Any
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from tests.conftest import ApiClient, hello_spec
+from tests.support.handler_client import HandlerClient
+from tests.support.specs import hello_spec
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),
@@ -88,7 +89,9 @@ def check(response: Any) -> None:
 # Found by the search: "¹".isdigit() is true, int("¹") raises: If-Match "¹" was a 500 (now a 400).
 @example(method="POST", path="/v1/services/web/rollback", body=None, header_map={"If-Match": "¹"})
 @example(method="PUT", path="/v1/services/web", body={"spec": hello_spec()}, header_map={"If-Match": "٣"})
-def test_no_request_yields_a_5xx(api: ApiClient, method: str, path: str, body: Any, header_map: dict[str, str]) -> None:
+def test_no_request_yields_a_5xx(
+    api: HandlerClient, method: str, path: str, body: Any, header_map: dict[str, str]
+) -> None:
     # Keep one service around so update/rollback/delete paths reach the store, not only 404s.
     if api.get("/v1/services/web").status == 404:
         api.post("/v1/services", {"name": "web", "spec": hello_spec()})
@@ -98,6 +101,6 @@ def test_no_request_yields_a_5xx(api: ApiClient, method: str, path: str, body: A
 @given(raw=st.one_of(st.binary(max_size=200), st.text(max_size=200)), path=paths)
 # Found by the search: a body that is not UTF-8 was a 500 (now a 400).
 @example(raw=b"\xff\xfe", path="/v1/services")
-def test_no_raw_body_yields_a_5xx(api: ApiClient, raw: bytes | str, path: str) -> None:
+def test_no_raw_body_yields_a_5xx(api: HandlerClient, raw: bytes | str, path: str) -> None:
     check(api.call("POST", path, raw=raw))
     check(api.call("PUT", path, raw=raw))

@@ -12,10 +12,10 @@ from fleetkeeper.store.commands import CommandStore
 from fleetkeeper.store.reconciler import ReconcilerStore
 from fleetkeeper.store.table import Table
 from tests.api.test_owners import TEAM_A, TEAM_B, create, grant, session
-from tests.conftest import TABLE
+from tests.support import TABLE
 
 if TYPE_CHECKING:
-    from tests.conftest import ApiClient
+    from tests.support.handler_client import HandlerClient
 
 
 def with_replicas(name: str, *statuses: ReplicaStatus) -> None:
@@ -29,7 +29,7 @@ def with_replicas(name: str, *statuses: ReplicaStatus) -> None:
         store.put_replica(claimed, replace(claimed, status=status, instance_id=f"i-{replica_id}"))
 
 
-def test_a_termination_is_recorded_once_with_its_event(api: ApiClient) -> None:
+def test_a_termination_is_recorded_once_with_its_event(api: HandlerClient) -> None:
     create(api)
     with_replicas("web", ReplicaStatus.READY, ReplicaStatus.READY)
     answer = api.delete("/v1/services/web/replicas/1")
@@ -45,14 +45,14 @@ def test_a_termination_is_recorded_once_with_its_event(api: ApiClient) -> None:
     assert "requested by" in events[0]["message"]
 
 
-def test_a_replica_already_leaving_is_left_as_it_is(api: ApiClient) -> None:
+def test_a_replica_already_leaving_is_left_as_it_is(api: HandlerClient) -> None:
     create(api)
     with_replicas("web", ReplicaStatus.SHUTTING_DOWN)
     answer = api.delete("/v1/services/web/replicas/0")
     assert (answer.status, answer.body["changed"]) == (202, False)
 
 
-def test_an_unknown_replica_or_service_is_a_404_that_says_what_there_is(api: ApiClient) -> None:
+def test_an_unknown_replica_or_service_is_a_404_that_says_what_there_is(api: HandlerClient) -> None:
     create(api)
     with_replicas("web", ReplicaStatus.READY)
     answer = api.delete("/v1/services/web/replicas/5")
@@ -63,7 +63,7 @@ def test_an_unknown_replica_or_service_is_a_404_that_says_what_there_is(api: Api
     assert api.delete("/v1/services/nope/replicas/0").status == 404
 
 
-def test_a_replica_id_that_is_not_a_number_is_a_400_naming_it(api: ApiClient) -> None:
+def test_a_replica_id_that_is_not_a_number_is_a_400_naming_it(api: HandlerClient) -> None:
     create(api)
     answer = api.delete("/v1/services/web/replicas/one")
     assert answer.status == 400, answer.body
@@ -71,7 +71,7 @@ def test_a_replica_id_that_is_not_a_number_is_a_400_naming_it(api: ApiClient) ->
     assert api.delete("/v1/services/web/replicas/-1").status == 400
 
 
-def test_it_needs_write_access_as_an_update_does(api: ApiClient) -> None:
+def test_it_needs_write_access_as_an_update_does(api: HandlerClient) -> None:
     owner = api.as_(session(TEAM_A))
     create(owner)
     with_replicas("web", ReplicaStatus.READY)
@@ -84,7 +84,7 @@ def test_it_needs_write_access_as_an_update_does(api: ApiClient) -> None:
     assert owner.delete("/v1/services/web/replicas/0").status == 202
 
 
-def test_a_service_being_deleted_refuses_it(api: ApiClient) -> None:
+def test_a_service_being_deleted_refuses_it(api: HandlerClient) -> None:
     create(api)
     with_replicas("web", ReplicaStatus.READY)
     assert api.delete("/v1/services/web").status == 202

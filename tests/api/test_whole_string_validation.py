@@ -6,10 +6,11 @@ from __future__ import annotations
 import pytest
 
 from fleetkeeper.spec.service import ServiceSpec
-from tests.conftest import ApiClient, hello_spec
+from tests.support.handler_client import HandlerClient
+from tests.support.specs import hello_spec
 
 
-def _assert_400_naming(api: ApiClient, body: dict[str, object], field: str) -> None:
+def _assert_400_naming(api: HandlerClient, body: dict[str, object], field: str) -> None:
     response = api.post("/v1/services", body)
     assert response.status == 400, response.body
     assert response.error["code"] == "invalid_request"
@@ -29,11 +30,13 @@ def _assert_400_naming(api: ApiClient, body: dict[str, object], field: str) -> N
         ({"name": "web", "spec": hello_spec(resources={"image_id": "ami-0123456789abcdef0\n"})}, "spec.resources"),
     ],
 )
-def test_a_trailing_newline_is_refused_naming_the_field(api: ApiClient, body: dict[str, object], field: str) -> None:
+def test_a_trailing_newline_is_refused_naming_the_field(
+    api: HandlerClient, body: dict[str, object], field: str
+) -> None:
     _assert_400_naming(api, body, field)
 
 
-def test_a_name_with_a_trailing_newline_in_the_path_is_400(api: ApiClient) -> None:
+def test_a_name_with_a_trailing_newline_in_the_path_is_400(api: HandlerClient) -> None:
     response = api.get("/v1/services/web%0A")
     assert response.status == 400, response.body
     assert "name" in response.error["message"]

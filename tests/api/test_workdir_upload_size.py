@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from collections.abc import Iterator
     from pathlib import Path
 
-    from tests.conftest import ApiClient
+    from tests.support.handler_client import HandlerClient
 
 BUCKET = "fk-test-workdirs"
 
@@ -68,13 +68,13 @@ def s3_would_accept(url: str, method: str, headers: dict[str, str]) -> bool:
 
 
 @pytest.fixture
-def bucket(api: ApiClient, monkeypatch: pytest.MonkeyPatch) -> str:
+def bucket(api: HandlerClient, monkeypatch: pytest.MonkeyPatch) -> str:
     aws.s3().create_bucket(Bucket=BUCKET)
     monkeypatch.setenv("WORKDIR_BUCKET", BUCKET)
     return BUCKET
 
 
-def test_the_declared_size_is_signed_into_the_upload_url(api: ApiClient, bucket: str) -> None:
+def test_the_declared_size_is_signed_into_the_upload_url(api: HandlerClient, bucket: str) -> None:
     data = b"x" * 1000
     digest = "sha256:" + hashlib.sha256(data).hexdigest()
     answer = api.post("/v1/workdirs", {"digest": digest, "size": len(data)})
@@ -94,7 +94,7 @@ def test_the_declared_size_is_signed_into_the_upload_url(api: ApiClient, bucket:
 
 
 @pytest.mark.parametrize("size", [MAX_WORKDIR_BYTES + 1, 5 * 1024**3, 0])
-def test_a_size_over_the_limit_or_empty_is_a_400_naming_the_field(api: ApiClient, bucket: str, size: int) -> None:
+def test_a_size_over_the_limit_or_empty_is_a_400_naming_the_field(api: HandlerClient, bucket: str, size: int) -> None:
     answer = api.post("/v1/workdirs", {"digest": "sha256:" + "5" * 64, "size": size})
     assert answer.status == 400, answer.body
     assert answer.error["code"] == "invalid_request"
@@ -103,7 +103,7 @@ def test_a_size_over_the_limit_or_empty_is_a_400_naming_the_field(api: ApiClient
     assert aws.s3().list_objects_v2(Bucket=bucket).get("KeyCount", 0) == 0
 
 
-def test_the_limit_itself_is_accepted(api: ApiClient, bucket: str) -> None:
+def test_the_limit_itself_is_accepted(api: HandlerClient, bucket: str) -> None:
     answer = api.post("/v1/workdirs", {"digest": "sha256:" + "6" * 64, "size": MAX_WORKDIR_BYTES})
     assert answer.status == 200 and answer.body["upload"] is not None
 

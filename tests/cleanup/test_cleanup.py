@@ -27,7 +27,7 @@ from fleetkeeper.store.cleanup import ChildKeys
 from fleetkeeper.store.errors import Contention
 from fleetkeeper.store.keys import version_sk
 from fleetkeeper.store.table import Table
-from tests.cleanup_support import (
+from tests.support.cleanup_support import (
     FaultyClient,
     access_denied,
     children_of,
@@ -37,7 +37,8 @@ from tests.cleanup_support import (
     seed_children,
     throttled,
 )
-from tests.conftest import ApiClient, hello_spec
+from tests.support.handler_client import HandlerClient
+from tests.support.specs import hello_spec
 
 UID_A = "a0a0a0a0a0a0a0a0"
 UID_B = "b1b1b1b1b1b1b1b1"
@@ -295,7 +296,7 @@ def _raise(exc: Exception) -> Any:
 
 
 def test_the_manual_run_lists_uids_deletes_an_orphan_and_refuses_the_live_one(
-    api: ApiClient, table: str, capsys: pytest.CaptureFixture[str]
+    api: HandlerClient, table: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     live = api.post("/v1/services", {"name": "web", "spec": hello_spec()}).body["uid"]
     seed_children(table, "web", UID_A, versions=30, replicas=1)  # an orphan the stream gave up on

@@ -14,7 +14,8 @@ from fleetkeeper.cleanup import handler
 from fleetkeeper.cleanup.logic import Budget
 from fleetkeeper.store.codec import to_raw
 from fleetkeeper.store.keys import SERVICE_SK, child_prefixes, service_pk, version_sk
-from tests.cleanup_support import (
+from tests.strict_aws import LambdaContext, StrictAws
+from tests.support.cleanup_support import (
     EVENT_PATH,
     CleanupContext,
     FaultyClient,
@@ -25,8 +26,8 @@ from tests.cleanup_support import (
     seed_children,
     stream_records,
 )
-from tests.conftest import ApiClient, hello_spec
-from tests.strict_aws import LambdaContext, StrictAws
+from tests.support.handler_client import HandlerClient
+from tests.support.specs import hello_spec
 
 
 def invoke(records: list[dict[str, Any]], context: CleanupContext | LambdaContext | None = None) -> dict[str, Any]:
@@ -157,7 +158,7 @@ def _remove_service_item(table: str, name: str, uid: str) -> None:
     )
 
 
-def _recreate_with_versions(api: ApiClient, versions: int) -> str:
+def _recreate_with_versions(api: HandlerClient, versions: int) -> str:
     created = api.post("/v1/services", {"name": "web", "spec": hello_spec()})
     assert created.status == 201, created.body
     for replicas in range(3, versions + 2):  # hello_spec runs 2: each version must differ from the last
@@ -172,7 +173,7 @@ def _recreate_with_versions(api: ApiClient, versions: int) -> str:
 
 @pytest.mark.parametrize("recreated", ["before the cleanup runs", "while the cleanup runs"])
 def test_recreating_the_name_loses_nothing_of_the_new_incarnation(
-    api: ApiClient, table: str, monkeypatch: pytest.MonkeyPatch, recreated: str
+    api: HandlerClient, table: str, monkeypatch: pytest.MonkeyPatch, recreated: str
 ) -> None:
     created = api.post("/v1/services", {"name": "web", "spec": hello_spec()})
     uid_a = created.body["uid"]
@@ -263,7 +264,7 @@ def test_a_hanging_delete_fails_the_record_before_lambdas_timeout_and_its_redeli
     assert partition_keys(table, "web") == set()
 
 
-def test_a_forged_removal_of_a_live_service_deletes_nothing(api: ApiClient, table: str) -> None:
+def test_a_forged_removal_of_a_live_service_deletes_nothing(api: HandlerClient, table: str) -> None:
     """Whoever may lambda:InvokeFunction the cleanup hands it a REMOVE record of its own making, with
     the name and uid of a live service (both are in every GET). Before the consistent re-read of the
     service item, the cleanup deleted that service's versions and secrets: GET answered 503 for good."""
@@ -285,7 +286,7 @@ def test_a_forged_removal_of_a_live_service_deletes_nothing(api: ApiClient, tabl
     assert [v["version"] for v in api.get("/v1/services/web/versions").body["versions"]] == [1, 2]
 
 
-def test_a_removal_of_an_older_incarnation_still_cleans_it_up(api: ApiClient, table: str) -> None:
+def test_a_removal_of_an_older_incarnation_still_cleans_it_up(api: HandlerClient, table: str) -> None:
     """The re-read compares uids: a live item of another incarnation of the name does not stop it."""
     assert api.post("/v1/services", {"name": "web", "spec": hello_spec()}).status == 201
     seed_children(table, "web", "0ld0ld0ld0ld0ld0", versions=5, replicas=2)

@@ -18,7 +18,7 @@ import pytest
 from fleetkeeper.api.handler import lambda_handler
 from fleetkeeper.cli.main import run
 from fleetkeeper.local.http_bridge import local_principal
-from tests.local_process import serving_bridge
+from tests.support.local_process import serving_bridge
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator

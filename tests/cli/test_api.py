@@ -14,7 +14,7 @@ import pytest
 
 from fleetkeeper.api.handler import lambda_handler
 from fleetkeeper.cli.main import run
-from tests.local_process import serving_bridge
+from tests.support.local_process import serving_bridge
 
 if TYPE_CHECKING:
     from collections.abc import Iterator

@@ -24,7 +24,7 @@ from fleetkeeper.cli.doctor import Account, Doctor, Owner, doctor_spec
 from fleetkeeper.cli.doctor_options import Options
 from fleetkeeper.cli.http import ApiClient, local_token
 from fleetkeeper.cli.steps import StepFailed
-from tests.local_process import serving_bridge
+from tests.support.local_process import serving_bridge
 
 if TYPE_CHECKING:
     from collections.abc import Iterator

@@ -11,7 +11,7 @@ from fleetkeeper.api.models import simulated_notes
 from fleetkeeper.cli.waiting import desired_replicas, readiness, without_count
 from fleetkeeper.model import ready_of
 from fleetkeeper.spec.service import parse_spec
-from tests.conftest import hello_spec
+from tests.support.specs import hello_spec
 
 
 @pytest.mark.parametrize(

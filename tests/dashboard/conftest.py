@@ -16,7 +16,7 @@ from fleetkeeper.cli.http import ApiClient
 from fleetkeeper.dashboard.backend import Backend
 from fleetkeeper.dashboard.server import Running, start_in_thread
 from fleetkeeper.local.auth import credential_for
-from tests.local_process import serving_bridge
+from tests.support.local_process import serving_bridge
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from tests.local_process import FLEETKEEPER, LocalPlane, clean_env, eventually, ok, start_local
+from tests.support.local_process import FLEETKEEPER, LocalPlane, clean_env, eventually, ok, start_local
 
 if TYPE_CHECKING:
     from collections.abc import Iterator

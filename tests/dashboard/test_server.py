@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from fleetkeeper.model import ReplicaStatus
 from tests.api.test_terminate_replica import with_replicas
 from tests.dashboard.conftest import csrf_of, hello
-from tests.local_process import eventually
+from tests.support.local_process import eventually
 
 if TYPE_CHECKING:
     from fleetkeeper.cli.http import ApiClient

@@ -24,8 +24,8 @@ from fleetkeeper.local.auth import CREDENTIAL_FILE, ApiGate, CredentialProblem, 
 from fleetkeeper.local.http_bridge import KICK_PATH
 from fleetkeeper.replicas.workdirs import LocalWorkdirStore
 from fleetkeeper.store.keys import service_pk
-from tests.conftest import hello_spec
-from tests.local_process import serving_bridge
+from tests.support.local_process import serving_bridge
+from tests.support.specs import hello_spec
 
 if TYPE_CHECKING:
     from collections.abc import Iterator

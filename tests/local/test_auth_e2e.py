@@ -19,7 +19,7 @@ import pytest
 
 from fleetkeeper.local.auth import CREDENTIAL_FILE, RUNTIME_DIR_ENV
 from tests import REPO_ROOT
-from tests.local_process import LocalPlane, eventually, start_local
+from tests.support.local_process import LocalPlane, eventually, start_local
 
 EXAMPLE = REPO_ROOT / "examples" / "hello" / "service.yaml"
 SECRET = "hf_e2e_never_leaves"
@@ -107,7 +107,7 @@ def test_local_refuses_to_start_where_the_cli_could_not_find_its_credential(tmp_
     import subprocess
     import sys
 
-    from tests.local_process import FLEETKEEPER, clean_env, free_port
+    from tests.support.local_process import FLEETKEEPER, clean_env, free_port
 
     (tmp_path / "not-a-dir").write_text("")
     env = {**clean_env(), RUNTIME_DIR_ENV: str(tmp_path / "not-a-dir" / "run")}

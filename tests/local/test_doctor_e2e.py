@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from tests.local_process import LocalPlane, start_local
+from tests.support.local_process import LocalPlane, start_local
 
 if TYPE_CHECKING:
     from collections.abc import Iterator

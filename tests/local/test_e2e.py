@@ -21,7 +21,7 @@ import pytest
 import yaml
 
 from tests import REPO_ROOT
-from tests.local_process import LocalPlane, eventually, http_get, ok, process_running, start_local
+from tests.support.local_process import LocalPlane, eventually, http_get, ok, process_running, start_local
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -445,7 +445,7 @@ def subprocess_in(plane: LocalPlane, cwd: Any, *args: str, env: dict[str, str]) 
     import subprocess
     import sys
 
-    from tests.local_process import FLEETKEEPER, clean_env
+    from tests.support.local_process import FLEETKEEPER, clean_env
 
     return subprocess.run(
         [sys.executable, "-c", FLEETKEEPER, *args, "--api-url", plane.url],
@@ -466,7 +466,7 @@ def view_of(plane: LocalPlane, name: str) -> dict[str, Any]:
 
 
 def test_the_messages_a_new_user_meets(plane: LocalPlane) -> None:
-    from tests.local_process import free_port
+    from tests.support.local_process import free_port
 
     spec = plane.workdir / "typo.yaml"
     spec.write_text("service:\n  readiness_probe: /\n  replica: 2\nrun: python3 -m http.server $PORT\n")

@@ -13,7 +13,7 @@ import pytest
 
 from fleetkeeper.local.process_driver import namespaces_available
 from tests import TESTS_DIR
-from tests.local_process import LocalPlane, eventually, free_port, http_get, ok, start_local
+from tests.support.local_process import LocalPlane, eventually, free_port, http_get, ok, start_local
 
 if TYPE_CHECKING:
     from collections.abc import Iterator

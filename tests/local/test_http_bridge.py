@@ -16,8 +16,8 @@ import pytest
 from fleetkeeper.api.handler import MAX_BODY_BYTES, lambda_handler
 from fleetkeeper.local.auth import CREDENTIAL_FILE, LocalCredential
 from fleetkeeper.local.http_bridge import KICK_PATH, ApiBridge
-from tests.conftest import hello_spec
-from tests.local_process import serving_bridge
+from tests.support.local_process import serving_bridge
+from tests.support.specs import hello_spec
 
 if TYPE_CHECKING:
     from collections.abc import Iterator

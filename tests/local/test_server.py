@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests import REPO_ROOT
-from tests.local_process import eventually, process_running, start_local
+from tests.support.local_process import eventually, process_running, start_local
 
 EXAMPLE = REPO_ROOT / "examples" / "hello" / "service.yaml"
 

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 import yaml
 
-from tests.local_process import LocalPlane, eventually, http_get, ok, start_local
+from tests.support.local_process import LocalPlane, eventually, http_get, ok, start_local
 
 if TYPE_CHECKING:
     from collections.abc import Iterator

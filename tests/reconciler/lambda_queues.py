@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from fleetkeeper import aws
 from fleetkeeper.local.reconcile_loop import scheduled_event, sqs_event
 from fleetkeeper.local.template import create_queue
-from tests.conftest import FakeContext
+from tests.support.handler_client import FakeContext
 
 if TYPE_CHECKING:
     import pytest

@@ -16,13 +16,13 @@ import pytest
 
 from fleetkeeper.model import BalancerState
 from fleetkeeper.reconciler.balancer import DrainState, Target
-from tests.reconciler_world import World, make_alb, raw_client
 from tests.strict_aws.elbv2 import ElbQuotas
+from tests.support.reconciler_world import World, make_alb, raw_client
 
 if TYPE_CHECKING:
     from fleetkeeper.reconciler.balancers.alb import AlbBalancer
-    from tests.reconciler_world import ProbeServer
     from tests.strict_aws import StrictAws
+    from tests.support.reconciler_world import ProbeServer
 
 NOT_FOUND = {"Type": "fixed-response", "FixedResponseConfig": {"StatusCode": "404", "ContentType": "text/plain"}}
 

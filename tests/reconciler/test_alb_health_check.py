@@ -18,11 +18,11 @@ from botocore.exceptions import ClientError
 from fleetkeeper.model import BalancerState
 from fleetkeeper.reconciler.health_check import FALLBACK_CODES, HealthCheck, alb_check, shared_check, timing
 from fleetkeeper.spec.service import ReadinessProbe
-from tests.reconciler_world import World, make_alb, raw_client
+from tests.support.reconciler_world import World, make_alb, raw_client
 
 if TYPE_CHECKING:
-    from tests.reconciler_world import ProbeServer
     from tests.strict_aws import StrictAws
+    from tests.support.reconciler_world import ProbeServer
 
 
 def group_of(world: World, name: str = "svc") -> dict[str, Any]:

@@ -30,12 +30,12 @@ from fleetkeeper.reconciler.balancers.alb import (
 )
 from fleetkeeper.store.codec import endpoint_from_item, endpoint_item
 from fleetkeeper.wake import handler as wake_handler
-from tests.reconciler_world import World, make_sharded_alb, raw_client
 from tests.strict_aws.elbv2 import ElbQuotas
+from tests.support.reconciler_world import World, make_sharded_alb, raw_client
 
 if TYPE_CHECKING:
-    from tests.reconciler_world import ProbeServer
     from tests.strict_aws import StrictAws
+    from tests.support.reconciler_world import ProbeServer
 
 STACK = "0123456789ab"
 N = 1000

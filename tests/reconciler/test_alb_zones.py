@@ -17,14 +17,14 @@ from fleetkeeper.model import BalancerState, ReplicaStatus, VersionState
 from fleetkeeper.reconciler.balancer import DrainState, Target
 from fleetkeeper.reconciler.drivers import ec2 as ec2_driver
 from fleetkeeper.reconciler.drivers.ec2 import Ec2Driver
-from tests.aws_calls import AwsCalls
-from tests.reconciler_world import World, make_alb, raw_client
+from tests.support.aws_calls import AwsCalls
+from tests.support.reconciler_world import World, make_alb, raw_client
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
-    from tests.reconciler_world import ProbeServer
     from tests.strict_aws import StrictAws
+    from tests.support.reconciler_world import ProbeServer
 
 
 def test_a_replica_in_a_zone_the_alb_lacks_says_it_gets_no_requests(

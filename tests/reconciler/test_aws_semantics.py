@@ -37,13 +37,14 @@ from fleetkeeper.store.codec import state_from_items
 from fleetkeeper.store.errors import CorruptItem
 from fleetkeeper.store.keys import service_pk
 from tests import REPO_ROOT
-from tests.conftest import TABLE, hello_spec
-from tests.public_images import publish_deep_learning_amis
-from tests.reconciler_world import World, assert_converged, instance_state, run_tagged, spec_dict
+from tests.support import TABLE
+from tests.support.public_images import publish_deep_learning_amis
+from tests.support.reconciler_world import World, assert_converged, instance_state, run_tagged, spec_dict
+from tests.support.specs import hello_spec
 
 if TYPE_CHECKING:
-    from tests.conftest import ApiClient
     from tests.strict_aws import StrictAws
+    from tests.support.handler_client import HandlerClient
 
 
 def _version_items(item: Any) -> bool:
@@ -340,7 +341,7 @@ def test_a_stored_spec_no_instance_type_satisfies_is_a_refusal_the_version_is_bl
     ],
 )
 def test_the_api_refuses_what_the_reconciler_could_not_launch_or_reach(
-    api: ApiClient, resources: dict[str, Any], field: str, words: str
+    api: HandlerClient, resources: dict[str, Any], field: str, words: str
 ) -> None:
     answer = api.post("/v1/services", {"name": "img", "spec": hello_spec(resources=resources)})
     assert answer.status == 400, answer.body

@@ -2,7 +2,7 @@
 
 One small scenario per phase; each pins the whole call list of the run, in order, with the
 parameters that make it what it is (keys, conditions, filters, client tokens). A call added, lost,
-repeated or reordered fails. Calls are recorded by `tests.aws_calls.AwsCalls`.
+repeated or reordered fails. Calls are recorded by `tests.support.aws_calls.AwsCalls`.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from botocore.exceptions import ClientError
 from fleetkeeper import aws as aws_clients
 from fleetkeeper.reconciler.drivers.ec2 import DEFAULT_IMAGE_PARAMETER
 from fleetkeeper.reconciler.probe import probe_all
-from tests.aws_calls import AwsCalls
-from tests.reconciler_world import World
+from tests.support.aws_calls import AwsCalls
+from tests.support.reconciler_world import World
 
 if TYPE_CHECKING:
     from collections.abc import Hashable, Sequence

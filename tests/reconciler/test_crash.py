@@ -30,7 +30,7 @@ from moto import mock_aws
 
 from fleetkeeper.model import BalancerState
 from fleetkeeper.reconciler.driver import UID_TAG
-from tests.reconciler_world import (
+from tests.support.reconciler_world import (
     Crash,
     ProbeServer,
     World,

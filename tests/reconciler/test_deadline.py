@@ -16,11 +16,11 @@ import pytest
 
 from fleetkeeper.reconciler.dispatch import Shard
 from tests.reconciler.test_fanout import shard_event
-from tests.reconciler_world import assert_converged
+from tests.support.reconciler_world import assert_converged
 
 if TYPE_CHECKING:
-    from tests.reconciler_world import World
     from tests.strict_aws import StrictAws
+    from tests.support.reconciler_world import World
 
 NAMES = ("a", "b", "c")
 TIMEOUT = 20.0
@@ -153,8 +153,8 @@ def test_the_dispatchers_identities_stop_when_their_time_is_spent_and_the_shards
     from fleetkeeper.spec.service import ServiceSpec
     from fleetkeeper.store.identities import IdentityRecords
     from fleetkeeper.store.table import Table
-    from tests.reconciler_world import spec_dict
     from tests.replicas.test_identity import STACK, owner_policy
+    from tests.support.reconciler_world import spec_dict
 
     queue = aws.sqs().create_queue(QueueName="reconcile")["QueueUrl"]
     for name, value in {

@@ -16,7 +16,7 @@ from fleetkeeper.model import BalancerState, ReplicaStatus
 from fleetkeeper.reconciler.balancer import target_group_name
 from fleetkeeper.reconciler.driver import UID_TAG
 from fleetkeeper.settings import DEFAULT_STACK_ID
-from tests.reconciler_world import (
+from tests.support.reconciler_world import (
     World,
     alb_resources,
     assert_converged,
@@ -29,8 +29,8 @@ from tests.reconciler_world import (
 
 if TYPE_CHECKING:
     from fleetkeeper.reconciler.balancers.alb import AlbBalancer
-    from tests.reconciler_world import ProbeServer
     from tests.strict_aws import StrictAws
+    from tests.support.reconciler_world import ProbeServer
 
 
 def elbv2() -> Any:

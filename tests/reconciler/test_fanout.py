@@ -28,13 +28,13 @@ from fleetkeeper.reconciler.plan import Policy
 from fleetkeeper.reconciler.queue import ShardQueue
 from fleetkeeper.settings import MAX_SHARD_SIZE
 from fleetkeeper.store import keys
-from tests.conftest import FakeContext
 from tests.reconciler.lambda_queues import LambdaQueues
-from tests.reconciler_world import assert_converged, assert_deleted
+from tests.support.handler_client import FakeContext
+from tests.support.reconciler_world import assert_converged, assert_deleted
 
 if TYPE_CHECKING:
-    from tests.reconciler_world import World
     from tests.strict_aws import StrictAws
+    from tests.support.reconciler_world import World
 
 LONGEST_NAME = 63
 

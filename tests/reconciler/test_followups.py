@@ -13,8 +13,8 @@ import pytest
 from fleetkeeper.kick import ReconcilerKick
 from fleetkeeper.reconciler.state_changes import StateChange, state_change_event
 from fleetkeeper.store.errors import Superseded
-from tests.aws_calls import AwsCalls
-from tests.reconciler_world import World, raw_client
+from tests.support.aws_calls import AwsCalls
+from tests.support.reconciler_world import World, raw_client
 
 if TYPE_CHECKING:
     from tests.strict_aws import StrictAws
@@ -172,8 +172,8 @@ def test_the_worker_takes_state_changes_and_follow_ups_from_the_kick_queue(
     world: World, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """As the InstanceStateRule's transformer and fleetkeeper.kick put them on the kick queue."""
-    from tests.conftest import TABLE
     from tests.reconciler.lambda_queues import LambdaQueues
+    from tests.support import TABLE
 
     monkeypatch.setenv("TABLE_NAME", TABLE)
     queues = LambdaQueues(monkeypatch)

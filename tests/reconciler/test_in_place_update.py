@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING
 from fleetkeeper.model import ReplicaStatus
 
 if TYPE_CHECKING:
-    from tests.reconciler_world import ProbeServer, World
     from tests.strict_aws import StrictAws
+    from tests.support.reconciler_world import ProbeServer, World
 
 
 def _live(world: World) -> dict[int, str]:

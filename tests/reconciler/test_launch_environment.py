@@ -17,8 +17,8 @@ import pytest
 from fleetkeeper.model import FailureCause, ReplicaStatus, ServiceStatus, VersionState
 
 if TYPE_CHECKING:
-    from tests.reconciler_world import World
     from tests.strict_aws import StrictAws
+    from tests.support.reconciler_world import World
 
 
 @pytest.mark.parametrize(

@@ -19,7 +19,7 @@ from fleetkeeper.reconciler import shell
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
-    from tests.reconciler_world import ProbeServer, World
+    from tests.support.reconciler_world import ProbeServer, World
 
 
 @pytest.fixture

@@ -20,7 +20,7 @@ from fleetkeeper.reconciler.probe import ProbeTarget, probe_all, probe_one
 from fleetkeeper.reconciler.userdata import USER_DATA_LIMIT, environment_file, render, user_data
 from fleetkeeper.settings import DEFAULT_STACK_ID, Ec2Settings, Settings
 from fleetkeeper.spec.service import ReadinessProbe, ServiceSpec
-from tests.conftest import hello_spec
+from tests.support.specs import hello_spec
 
 if TYPE_CHECKING:
     from collections.abc import Iterator

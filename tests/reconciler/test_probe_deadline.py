@@ -20,12 +20,12 @@ from fleetkeeper.reconciler.plan import ProbeResult
 from fleetkeeper.reconciler.probe import ProbeTarget, probe_all, probe_one, rotated
 from fleetkeeper.settings import MAX_PROBE_TIMEOUT_SECONDS, MAX_READINESS_TIMEOUT_SECONDS
 from fleetkeeper.spec.service import ReadinessProbe
-from tests.conftest import hello_spec
+from tests.support.specs import hello_spec
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
-    from tests.conftest import ApiClient
+    from tests.support.handler_client import HandlerClient
 
 
 class BadReplica:
@@ -146,7 +146,7 @@ def test_the_probe_order_rotates_from_run_to_run_and_is_deterministic() -> None:
 
 
 @pytest.mark.parametrize("timeout", [MAX_READINESS_TIMEOUT_SECONDS + 1, 300])
-def test_a_probe_timeout_no_run_can_hold_is_a_400(api: ApiClient, timeout: int) -> None:
+def test_a_probe_timeout_no_run_can_hold_is_a_400(api: HandlerClient, timeout: int) -> None:
     spec = hello_spec(service={"readiness_probe": {"path": "/health", "timeout_seconds": timeout}, "replicas": 1})
     answer = api.post("/v1/services", {"name": "slow", "spec": spec})
     assert answer.status == 400, answer.body

@@ -20,12 +20,12 @@ from botocore.exceptions import ClientError
 from fleetkeeper.model import ReplicaStatus
 from fleetkeeper.reconciler.balancer import METRIC_NAME, METRIC_NAMESPACE
 from fleetkeeper.reconciler.metrics import MAX_QUERIES_PER_CALL, RequestRates
-from tests.reconciler_world import World, make_alb, raw_client
+from tests.support.reconciler_world import World, make_alb, raw_client
 
 if TYPE_CHECKING:
     from fleetkeeper.model import ServiceState
-    from tests.reconciler_world import ProbeServer
     from tests.strict_aws import StrictAws
+    from tests.support.reconciler_world import ProbeServer
 
 NOW = datetime(2026, 1, 1, 12, 0, 30, tzinfo=UTC)
 
@@ -296,7 +296,7 @@ def test_a_crash_at_the_decisions_write_changes_no_decision(
     """The run that raises the target dies just before its autoscaler write, or just after it (the
     answer lost): a new reconciler's next run decides the same target, and the service converges to
     exactly 3 replicas, none launched twice."""
-    from tests.reconciler_world import Crash
+    from tests.support.reconciler_world import Crash
 
     world, load = loaded_world(server, monkeypatch)
     store = world.reconciler.store

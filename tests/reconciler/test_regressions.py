@@ -23,7 +23,6 @@ from fleetkeeper.reconciler.plan import INITIAL_DELAY_EXCEEDED, RecordStatus, Tr
 from fleetkeeper.reconciler.userdata import USER_DATA_LIMIT, environment_file, user_data
 from fleetkeeper.spec import task_variables
 from fleetkeeper.spec.service import ServiceSpec
-from tests.conftest import ApiClient, hello_spec
 from tests.reconciler.plan.test_plan import (
     NOW,
     OK,
@@ -37,7 +36,9 @@ from tests.reconciler.plan.test_plan import (
     terminate,
     version,
 )
-from tests.reconciler_world import World, instance_state, run_tagged, spec_dict, tags
+from tests.support.handler_client import HandlerClient
+from tests.support.reconciler_world import World, instance_state, run_tagged, spec_dict, tags
+from tests.support.specs import hello_spec
 
 if TYPE_CHECKING:
     pass
@@ -244,7 +245,7 @@ def test_a_capacity_blip_is_retried_and_never_fails_the_version(world: World) ->
     assert world.store.require("svc").service.status is ServiceStatus.READY
 
 
-def test_a_spec_whose_user_data_ec2_would_refuse_is_a_400(api: ApiClient) -> None:
+def test_a_spec_whose_user_data_ec2_would_refuse_is_a_400(api: HandlerClient) -> None:
     rnd = random.Random(7)
     # Two draws: setup and run share their preamble (fleetkeeper.spec.runtime), so the same text in
     # both would be the same bytes twice, which gzip stores once.

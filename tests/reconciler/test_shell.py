@@ -18,16 +18,16 @@ from fleetkeeper.model import FailureCause, ReplicaStatus, ServiceStatus, Versio
 from fleetkeeper.reconciler.driver import MANAGED_TAG, REPLICA_TAG, SERVICE_TAG, STACK_TAG, UID_TAG, VERSION_TAG
 from fleetkeeper.reconciler.plan import Policy
 from fleetkeeper.settings import DEFAULT_STACK_ID
-from tests.conftest import ApiClient
+from tests.support.handler_client import HandlerClient
 
 if TYPE_CHECKING:
     pass
 
-from tests.reconciler_world import ProbeServer, World, assert_converged, assert_deleted, spec_dict, tags
+from tests.support.reconciler_world import ProbeServer, World, assert_converged, assert_deleted, spec_dict, tags
 
 
 def test_whole_lifecycle_through_the_api_and_the_handler(
-    api: ApiClient, server: ProbeServer, monkeypatch: pytest.MonkeyPatch
+    api: HandlerClient, server: ProbeServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """create -> READY -> update -> rolled -> delete -> service item gone, as Lambda would run it: the
     api's kicks through the kick queue, the schedule through the dispatcher and the reconcile queue."""
@@ -99,7 +99,7 @@ def test_launch_carries_tags_imdsv2_user_data_spot_and_disk(world: World) -> Non
 def test_launch_requires_imdsv2_with_a_hop_limit_of_one(world: World) -> None:
     """The launch request itself sets the hop limit (an AMI with ImdsSupport v2.0 would default it to
     2, letting a container on the replica fetch the instance role's credentials)."""
-    from tests.aws_calls import AwsCalls
+    from tests.support.aws_calls import AwsCalls
 
     world.create(replicas=1)
     with AwsCalls() as calls:

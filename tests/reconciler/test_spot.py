@@ -14,12 +14,12 @@ import pytest
 from fleetkeeper import aws
 from fleetkeeper.local.template import load_template
 from fleetkeeper.model import Interruption, InterruptionKind, Market, ReplicaStatus, to_iso
-from tests.reconciler_world import World, ec2_driver, raw_client, spec_dict, tags
+from tests.support.reconciler_world import World, ec2_driver, raw_client, spec_dict, tags
 
 if TYPE_CHECKING:
-    from tests.conftest import ApiClient
-    from tests.reconciler_world import ProbeServer
     from tests.strict_aws import StrictAws
+    from tests.support.handler_client import HandlerClient
+    from tests.support.reconciler_world import ProbeServer
 
 S = ReplicaStatus
 SPOT_WARNING = "EC2 Spot Instance Interruption Warning"
@@ -175,7 +175,7 @@ def _rendered_warning(detail_type: str, instance_id: str, time: str) -> str:
 
 
 def test_an_interruption_warning_from_the_kick_queue_drains_and_replaces_the_replica(
-    api: ApiClient, server: ProbeServer, monkeypatch: pytest.MonkeyPatch, strict_aws: StrictAws
+    api: HandlerClient, server: ProbeServer, monkeypatch: pytest.MonkeyPatch, strict_aws: StrictAws
 ) -> None:
     from tests.reconciler.lambda_queues import LambdaQueues
 
@@ -262,7 +262,7 @@ def test_a_spot_interruption_wakes_the_reconciler_when_the_drain_must_start(worl
 
 @pytest.mark.parametrize("detail_type", [SPOT_WARNING, "EC2 Instance Rebalance Recommendation"])
 def test_a_warning_about_an_on_demand_replica_is_ignored_with_a_log_line(
-    api: ApiClient,
+    api: HandlerClient,
     server: ProbeServer,
     monkeypatch: pytest.MonkeyPatch,
     strict_aws: StrictAws,

@@ -14,7 +14,7 @@ from fleetkeeper.store.commands import CommandStore
 from fleetkeeper.store.errors import Superseded
 from fleetkeeper.store.reconciler import ReconcilerStore
 from fleetkeeper.store.table import TRANSACT_ITEM_LIMIT, Table
-from tests.conftest import hello_spec
+from tests.support.specs import hello_spec
 
 NOW = "2026-01-01T00:00:00.000Z"
 

@@ -12,11 +12,11 @@ import pytest
 from fleetkeeper.errors import NotFound
 from fleetkeeper.model import ReplicaStatus
 from fleetkeeper.reconciler.plan.replicas import TERMINATED_BY_REQUEST
-from tests.reconciler_world import instance_state
+from tests.support.reconciler_world import instance_state
 
 if TYPE_CHECKING:
-    from tests.reconciler_world import World
     from tests.strict_aws import StrictAws
+    from tests.support.reconciler_world import World
 
 
 def test_a_terminated_replica_is_replaced_and_the_others_keep_running(strict_aws: StrictAws, world: World) -> None:

@@ -28,14 +28,14 @@ from fleetkeeper.store.table import Table
 from fleetkeeper.wake import demand as wake
 from fleetkeeper.wake import handler as wake_handler
 from fleetkeeper.wake.target import DemandRecorder
-from tests.reconciler_world import TABLE, World, make_alb, raw_client
+from tests.support.reconciler_world import TABLE, World, make_alb, raw_client
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
     from fleetkeeper.reconciler.balancers.alb import AlbBalancer
-    from tests.reconciler_world import ProbeServer
     from tests.strict_aws import StrictAws
+    from tests.support.reconciler_world import ProbeServer
 
 FUNCTION = "arn:aws:lambda:us-east-1:123456789012:function:fk-wake"
 
@@ -248,7 +248,7 @@ def test_a_crash_between_moving_the_route_and_recording_it_is_completed_by_the_n
     """The run that moves the route (to the wake target at first, back to the target group once a
     replica serves) dies after the ELB call, before its record: the next run (a new reconciler)
     moves it again, idempotently, and records it; the listener and the record agree."""
-    from tests.reconciler_world import Crash
+    from tests.support.reconciler_world import Crash
 
     world = stack.world
     world.create(service=to_zero(world.server.port))

@@ -14,7 +14,7 @@ import pytest
 
 from fleetkeeper.wake import handler as wake_handler
 from fleetkeeper.wake.sources import SOURCE_REQUESTS, SourceBound, source_of
-from tests.cfn import Resolver, translate
+from tests.support.cfn import Resolver, translate
 
 
 class Clock:

@@ -27,8 +27,8 @@ from fleetkeeper.reconciler import replica_boot
 from fleetkeeper.reconciler.probe import ProbeTarget, probe_one
 from fleetkeeper.reconciler.userdata import BootSource, render
 from fleetkeeper.spec.service import parse_spec
-from tests.local_boot import fake_commands, relocated
 from tests.replicas.test_boot import STACK_KEY, file_entry, tarball
+from tests.support.local_boot import fake_commands, relocated
 
 if TYPE_CHECKING:
     from collections.abc import Iterator

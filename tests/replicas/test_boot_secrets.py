@@ -20,8 +20,9 @@ import pytest
 
 from fleetkeeper.reconciler import replica_boot
 from fleetkeeper.spec import secret_names
-from tests.conftest import ApiClient, hello_spec
 from tests.replicas.test_boot import STACK_KEY
+from tests.support.handler_client import HandlerClient
+from tests.support.specs import hello_spec
 
 NAME = "/fleetkeeper/t/web/u1/r1"
 OTHER_KEY = "arn:aws:kms:us-east-1:123456789012:key/99999999-12ab-34cd-56ef-1234567890ab"
@@ -215,7 +216,7 @@ def test_the_boot_and_the_api_refuse_the_same_names() -> None:
 @pytest.mark.parametrize(
     "name", ["BASH_ENV", "BASH_FUNC_x", "ENV", "PS4", "SHELLOPTS", "PATH", "LD_PRELOAD", "PYTHONPATH", "NODE_OPTIONS"]
 )
-def test_a_spec_declaring_a_refused_secret_is_a_400_naming_it(api: ApiClient, name: str) -> None:
+def test_a_spec_declaring_a_refused_secret_is_a_400_naming_it(api: HandlerClient, name: str) -> None:
     response = api.post("/v1/services", {"name": "web", "spec": hello_spec(secrets={name: "x", "HF_TOKEN": "y"})})
     assert response.status == 400, response.body
     assert f"secret {name}:" in response.error["message"]

@@ -34,8 +34,8 @@ from fleetkeeper.replicas.identity import (
 from fleetkeeper.spec.service import ServiceSpec
 from fleetkeeper.store.identities import IdentityRecords
 from fleetkeeper.store.table import Table
-from tests.conftest import TABLE
-from tests.reconciler_world import World, raw_client, spec_dict
+from tests.support import TABLE
+from tests.support.reconciler_world import World, raw_client, spec_dict
 
 if TYPE_CHECKING:
     from tests.strict_aws import StrictAws

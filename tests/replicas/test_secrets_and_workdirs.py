@@ -24,7 +24,9 @@ import pytest
 from fleetkeeper import aws
 from fleetkeeper.replicas.secrets import SecretStore, parameter_prefix
 from fleetkeeper.replicas.workdirs import S3WorkdirStore, service_key, upload_key
-from tests.conftest import TABLE, ApiClient, hello_spec
+from tests.support import TABLE
+from tests.support.handler_client import HandlerClient
+from tests.support.specs import hello_spec
 
 SECRET = "hf_s3cr3t_value_9f8e7d"
 BUCKET = "fk-test-workdirs"
@@ -53,7 +55,7 @@ def table_dump() -> str:
     return json.dumps(aws.dynamodb().scan(TableName=TABLE)["Items"])
 
 
-def test_a_secret_is_kept_in_parameter_store_never_in_the_table_or_an_answer(api: ApiClient) -> None:
+def test_a_secret_is_kept_in_parameter_store_never_in_the_table_or_an_answer(api: HandlerClient) -> None:
     created = api.post("/v1/services", {"name": "llm", "spec": with_secret()}, headers={"Idempotency-Key": "k1"})
     assert created.status == 201, created.body
     answers = [created, api.get("/v1/services/llm"), api.get("/v1/services/llm/versions"), api.get("/v1/services")]
@@ -73,7 +75,7 @@ def test_a_secret_is_kept_in_parameter_store_never_in_the_table_or_an_answer(api
     assert aws.ssm().describe_parameters()["Parameters"][0]["Type"] == "SecureString"
 
 
-def test_an_identical_update_writes_nothing_and_says_so(api: ApiClient) -> None:
+def test_an_identical_update_writes_nothing_and_says_so(api: HandlerClient) -> None:
     created = api.post("/v1/services", {"name": "llm", "spec": with_secret()})
     before = table_dump()
     again = api.put("/v1/services/llm", {"spec": with_secret()})
@@ -88,7 +90,7 @@ def test_an_identical_update_writes_nothing_and_says_so(api: ApiClient) -> None:
     assert stale.status == 412
 
 
-def test_new_secret_values_make_a_new_version_with_their_own_parameter(api: ApiClient) -> None:
+def test_new_secret_values_make_a_new_version_with_their_own_parameter(api: HandlerClient) -> None:
     api.post("/v1/services", {"name": "llm", "spec": with_secret()})
     rotated = api.put("/v1/services/llm", {"spec": with_secret("rotated")})
     assert (rotated.status, rotated.body["changed"], rotated.body["target_version"]) == (200, True, 2)
@@ -101,7 +103,7 @@ def test_new_secret_values_make_a_new_version_with_their_own_parameter(api: ApiC
     assert api.post("/v1/services/llm/rollback", {"version": 1}).body["target_version"] == 1
 
 
-def test_an_idempotency_key_record_keeps_no_secret_value_yet_the_values_count(api: ApiClient) -> None:
+def test_an_idempotency_key_record_keeps_no_secret_value_yet_the_values_count(api: HandlerClient) -> None:
     # The payload a replay must match is the request with secret values replaced by null, plus their
     # HMAC under the stack's key (fleetkeeper.api.request_hmac): the same key with the same values is a
     # replay, with other values another request (422), and the table holds neither value, nor a hash
@@ -125,7 +127,7 @@ def test_an_idempotency_key_record_keeps_no_secret_value_yet_the_values_count(ap
         assert hashlib.md5(value.encode()).hexdigest() not in dump
 
 
-def test_a_failed_create_leaves_no_secret_behind(api: ApiClient) -> None:
+def test_a_failed_create_leaves_no_secret_behind(api: HandlerClient) -> None:
     assert api.post("/v1/services", {"name": "llm", "spec": with_secret()}).status == 201
     duplicate = api.post("/v1/services", {"name": "llm", "spec": with_secret("other")})
     assert duplicate.status == 409
@@ -133,7 +135,7 @@ def test_a_failed_create_leaves_no_secret_behind(api: ApiClient) -> None:
     assert [json.loads(v)["HF_TOKEN"] for v in parameters().values()] == [SECRET]
 
 
-def test_an_unfilled_secret_is_a_400_naming_it(api: ApiClient) -> None:
+def test_an_unfilled_secret_is_a_400_naming_it(api: HandlerClient) -> None:
     spec = with_secret()
     spec["secrets"] = {"HF_TOKEN": None}
     answer = api.post("/v1/services", {"name": "llm", "spec": spec})
@@ -206,14 +208,14 @@ def archive(files: dict[str, bytes]) -> bytes:
 
 
 @pytest.fixture
-def bucket(api: ApiClient, monkeypatch: pytest.MonkeyPatch) -> str:
+def bucket(api: HandlerClient, monkeypatch: pytest.MonkeyPatch) -> str:
     aws.s3().create_bucket(Bucket=BUCKET)
     monkeypatch.setenv("WORKDIR_BUCKET", BUCKET)
     return BUCKET
 
 
 def test_an_upload_is_presigned_with_the_digests_checksum_then_adopted_per_incarnation(
-    api: ApiClient, bucket: str
+    api: HandlerClient, bucket: str
 ) -> None:
     data = archive({"server.py": b"print('hi')\n"})
     digest = "sha256:" + hashlib.sha256(data).hexdigest()
@@ -247,12 +249,12 @@ def test_an_upload_is_presigned_with_the_digests_checksum_then_adopted_per_incar
     assert S3WorkdirStore(bucket).delete_incarnation("web", uid, owner) == 1
 
 
-def test_a_new_service_asks_for_an_upload_like_any_other(api: ApiClient, bucket: str) -> None:
+def test_a_new_service_asks_for_an_upload_like_any_other(api: HandlerClient, bucket: str) -> None:
     asked = api.post("/v1/workdirs", {"digest": "sha256:" + "4" * 64, "size": 1, "service": "not-yet"})
     assert asked.status == 200 and asked.body["upload"] is not None
 
 
-def test_a_digest_never_uploaded_is_a_400_naming_it(api: ApiClient, bucket: str) -> None:
+def test_a_digest_never_uploaded_is_a_400_naming_it(api: HandlerClient, bucket: str) -> None:
     digest = "sha256:" + "1" * 64
     answer = api.post("/v1/services", {"name": "web", "spec": hello_spec(workdir={"digest": digest})})
     assert answer.status == 400
@@ -261,7 +263,7 @@ def test_a_digest_never_uploaded_is_a_400_naming_it(api: ApiClient, bucket: str)
     assert api.get("/v1/services/web").status == 404
 
 
-def test_an_upload_that_does_not_hash_to_its_digest_is_refused(api: ApiClient, bucket: str) -> None:
+def test_an_upload_that_does_not_hash_to_its_digest_is_refused(api: HandlerClient, bucket: str) -> None:
     digest = "sha256:" + "2" * 64
     aws.s3().put_object(Bucket=bucket, Key=upload_key(digest), Body=b"other bytes")  # no checksum recorded
     answer = api.post("/v1/services", {"name": "web", "spec": hello_spec(workdir={"digest": digest})})
@@ -269,7 +271,7 @@ def test_an_upload_that_does_not_hash_to_its_digest_is_refused(api: ApiClient, b
     assert "does not hash to the digest" in answer.error["message"]
 
 
-def test_a_workdir_without_a_store_is_refused_in_words(api: ApiClient, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_workdir_without_a_store_is_refused_in_words(api: HandlerClient, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("WORKDIR_BUCKET", raising=False)
     answer = api.post("/v1/services", {"name": "web", "spec": hello_spec(workdir={"digest": "sha256:" + "3" * 64})})
     assert answer.status == 400

@@ -18,7 +18,7 @@ from fleetkeeper.replicas.workdirs import S3WorkdirStore, service_key, upload_ke
 from fleetkeeper.spec.service import ServiceSpec
 from fleetkeeper.store.commands import CommandStore
 from fleetkeeper.store.table import Table
-from tests.conftest import hello_spec
+from tests.support.specs import hello_spec
 
 OWNER = "arn:aws:iam::123456789012:role/team-a-ci"
 BUCKET = "fk-test-owner-workdirs"

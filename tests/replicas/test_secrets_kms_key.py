@@ -3,7 +3,7 @@ account's aws/ssm key: the api writes each SecureString with that KeyId, and the
 only the roles that use the key (the api, the reconciler, the replicas), each for what it does and
 only through Parameter Store, with the account's administrators keeping the key's administration.
 
-The key policy is evaluated with tests/iam_evaluator.py (a KMS key policy must allow: IAM policies
+The key policy is evaluated with tests/support/iam_evaluator.py (a KMS key policy must allow: IAM policies
 count only where it delegates to the account, which it does here for administration, and for the
 owners' replica roles narrowed by aws:PrincipalArn).
 https://docs.aws.amazon.com/kms/latest/developerguide/key-policies.html
@@ -21,13 +21,13 @@ import pytest
 
 from fleetkeeper import aws
 from fleetkeeper.settings import SECRETS_KEY_ID_ENV
-from tests.aws_calls import AwsCalls
-from tests.cfn import ACCOUNT, REGION, Resolver
-from tests.conftest import hello_spec
-from tests.iam_evaluator import Decision, Request, evaluate
+from tests.support.aws_calls import AwsCalls
+from tests.support.cfn import ACCOUNT, REGION, Resolver
+from tests.support.iam_evaluator import Decision, Request, evaluate
+from tests.support.specs import hello_spec
 
 if TYPE_CHECKING:
-    from tests.conftest import ApiClient
+    from tests.support.handler_client import HandlerClient
 
 VIA_SSM = {"kms:ViaService": f"ssm.{REGION}.amazonaws.com"}
 ADMIN = {"Statement": [{"Effect": "Allow", "Action": "*", "Resource": "*"}]}
@@ -38,7 +38,7 @@ KMS_ANYWHERE = {"Statement": [{"Effect": "Allow", "Action": ["kms:Decrypt", "kms
 
 
 def test_secret_values_are_written_with_the_stacks_key(
-    api: ApiClient, table: str, monkeypatch: pytest.MonkeyPatch
+    api: HandlerClient, table: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     key = boto3.client("kms", region_name=REGION).create_key(Description="the stack's SecretsKey")["KeyMetadata"]
     monkeypatch.setenv(SECRETS_KEY_ID_ENV, key["Arn"])
@@ -58,7 +58,7 @@ def test_secret_values_are_written_with_the_stacks_key(
 
 
 def test_the_idempotency_hmac_key_is_encrypted_with_the_stacks_key_too(
-    api: ApiClient, table: str, monkeypatch: pytest.MonkeyPatch
+    api: HandlerClient, table: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The key of the HMAC of secret values in Idempotency-Key records (fleetkeeper/api/request_hmac.py)
     would let whoever reads it test guesses of a secret against the table's fingerprints: it is
@@ -108,7 +108,7 @@ def test_the_api_made_hmac_key_is_accepted(table: str) -> None:
     forget_keys()
 
 
-def test_without_a_configured_key_parameter_store_chooses(api: ApiClient, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_without_a_configured_key_parameter_store_chooses(api: HandlerClient, monkeypatch: pytest.MonkeyPatch) -> None:
     """Embedded mode has no stack key: no KeyId, so Parameter Store's default (aws/ssm)."""
     monkeypatch.delenv(SECRETS_KEY_ID_ENV, raising=False)
     with AwsCalls() as calls:
@@ -215,7 +215,7 @@ def test_the_shared_role_decrypts_no_owners_parameter_whatever_its_iam_policies(
 
 
 def test_with_shared_identity_the_shared_role_runs_every_replica_and_decrypts_their_secrets() -> None:
-    from tests.cfn import translate
+    from tests.support.cfn import translate
 
     translated = translate(overrides={"ReplicaIdentity": "shared"})
     resolver = Resolver(translated)

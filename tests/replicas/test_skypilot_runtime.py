@@ -25,9 +25,9 @@ import yaml
 from fleetkeeper.reconciler.userdata import SUDOERS, BootSource, render
 from fleetkeeper.spec import runtime
 from fleetkeeper.spec.service import ServiceSpec, stored_spec
-from tests.local_boot import fake_commands, relocated
 from tests.spec.test_skypilot_yamls import FIXTURES, api_url, cli
 from tests.spec.test_task_variables import imds
+from tests.support.local_boot import fake_commands, relocated
 
 __all__ = ["api_url", "imds"]  # fixtures, used by name
 

@@ -27,14 +27,14 @@ from typing import TYPE_CHECKING, Any
 from fleetkeeper.model import BalancerState, ReplicaStatus, ServiceStatus, from_iso
 from fleetkeeper.reconciler.plan import ProbeResult
 from fleetkeeper.reconciler.state_changes import StateChange
-from tests.reconciler_world import ec2_driver, make_alb
+from tests.support.reconciler_world import ec2_driver, make_alb
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Hashable, Sequence
 
     from fleetkeeper.reconciler.probe import ProbeTarget
-    from tests.reconciler_world import ProbeServer, World
     from tests.strict_aws import StrictAws
+    from tests.support.reconciler_world import ProbeServer, World
 
 BOOT = 60.0  # an instance boots in 60 s
 READY = 10.0  # and its app answers 10 s later
@@ -150,7 +150,7 @@ class Timeline:
 
 
 def new_world(server: ProbeServer, *, balanced: bool) -> World:
-    from tests.reconciler_world import World
+    from tests.support.reconciler_world import World
 
     return World(server, balancer=make_alb() if balanced else None)
 
@@ -170,7 +170,7 @@ def _serving(world: World, name: str, version: int, replicas: int) -> bool:
 
 def _create(timeline: Timeline, name: str, replicas: int) -> None:
     from fleetkeeper.spec.service import ServiceSpec
-    from tests.reconciler_world import spec_dict
+    from tests.support.reconciler_world import spec_dict
 
     spec = spec_dict(timeline.world.server.port, replicas=replicas)
     timeline.world.commands.create(name, ServiceSpec.model_validate(spec))

@@ -28,11 +28,11 @@ from typing import TYPE_CHECKING, Any
 
 from fleetkeeper.model import Interruption, InterruptionKind, ReplicaStatus, to_iso
 from fleetkeeper.spec.service import ServiceSpec
-from tests.reconciler_world import spec_dict
+from tests.support.reconciler_world import spec_dict
 
 if TYPE_CHECKING:
-    from tests.reconciler_world import World
     from tests.strict_aws import StrictAws
+    from tests.support.reconciler_world import World
 
 TICK = 10  # seconds of the world's clock between observations
 RUN_EVERY = 60  # the schedule

@@ -47,11 +47,12 @@ from fleetkeeper.reconciler.plan import Policy, ProbeResult
 from fleetkeeper.reconciler.state_changes import StateChange
 from fleetkeeper.settings import DEFAULT_STACK_ID
 from fleetkeeper.store.codec import from_raw, state_from_items
-from tests.cleanup_support import CleanupContext, lambda_record
-from tests.conftest import TABLE, ApiClient, HttpResult
-from tests.moto_tuning import default_amis, share_stream_records
-from tests.reconciler_world import ec2_driver, is_mutation
 from tests.strict_aws import STATE_REASONS, FaultRates, LambdaTimeout, StrictAws
+from tests.support import TABLE
+from tests.support.cleanup_support import CleanupContext, lambda_record
+from tests.support.handler_client import HandlerClient, HttpResult
+from tests.support.moto_tuning import default_amis, share_stream_records
+from tests.support.reconciler_world import ec2_driver, is_mutation
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Hashable, Iterator, Sequence
@@ -182,7 +183,7 @@ def service_message(state: ServiceState) -> str:
 def _cleanup_patterns() -> list[dict[str, Any]]:
     """The cleanup mapping's FilterCriteria, from template.yaml as CloudFormation receives it."""
     from fleetkeeper.aws.eventfilter import patterns_of
-    from tests.cfn import refers_to, resources_of_type, translate
+    from tests.support.cfn import refers_to, resources_of_type, translate
 
     mappings = [
         body["Properties"]
@@ -214,7 +215,7 @@ class Simulation:
         self.rates = rates
         self.strict = StrictAws(seed=seed, faults=rates)
         self.policy = Policy()
-        self.api = ApiClient()
+        self.api = HandlerClient()
         self.hooks = _Hooks()
         self.steps: list[str] = []
         self.expected: dict[str, Expected] = {name: Expected() for name in NAMES}
@@ -273,7 +274,7 @@ class Simulation:
         saved_env = {k: os.environ.get(k) for k in ("TABLE_NAME", "FLEETKEEPER_REPLICA_HOST")}
         saved_utcnow, saved_uid = moto_instances.utcnow, keys.new_uid
         # moto's TransactWriteItems backs up the tables it touches, stream shard included: a copy
-        # that would grow with the seed's history, were the records not shared (tests/moto_tuning.py).
+        # that would grow with the seed's history, were the records not shared (tests/support/moto_tuning.py).
         share_stream_records()
         saved_random = random.getstate()
         random.seed(self.seed)  # botocore's retry jitter draws from the global RNG
@@ -289,7 +290,7 @@ class Simulation:
         keys.new_uid = lambda: f"{self.seed % 2**32:08x}{next(self._uids):08x}"  # type: ignore[assignment]
         aws.reset_clients()
         try:
-            # moto's full set of AMIs: each draws ids from moto's RNG (tests/moto_tuning.py).
+            # moto's full set of AMIs: each draws ids from moto's RNG (tests/support/moto_tuning.py).
             with default_amis(), mock_aws():
                 # moto re-creates a region's backend when a mock stops, drawing its default VPC's ids
                 # then (issue getmoto/moto#6592: the backends stay cached), so the backend a later

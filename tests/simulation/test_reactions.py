@@ -12,8 +12,8 @@ from fleetkeeper.spec.service import DEFAULT_DRAIN_SECONDS
 from tests.simulation import reactions
 
 if TYPE_CHECKING:
-    from tests.reconciler_world import ProbeServer
     from tests.strict_aws import StrictAws
+    from tests.support.reconciler_world import ProbeServer
 
 
 @pytest.fixture

@@ -11,8 +11,8 @@ import pytest
 from tests.simulation.reclaim import run_wave
 
 if TYPE_CHECKING:
-    from tests.reconciler_world import World
     from tests.strict_aws import StrictAws
+    from tests.support.reconciler_world import World
 
 # Seed 7: no fallback, a replacement refused until after its replica was reclaimed (a dip of 1 = L);
 # seed 13: dynamic fallback, spot refused 16 times (no dip). `bench/reclaim_wave.py` prints both.

@@ -10,7 +10,7 @@ import pytest
 
 from fleetkeeper.spec.changes import SERVICE, TOP_LEVEL, replica_visible
 from fleetkeeper.spec.service import ServiceSection, ServiceSpec
-from tests.conftest import hello_spec
+from tests.support.specs import hello_spec
 
 DIGEST = "sha256:" + "a" * 64
 

@@ -23,9 +23,10 @@ from fleetkeeper.settings import DEFAULT_IMAGE_PARAMETER
 from fleetkeeper.spec import catalogue, images
 from fleetkeeper.spec.images import GPU_DLAMI_PARAMETER, NEURON_DLAMI_PARAMETER, NoImage, image_for
 from fleetkeeper.spec.service import PUBLIC_PARAMETERS, ServiceSpec, parse_spec, root_device_of_parameter, stored_spec
-from tests.conftest import ApiClient, hello_spec
-from tests.public_images import publish_deep_learning_amis
-from tests.reconciler_world import World, tags
+from tests.support.handler_client import HandlerClient
+from tests.support.public_images import publish_deep_learning_amis
+from tests.support.reconciler_world import World, tags
+from tests.support.specs import hello_spec
 
 BASE: dict[str, Any] = {"service": {"readiness_probe": "/health"}, "run": "serve"}
 DEFAULT = "/stack/default/ami"
@@ -198,7 +199,7 @@ def test_disks_the_image_fits_on_are_accepted(resources: dict[str, Any]) -> None
     parse_spec({**BASE, "resources": resources})
 
 
-def test_the_api_answers_the_refusals_as_400s_naming_spec_resources(api: ApiClient) -> None:
+def test_the_api_answers_the_refusals_as_400s_naming_spec_resources(api: HandlerClient) -> None:
     for name, resources, words in [
         ("v100", {"accelerators": "V100:8"}, "has no Deep Learning AMI"),
         ("small", {"accelerators": "L4:1", "disk_size": 40}, "give disk_size 75 or more"),

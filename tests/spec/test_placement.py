@@ -14,7 +14,8 @@ from fleetkeeper.errors import InvalidRequest
 from fleetkeeper.spec import catalogue
 from fleetkeeper.spec.placement import MAX_CANDIDATES, RootVolume, parse_accelerators, root_volume
 from fleetkeeper.spec.service import ServiceSpec, parse_spec, stored_spec
-from tests.conftest import ApiClient, hello_spec
+from tests.support.handler_client import HandlerClient
+from tests.support.specs import hello_spec
 
 BASE: dict[str, Any] = {"service": {"readiness_probe": "/health"}, "run": "serve"}
 
@@ -369,7 +370,7 @@ def test_a_stored_spec_aws_no_longer_satisfies_still_loads_with_no_candidates() 
 # --- the api ------------------------------------------------------------------------------------
 
 
-def test_the_api_shows_the_candidates_and_the_notes_of_a_created_version(api: ApiClient) -> None:
+def test_the_api_shows_the_candidates_and_the_notes_of_a_created_version(api: HandlerClient) -> None:
     resources = {"accelerators": {"L4": None, "A100": None}, "disk_tier": "best"}
     response = api.post("/v1/services", {"name": "gpu", "spec": hello_spec(resources=resources)})
     assert response.status == 201, response.body
@@ -384,7 +385,7 @@ def test_the_api_shows_the_candidates_and_the_notes_of_a_created_version(api: Ap
     assert api.get("/v1/services/gpu/versions").body["versions"][0]["placement"] == placement
 
 
-def test_the_api_shows_an_explicit_instance_type_and_the_default_as_none(api: ApiClient) -> None:
+def test_the_api_shows_an_explicit_instance_type_and_the_default_as_none(api: HandlerClient) -> None:
     assert api.post("/v1/services", {"name": "a", "spec": hello_spec()}).body["placement"] == {
         "instance_types": ["t3.micro"],
         "notes": [],
@@ -393,7 +394,7 @@ def test_the_api_shows_an_explicit_instance_type_and_the_default_as_none(api: Ap
     assert body["placement"] == {"instance_types": [], "notes": []}
 
 
-def test_the_api_refuses_a_spec_aws_cannot_satisfy_and_writes_nothing(api: ApiClient) -> None:
+def test_the_api_refuses_a_spec_aws_cannot_satisfy_and_writes_nothing(api: HandlerClient) -> None:
     response = api.post("/v1/services", {"name": "gpu", "spec": hello_spec(resources={"accelerators": "A100:1"})})
     assert response.status == 400, response.body
     error = response.body["error"]
@@ -418,7 +419,7 @@ def test_the_api_refuses_a_spec_aws_cannot_satisfy_and_writes_nothing(api: ApiCl
     ],
 )
 def test_the_api_refuses_places_that_are_not_the_stacks_with_the_reason(
-    api: ApiClient, resources: dict[str, Any], field: str, words: str
+    api: HandlerClient, resources: dict[str, Any], field: str, words: str
 ) -> None:
     response = api.post("/v1/services", {"name": "web", "spec": hello_spec(resources=resources)})
     assert response.status == 400, response.body
@@ -428,7 +429,7 @@ def test_the_api_refuses_places_that_are_not_the_stacks_with_the_reason(
     assert api.get("/v1/services/web").status == 404
 
 
-def test_the_stacks_own_region_is_accepted_and_an_update_is_checked_too(api: ApiClient) -> None:
+def test_the_stacks_own_region_is_accepted_and_an_update_is_checked_too(api: HandlerClient) -> None:
     created = api.post("/v1/services", {"name": "web", "spec": hello_spec(resources={"region": "us-east-1"})})
     assert created.status == 201, created.body
     updated = api.put("/v1/services/web", {"spec": hello_spec(resources={"region": "eu-west-1"})})

@@ -10,7 +10,8 @@ import pytest
 from fleetkeeper.errors import InvalidRequest
 from fleetkeeper.spec.service import ReadinessProbe, ReplicaPolicy, Resources, ServiceSection, ServiceSpec, parse_spec
 from fleetkeeper.spec.skypilot_fields import UNSUPPORTED
-from tests.conftest import ApiClient, hello_spec
+from tests.support.handler_client import HandlerClient
+from tests.support.specs import hello_spec
 
 BASE: dict[str, Any] = {"service": {"readiness_probe": "/health"}, "run": "serve"}
 
@@ -231,7 +232,7 @@ def test_aws_in_skypilots_spellings_is_taken(resources: dict[str, Any]) -> None:
     assert spec.to_json_dict()["num_nodes"] == 1
 
 
-def test_the_api_names_the_field_and_what_to_do(api: ApiClient) -> None:
+def test_the_api_names_the_field_and_what_to_do(api: HandlerClient) -> None:
     spec = hello_spec()
     spec["service"] = {**spec["service"], "https": True, "dynamic_ondemand_fallback": True}
     response = api.post("/v1/services", {"name": "web", "spec": spec})
@@ -253,7 +254,7 @@ def test_the_api_names_the_field_and_what_to_do(api: ApiClient) -> None:
     ],
 )
 def test_a_region_other_than_the_stacks_is_refused_by_the_api(
-    api: ApiClient, resources: dict[str, Any], field: str
+    api: HandlerClient, resources: dict[str, Any], field: str
 ) -> None:
     response = api.post("/v1/services", {"name": "web", "spec": hello_spec(resources=resources)})
     assert response.status == 400, response.body

@@ -26,7 +26,7 @@ from fleetkeeper.api.handler import lambda_handler
 from fleetkeeper.cli.main import run
 from fleetkeeper.replicas.workdirs import LocalWorkdirStore
 from tests import TESTS_DIR
-from tests.local_process import serving_bridge
+from tests.support.local_process import serving_bridge
 
 if TYPE_CHECKING:
     from collections.abc import Iterator

@@ -10,7 +10,7 @@ import yaml
 
 from fleetkeeper.errors import InvalidRequest
 from fleetkeeper.spec.service import ServiceSpec, Workdir, parse_spec, stored_spec
-from tests.conftest import hello_spec
+from tests.support.specs import hello_spec
 
 SKYPILOT_YAML = """
 name: llm

@@ -34,7 +34,7 @@ from fleetkeeper.reconciler.userdata import (
 from fleetkeeper.spec import task_variables
 from fleetkeeper.spec.service import parse_spec, stored_spec
 from tests.local.test_process_driver import eventually
-from tests.local_boot import fake_commands, relocated
+from tests.support.local_boot import fake_commands, relocated
 
 if TYPE_CHECKING:
     from collections.abc import Iterator

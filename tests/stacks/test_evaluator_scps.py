@@ -1,4 +1,4 @@
-"""tests/iam_evaluator.py's service control policies, checked against AWS Organizations' documented
+"""tests/support/iam_evaluator.py's service control policies, checked against AWS Organizations' documented
 evaluation before the guardrail (infra/guardrails.yaml) is judged with them.
 
 https://docs.aws.amazon.com/organizations/latest/userguide/orgs_manage_policies_scps_evaluation.html
@@ -7,7 +7,7 @@ https://docs.aws.amazon.com/organizations/latest/userguide/orgs_manage_policies_
 
 from __future__ import annotations
 
-from tests.iam_evaluator import Decision, Request, evaluate
+from tests.support.iam_evaluator import Decision, Request, evaluate
 
 ACCOUNT = "111122223333"
 FULL_AWS_ACCESS = {"Statement": [{"Effect": "Allow", "Action": "*", "Resource": "*"}]}

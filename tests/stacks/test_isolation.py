@@ -36,16 +36,16 @@ from fleetkeeper.reconciler.driver import (
 )
 from fleetkeeper.reconciler.drivers import ec2 as ec2_driver_module
 from fleetkeeper.reconciler.plan import Policy
-from tests.conftest import ApiClient, FakeContext
-from tests.reconciler_world import make_alb, raw_client, spec_dict, tags
 from tests.strict_aws import active_controller
+from tests.support.handler_client import FakeContext, HandlerClient
+from tests.support.reconciler_world import make_alb, raw_client, spec_dict, tags
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
     from mypy_boto3_ec2.type_defs import FilterTypeDef, RunInstancesRequestTypeDef
 
-    from tests.reconciler_world import ProbeServer
+    from tests.support.reconciler_world import ProbeServer
 
 START = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
 # Past the orphan grace period: a sweep may take any orphan it sees.
@@ -70,7 +70,7 @@ class Stack:
 
     def api(self, method: str, path: str, body: Any = None) -> Any:
         with self.active():
-            return ApiClient().call(method, path, body)
+            return HandlerClient().call(method, path, body)
 
     def tick(self) -> None:
         """The schedule: the dispatcher (shards, orphan sweep), then each queue's worker runs."""

@@ -15,9 +15,9 @@ from fleetkeeper.reconciler.balancer import MAX_TARGET_GROUP_NAME, target_group_
 from fleetkeeper.reconciler.driver import MAX_CLIENT_TOKEN_LENGTH, Instance, InstanceState, client_token
 from fleetkeeper.reconciler.ownership import Ownership, ownership
 from fleetkeeper.settings import STACK_ID_ENV, SettingsError, stack_id_of
-from tests.cfn import Resolver, as_list, function_role, role_statements, translate
+from tests.support.cfn import Resolver, as_list, function_role, role_statements, translate
 
-STACK_KEY = "0123456789ab"  # tests/cfn.py's AWS::StackId, as template.yaml derives it
+STACK_KEY = "0123456789ab"  # tests/support/cfn.py's AWS::StackId, as template.yaml derives it
 STACK = "fleetkeeper:stack"
 MANAGED = "fleetkeeper:managed"
 

@@ -4,7 +4,7 @@ Teams share an account, and some of its principals hold broad rights (PowerUserA
 `sqs:*`, `ssm:*`, `kms:*`, `dynamodb:*`, `s3:GetObject` on `*`, an administrator's `*`). A resource
 policy that denies one action is no boundary if the same principal may rewrite the policy, grant
 around it or drain what it guards: so for each resource the stack owns, each right that changes its
-boundary is evaluated (tests/iam_evaluator.py, on the translated template and infra/guardrails.yaml)
+boundary is evaluated (tests/support/iam_evaluator.py, on the translated template and infra/guardrails.yaml)
 for these principals, the stack's own roles and its deployers, without the guardrail and with it (as
 the service control policy, and as the permissions boundary of the account's other principals).
 
@@ -22,11 +22,11 @@ from typing import Any
 import pytest
 
 from fleetkeeper.local.template import load_template
-from tests.cfn import ACCOUNT, PSEUDO, REGION, STACK, Resolver, as_list, resources_of_type
-from tests.iam_evaluator import Decision, Request, evaluate
+from tests.support.cfn import ACCOUNT, PSEUDO, REGION, STACK, Resolver, as_list, resources_of_type
+from tests.support.iam_evaluator import Decision, Request, evaluate
 
 INFRA = Path(__file__).resolve().parents[2] / "infra"
-KEY = "0123456789ab"  # tests/cfn.py's AWS::StackId, as template.yaml derives it
+KEY = "0123456789ab"  # tests/support/cfn.py's AWS::StackId, as template.yaml derives it
 CONTROL_PLANE = "fleetkeeper:control-plane"
 FULL_AWS_ACCESS = {"Statement": [{"Effect": "Allow", "Action": "*", "Resource": "*"}]}
 # AWS's PowerUserAccess: everything but IAM, Organizations and Account (and a few IAM reads).

@@ -19,12 +19,12 @@ from fleetkeeper.store.codec import from_raw
 from fleetkeeper.store.commands import CommandStore
 from fleetkeeper.store.events import EventReads, EventSequence, event_update
 from fleetkeeper.store.table import Table
-from tests.conftest import hello_spec
+from tests.support.specs import hello_spec
 
 if TYPE_CHECKING:
-    from tests.conftest import ApiClient
-    from tests.reconciler_world import World
     from tests.strict_aws import StrictAws
+    from tests.support.handler_client import HandlerClient
+    from tests.support.reconciler_world import World
 
 
 def _events(world: World, name: str = "svc") -> list[dict[str, Any]]:
@@ -158,7 +158,7 @@ def test_refused_launches_fold_into_one_warning_with_the_typed_code(world: World
     assert refused.event.replica_id == 0
 
 
-def test_the_events_route_pages_newest_first_and_refuses_what_it_did_not_issue(api: ApiClient) -> None:
+def test_the_events_route_pages_newest_first_and_refuses_what_it_did_not_issue(api: HandlerClient) -> None:
     assert api.post("/v1/services", {"name": "web", "spec": hello_spec()}).status == 201
     spec = hello_spec(envs={"X": "1"})
     assert api.put("/v1/services/web", {"spec": spec}).status == 200
@@ -190,7 +190,9 @@ def _write(table: str, uid: str, event: Event, now: str) -> None:
     )
 
 
-def test_events_expire_on_read_before_ttl_deletes_them_and_only_the_newest_are_kept(api: ApiClient, table: str) -> None:
+def test_events_expire_on_read_before_ttl_deletes_them_and_only_the_newest_are_kept(
+    api: HandlerClient, table: str
+) -> None:
     uid = api.post("/v1/services", {"name": "web", "spec": hello_spec()}).body["uid"]
     service = CommandStore(Table(table)).service("web")
     reads = EventReads(Table(table))
@@ -217,7 +219,7 @@ def test_events_expire_on_read_before_ttl_deletes_them_and_only_the_newest_are_k
 
 
 def test_repeats_fold_within_a_day_and_a_read_stops_at_the_day_that_fills_the_newest(
-    api: ApiClient, table: str
+    api: HandlerClient, table: str
 ) -> None:
     uid = api.post("/v1/services", {"name": "web", "spec": hello_spec()}).body["uid"]
     service = CommandStore(Table(table)).service("web")

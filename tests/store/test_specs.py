@@ -16,7 +16,7 @@ from fleetkeeper.spec.service import ServiceSpec, stored_spec
 from fleetkeeper.store.codec import state_from_items, version_from_item, version_item
 from fleetkeeper.store.errors import CorruptItem
 from fleetkeeper.store.specs import SpecCache, specs
-from tests.conftest import hello_spec
+from tests.support.specs import hello_spec
 
 
 def _text(**envs: str) -> str:

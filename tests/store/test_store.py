@@ -24,7 +24,8 @@ from fleetkeeper.store.errors import (
     VersionMissing,
 )
 from fleetkeeper.store.table import Table
-from tests.conftest import ApiClient, hello_spec
+from tests.support.handler_client import HandlerClient
+from tests.support.specs import hello_spec
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -144,7 +145,7 @@ def test_get_is_one_query(table: str) -> None:
     assert calls == Counter({"Query": 1})
 
 
-def test_recreated_name_shows_only_the_new_incarnation(api: ApiClient, table: str) -> None:
+def test_recreated_name_shows_only_the_new_incarnation(api: HandlerClient, table: str) -> None:
     """Old version/replica items (cleanup not run yet) never leak into the new service."""
     old = api.post("/v1/services", {"name": "web", "spec": hello_spec()}).body
     for i in range(3):
@@ -179,7 +180,7 @@ def test_recreated_name_shows_only_the_new_incarnation(api: ApiClient, table: st
     assert versions[0]["spec"]["envs"] == {"NEW": "1"}
 
 
-def test_list_never_reads_version_or_replica_items(api: ApiClient, table: str) -> None:
+def test_list_never_reads_version_or_replica_items(api: HandlerClient, table: str) -> None:
     for name in ("a", "b"):
         api.post("/v1/services", {"name": name, "spec": hello_spec()})
         api.put(f"/v1/services/{name}", {"spec": hello_spec()})
@@ -217,12 +218,12 @@ def _own_commands() -> ServiceCommands:
     from fleetkeeper.owners.access import Caller
     from fleetkeeper.owners.principals import canonical_caller
     from fleetkeeper.settings import Settings
-    from tests.conftest import TEST_CALLER
+    from tests.support.handler_client import TEST_CALLER
 
     return build_commands(Settings.from_env(os.environ), Caller(canonical_caller(TEST_CALLER)))
 
 
-def test_twenty_concurrent_creates_of_one_name_yield_one_201(api: ApiClient, atomic_dynamodb: None) -> None:
+def test_twenty_concurrent_creates_of_one_name_yield_one_201(api: HandlerClient, atomic_dynamodb: None) -> None:
     barrier = threading.Barrier(20)
 
     def attempt(_: int) -> int:
@@ -236,7 +237,9 @@ def test_twenty_concurrent_creates_of_one_name_yield_one_201(api: ApiClient, ato
     assert api.get("/v1/services/web/versions").body["versions"][0]["version"] == 1
 
 
-def test_ten_concurrent_updates_with_the_same_if_match_yield_one_success(api: ApiClient, atomic_dynamodb: None) -> None:
+def test_ten_concurrent_updates_with_the_same_if_match_yield_one_success(
+    api: HandlerClient, atomic_dynamodb: None
+) -> None:
     api.post("/v1/services", {"name": "web", "spec": hello_spec()})
     barrier = threading.Barrier(10)
 
@@ -253,7 +256,7 @@ def test_ten_concurrent_updates_with_the_same_if_match_yield_one_success(api: Ap
 
 
 def test_concurrent_updates_without_if_match_all_land_as_distinct_versions(
-    api: ApiClient, atomic_dynamodb: None
+    api: HandlerClient, atomic_dynamodb: None
 ) -> None:
     """Four writers at once, each with its own invocation's commands (`_own_commands`)."""
     api.post("/v1/services", {"name": "web", "spec": hello_spec()})
@@ -275,7 +278,7 @@ def test_concurrent_updates_without_if_match_all_land_as_distinct_versions(
 # --- version history -----------------------------------------------------------------------------
 
 
-def test_updates_keep_the_newest_versions_and_never_prune_what_is_in_use(api: ApiClient, table: str) -> None:
+def test_updates_keep_the_newest_versions_and_never_prune_what_is_in_use(api: HandlerClient, table: str) -> None:
     api.post("/v1/services", {"name": "web", "spec": hello_spec()})
     # A replica still runs version 2 (say, mid-rollout): its version must survive the pruning.
     state = store_of(table).require("web")
@@ -308,7 +311,7 @@ def test_updates_keep_the_newest_versions_and_never_prune_what_is_in_use(api: Ap
     assert api.post("/v1/services/web/rollback", {"version": 2}).status == 200
 
 
-def test_the_version_being_served_survives_pruning_after_a_rollback(api: ApiClient) -> None:
+def test_the_version_being_served_survives_pruning_after_a_rollback(api: HandlerClient) -> None:
     api.post("/v1/services", {"name": "web", "spec": hello_spec()})
     for i in range(VERSION_HISTORY_LIMIT - 1):  # latest = the limit: version 1 is still kept
         api.put("/v1/services/web", {"spec": hello_spec(envs={"N": str(i)})})

@@ -17,7 +17,7 @@ from fleetkeeper.store.table import Table
 from fleetkeeper.store.wake import record_demand
 from fleetkeeper.wake import demand as wake
 from fleetkeeper.wake.target import DemandRecorder
-from tests.conftest import hello_spec
+from tests.support.specs import hello_spec
 
 if TYPE_CHECKING:
     from tests.strict_aws import StrictAws

@@ -11,7 +11,7 @@ sees it:
    https://docs.aws.amazon.com/vpc/latest/privatelink/aws-services-privatelink-support.html
    https://docs.aws.amazon.com/lambda/latest/dg/configuration-vpc-internet.html
 2. *authorized*: each IAM action the call needs, on each resource it names, with the condition keys
-   AWS puts in its request context, is decided by tests/iam_evaluator.py against the function's role
+   AWS puts in its request context, is decided by tests/support/iam_evaluator.py against the function's role
    (tests/strict_aws/stack_policies.py) and the resource's policy; the actions include those AWS
    checks on the caller's behalf:
    - Elastic Load Balancing checks EC2 permissions of the caller ("Elastic Load Balancing API
@@ -63,10 +63,10 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
-from tests.iam_evaluator import Decision, Request, evaluate
 from tests.strict_aws import stack_policies
 from tests.strict_aws.stack_policies import ACCOUNT, Bindings
 from tests.strict_aws.wire import Call, Response, ec2_error, json_error, request_id
+from tests.support.iam_evaluator import Decision, Request, evaluate
 
 # The endpoints infra/network.yaml creates (ServiceName com.amazonaws.<region>.<name>), by the first
 # label of the host a client calls. tests/strict_aws/test_authorization.py reads them off the file.
@@ -823,7 +823,7 @@ def _kms_via_ssm(action: str, key_arn: str, parameter_arn: str, region: str) -> 
 
 
 def _colon_free_stream(stream_arn: str) -> str:
-    # tests/cfn.py's Resolver makes the stream label colon-free; the label is the stream's, any will do.
+    # tests/support/cfn.py's Resolver makes the stream label colon-free; the label is the stream's, any will do.
     return re.sub(r"/stream/.*$", "/stream/2026-01-01T00-00-00.000", stream_arn)
 
 

@@ -24,7 +24,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from tests import cfn
+from tests.support import cfn
 
 ACCOUNT = cfn.ACCOUNT
 REGION = cfn.REGION

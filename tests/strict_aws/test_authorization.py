@@ -17,11 +17,12 @@ from botocore.exceptions import ClientError, ConnectTimeoutError
 
 from fleetkeeper import aws
 from fleetkeeper.aws import CONNECT_TIMEOUT_SECONDS
-from tests import cfn
-from tests.conftest import TABLE, ApiClient, hello_spec
-from tests.reconciler_world import raw_client
 from tests.strict_aws import StrictAws, callers, stack_policies
 from tests.strict_aws.authorization import VPC_ENDPOINTS, endpoint_name
+from tests.support import TABLE, cfn
+from tests.support.handler_client import HandlerClient
+from tests.support.reconciler_world import raw_client
+from tests.support.specs import hello_spec
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -77,7 +78,7 @@ def template_without(resource: str, action: str) -> Iterator[None]:
 # -- who is calling --------------------------------------------------------------------------------
 
 
-def test_the_caller_is_the_function_whose_handler_runs(strict_aws: StrictAws, api: ApiClient) -> None:
+def test_the_caller_is_the_function_whose_handler_runs(strict_aws: StrictAws, api: HandlerClient) -> None:
     assert api.post("/v1/services", {"name": "web", "spec": hello_spec()}).status == 201
     assert strict_aws.authorizer.decided > 0
     assert strict_aws.denials == []

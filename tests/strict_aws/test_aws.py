@@ -25,8 +25,10 @@ from fleetkeeper.store.keys import SERVICES_INDEX, service_pk, version_sk
 from fleetkeeper.store.reads import ServiceReads
 from fleetkeeper.store.reconciler import ReconcilerStore
 from fleetkeeper.store.table import Table
-from tests.conftest import TABLE, ApiClient, hello_spec
 from tests.strict_aws import STATE_REASONS, FaultRates, LambdaTimeout, StrictAws
+from tests.support import TABLE
+from tests.support.handler_client import HandlerClient
+from tests.support.specs import hello_spec
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -647,7 +649,7 @@ def test_the_clock_can_be_moved_by_the_test(strict_aws: StrictAws, table: str) -
 # === the layer itself ================================================================================
 
 
-def test_without_a_fault_the_layer_is_transparent(strict_aws: StrictAws, api: ApiClient) -> None:
+def test_without_a_fault_the_layer_is_transparent(strict_aws: StrictAws, api: HandlerClient) -> None:
     assert api.post("/v1/services", {"name": "web", "spec": hello_spec()}).status == 201
     assert api.post("/v1/services", {"name": "web", "spec": hello_spec()}).status == 409
     current = api.get("/v1/services/web")

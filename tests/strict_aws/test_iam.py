@@ -8,8 +8,8 @@ from typing import TYPE_CHECKING
 import pytest
 from botocore.exceptions import ClientError
 
-from tests.reconciler_world import raw_client
 from tests.strict_aws.iam import PROPAGATION_SECONDS
+from tests.support.reconciler_world import raw_client
 
 if TYPE_CHECKING:
     from tests.strict_aws import StrictAws

@@ -1,4 +1,4 @@
-"""tests/iam_evaluator.py checked against the evaluation examples of AWS's IAM documentation.
+"""tests/support/iam_evaluator.py checked against the evaluation examples of AWS's IAM documentation.
 
 Each case cites the page it comes from; the policies are those pages' examples (names as AWS wrote
 them), the expected decisions are what the pages say. Only then is the evaluator trusted with the
@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from tests.iam_evaluator import Decision, Request, Unsupported, evaluate
+from tests.support.iam_evaluator import Decision, Request, Unsupported, evaluate
 
 ACCOUNT = "123456789012"
 CARLOS = f"arn:aws:iam::{ACCOUNT}:user/carlossalazar"

@@ -9,8 +9,8 @@ import botocore.session
 import pytest
 from botocore.exceptions import ClientError
 
-from tests.reconciler_world import raw_client
 from tests.strict_aws import model_validation
+from tests.support.reconciler_world import raw_client
 
 if TYPE_CHECKING:
     from tests.strict_aws import StrictAws

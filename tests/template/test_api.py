@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from tests.cfn import refers_to, resources_of_type, sam_template, translate
+from tests.support.cfn import refers_to, resources_of_type, sam_template, translate
 
 HTTP_METHODS = {"get", "put", "post", "delete", "patch", "head", "options", "x-amazon-apigateway-any-method"}
 

@@ -20,9 +20,10 @@ from fleetkeeper.aws.eventfilter import matches_any, patterns_of
 from fleetkeeper.cleanup import handler
 from fleetkeeper.store.codec import to_raw
 from fleetkeeper.store.keys import IDEMPOTENCY_PARTITION, SERVICE_SK, replica_sk, service_pk, version_sk
-from tests.cfn import as_list, refers_to, resources_of_type
-from tests.cleanup_support import EVENT_PATH, CleanupContext, partition_keys, seed_children, stream_records
-from tests.conftest import ApiClient, hello_spec
+from tests.support.cfn import as_list, refers_to, resources_of_type
+from tests.support.cleanup_support import EVENT_PATH, CleanupContext, partition_keys, seed_children, stream_records
+from tests.support.handler_client import HandlerClient
+from tests.support.specs import hello_spec
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -257,7 +258,7 @@ def test_the_checked_in_event_passes_the_filter(patterns: list[dict[str, Any]]) 
 
 
 def test_the_filter_admits_only_service_removals_of_real_stream_records(
-    api: ApiClient, table: str, patterns: list[dict[str, Any]]
+    api: HandlerClient, table: str, patterns: list[dict[str, Any]]
 ) -> None:
     client = aws.dynamodb()
     # Every kind of write the table sees: service and version INSERT (create), service MODIFY and
@@ -310,7 +311,7 @@ def test_the_filter_admits_only_service_removals_of_real_stream_records(
 
 
 def test_the_cleanups_own_deletes_do_not_trigger_it_again(
-    api: ApiClient, table: str, patterns: list[dict[str, Any]]
+    api: HandlerClient, table: str, patterns: list[dict[str, Any]]
 ) -> None:
     """The loop the filter exists for: cleanup deletes children, which must not reach cleanup."""
     uid = api.post("/v1/services", {"name": "web", "spec": hello_spec()}).body["uid"]

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from fleetkeeper.local.template import create_table_kwargs, load_template
-from tests.cfn import resources_of_type, sam_template
+from tests.support.cfn import resources_of_type, sam_template
 
 
 @pytest.fixture(scope="module")

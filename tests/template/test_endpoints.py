@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from tests.cfn import Resolver, as_list, resources_of_type, translate
+from tests.support.cfn import Resolver, as_list, resources_of_type, translate
 from tests.template.test_iam import parliament_findings
 
 MANAGED = "fleetkeeper:managed"
@@ -263,7 +263,7 @@ ELB_CALLER_SIDE = {
 
 
 def test_the_reconciler_holds_what_elb_checks_on_its_behalf(translated: dict[str, Any]) -> None:
-    from tests.iam_evaluator import Decision, Request, evaluate
+    from tests.support.iam_evaluator import Decision, Request, evaluate
 
     resolver = Resolver(translated)
     resources = translated["Resources"]

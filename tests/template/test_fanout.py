@@ -10,7 +10,7 @@ import pytest
 from fleetkeeper.kick import MAX_DELAY_SECONDS
 from fleetkeeper.reconciler import followup
 from fleetkeeper.settings import MAX_SHARD_SIZE, SettingsError, period_of
-from tests.cfn import (
+from tests.support.cfn import (
     Resolver,
     as_list,
     condition_keys,

@@ -9,7 +9,7 @@ from typing import Any
 
 from fleetkeeper.local.template import load_template
 from fleetkeeper.reconciler.state_changes import DETAIL_TYPE, SOURCE, STATES, StateChange, state_change_of
-from tests.cfn import function_role, role_statements, statements_granting
+from tests.support.cfn import function_role, role_statements, statements_granting
 
 
 def _rendered(instance_id: str, state: str) -> str:
@@ -68,8 +68,8 @@ def test_the_worker_may_send_its_follow_ups_and_record_them(translated: dict[str
 def test_the_instance_state_rule_gets_past_the_kick_queues_deny(translated: dict[str, Any]) -> None:
     """The queue policy's Deny of senders outside the stack (tests/template/test_kick_queue.py) lets
     the instance-state rule's deliveries through, and still no other rule's."""
-    from tests.cfn import ACCOUNT, REGION, Resolver
-    from tests.iam_evaluator import Decision, Request, evaluate
+    from tests.support.cfn import ACCOUNT, REGION, Resolver
+    from tests.support.iam_evaluator import Decision, Request, evaluate
 
     resolver = Resolver(translated)
     policy = resolver.resolve(translated["Resources"]["KickQueuePolicy"]["Properties"]["PolicyDocument"])

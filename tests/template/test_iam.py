@@ -12,7 +12,7 @@ from typing import Any
 import yaml
 
 from tests import TESTS_DIR
-from tests.cfn import (
+from tests.support.cfn import (
     Resolver,
     as_list,
     function_ids,

@@ -9,7 +9,7 @@ import pytest
 
 from fleetkeeper.local.template import load_template
 from tests import REPO_ROOT
-from tests.cfn import PSEUDO, Resolver, as_list, parameter_values, resources_of_type
+from tests.support.cfn import PSEUDO, Resolver, as_list, parameter_values, resources_of_type
 
 INFRA = REPO_ROOT / "infra"
 
@@ -51,8 +51,8 @@ def test_api_gateways_logging_role_may_be_assumed_whether_or_not_it_names_the_so
     """API Gateway's documents do not say it sets aws:SourceAccount when it assumes its CloudWatch
     role: the trust must let it in without the key, and keep another account's API Gateway out when
     the key says so (StringEqualsIfExists)."""
-    from tests.cfn import ACCOUNT
-    from tests.iam_evaluator import Decision, Request, evaluate
+    from tests.support.cfn import ACCOUNT
+    from tests.support.iam_evaluator import Decision, Request, evaluate
 
     template = load_template(INFRA / "apigw-logging.yaml")
     role = f"arn:aws:iam::{ACCOUNT}:role/apigw-logs"

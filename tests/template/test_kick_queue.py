@@ -1,5 +1,5 @@
 """Who may put a message on the kick queue: the translated KickQueuePolicy, evaluated for each kind
-of sender (tests/iam_evaluator.py, IAM's documented evaluation logic).
+of sender (tests/support/iam_evaluator.py, IAM's documented evaluation logic).
 
 A message on the kick queue drains a replica (an interruption warning) or runs the reconciler: a
 principal of the account allowed sqs:SendMessage on "*" must not be able to send one. Only the api's,
@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from tests.cfn import ACCOUNT, REGION, Resolver
-from tests.iam_evaluator import Decision, Request, evaluate
+from tests.support.cfn import ACCOUNT, REGION, Resolver
+from tests.support.iam_evaluator import Decision, Request, evaluate
 
 SEND_ANYWHERE = {"Statement": [{"Effect": "Allow", "Action": "sqs:*", "Resource": "*"}]}
 ADMIN = {"Statement": [{"Effect": "Allow", "Action": "*", "Resource": "*"}]}

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from tests.cfn import Resolver, refers_to, resources_of_type, sam_template, translate
+from tests.support.cfn import Resolver, refers_to, resources_of_type, sam_template, translate
 
 TOPIC = "arn:aws:sns:us-east-1:123456789012:fleetkeeper-alarms"
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from tests.cfn import (
+from tests.support.cfn import (
     ACCOUNT,
     REGION,
     Resolver,
@@ -195,7 +195,7 @@ def test_lambda_may_attach_the_reconciler_to_its_vpc_with_its_role_as_lambdas_gu
     a VPC; the AWSLambdaVPCAccessExecutionRole policy), on the resources EC2 authorizes them against.
     A subnet of a shared VPC belongs to the VPC owner's account: it must be allowed too, or a stack
     in a participant account could not attach its function."""
-    from tests.iam_evaluator import Decision, Request, evaluate
+    from tests.support.iam_evaluator import Decision, Request, evaluate
 
     role = f"arn:aws:iam::{ACCOUNT}:role/reconciler"
     owner = "210987654321"  # a shared VPC's owner
@@ -233,7 +233,7 @@ def test_a_customer_managed_ebs_key_is_usable_by_the_launching_role_through_ec2_
     role (Requirements for Amazon EBS encryption, "Permissions for users"). Without the grant the
     instance goes pending -> terminated (Client.InternalError); with EbsKmsKeyArn the role may, on
     that key only, through EC2 only, and create grants only for AWS resources."""
-    from tests.iam_evaluator import Decision, Request, evaluate
+    from tests.support.iam_evaluator import Decision, Request, evaluate
 
     role = f"arn:aws:iam::{ACCOUNT}:role/reconciler"
     via_ec2 = {"kms:ViaService": f"ec2.{REGION}.amazonaws.com"}

@@ -3,9 +3,9 @@ its own secrets, workdirs and log streams and nothing of another owner's; the re
 make a role stronger than the boundary; and which API caller may call which route at the IAM layer.
 
 The policies are the ones CloudFormation would receive (template.yaml translated by SAM, intrinsics
-resolved by tests/cfn.py) and the roles are the ones fleetkeeper.replicas.identity really creates (made on moto,
+resolved by tests/support/cfn.py) and the roles are the ones fleetkeeper.replicas.identity really creates (made on moto,
 then read back); the names are those the code derives (replicas.secrets, replicas.workdirs, userdata). Each
-request is decided by tests/iam_evaluator.py, which tests/strict_aws/test_iam_evaluator.py checks against AWS's
+request is decided by tests/support/iam_evaluator.py, which tests/strict_aws/test_iam_evaluator.py checks against AWS's
 documented evaluation examples first.
 """
 
@@ -22,10 +22,10 @@ from fleetkeeper.replicas.identity import ReplicaIdentities, owner_scope, role_n
 from fleetkeeper.replicas.secrets import SecretStore, parameter_prefix
 from fleetkeeper.replicas.workdirs import service_key
 from tests import REPO_ROOT
-from tests.cfn import ACCOUNT, REGION, Resolver, as_list, resources_of_type, translate
-from tests.iam_evaluator import Decision, Request, evaluate
+from tests.support.cfn import ACCOUNT, REGION, Resolver, as_list, resources_of_type, translate
+from tests.support.iam_evaluator import Decision, Request, evaluate
 
-STACK_KEY = "0123456789ab"  # the last 12 hex digits of tests/cfn.py's AWS::StackId
+STACK_KEY = "0123456789ab"  # the last 12 hex digits of tests/support/cfn.py's AWS::StackId
 OWNER_A = f"arn:aws:iam::{ACCOUNT}:role/team-a-ci"
 OWNER_B = f"arn:aws:iam::{ACCOUNT}:role/ci/team-b-deployer"
 DIGEST = "sha256:" + "ab" * 32

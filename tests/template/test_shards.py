@@ -12,12 +12,12 @@ import pytest
 
 from fleetkeeper.reconciler.balancers.alb import AlbBalancer
 from fleetkeeper.settings import Settings
-from tests.cfn import ACCOUNT, Resolver, function_role, translate
-from tests.iam_evaluator import Request, allowed
 from tests.stacks.test_isolation_iam import all_statements
+from tests.support.cfn import ACCOUNT, Resolver, function_role, translate
+from tests.support.iam_evaluator import Request, allowed
 from tests.template.test_endpoints import deployed, props, reconciler_env
 
-STACK_KEY = "0123456789ab"  # tests/cfn.py's AWS::StackId, as template.yaml derives it
+STACK_KEY = "0123456789ab"  # tests/support/cfn.py's AWS::StackId, as template.yaml derives it
 ELB = f"arn:aws:elasticloadbalancing:us-east-1:{ACCOUNT}"
 OWN = f"{ELB}:loadbalancer/app/fk-{STACK_KEY}-1/50dc6c495c0c9188"
 NEIGHBOUR = f"{ELB}:loadbalancer/app/fk-ffffffffffff-1/50dc6c495c0c9188"

@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 
 from fleetkeeper.uninstall.handler import scope_of
-from tests.cfn import ACCOUNT, Resolver, function_role, translate
-from tests.iam_evaluator import Request, allowed
 from tests.stacks.test_isolation_iam import all_statements
+from tests.support.cfn import ACCOUNT, Resolver, function_role, translate
+from tests.support.iam_evaluator import Request, allowed
 from tests.template.test_endpoints import deployed, props
 
 STACK_KEY = "0123456789ab"

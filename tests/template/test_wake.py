@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from tests.cfn import Resolver, as_list, translate
-from tests.iam_evaluator import Decision, Request, allowed, evaluate
+from tests.support.cfn import Resolver, as_list, translate
+from tests.support.iam_evaluator import Decision, Request, allowed, evaluate
 from tests.template.test_endpoints import deployed, props, reconciler_env
 from tests.template.test_iam import parliament_findings
 

@@ -17,9 +17,9 @@ import pytest
 
 from fleetkeeper.deploy import cfn_response, zone_check
 from fleetkeeper.reconciler.balancer import served_subnets
-from tests.cfn import Resolver, translate
-from tests.iam_evaluator import Decision, Request, evaluate
-from tests.reconciler_world import raw_client
+from tests.support.cfn import Resolver, translate
+from tests.support.iam_evaluator import Decision, Request, evaluate
+from tests.support.reconciler_world import raw_client
 from tests.template.test_endpoints import deployed, props
 
 if TYPE_CHECKING:

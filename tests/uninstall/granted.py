@@ -11,9 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from tests.cfn import ACCOUNT, REGION, as_list, function_role, role_statements
-from tests.iam_evaluator import Request, allowed
-from tests.reconciler_world import raw_client
+from tests.support.cfn import ACCOUNT, REGION, as_list, function_role, role_statements
+from tests.support.iam_evaluator import Request, allowed
+from tests.support.reconciler_world import raw_client
 from tests.uninstall.stack import DeployedResolver
 
 if TYPE_CHECKING:

@@ -38,16 +38,16 @@ from fleetkeeper.replicas.identity import owner_scope
 from fleetkeeper.replicas.secrets import SecretStore, parameter_prefix
 from fleetkeeper.replicas.workdirs import S3WorkdirStore
 from fleetkeeper.spec.service import ServiceSpec
-from tests.cfn import PSEUDO, Resolver
-from tests.reconciler_world import raw_client, spec_dict
 from tests.strict_aws import active_controller
+from tests.support.cfn import PSEUDO, Resolver
+from tests.support.reconciler_world import raw_client, spec_dict
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from tests.reconciler_world import World
+    from tests.support.reconciler_world import World
 
-STACK = "0123456789ab"  # what template.yaml derives from tests.cfn's AWS::StackId
+STACK = "0123456789ab"  # what template.yaml derives from tests.support.cfn's AWS::StackId
 STACK_ID = PSEUDO["AWS::StackId"]
 OWNERS = ("arn:aws:iam::123456789012:role/team-a-ci", "arn:aws:iam::123456789012:role/team-b-ci")
 CONFIG = EndpointConfig(port=8080, policy="least_load", drain_seconds=30, health_path="/")

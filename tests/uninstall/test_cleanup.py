@@ -12,7 +12,7 @@ from fleetkeeper.deploy import cfn_response
 from fleetkeeper.reconciler.driver import client_token
 from fleetkeeper.uninstall import handler
 from fleetkeeper.uninstall.cleanup import StackScope, Uninstall
-from tests.reconciler_world import instance_state, raw_client, run_tagged
+from tests.support.reconciler_world import instance_state, raw_client, run_tagged
 from tests.uninstall.stack import STACK, STACK_ID, ResponseEndpoint, delete_event, deploy, make_identity
 
 if TYPE_CHECKING:

@@ -15,9 +15,9 @@ import pytest
 
 from fleetkeeper.deploy import cfn_response
 from fleetkeeper.uninstall import handler
-from tests.cfn import translate
-from tests.conftest import TABLE
-from tests.reconciler_world import raw_client, run_tagged
+from tests.support import TABLE
+from tests.support.cfn import translate
+from tests.support.reconciler_world import raw_client, run_tagged
 from tests.uninstall.granted import Call, denied, observe
 from tests.uninstall.stack import (
     CONFIG,
@@ -37,7 +37,7 @@ from tests.uninstall.stack import (
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
 
-    from tests.reconciler_world import World
+    from tests.support.reconciler_world import World
 
 DOMAIN = "svc.example.com"
 OTHER = "fedcba987654"

@@ -39,7 +39,7 @@ moto keeps (checked against the release in `CHECKED_MOTO`, which pyproject.toml 
   gone answers ExpiredIteratorException, which every reader handles by asking for a new one.
 
 `retained()` counts what these bound (the tests and the soak bench read it). The suite's own moto
-(tests/moto_tuning.py) installs the first two as well.
+(tests/support/moto_tuning.py) installs the first two as well.
 """
 
 from __future__ import annotations

@@ -14,7 +14,6 @@ from typing import Any
 from fleetkeeper.model import AutoscalerState, Recommendation, ServiceState, ServiceStatus, VersionState, to_iso
 from fleetkeeper.reconciler.plan import RecordAutoscale, plan, wanted_replicas
 from fleetkeeper.spec.service import ServiceSpec
-from tests.conftest import hello_spec
 from tests.reconciler.plan.test_plan import (
     NOW,
     OK,
@@ -27,6 +26,7 @@ from tests.reconciler.plan.test_plan import (
     status,
     version,
 )
+from tests.support.specs import hello_spec
 
 READY = VersionState.READY
 

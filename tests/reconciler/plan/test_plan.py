@@ -54,7 +54,7 @@ from fleetkeeper.reconciler.plan import (
     status_changed,
 )
 from fleetkeeper.spec.service import ServiceSpec
-from tests.conftest import hello_spec
+from tests.support.specs import hello_spec
 
 NOW = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
 STAMP = to_iso(NOW)

@@ -14,7 +14,6 @@ import pytest
 from fleetkeeper.model import AutoscalerState, Market, Recommendation, ServiceStatus, VersionState
 from fleetkeeper.reconciler.plan import Claim, Launch, RecordAutoscale, plan, wanted_by_market
 from fleetkeeper.spec.service import MarketPolicy, ServiceSpec
-from tests.conftest import hello_spec
 from tests.reconciler.plan.test_autoscale import autoscaled, holding, since
 from tests.reconciler.plan.test_plan import (
     NOW,
@@ -32,6 +31,7 @@ from tests.reconciler.plan.test_plan import (
     terminate,
     version,
 )
+from tests.support.specs import hello_spec
 
 READY = VersionState.READY
 

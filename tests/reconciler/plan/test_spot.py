@@ -25,7 +25,6 @@ from fleetkeeper.model import (
 from fleetkeeper.reconciler import plan as plan_module
 from fleetkeeper.reconciler.plan import Claim, Launch, Policy, plan, wanted_by_market, warned
 from fleetkeeper.spec.service import MarketPolicy, ServiceSpec
-from tests.conftest import hello_spec
 from tests.reconciler.plan.test_plan import (
     NOW,
     OK,
@@ -42,6 +41,7 @@ from tests.reconciler.plan.test_plan import (
     terminate,
     version,
 )
+from tests.support.specs import hello_spec
 
 SPOT, OD = Market.SPOT, Market.ON_DEMAND
 WARNED_AT = to_iso(NOW - timedelta(seconds=20))

@@ -104,7 +104,7 @@ class AwsCalls:
     calls: list[AwsCall] = field(default_factory=list)
     kicks: bool = False
     _hooked: list[Any] = field(default_factory=list, repr=False)
-    _unique_id: str = field(default_factory=lambda: f"tests.aws_calls.{next(_ids)}", repr=False)
+    _unique_id: str = field(default_factory=lambda: f"tests.support.aws_calls.{next(_ids)}", repr=False)
 
     def __enter__(self) -> AwsCalls:
         self._hooked = [aws.dynamodb(), aws.ec2(), aws.ssm(), *([aws.sqs_for_kick()] if self.kicks else [])]

@@ -21,7 +21,8 @@ from tests import REPO_ROOT
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable
 
-from tests.conftest import FakeContext, hello_spec
+from tests.support.handler_client import FakeContext
+from tests.support.specs import hello_spec
 
 EVENT_PATH = REPO_ROOT / "events" / "cleanup_remove.json"
 

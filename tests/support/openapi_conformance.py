@@ -1,8 +1,8 @@
 """Every api response the suite receives, checked against the OpenAPI document (docs/openapi.json).
 
-tests/conftest.py's ApiClient calls `check` on each answer: for an operation the document declares,
-the status must be one it lists for that operation, the body must validate against that status's
-schema, and the headers it documents (ETag, Retry-After) must be there. A 5xx other than the
+tests/support/handler_client.py's HandlerClient calls `check` on each answer: for an operation the
+document declares, the status must be one it lists for that operation, the body must validate against
+that status's schema, and the headers it documents (ETag, Retry-After) must be there. A 5xx other than the
 documented 503 is the suite's deliberate fault injection; it must still be the api's error body.
 Answers to undeclared routes (the api's `no_route` 404) are not the document's to describe.
 """

@@ -35,8 +35,9 @@ from fleetkeeper.spec.service import ServiceSpec
 from fleetkeeper.store.commands import CommandStore
 from fleetkeeper.store.reconciler import ReconcilerStore
 from fleetkeeper.store.table import Table
-from tests.conftest import TABLE, hello_spec
 from tests.strict_aws import active_controller
+from tests.support import TABLE
+from tests.support.specs import hello_spec
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
