@@ -21,7 +21,7 @@ from fleetkeeper.model import (
 )
 from fleetkeeper.reconciler.followup import MAX_DELAY_SECONDS, FollowUp, follow_up, next_reconcile
 from fleetkeeper.reconciler.plan import Policy
-from tests.reconciler.plan.test_plan import NOW, S, ago, refusal, replica, spec, state, version
+from tests.support.builders import NOW, S, ago, refusal, replica, spec, state, version
 
 ENV = FailureCause.ENVIRONMENT
 POLICY = Policy()

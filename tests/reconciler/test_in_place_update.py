@@ -2,7 +2,7 @@
 changes only what a replica does not run (its count, its probe) takes effect on the READY replica in
 place (no TerminateInstances, no RunInstances for it, the new version recorded on it, the new probe
 path used); a change to what it runs (its envs) still replaces it; a rollback follows the same rule.
-The planner's side, action by action, is in reconciler/plan/test_plan.py."""
+The planner's side, action by action, is in reconciler/plan/test_in_place.py."""
 
 from __future__ import annotations
 

@@ -23,7 +23,7 @@ from fleetkeeper.reconciler.plan import INITIAL_DELAY_EXCEEDED, RecordStatus, Tr
 from fleetkeeper.reconciler.userdata import USER_DATA_LIMIT, environment_file, user_data
 from fleetkeeper.spec import task_variables
 from fleetkeeper.spec.service import ServiceSpec
-from tests.reconciler.plan.test_plan import (
+from tests.support.builders import (
     NOW,
     OK,
     S,

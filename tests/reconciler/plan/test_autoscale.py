@@ -2,7 +2,7 @@
 rest of the plan aimed at the target it holds; nothing written for a steady service; a rolling
 update keeps the autoscaled target.
 
-Like tests/reconciler/plan/test_plan.py, every case asserts the WHOLE action list.
+Like the other planner tests, every case asserts the WHOLE action list.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any
 from fleetkeeper.model import AutoscalerState, Recommendation, ServiceState, ServiceStatus, VersionState, to_iso
 from fleetkeeper.reconciler.plan import RecordAutoscale, plan, wanted_replicas
 from fleetkeeper.spec.service import ServiceSpec
-from tests.reconciler.plan.test_plan import (
+from tests.support.builders import (
     NOW,
     OK,
     STAMP,

@@ -11,7 +11,7 @@ from fleetkeeper.model import FailureCause, ReplicaStatus
 from fleetkeeper.reconciler.plan import INITIAL_DELAY_EXCEEDED, ProbeResult, RecordReplica, TripBreaker, plan
 from fleetkeeper.reconciler.plan.failures import BOOT_FAILURES
 from fleetkeeper.service_events import EventType, replica_changed
-from tests.reconciler.plan.test_plan import NOW, ago, instance, replica, spec, state, version
+from tests.support.builders import NOW, ago, instance, replica, spec, state, version
 
 S = ReplicaStatus
 SECRETS_REJECTED = "Fleetkeeper.SecretsParameterRejected"

@@ -1,7 +1,7 @@
 """Table tests of the planner's endpoint part: the endpoint made before anything is registered,
 exactly the serving replicas registered, and a leaving replica drained before its instance goes.
 
-Like tests/reconciler/plan/test_plan.py, every case asserts the WHOLE action list. `balanced=False` (no load
+Like the other planner tests, every case asserts the WHOLE action list. `balanced=False` (no load
 balancer) is every case of that file: none of them has an endpoint action.
 """
 
@@ -33,7 +33,7 @@ from fleetkeeper.reconciler.plan import (
     plan,
     registered,
 )
-from tests.reconciler.plan.test_plan import (
+from tests.support.builders import (
     DOWN,
     NOW,
     OK,

@@ -1,7 +1,7 @@
 """Table tests of SkyPilot's paces in the planner (issue 35, Deliver 3 and 4): a blue-green update switches
 once `min_replicas` new replicas are READY; from zero the autoscaler goes straight to ceil(rate /
 target); `num_overprovision` replicas over the target; a target per accelerator reads the replicas'
-instance types. Like tests/reconciler/plan/test_plan.py, every case asserts the WHOLE action list.
+instance types. Like the other planner tests, every case asserts the WHOLE action list.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from fleetkeeper.model import AutoscalerState, Market, Recommendation, ServiceSt
 from fleetkeeper.reconciler.plan import Claim, Launch, RecordAutoscale, plan, wanted_by_market
 from fleetkeeper.spec.service import MarketPolicy, ServiceSpec
 from tests.reconciler.plan.test_autoscale import autoscaled, holding, since
-from tests.reconciler.plan.test_plan import (
+from tests.support.builders import (
     NOW,
     OK,
     STAMP,

@@ -2,7 +2,7 @@
 fallback (`base_ondemand_fallback_replicas`, `dynamic_ondemand_fallback`), and the warnings AWS sends
 about a spot instance (an interruption warning, a rebalance recommendation).
 
-Every case asserts the WHOLE action list, as tests/reconciler/plan/test_plan.py does.
+Every case asserts the WHOLE action list, as the other planner tests do.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from fleetkeeper.model import (
 from fleetkeeper.reconciler import plan as plan_module
 from fleetkeeper.reconciler.plan import Claim, Launch, Policy, plan, wanted_by_market, warned
 from fleetkeeper.spec.service import MarketPolicy, ServiceSpec
-from tests.reconciler.plan.test_plan import (
+from tests.support.builders import (
     NOW,
     OK,
     READY,

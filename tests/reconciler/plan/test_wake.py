@@ -18,7 +18,7 @@ from fleetkeeper.reconciler.plan import EnsureEndpoint, RecordAutoscale, Registe
 from fleetkeeper.wake import demand as wake
 from tests.reconciler.plan.test_autoscale import autoscaled, holding
 from tests.reconciler.plan.test_endpoint import CONFIG, ENDPOINT, REG, REGING, served
-from tests.reconciler.plan.test_plan import (
+from tests.support.builders import (
     NOW,
     OK,
     STAMP,
@@ -31,7 +31,7 @@ from tests.reconciler.plan.test_plan import (
     state,
     status,
 )
-from tests.reconciler.plan.test_plan import version as version_of
+from tests.support.builders import version as version_of
 
 ZERO_POLICY: dict[str, Any] = {"min_replicas": 0, "max_replicas": 2, "downscale_to_zero_delay_seconds": 60}
 AT_ZERO = AutoscalerState(target=0, history=(Recommendation(ago(3600), 0, 0.0),), rev=4)
