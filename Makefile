@@ -148,12 +148,13 @@ soak: $(STAMP)
 # functions/, globs allowed) one small edit at a time and runs only MUTATE_TESTS, the tests that
 # exercise them, against each mutant; a mutant no test fails on "survived". It runs in $(MUTATE_DIR)
 # (the package and tests linked in, mutmut's copy under $(MUTATE_DIR)/mutants), fresh each time.
-# The default scope is the planner's package (reconciler/plan/) and the store package (store/).
+# The default scope is the planner's package (reconciler/plan/) and the store package (store/), with
+# their tests (tests/reconciler/plan/, one test module per planner module, and the store's).
 # `make mutate MUTATE_PATHS=fleetkeeper/store/keys.py MUTATE_TESTS=tests/store/test_store.py` narrows it;
 # then `cd $(MUTATE_DIR) && ../$(BIN)/mutmut show NAME` prints one mutant's diff.
 MUTATE_PATHS   ?= fleetkeeper/reconciler/plan/*.py \
                   $(patsubst functions/%,%,$(wildcard functions/fleetkeeper/store.py functions/fleetkeeper/store/*.py))
-MUTATE_TESTS   ?= tests/reconciler/plan/test_plan.py $(wildcard tests/store/test_*.py tests/reconciler/test_store*.py)
+MUTATE_TESTS   ?= $(wildcard tests/reconciler/plan/test_*.py tests/store/test_*.py tests/reconciler/test_store*.py)
 MUTATE_WORKERS ?= $(PYTEST_WORKERS)
 MUTATE_DIR     := .mutmut
 MUTATE_STAMP   := $(VENV)/.installed-mutate

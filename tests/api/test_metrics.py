@@ -10,8 +10,8 @@ from fleetkeeper import aws
 from fleetkeeper.model import AutoscalerState, Recommendation, to_iso
 from fleetkeeper.store.reconciler import ReconcilerStore
 from fleetkeeper.store.table import Table
-from tests.reconciler.plan.test_endpoint import ENDPOINT
 from tests.support import TABLE
+from tests.support.builders import ENDPOINT
 from tests.support.handler_client import HandlerClient
 from tests.support.specs import hello_spec
 

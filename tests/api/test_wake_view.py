@@ -7,9 +7,8 @@ from dataclasses import replace
 
 from fleetkeeper.api.models import AutoscalingView, autoscaling_view
 from fleetkeeper.cli.render import autoscaling_line
-from tests.reconciler.plan.test_endpoint import ENDPOINT
 from tests.reconciler.plan.test_wake import WAKING, at_zero
-from tests.support.builders import NOW
+from tests.support.builders import ENDPOINT, NOW
 
 
 def test_the_view_says_waking_while_the_endpoint_routes_to_the_wake_target() -> None:

@@ -5,7 +5,7 @@ IAM has propagated it, IMDS answers 404 for the role's credentials, S3 403 Acces
 AccessDeniedException. The boot (run as the replica runs it: a subprocess, real HTTP on 127.0.0.1)
 retries exactly those answers within its propagation bound, fails at once on a real refusal, and,
 past the bound, writes a typed environment failure that the user data serves on the replica's port
-and the reconciler's probe reads (tests/reconciler/plan/test_boot_failures.py: never the version's).
+and the reconciler's probe reads (tests/reconciler/plan/test_failures.py: never the version's).
 """
 
 from __future__ import annotations

@@ -14,8 +14,13 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from fleetkeeper.model import (
+    AutoscalerState,
+    BalancerState,
+    EndpointConfig,
+    EndpointRecord,
     FailureCause,
     Lifecycle,
+    Recommendation,
     ReplicaRecord,
     ReplicaStatus,
     ServiceRecord,
@@ -229,3 +234,55 @@ def mark_ready(number: int) -> MarkVersion:
 
 def status(kind: ServiceStatus, message: str, generation: int = 1) -> RecordStatus:
     return RecordStatus(kind, message, generation)
+
+
+# --- a load-balanced endpoint, an autoscaled service ------------------------------------------------
+
+
+# The spec's probe: GET /health within 15 s (SkyPilot's default timeout), which the ALB can send.
+CONFIG = EndpointConfig(
+    port=8080,
+    policy="least_load",
+    drain_seconds=120,  # the spec's default, SkyPilot's
+    health_path="/health",
+    health_codes="200",
+    health_timeout_seconds=15,
+    health_interval_seconds=16,
+)
+ENDPOINT = EndpointRecord(
+    url="http://alb.example:10000",
+    config=CONFIG,
+    target_group="arn:tg",
+    route="arn:listener",
+    dimensions=(("LoadBalancer", "app/a/1"), ("TargetGroup", "targetgroup/fk-u1/2")),
+)
+REG, REGING, DRAIN = BalancerState.REGISTERED, BalancerState.REGISTERING, BalancerState.DRAINING
+
+
+def served(current: ServiceState, endpoint: EndpointRecord | None = ENDPOINT) -> ServiceState:
+    return replace(current, service=replace(current.service, endpoint=endpoint))
+
+
+def autoscaled(mode: str = "rolling", **policy: Any) -> ServiceSpec:
+    data = hello_spec()
+    service = {k: v for k, v in data["service"].items() if k != "replicas"}
+    service["readiness_probe"] = {"path": "/health", "initial_delay_seconds": 600}
+    service["replica_policy"] = {
+        "min_replicas": 1,
+        "max_replicas": 4,
+        "target_qps_per_replica": 2,
+        "upscale_delay_seconds": 300,
+        "downscale_delay_seconds": 1200,
+        **policy,
+    }
+    data["service"] = service
+    data["update"] = {"mode": mode}
+    return ServiceSpec.model_validate(data)
+
+
+def holding(current: ServiceState, autoscaler: AutoscalerState | None) -> ServiceState:
+    return replace(current, service=replace(current.service, autoscaler=autoscaler))
+
+
+def since(seconds: float, replicas: int, rate: float) -> Recommendation:
+    return Recommendation(to_iso(NOW - timedelta(seconds=seconds)), replicas, rate)

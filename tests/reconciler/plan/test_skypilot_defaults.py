@@ -14,18 +14,20 @@ import pytest
 from fleetkeeper.model import AutoscalerState, Market, Recommendation, ServiceStatus, VersionState
 from fleetkeeper.reconciler.plan import Claim, Launch, RecordAutoscale, plan, wanted_by_market
 from fleetkeeper.spec.service import MarketPolicy, ServiceSpec
-from tests.reconciler.plan.test_autoscale import autoscaled, holding, since
 from tests.support.builders import (
     NOW,
     OK,
     STAMP,
     S,
     ago,
+    autoscaled,
     drained,
+    holding,
     instance,
     launches,
     mark_ready,
     replica,
+    since,
     state,
     status,
     terminate,

@@ -16,18 +16,23 @@ import pytest
 from fleetkeeper.model import AutoscalerState, Recommendation, ServiceState, ServiceStatus, to_iso
 from fleetkeeper.reconciler.plan import EnsureEndpoint, RecordAutoscale, Register, RouteEndpoint, plan
 from fleetkeeper.wake import demand as wake
-from tests.reconciler.plan.test_autoscale import autoscaled, holding
-from tests.reconciler.plan.test_endpoint import CONFIG, ENDPOINT, REG, REGING, served
 from tests.support.builders import (
+    CONFIG,
+    ENDPOINT,
     NOW,
     OK,
+    REG,
+    REGING,
     STAMP,
     S,
     ago,
+    autoscaled,
     became_ready,
+    holding,
     instance,
     launches,
     replica,
+    served,
     state,
     status,
 )

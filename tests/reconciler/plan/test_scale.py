@@ -7,53 +7,25 @@ Like the other planner tests, every case asserts the WHOLE action list.
 
 from __future__ import annotations
 
-from dataclasses import replace
-from datetime import timedelta
-from typing import Any
-
-from fleetkeeper.model import AutoscalerState, Recommendation, ServiceState, ServiceStatus, VersionState, to_iso
+from fleetkeeper.model import AutoscalerState, Recommendation, ServiceStatus, VersionState
 from fleetkeeper.reconciler.plan import RecordAutoscale, plan, wanted_replicas
-from fleetkeeper.spec.service import ServiceSpec
 from tests.support.builders import (
     NOW,
     OK,
     STAMP,
+    autoscaled,
     drained,
+    holding,
     instance,
     launches,
     replica,
+    since,
     state,
     status,
     version,
 )
-from tests.support.specs import hello_spec
 
 READY = VersionState.READY
-
-
-def autoscaled(mode: str = "rolling", **policy: Any) -> ServiceSpec:
-    data = hello_spec()
-    service = {k: v for k, v in data["service"].items() if k != "replicas"}
-    service["readiness_probe"] = {"path": "/health", "initial_delay_seconds": 600}
-    service["replica_policy"] = {
-        "min_replicas": 1,
-        "max_replicas": 4,
-        "target_qps_per_replica": 2,
-        "upscale_delay_seconds": 300,
-        "downscale_delay_seconds": 1200,
-        **policy,
-    }
-    data["service"] = service
-    data["update"] = {"mode": mode}
-    return ServiceSpec.model_validate(data)
-
-
-def holding(current: ServiceState, autoscaler: AutoscalerState | None) -> ServiceState:
-    return replace(current, service=replace(current.service, autoscaler=autoscaler))
-
-
-def since(seconds: float, replicas: int, rate: float) -> Recommendation:
-    return Recommendation(to_iso(NOW - timedelta(seconds=seconds)), replicas, rate)
 
 
 def test_a_new_autoscaled_service_starts_at_its_minimum_and_records_its_first_recommendation() -> None:

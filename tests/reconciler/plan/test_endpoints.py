@@ -11,9 +11,6 @@ from dataclasses import replace
 from typing import Any
 
 from fleetkeeper.model import (
-    BalancerState,
-    EndpointConfig,
-    EndpointRecord,
     Lifecycle,
     ServiceState,
     ServiceStatus,
@@ -34,9 +31,14 @@ from fleetkeeper.reconciler.plan import (
     registered,
 )
 from tests.support.builders import (
+    CONFIG,
     DOWN,
+    DRAIN,
+    ENDPOINT,
     NOW,
     OK,
+    REG,
+    REGING,
     STAMP,
     S,
     ago,
@@ -46,35 +48,13 @@ from tests.support.builders import (
     mark_ready,
     moved,
     replica,
+    served,
     spec,
     state,
     status,
     terminate,
     version,
 )
-
-# The spec's probe: GET /health within 15 s (SkyPilot's default timeout), which the ALB can send.
-CONFIG = EndpointConfig(
-    port=8080,
-    policy="least_load",
-    drain_seconds=120,  # the spec's default, SkyPilot's
-    health_path="/health",
-    health_codes="200",
-    health_timeout_seconds=15,
-    health_interval_seconds=16,
-)
-ENDPOINT = EndpointRecord(
-    url="http://alb.example:10000",
-    config=CONFIG,
-    target_group="arn:tg",
-    route="arn:listener",
-    dimensions=(("LoadBalancer", "app/a/1"), ("TargetGroup", "targetgroup/fk-u1/2")),
-)
-REG, REGING, DRAIN = BalancerState.REGISTERED, BalancerState.REGISTERING, BalancerState.DRAINING
-
-
-def served(current: ServiceState, endpoint: EndpointRecord | None = ENDPOINT) -> ServiceState:
-    return replace(current, service=replace(current.service, endpoint=endpoint))
 
 
 def steady(replicas: list[Any], **kw: Any) -> ServiceState:
