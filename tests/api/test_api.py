@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import json
+import random
 
 import pytest
 
+from fleetkeeper.errors import Conflict
+from fleetkeeper.model import ServiceStatus
 from tests.support.handler_client import HandlerClient
+from tests.support.reconciler_world import World, tags
 from tests.support.specs import hello_spec
 
 
@@ -343,4 +347,42 @@ def test_method_not_routed_is_4xx_with_the_error_shape(api: HandlerClient) -> No
 def test_a_body_that_is_not_json_is_415(api: HandlerClient, content_type: str) -> None:
     response = api.post("/v1/services", {"name": "web", "spec": hello_spec()}, headers={"Content-Type": content_type})
     assert_error(response, 415, "unsupported_media_type", "application/json")
+    assert api.get("/v1/services/web").status == 404
+
+
+# Guards a regression found by review (commit 5faa8d0): a rollback could land on a version the breaker had
+# FAILED (now a 409; the default skips it).
+def test_rollback_skips_and_refuses_versions_the_breaker_failed(world: World) -> None:
+    world.create()
+    world.converge()
+    world.update(envs={"V": "2"})
+    current = world.store.require("svc")
+    failed = "version 2 failed: 3 replica failures"
+    world.reconciler.store.trip_breaker(
+        current.service, 2, failed, 1, status_message=f"rolling back to version 1: {failed}"
+    )
+    world.converge()
+    world.update(envs={"V": "3"})
+    world.converge()
+    commands = world.commands
+    with pytest.raises(Conflict, match=r"version 2 .* failed"):
+        commands.rollback("svc", 2, expected_generation=None)
+    rolled = commands.rollback("svc", None, expected_generation=None)  # the default skips v2
+    assert rolled.state.service.target_version == 1
+    world.converge()
+    after = world.store.require("svc")
+    assert after.service.status is ServiceStatus.READY
+    assert [i for i in world.instances() if tags(i).get("fleetkeeper:uid") == after.service.uid]
+
+
+# Guards a regression found by review (commit 5faa8d0): a spec whose user data EC2 would refuse was
+# accepted (now a 400).
+def test_a_spec_whose_user_data_ec2_would_refuse_is_a_400(api: HandlerClient) -> None:
+    rnd = random.Random(7)
+    # Two draws: setup and run share their preamble (fleetkeeper.spec.runtime), so the same text in
+    # both would be the same bytes twice, which gzip stores once.
+    setup, run = ("".join(rnd.choice("abcdefghijklmnopqrstuvwxyz0123456789") for _ in range(12_000)) for _ in "ab")
+    response = api.post("/v1/services", {"name": "web", "spec": hello_spec(setup=f"echo {setup}", run=f"echo {run}")})
+    assert response.status == 400, response.body
+    assert "user data" in response.error["message"]
     assert api.get("/v1/services/web").status == 404

@@ -9,8 +9,9 @@ from typing import TYPE_CHECKING
 
 from fleetkeeper.model import ReplicaStatus
 from tests.api.test_terminate_replica import with_replicas
-from tests.dashboard.conftest import csrf_of, hello
+from tests.support.dashboard import csrf_of
 from tests.support.local_process import eventually
+from tests.support.specs import hello_spec
 
 if TYPE_CHECKING:
     from fleetkeeper.cli.http import ApiClient
@@ -36,7 +37,7 @@ def test_the_login_link_works_once_for_a_session_cookie_no_script_can_read(api: 
 
 
 def test_without_the_session_nothing_but_the_assets_is_served(api: ApiClient, dashboard) -> None:  # type: ignore[no-untyped-def]
-    create(api, "web", hello())
+    create(api, "web", hello_spec())
     _running, visitor = dashboard()
     stranger = type(visitor)(visitor.base)
     for path in ("/", "/fragments/services", "/services/web", "/fragments/services/web/state"):
@@ -50,7 +51,7 @@ def test_without_the_session_nothing_but_the_assets_is_served(api: ApiClient, da
 
 
 def test_a_request_for_another_host_is_refused_before_anything(api: ApiClient, dashboard) -> None:  # type: ignore[no-untyped-def]
-    create(api, "web", hello())
+    create(api, "web", hello_spec())
     _running, visitor = dashboard()
     port = visitor.authority.split(":")[1]
     for host in (f"rebound.example:{port}", f"localhost:{port}", "127.0.0.1", f"127.0.0.1:{int(port) + 1}"):
@@ -61,8 +62,8 @@ def test_a_request_for_another_host_is_refused_before_anything(api: ApiClient, d
 
 
 def test_every_answer_has_a_strict_policy_and_the_pages_no_inline_script_or_style(api: ApiClient, dashboard) -> None:  # type: ignore[no-untyped-def]
-    create(api, "web", hello(envs={"GREETING": "<script>alert(1)</script>"}))
-    api.request("PUT", "/v1/services/web", {"spec": hello(envs={"GREETING": "<b>two</b>"})})
+    create(api, "web", hello_spec(envs={"GREETING": "<script>alert(1)</script>"}))
+    api.request("PUT", "/v1/services/web", {"spec": hello_spec(envs={"GREETING": "<b>two</b>"})})
     _running, visitor = dashboard()
     for path in ("/", "/services/web", "/services/web/diff?from=1&to=2", "/fragments/services/web/plots", "/nope"):
         answer = visitor.get(path)
@@ -77,8 +78,8 @@ def test_every_answer_has_a_strict_policy_and_the_pages_no_inline_script_or_styl
 
 
 def test_the_services_table_sorts_filters_and_shows_each_service(api: ApiClient, dashboard) -> None:  # type: ignore[no-untyped-def]
-    create(api, "web", hello(replicas=3))
-    create(api, "api", hello(replicas=1))
+    create(api, "web", hello_spec(replicas=3))
+    create(api, "api", hello_spec(replicas=1))
     _running, visitor = dashboard()
 
     def rows(query: str) -> list[str]:
@@ -95,8 +96,8 @@ def test_the_services_table_sorts_filters_and_shows_each_service(api: ApiClient,
 
 
 def test_a_service_page_shows_replicas_versions_a_diff_events_and_plots(api: ApiClient, dashboard) -> None:  # type: ignore[no-untyped-def]
-    create(api, "web", hello())
-    api.request("PUT", "/v1/services/web", {"spec": hello(envs={"MODE": "fast"})})
+    create(api, "web", hello_spec())
+    api.request("PUT", "/v1/services/web", {"spec": hello_spec(envs={"MODE": "fast"})})
     _running, visitor = dashboard()
     page = visitor.get("/services/web").text
     assert 'data-version="2"><td>v2 <span class="current">current</span>' in page
@@ -110,8 +111,8 @@ def test_a_service_page_shows_replicas_versions_a_diff_events_and_plots(api: Api
 
 
 def test_an_action_needs_allow_actions(api: ApiClient, dashboard) -> None:  # type: ignore[no-untyped-def]
-    create(api, "web", hello())
-    api.request("PUT", "/v1/services/web", {"spec": hello(envs={"MODE": "fast"})})
+    create(api, "web", hello_spec())
+    api.request("PUT", "/v1/services/web", {"spec": hello_spec(envs={"MODE": "fast"})})
     _running, visitor = dashboard()
     session_token = "x"
     answer = visitor.post(
@@ -122,8 +123,8 @@ def test_an_action_needs_allow_actions(api: ApiClient, dashboard) -> None:  # ty
 
 
 def test_an_action_is_confirmed_then_sent_with_this_pages_origin_and_token(api: ApiClient, dashboard) -> None:  # type: ignore[no-untyped-def]
-    create(api, "web", hello())
-    api.request("PUT", "/v1/services/web", {"spec": hello(envs={"MODE": "fast"})})
+    create(api, "web", hello_spec())
+    api.request("PUT", "/v1/services/web", {"spec": hello_spec(envs={"MODE": "fast"})})
     _running, visitor = dashboard(allow_actions=True)
     page = visitor.get("/services/web").text
     csrf = csrf_of(page)
@@ -155,7 +156,7 @@ def test_an_action_is_confirmed_then_sent_with_this_pages_origin_and_token(api: 
 
 
 def test_scaling_a_fixed_count_service_makes_a_version_with_the_new_count(api: ApiClient, dashboard) -> None:  # type: ignore[no-untyped-def]
-    create(api, "web", hello(replicas=2))
+    create(api, "web", hello_spec(replicas=2))
     _running, visitor = dashboard(allow_actions=True)
     page = visitor.get("/services/web").text
     assert 'id="scale-form"' in page
@@ -171,7 +172,7 @@ def test_scaling_a_fixed_count_service_makes_a_version_with_the_new_count(api: A
 
 
 def test_a_confirmed_terminate_asks_for_that_replica_to_go(api: ApiClient, dashboard) -> None:  # type: ignore[no-untyped-def]
-    create(api, "web", hello())
+    create(api, "web", hello_spec())
     with_replicas("web", ReplicaStatus.READY, ReplicaStatus.READY)
     _running, visitor = dashboard(allow_actions=True)
     page = visitor.get("/services/web").text
@@ -204,7 +205,7 @@ def test_a_confirmed_terminate_asks_for_that_replica_to_go(api: ApiClient, dashb
 
 
 def test_terminate_is_refused_without_allow_actions_or_the_csrf_token(api: ApiClient, dashboard) -> None:  # type: ignore[no-untyped-def]
-    create(api, "web", hello())
+    create(api, "web", hello_spec())
     with_replicas("web", ReplicaStatus.READY)
     uid = str(api.request("GET", "/v1/services/web").body["uid"])
     _running, reader = dashboard()
@@ -225,7 +226,7 @@ def test_terminate_is_refused_without_allow_actions_or_the_csrf_token(api: ApiCl
 
 
 def test_the_list_says_when_the_api_cannot_be_reached(api: ApiClient, dashboard) -> None:  # type: ignore[no-untyped-def]
-    create(api, "web", hello())
+    create(api, "web", hello_spec())
     running, visitor = dashboard()
     eventually(lambda: "web" in visitor.get("/fragments/services").text, 10, what="listed")
     api.base_url = "http://127.0.0.1:9"  # the dashboard's client: nothing answers there now

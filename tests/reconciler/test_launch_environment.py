@@ -10,11 +10,14 @@ issues*, "Instance terminates immediately"). However often it happens, no versio
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
+from botocore.exceptions import ClientError
 
+from fleetkeeper import aws as aws_clients
 from fleetkeeper.model import FailureCause, ReplicaStatus, ServiceStatus, VersionState
+from tests.support.reconciler_world import World
 
 if TYPE_CHECKING:
     from tests.strict_aws import StrictAws
@@ -46,3 +49,30 @@ def test_launches_ended_by_the_accounts_kms_key_or_volume_quota_never_fail_the_v
     assert told in (state.service.status_message or "")
     # And it keeps trying: a replacement is on its way.
     assert world.instances()
+
+
+# Guards a regression found by review (commit 5faa8d0): capacity and limit refusals tripped the breaker;
+# they are retried with backoff.
+def test_a_capacity_blip_is_retried_and_never_fails_the_version(world: World) -> None:
+    world.create(replicas=3)
+    blip = {"on": True}
+
+    def refuse(**_: Any) -> None:
+        if blip["on"]:
+            error = {"Code": "InsufficientInstanceCapacity", "Message": "no capacity in us-east-1a"}
+            raise ClientError({"Error": error}, "RunInstances")
+
+    aws_clients.ec2().meta.events.register("before-parameter-build.ec2.RunInstances", refuse)
+    try:
+        world.run()  # the whole first batch is refused
+        after_blip = world.store.require("svc").service
+        assert "InsufficientInstanceCapacity" in after_blip.status_message
+        world.clock.advance(3600)
+        world.run()  # still refused after the backoff: still not the version's fault
+    finally:
+        blip["on"] = False
+        aws_clients.ec2().meta.events.unregister("before-parameter-build.ec2.RunInstances", refuse)
+    assert world.store.require("svc").versions[1].state is not VersionState.FAILED
+    world.clock.advance(3600)
+    world.converge()
+    assert world.store.require("svc").service.status is ServiceStatus.READY

@@ -12,18 +12,21 @@ import threading
 from typing import TYPE_CHECKING, Any
 
 import pytest
+from botocore.exceptions import ClientError
 
 from fleetkeeper import aws
+from fleetkeeper import aws as aws_clients
 from fleetkeeper.model import FailureCause, ReplicaStatus, ServiceStatus, VersionState
 from fleetkeeper.reconciler.driver import MANAGED_TAG, REPLICA_TAG, SERVICE_TAG, STACK_TAG, UID_TAG, VERSION_TAG
 from fleetkeeper.reconciler.plan import Policy
 from fleetkeeper.settings import DEFAULT_STACK_ID
 from tests.support.handler_client import HandlerClient
+from tests.support.reconciler_world import World, instance_state, run_tagged, spec_dict, tags
 
 if TYPE_CHECKING:
     pass
 
-from tests.support.reconciler_world import ProbeServer, World, assert_converged, assert_deleted, spec_dict, tags
+from tests.support.reconciler_world import ProbeServer, assert_converged, assert_deleted
 
 
 def test_whole_lifecycle_through_the_api_and_the_handler(
@@ -357,3 +360,49 @@ def _idempotent_client_tokens(monkeypatch: pytest.MonkeyPatch) -> None:
         return original(self, image_id, count, user_data, groups, **kwargs)
 
     monkeypatch.setattr(InstanceBackend, "run_instances", run_instances)
+
+
+# Guards a regression found by review (commit 5faa8d0): instances were not listed by managed=true, the
+# test IAM applies, and a refused orphan terminate failed the run.
+def test_the_orphan_sweep_only_sees_what_the_iam_policy_lets_it_terminate(world: World) -> None:
+    opted_out = run_tagged({"fleetkeeper:managed": "false", "Name": "not-ours"})
+    orphan = run_tagged(
+        {
+            "fleetkeeper:managed": "true",
+            "fleetkeeper:stack": "fleetkeeper",
+            "fleetkeeper:uid": "deadbeef",
+            "fleetkeeper:replica-id": "0",
+        },
+        client_token="fk-fleetkeeper-deadbeef-0",
+    )
+    # Another stack's orphan: its own sweep's, never this one's.
+    neighbours = run_tagged(
+        {
+            "fleetkeeper:managed": "true",
+            "fleetkeeper:stack": "neighbour",
+            "fleetkeeper:uid": "feedbeef",
+            "fleetkeeper:replica-id": "0",
+        },
+        client_token="fk-neighbour-feedbeef-0",
+    )
+
+    def iam(params: dict[str, Any], **_: Any) -> None:
+        """template.yaml's TerminateOnlyManaged: aws:ResourceTag/fleetkeeper:managed == "true" and
+        aws:ResourceTag/fleetkeeper:stack == the stack's id."""
+        raw = World._raw_ec2().describe_instances(InstanceIds=params["InstanceIds"])
+        for reservation in raw["Reservations"]:
+            for found in reservation["Instances"]:
+                tags = {t["Key"]: t["Value"] for t in found.get("Tags", [])}
+                if tags.get("fleetkeeper:managed") != "true" or tags.get("fleetkeeper:stack") != "fleetkeeper":
+                    error = {"Code": "UnauthorizedOperation", "Message": "not authorized"}
+                    raise ClientError({"Error": error}, "TerminateInstances")
+
+    aws_clients.ec2().meta.events.register("before-parameter-build.ec2.TerminateInstances", iam)
+    try:
+        world.clock.advance(3600)  # past the orphan grace period
+        world.run()
+    finally:
+        aws_clients.ec2().meta.events.unregister("before-parameter-build.ec2.TerminateInstances", iam)
+    assert instance_state(orphan) != "running"
+    assert instance_state(opted_out) == "running"
+    assert instance_state(neighbours) == "running"

@@ -12,8 +12,8 @@ from dataclasses import replace
 
 import pytest
 
-from fleetkeeper.model import FailureCause, ReplicaStatus, ServiceStatus, VersionState
-from fleetkeeper.reconciler.plan import INITIAL_DELAY_EXCEEDED, DeleteReplica, TripBreaker, plan
+from fleetkeeper.model import FailureCause, ReplicaRecord, ReplicaStatus, ServiceStatus, VersionState
+from fleetkeeper.reconciler.plan import INITIAL_DELAY_EXCEEDED, DeleteReplica, RecordStatus, TripBreaker, plan
 from tests.support.builders import (
     DOWN,
     NOW,
@@ -247,4 +247,52 @@ def test_a_failed_target_with_a_ready_version_says_to_roll_back() -> None:
             "version 2 failed: 3 replica failures: launching stopped; "
             "update the service or roll back to a READY version",
         ),
+    ]
+
+
+# Guards a regression found by review (commit 5faa8d0): the breaker rolled back to another READY version
+# than the one that was serving.
+def test_the_breaker_rolls_back_to_the_version_that_was_serving() -> None:
+    # v1 and v2 were both READY; the user rolled back to v1, then v3 fails: back to v1, not v2.
+    fails = [replica(i, S.FAILED_INITIAL_DELAY, v=3) for i in (2, 3, 4)]
+    current = state(
+        [replica(0, v=1), replica(1, v=1), *fails],
+        [version(1, VersionState.READY), version(2, VersionState.READY), version(3)],
+        target=3,
+    )
+    assert plan(current, [instance(0), instance(1)], {0: OK, 1: OK}, NOW) == [
+        TripBreaker(
+            3,
+            "version 3 failed: 3 replica failures before any became ready; last: replica 4 FAILED_INITIAL_DELAY",
+            rollback_to=1,
+        )
+    ]
+
+
+# Guards a regression found by review (commit 85bc229): spot reclaims tripped the breaker as failures of
+# the version.
+def test_spot_reclaims_do_not_trip_the_breaker_but_crashes_outside_spot_do() -> None:
+    def preempted(rid: int, code: str, cause: FailureCause) -> ReplicaRecord:
+        message = f"instance i-{rid} is terminated ({code}): why"
+        return replica(rid, S.PREEMPTED, status_message=message, failure_code=code, cause=cause)
+
+    reclaimed = [preempted(i, "Server.SpotInstanceTermination", FailureCause.SPOT_RECLAIM) for i in (0, 1, 2)]
+    assert plan(state(reclaimed), [], {}, NOW) == [
+        *launches(1, 3, 4),
+        RecordStatus(
+            ServiceStatus.REPLICA_INIT,
+            "0/2 ready; "
+            + "; ".join(f"replica {i} PREEMPTED: {reclaimed[i].status_message}" for i in (0, 1, 2))
+            + "; and 2 more",
+            1,
+        ),
+    ]
+    killed = [preempted(i, "Client.UserInitiatedShutdown", FailureCause.VERSION) for i in (0, 1, 2)]
+    assert plan(state(killed), [], {}, NOW) == [
+        TripBreaker(
+            1,
+            "version 1 failed: 3 replica failures before any became ready; "
+            f"last: replica 2 PREEMPTED: {killed[2].status_message}",
+            rollback_to=None,
+        )
     ]

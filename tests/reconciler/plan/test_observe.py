@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from fleetkeeper.model import ReplicaStatus, ServiceStatus
+from fleetkeeper.model import FailureCause, ReplicaStatus, ServiceStatus
 from fleetkeeper.reconciler.driver import InstanceState, client_token
 from fleetkeeper.reconciler.plan import (
     INITIAL_DELAY_EXCEEDED,
@@ -26,6 +26,7 @@ from fleetkeeper.reconciler.plan import (
     Launch,
     ProbeResult,
     RecordReplica,
+    RecordStatus,
     plan,
     plan_orphans,
 )
@@ -613,3 +614,26 @@ def test_only_an_instance_launched_by_fleetkeeper_is_an_orphan(token: str | None
     orphan = instance(0, launched_at=ago(3600), client_token=token)
     expected = terminate(("i-0", "orphan: service svc (uid u1) no longer exists")) if ours else None
     assert plan_orphans({"u9"}, [orphan], NOW) == expected
+
+
+# Guards a regression found by review (commit 5faa8d0): a replica that never got a probe verdict was never
+# failed by its initial delay.
+def test_a_running_replica_that_never_gets_a_probe_verdict_still_fails_its_initial_delay() -> None:
+    starting = replica(0, S.STARTING, launched_at=ago(7200))
+    message = "not ready 600s after launch (never answered a readiness probe)"
+    assert plan(state([starting]), [instance(0)], {}, NOW) == [
+        moved(
+            starting,
+            status=S.FAILED_INITIAL_DELAY,
+            status_message=message,
+            failure_code=INITIAL_DELAY_EXCEEDED,
+            cause=FailureCause.VERSION,
+        ),
+        terminate(("i-0", "replica 0: FAILED_INITIAL_DELAY")),
+        *launches(1, 1, 2),
+        RecordStatus(
+            ServiceStatus.REPLICA_INIT,
+            f"0/2 ready; replica 0 FAILED_INITIAL_DELAY: {message}; replica 1 PENDING; replica 2 PENDING",
+            1,
+        ),
+    ]

@@ -14,7 +14,14 @@ from datetime import timedelta
 
 from fleetkeeper.model import ServiceStatus, VersionState
 from fleetkeeper.reconciler.driver import InstanceState
-from fleetkeeper.reconciler.plan import DeleteReplica, Launch, Policy, Terminate, plan
+from fleetkeeper.reconciler.plan import (
+    DeleteReplica,
+    Launch,
+    Policy,
+    RecordStatus,
+    Terminate,
+    plan,
+)
 from tests.support.builders import (
     DOWN,
     NOW,
@@ -399,4 +406,27 @@ def test_rolling_surge_counts_the_new_replicas_already_launched() -> None:
             ServiceStatus.UPDATING,
             "updating to version 2 (rolling): 0/3 new ready, 3 old replica(s) left; replica 3 STARTING",
         ),
+    ]
+
+
+# Guards a regression found by review (commit 5faa8d0): a target the breaker had FAILED tore down the
+# replicas that still served.
+def test_a_failed_target_never_tears_down_what_still_serves() -> None:
+    # v1 READY, v2 FAILED by the breaker, v3 READY on 2 replicas; then the target points at v2.
+    current = state(
+        [replica(0, v=3), replica(1, v=3)],
+        [
+            version(1, VersionState.READY),
+            version(2, VersionState.FAILED, state_message="version 2 failed"),
+            version(3, VersionState.READY),
+        ],
+        target=2,
+        status=ServiceStatus.READY,
+    )
+    assert plan(current, [instance(0, version=3), instance(1, version=3)], {0: OK, 1: OK}, NOW) == [
+        RecordStatus(
+            ServiceStatus.FAILED,
+            "version 2 failed: launching stopped; update the service or roll back to a READY version",
+            1,
+        )
     ]

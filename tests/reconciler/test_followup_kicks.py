@@ -1,7 +1,8 @@
-"""Follow-ups and EC2's state-change notifications, through the shell, the store and the worker: a
-service in motion asks for its next run as ONE delayed kick on the kick queue; a steady one asks
-for nothing and writes nothing; duplicates and replaced follow-ups coalesce; an instance AWS ends
-gets its service reconciled at once, and any other instance costs one describe."""
+"""Follow-ups and EC2's state-change notifications as kicks, through the shell, the store and the
+worker (when a follow-up is due, the pure part: test_followup.py): a service in motion asks for its
+next run as ONE delayed kick on the kick queue; a steady one asks for nothing and writes nothing;
+duplicates and replaced follow-ups coalesce; an instance AWS ends gets its service reconciled at
+once, and any other instance costs one describe."""
 
 from __future__ import annotations
 

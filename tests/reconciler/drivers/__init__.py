@@ -1,0 +1,1 @@
+"""The reconciler's drivers: the ec2 driver against moto."""
