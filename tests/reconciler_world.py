@@ -29,11 +29,12 @@ from fleetkeeper.reconciler.balancers.alb import AlbBalancer
 from fleetkeeper.reconciler.driver import MANAGED_TAG, REPLICA_TAG, UID_TAG
 from fleetkeeper.reconciler.drivers.ec2 import Ec2Driver
 from fleetkeeper.reconciler.plan import Policy
-from fleetkeeper.reconciler.shell import Reconciler, RunReport
+from fleetkeeper.reconciler.report import RunReport
+from fleetkeeper.reconciler.run import Reconciler
 from fleetkeeper.settings import Ec2Settings
 from fleetkeeper.spec.service import ServiceSpec
 from fleetkeeper.store.commands import CommandStore
-from fleetkeeper.store.reconciler import ReconcilerStore
+from fleetkeeper.store.runs import ReconcilerStore
 from fleetkeeper.store.table import Table
 from tests.conftest import TABLE, hello_spec
 from tests.strict_aws import active_controller

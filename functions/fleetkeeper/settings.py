@@ -24,6 +24,9 @@ TABLE_NAME_ENV = "TABLE_NAME"
 # template.yaml derives it from AWS::StackId; the embedded mode sets its own. Every AWS resource the
 # stack creates carries it.
 STACK_ID_ENV = "FLEETKEEPER_STACK_ID"
+# Whether the reconciler adopts this stack's replicas from before stacks had ids (template.yaml's
+# AdoptUntaggedReplicas, "false" by default; fleetkeeper.reconciler.legacy, removed in 0.2.0).
+ADOPT_UNTAGGED_REPLICAS_ENV = "FLEETKEEPER_ADOPT_UNTAGGED_REPLICAS"
 DRIVER_ENV = "FLEETKEEPER_DRIVER"
 PROBE_BUDGET_ENV = "FLEETKEEPER_PROBE_BUDGET_SECONDS"
 KICK_QUEUE_URL_ENV = "FLEETKEEPER_KICK_QUEUE_URL"
@@ -44,7 +47,7 @@ REPLICA_LOG_GROUP_ENV = "FLEETKEEPER_REPLICA_LOG_GROUP"
 # the permissions and the permissions boundary of an owner's role.
 REPLICA_IDENTITY_ENV = "FLEETKEEPER_REPLICA_IDENTITY"
 REPLICA_POLICY_ARN_ENV = "FLEETKEEPER_REPLICA_POLICY_ARN"
-# The scheduled run's fan-out (fleetkeeper.reconciler.dispatch): the dispatcher's queue, its
+# The scheduled run's fan-out (fleetkeeper.reconciler.fanout): the dispatcher's queue, its
 # schedule (the period every shard must fit in), the shard size; a worker's reads and margins.
 RECONCILE_QUEUE_URL_ENV = "FLEETKEEPER_RECONCILE_QUEUE_URL"
 RECONCILE_SCHEDULE_ENV = "FLEETKEEPER_RECONCILE_SCHEDULE"
@@ -95,7 +98,7 @@ DEFAULT_INSTANCE_TYPE = "t3.small"
 DEFAULT_PROBE_BUDGET_SECONDS = 20.0
 # The longest probe timeout the run's probe phase holds (its budget at least this plus the headroom a
 # probe needs to start: a worker, a connection); a probe with a longer timeout than the budget leaves
-# is a long probe, run off the run's critical path (reconciler.shell).
+# is a long probe, run off the run's critical path (reconciler.probing).
 MAX_PROBE_TIMEOUT_SECONDS = 15
 PROBE_HEADROOM_SECONDS = 5.0
 MIN_PROBE_BUDGET_SECONDS = MAX_PROBE_TIMEOUT_SECONDS + PROBE_HEADROOM_SECONDS
@@ -103,7 +106,7 @@ MIN_PROBE_BUDGET_SECONDS = MAX_PROBE_TIMEOUT_SECONDS + PROBE_HEADROOM_SECONDS
 # controller is resident), but a probe here must end inside one reconciler invocation (template.yaml's
 # ReconcilerFunction Timeout, 120 s): a Lambda cannot hold a connection for the next one. A long probe
 # (longer than the run's probe budget) starts with the run's probes and is planned in a second pass
-# before the invocation ends (reconciler.shell). A shard's run has its period (~55 s) for it; one
+# before the invocation ends (reconciler.run). A shard's run has its period (~55 s) for it; one
 # whose replica has not answered when that is spent is no verdict, and the replica's service gets a
 # follow-up: a run of its own (a kick), which has the whole invocation. So the bound is that run's:
 # 120 s, less the worker's service margin (10 s, for the second pass's reads and writes), a probe's
@@ -115,7 +118,7 @@ MAX_READINESS_TIMEOUT_SECONDS = 90
 # first failed probe to the one that ends the window (probed every 10 s meanwhile: the follow-ups).
 CONSECUTIVE_FAILURE_SECONDS = 180
 DEFAULT_SCHEDULE = "rate(1 minute)"
-DEFAULT_SHARD_SIZE = 100  # fleetkeeper.reconciler.dispatch says why
+DEFAULT_SHARD_SIZE = 100  # fleetkeeper.reconciler.fanout says why
 MAX_SHARD_SIZE = 199  # EC2's 200 filter values a Describe call, less the managed tag's value (dispatch.py)
 # Queries in flight per worker: 8 keep a 100-service shard's reads near a second without a burst
 # that an on-demand table's new partition would throttle.
@@ -322,6 +325,9 @@ class Settings:
     # Canonical principal patterns of the stack's administrators (empty: none; every service then
     # answers only to its owner and the principals it names).
     admin_principals: tuple[str, ...] = ()
+    # The reconciler's: tag this stack's replicas from before stacks had ids with its id and keep them
+    # (fleetkeeper.reconciler.legacy). Off (the default): they are left alone, as foreign instances are.
+    adopt_untagged_replicas: bool = False
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> Settings:
@@ -355,6 +361,7 @@ class Settings:
             secrets_key_id=environ.get(SECRETS_KEY_ID_ENV) or None,
             region=environ.get("AWS_REGION") or environ.get("AWS_DEFAULT_REGION") or None,
             admin_principals=_principals(environ, ADMIN_PRINCIPALS_ENV),
+            adopt_untagged_replicas=_flag(environ, ADOPT_UNTAGGED_REPLICAS_ENV),
         )
 
 
@@ -433,6 +440,14 @@ def _principals(environ: Mapping[str, str], name: str) -> tuple[str, ...]:
         except PrincipalError as exc:
             raise SettingsError(f"{name}: {exc}") from None
     return tuple(patterns)
+
+
+def _flag(environ: Mapping[str, str], name: str) -> bool:
+    """ "true" or "false" (a stack parameter's AllowedValues); unset or empty: false."""
+    raw = environ.get(name) or "false"
+    if raw not in ("true", "false"):
+        raise SettingsError(f"{name}={raw!r}: expected 'true' or 'false'")
+    return raw == "true"
 
 
 def _driver(kind: str) -> DriverKind:

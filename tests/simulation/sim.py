@@ -40,9 +40,9 @@ import time_machine
 
 from fleetkeeper import aws
 from fleetkeeper.model import Interruption, InterruptionKind, ReplicaStatus, ServiceStatus, VersionState, to_iso
-from fleetkeeper.reconciler.budget import Budget
-from fleetkeeper.reconciler.dispatch import rotated
+from fleetkeeper.reconciler.budget import ShardBudget
 from fleetkeeper.reconciler.driver import MANAGED_TAG, REPLICA_TAG, SERVICE_TAG, STACK_TAG, UID_TAG, VERSION_TAG
+from fleetkeeper.reconciler.fanout import rotated
 from fleetkeeper.reconciler.plan import Policy, ProbeResult
 from fleetkeeper.reconciler.state_changes import StateChange
 from fleetkeeper.settings import DEFAULT_STACK_ID
@@ -58,7 +58,7 @@ if TYPE_CHECKING:
 
     from fleetkeeper.model import ServiceState
     from fleetkeeper.reconciler.probe import ProbeTarget
-    from fleetkeeper.reconciler.shell import RunReport
+    from fleetkeeper.reconciler.report import RunReport
 
 NAMES = ("alpha", "beta", "gamma")
 BASE = datetime(2026, 1, 1, tzinfo=UTC)
@@ -534,8 +534,8 @@ class Simulation:
         return verdicts
 
     def _reconciler(self) -> Any:
-        from fleetkeeper.reconciler.shell import Reconciler
-        from fleetkeeper.store.reconciler import ReconcilerStore
+        from fleetkeeper.reconciler.run import Reconciler
+        from fleetkeeper.store.runs import ReconcilerStore
         from fleetkeeper.store.table import Table
 
         return Reconciler(
@@ -600,7 +600,7 @@ class Simulation:
     def _one_run(
         self,
         name: str | None,
-        budget: Budget | None = None,
+        budget: ShardBudget | None = None,
         interruption: Interruption | None = None,
         *,
         followup: int | None = None,
@@ -674,7 +674,9 @@ class Simulation:
         context = self.strict.lambda_context(timeout_seconds=timeout, function_name="fleetkeeper-reconciler")
         # A scheduled run with a Lambda timeout is a shard worker, which watches its time (what it
         # does not finish is the next run's); margins of about two calls, so a kill can still come.
-        budget = Budget(lambda: context.get_remaining_time_in_millis() / 1000, service_margin=0.5, action_margin=0.3)
+        budget = ShardBudget(
+            lambda: context.get_remaining_time_in_millis() / 1000, service_margin=0.5, action_margin=0.3
+        )
         try:
             outcome, report = self._one_run(name, budget if name is None else None)
         finally:
@@ -922,8 +924,8 @@ class Simulation:
 
     def _neighbour_reconciler(self) -> Any:
         from fleetkeeper.reconciler.drivers.ec2 import Ec2Driver
-        from fleetkeeper.reconciler.shell import Reconciler
-        from fleetkeeper.store.reconciler import ReconcilerStore
+        from fleetkeeper.reconciler.run import Reconciler
+        from fleetkeeper.store.runs import ReconcilerStore
         from fleetkeeper.store.table import Table
 
         def healthy(targets: Sequence[ProbeTarget], budget: float) -> dict[Hashable, ProbeResult]:

@@ -43,7 +43,7 @@ OWNED_FUNCTIONS: dict[tuple[str, str], str] = {
 # reconciler package they live in.
 MODULES: tuple[tuple[str, str], ...] = (
     ("fleetkeeper.reconciler.dispatcher", "DispatcherFunction"),
-    ("fleetkeeper.reconciler.dispatch", "DispatcherFunction"),
+    ("fleetkeeper.reconciler.fanout", "DispatcherFunction"),
     ("fleetkeeper.reconciler", "ReconcilerFunction"),
     ("fleetkeeper.api", "ApiFunction"),
     ("fleetkeeper.cleanup", "CleanupFunction"),

@@ -1,7 +1,7 @@
 """The dispatcher: the scheduled run's first step, once a period, in one small invocation.
 
 It lists the services from the index (one paginated Query), sends them to the reconcile queue in
-shards (fleetkeeper.reconciler.dispatch), then runs the orphan sweep: the one step that needs every
+shards (fleetkeeper.reconciler.fanout), then runs the orphan sweep: the one step that needs every
 managed instance (a full DescribeInstances) and every live uid, so it runs here, once a period,
 and never in the workers, which describe only their shard's instances. For the same reason it keeps
 the replica identities (fleetkeeper.replicas.identity): before the shards go out it makes (and records)
@@ -23,16 +23,17 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from fleetkeeper import aws
-from fleetkeeper.reconciler.dispatch import make_shards, run_index
+from fleetkeeper.reconciler.fanout import make_shards, run_index
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
     from datetime import datetime
 
     from fleetkeeper.reconciler.queue import ShardQueue
-    from fleetkeeper.reconciler.shell import Reconciler, RunReport
+    from fleetkeeper.reconciler.report import RunReport
+    from fleetkeeper.reconciler.run import Reconciler
     from fleetkeeper.replicas.identity import IdentityKeeper
-    from fleetkeeper.store.reconciler import Listed
+    from fleetkeeper.store.runs import Listed
 
 logger = logging.getLogger(__name__)
 

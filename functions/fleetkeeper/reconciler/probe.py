@@ -266,7 +266,7 @@ def probe_all(targets: Sequence[ProbeTarget], budget_seconds: float) -> dict[Has
     A probe still queued or running when the budget is spent has `answered` False ("no verdict"). The
     run's own phase counts it a failed probe (a READY replica that cannot answer in time is not ready,
     and must not stay READY for ever because its probe never got to run); the long probes' phase, when
-    it could not give a probe its whole timeout, leaves it to a run of its own (reconciler.shell).
+    it could not give a probe its whole timeout, leaves it to a run of its own (reconciler.run).
     Each probe is over within its own timeout, which the spec keeps inside an invocation
     (`settings.MAX_READINESS_TIMEOUT_SECONDS`); the shell gives the probes that do not fit the run's
     probe budget a phase of their own, off the run's critical path.
