@@ -119,7 +119,7 @@ MAX_READINESS_TIMEOUT_SECONDS = 90
 CONSECUTIVE_FAILURE_SECONDS = 180
 DEFAULT_SCHEDULE = "rate(1 minute)"
 DEFAULT_SHARD_SIZE = 100  # fleetkeeper.reconciler.fanout says why
-MAX_SHARD_SIZE = 199  # EC2's 200 filter values a Describe call, less the managed tag's value (dispatch.py)
+MAX_SHARD_SIZE = 199  # EC2's 200 filter values a Describe call, less the managed tag's value (fanout.py)
 # Queries in flight per worker: 8 keep a 100-service shard's reads near a second without a burst
 # that an on-demand table's new partition would throttle.
 DEFAULT_READ_CONCURRENCY = 8
