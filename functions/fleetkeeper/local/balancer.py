@@ -6,8 +6,8 @@ targets, `drain_states` reports each deregistered target's requests in flight, `
 port. Like the ALB it
 
 - sends a request to a registered target only (the reconciler registers READY replicas only), by
-  the service's policy: `least_load` (the target with the fewest requests in flight, ties in turn)
-  or `round_robin`;
+  the service's policy (`PICKERS`): `least_load` (the target with the fewest requests in flight, ties
+  in turn) or `round_robin`;
 - serves only requests addressed to it (`Host: 127.0.0.1:<port>` or `localhost:<port>`, else 403):
   a page that rebinds a name of its own to 127.0.0.1 cannot reach the replicas through the browser;
 - passes the method, path, query, headers and body on unchanged (hop-by-hop headers aside), adding
@@ -49,6 +49,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from fleetkeeper import aws
+from fleetkeeper.choices import LoadBalancingPolicy
 from fleetkeeper.local.auth import forbidden_host
 from fleetkeeper.model import EndpointRecord
 from fleetkeeper.reconciler.balancer import METRIC_NAME, METRIC_NAMESPACE, DrainState, target_group_name
@@ -104,6 +105,23 @@ class _Target:
     unreachable_until: float = 0.0  # time.monotonic(): skipped by `pick` until then
 
 
+def _fewest_in_flight(rotated: Sequence[tuple[str, _Target]]) -> tuple[str, _Target]:
+    return min(rotated, key=lambda pair: pair[1].in_flight)
+
+
+def _next_in_turn(rotated: Sequence[tuple[str, _Target]]) -> tuple[str, _Target]:
+    return rotated[0]
+
+
+# Each policy a load balancer runs (LoadBalancingPolicy.balanced) -> the target it picks among the
+# candidates, rotated to start at this request's turn (so ties go in turn); tests/test_choices.py
+# holds it to one per policy.
+PICKERS: Mapping[LoadBalancingPolicy, Callable[[Sequence[tuple[str, _Target]]], tuple[str, _Target]]] = {
+    LoadBalancingPolicy.LEAST_LOAD: _fewest_in_flight,
+    LoadBalancingPolicy.ROUND_ROBIN: _next_in_turn,
+}
+
+
 @dataclass
 class _Endpoint:
     """One service incarnation's port and targets (touched on the event loop thread only)."""
@@ -111,7 +129,7 @@ class _Endpoint:
     service: str
     uid: str
     port: int
-    policy: str
+    policy: LoadBalancingPolicy
     drain_seconds: int
     server: Any  # asyncio.Server
     handler: Any  # aiohttp.web_server.Server
@@ -137,10 +155,7 @@ class _Endpoint:
         now = time.monotonic()
         candidates = [(k, t) for k, t in candidates if t.unreachable_until <= now] or candidates
         start = next(self.turn) % len(candidates)
-        rotated = candidates[start:] + candidates[:start]
-        if self.policy == "round_robin":
-            return rotated[0]
-        return min(rotated, key=lambda pair: pair[1].in_flight)
+        return PICKERS[self.policy](candidates[start:] + candidates[:start])
 
 
 class LocalBalancer:

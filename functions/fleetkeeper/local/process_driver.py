@@ -61,6 +61,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, ClassVar
 
+from fleetkeeper.choices import Isolation, values
 from fleetkeeper.local import netns
 from fleetkeeper.local.stderr_tail import StderrTee
 from fleetkeeper.model import Market, to_iso, utcnow
@@ -82,18 +83,18 @@ from fleetkeeper.settings import LOCAL_STACK_ID, TABLE_NAME_ENV, WORKDIR_DIR_ENV
 from fleetkeeper.spec import runtime, task_variables
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Sequence
+    from collections.abc import Callable, Mapping, Sequence
 
 LOCAL_DIR_ENV = "FLEETKEEPER_LOCAL_DIR"
 DEFAULT_LOCAL_DIR = ".fleetkeeper"
 LOOPBACK = "127.0.0.1"
-# How replicas get a host of their own: "netns" (a network namespace each), "shared" (this machine's
-# loopback, a port each), or "auto" (the default): netns where the machine allows it.
+# How replicas get a host of their own (fleetkeeper.choices' Isolation): "netns" (a network namespace
+# each), "shared" (this machine's loopback, a port each), or "auto" (the default): netns where the
+# machine allows it.
 ISOLATION_ENV = "FLEETKEEPER_LOCAL_ISOLATION"
-NETNS = "netns"
-SHARED = "shared"
-AUTO = "auto"
-ISOLATIONS = (AUTO, NETNS, SHARED)
+NETNS = Isolation.NETNS
+SHARED = Isolation.SHARED
+AUTO = Isolation.AUTO
 # What apps print when their port is taken (Python, Go, Node, Rust, Java...).
 _ADDRESS_IN_USE = re.compile(r"address already in use|EADDRINUSE|Errno 98|os error 98|BindException", re.IGNORECASE)
 _PORT_IN_TEXT = re.compile(r":(\d{2,5})\b")
@@ -716,16 +717,29 @@ def namespaces_available() -> tuple[bool, str]:
         return _availability
 
 
-def _resolve_isolation(asked: str) -> tuple[str, str]:
-    """The isolation replicas get, and why: AUTO is NETNS where the machine allows it."""
-    if asked not in ISOLATIONS:
-        raise ValueError(f"{ISOLATION_ENV}={asked!r}: use one of {', '.join(ISOLATIONS)}")
-    if asked == SHARED:
-        return SHARED, "--isolation shared"
+def _resolve_isolation(asked: str) -> tuple[Isolation, str]:
+    """The isolation replicas get, and why (`RESOLVED`: each Isolation's, AUTO is NETNS where the
+    machine allows it)."""
+    if asked not in values(Isolation):
+        raise ValueError(f"{ISOLATION_ENV}={asked!r}: use one of {', '.join(Isolation)}")
+    return RESOLVED[Isolation(asked)]()
+
+
+def _netns() -> tuple[Isolation, str]:
     ok, note = namespaces_available()
     if ok:
         return NETNS, note
     return SHARED, f"no network namespaces here: {note}"
+
+
+# What each isolation asked for resolves to, and why (tests/test_choices.py: one per Isolation).
+# NETNS asked for where the machine has no namespaces is SHARED too: `fleetkeeper local` refuses
+# it before the driver is made (fleetkeeper.local.server, IsolationUnavailable).
+RESOLVED: Mapping[Isolation, Callable[[], tuple[Isolation, str]]] = {
+    Isolation.AUTO: _netns,
+    Isolation.NETNS: _netns,
+    Isolation.SHARED: lambda: (SHARED, "--isolation shared"),
+}
 
 
 def _processes() -> list[Path]:

@@ -23,6 +23,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
+from fleetkeeper.choices import DEFAULT_LOAD_BALANCING_POLICY, DEFAULT_UPDATE_MODE, LoadBalancingPolicy, UpdateMode
 from fleetkeeper.errors import InvalidRequest
 from fleetkeeper.settings import CONSECUTIVE_FAILURE_SECONDS, MAX_READINESS_TIMEOUT_SECONDS, MAX_SERVICE_NAME_LENGTH
 
@@ -75,15 +76,9 @@ def root_device_of_parameter(parameter: str) -> str | None:
     )
 
 
-# The endpoint's load balancing policies, by SkyPilot Serve's names: `least_load` (SkyPilot's default)
-# sends a request to the replica with the fewest in flight (the ALB's least_outstanding_requests),
-# `round_robin` to each in turn (the ALB's round_robin).
-# SkyPilot's `instance_aware_least_load` (the fewest in flight relative to each replica's per-accelerator
-# target) is least_load here: an ALB target group has no per-target weights, and sending each request to
-# the replica with the fewest in flight already gives a faster replica more (it finishes sooner).
-LOAD_BALANCING_POLICIES = ("least_load", "round_robin", "instance_aware_least_load")
-DEFAULT_LOAD_BALANCING_POLICY = "least_load"
-_BALANCED_AS = {"instance_aware_least_load": "least_load"}
+# The endpoint's load balancing policies, by SkyPilot Serve's names, are fleetkeeper.choices'
+# LoadBalancingPolicy (SkyPilot's instance_aware_least_load is balanced as least_load there).
+LOAD_BALANCING_POLICIES = tuple(LoadBalancingPolicy)
 # How long a replica leaving the endpoint may finish its requests in flight before it is terminated
 # (the ALB's deregistration delay; its range is 0-3600 s). SkyPilot's 120 s: a model server's
 # streamed answers get two minutes to finish before the replica goes.
@@ -387,10 +382,7 @@ class ServiceSection(_Strict):
     @classmethod
     def _known_policy(cls, value: str | None) -> str | None:
         if value is not None and value not in LOAD_BALANCING_POLICIES:
-            raise ValueError(
-                f"{value!r} is not a load balancing policy: use least_load (the default: the replica with the "
-                "fewest requests in flight), round_robin or instance_aware_least_load"
-            )
+            raise ValueError(f"{value!r} is not a load balancing policy: use {LoadBalancingPolicy.in_words()}")
         return value
 
     @field_validator("readiness_probe", mode="before")
@@ -737,13 +729,13 @@ class Resources(_Placed):
 
 
 class UpdatePolicy(_Strict):
-    mode: Literal["rolling", "blue_green"] = "rolling"
+    mode: UpdateMode = DEFAULT_UPDATE_MODE
     max_surge: Annotated[int, Field(ge=0, le=1000)] = 1
     max_unavailable: Annotated[int, Field(ge=0, le=1000)] = 0
 
     @model_validator(mode="after")
     def _can_make_progress(self) -> UpdatePolicy:
-        if self.mode == "rolling" and self.max_surge == 0 and self.max_unavailable == 0:
+        if self.mode is UpdateMode.ROLLING and self.max_surge == 0 and self.max_unavailable == 0:
             raise ValueError("a rolling update needs max_surge or max_unavailable above 0 to make progress")
         return self
 
@@ -996,11 +988,11 @@ class ServiceSpec(_Strict):
         return opened[0] if opened else DEFAULT_PORT
 
     @property
-    def load_balancing_policy(self) -> str:
-        """The endpoint's policy: `service.load_balancing_policy` (instance_aware_least_load as least_load),
-        else least_load."""
-        policy = self.service.load_balancing_policy or DEFAULT_LOAD_BALANCING_POLICY
-        return _BALANCED_AS.get(policy, policy)
+    def load_balancing_policy(self) -> LoadBalancingPolicy:
+        """The endpoint's policy: `service.load_balancing_policy` as balanced (instance_aware_least_load
+        as least_load), else least_load."""
+        policy = LoadBalancingPolicy(self.service.load_balancing_policy or DEFAULT_LOAD_BALANCING_POLICY)
+        return policy.balanced_as
 
     @property
     def drain_seconds(self) -> int:
