@@ -398,8 +398,9 @@ class LocalBalancer:
     # -- proxying -----------------------------------------------------------------------------------
 
     async def _proxy(self, endpoint: _Endpoint, request: web.BaseRequest) -> web.StreamResponse:
+        """One request, sent to a registered target picked by the endpoint's policy; one the replica
+        never got goes to another target (or a body-less idempotent one the replica dropped)."""
         import aiohttp
-        from aiohttp import web
 
         refused = forbidden_host(request.headers.getall("Host", []), *_own_authorities(endpoint.port))
         if refused is not None:
@@ -449,35 +450,7 @@ class LocalBalancer:
                 except (aiohttp.ClientError, TimeoutError) as exc:
                     return _error(502, "bad_gateway", f"replica of service {endpoint.service} failed: {exc!r}")
                 target.unreachable_until = 0.0  # it answered
-                async with upstream:
-                    response = web.StreamResponse(status=upstream.status, reason=upstream.reason)
-                    for name, value in upstream.headers.items():
-                        if name.lower() not in _HOP_BY_HOP:
-                            response.headers.add(name, value)
-                    length = upstream.headers.get("Content-Length")
-                    if length is None and request.method != "HEAD" and upstream.status not in (204, 304):
-                        response.enable_chunked_encoding()
-                    try:
-                        await response.prepare(request)
-                    except ConnectionResetError:
-                        return response  # the client left before the answer's headers: a normal end
-                    try:
-                        async for chunk in upstream.content.iter_any():
-                            try:
-                                await response.write(chunk)
-                            except ConnectionResetError:
-                                # The client left mid-answer: stop reading the replica (its
-                                # connection is closed with `upstream`: the replica sees it go too).
-                                upstream.close()
-                                return response
-                        with contextlib.suppress(ConnectionResetError):
-                            await response.write_eof()
-                    except (aiohttp.ClientError, TimeoutError):
-                        # The replica went away mid-answer: the client sees the connection end, as
-                        # behind the ALB, never a truncated answer passed off as whole.
-                        if request.transport is not None:
-                            request.transport.close()
-                    return response
+                return await _relay(request, upstream)
             finally:
                 target.in_flight -= 1
 
@@ -586,6 +559,43 @@ def _own_authorities(port: int) -> tuple[str, str]:
     the browser then treats the answers as that page's. Such a request carries the page's name in
     Host and is refused, by the embedded API's own check (fleetkeeper.local.auth.forbidden_host)."""
     return f"{LOOPBACK}:{port}", f"localhost:{port}"
+
+
+async def _relay(request: web.BaseRequest, upstream: aiohttp.ClientResponse) -> web.StreamResponse:
+    """Streams the replica's answer to the client: its status and headers (hop-by-hop aside), then its
+    body as it comes; a client that leaves, or a replica that goes, ends it as behind the ALB."""
+    import aiohttp
+    from aiohttp import web
+
+    async with upstream:
+        response = web.StreamResponse(status=upstream.status, reason=upstream.reason)
+        for name, value in upstream.headers.items():
+            if name.lower() not in _HOP_BY_HOP:
+                response.headers.add(name, value)
+        length = upstream.headers.get("Content-Length")
+        if length is None and request.method != "HEAD" and upstream.status not in (204, 304):
+            response.enable_chunked_encoding()
+        try:
+            await response.prepare(request)
+        except ConnectionResetError:
+            return response  # the client left before the answer's headers: a normal end
+        try:
+            async for chunk in upstream.content.iter_any():
+                try:
+                    await response.write(chunk)
+                except ConnectionResetError:
+                    # The client left mid-answer: stop reading the replica (its
+                    # connection is closed with `upstream`: the replica sees it go too).
+                    upstream.close()
+                    return response
+            with contextlib.suppress(ConnectionResetError):
+                await response.write_eof()
+        except (aiohttp.ClientError, TimeoutError):
+            # The replica went away mid-answer: the client sees the connection end, as
+            # behind the ALB, never a truncated answer passed off as whole.
+            if request.transport is not None:
+                request.transport.close()
+        return response
 
 
 def _error(status: int, code: str, message: str) -> web.Response:
