@@ -206,7 +206,47 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True, defer_build=True)
 
 
+@dataclass(frozen=True)
+class ProbeOption:
+    """How fleetkeeper treats one field of `ReadinessProbe` beyond validating it."""
+
+    # Its `$NAME`s are filled from the version's envs and secrets (SkyPilot's substitution):
+    # `ReadinessProbe.variables` and `resolved` read it.
+    substituted: bool = False
+    # An ALB health check cannot send it: a probe that sets it (to anything but its default) gets the
+    # fallback check (fleetkeeper.reconciler.health_check reads it).
+    unsendable_by_alb: bool = False
+
+
+# Every field of ReadinessProbe, classified (tests/test_choices.py fails while one is missing).
+#
+# Adding a probe option:
+# 1. its field on ReadinessProbe, with a default: stored specs (version items) without it must keep
+#    decoding, and read as the default (`stored_spec`); a rule that only keeps new specs out checks
+#    `_stored(info)`;
+# 2. its entry here;
+# 3. its behaviour: what the probe sends is `ReadinessProbe.request` (the reconciler's prober,
+#    fleetkeeper.reconciler.probe, and the planner's status messages read it); what a verdict waits
+#    for is the planner's (fleetkeeper.reconciler.plan.observe reads `timeout_seconds`,
+#    `initial_delay_seconds` and `failure_window_seconds`);
+# 4. its words in docs/architecture/spec-and-placement.md ("Probes and updates").
+# A probe option is control-plane only (a change takes effect in place: spec/changes.py's
+# `readiness_probe`), and the ALB health check's timing follows `timeout_seconds` alone.
+PROBE_OPTIONS: dict[str, ProbeOption] = {
+    "path": ProbeOption(substituted=True),
+    "initial_delay_seconds": ProbeOption(),
+    "timeout_seconds": ProbeOption(),
+    "headers": ProbeOption(substituted=True, unsendable_by_alb=True),
+    "post_data": ProbeOption(substituted=True, unsendable_by_alb=True),
+    "consecutive_failure_threshold_timeout": ProbeOption(),
+}
+_SUBSTITUTED = tuple(name for name, option in PROBE_OPTIONS.items() if option.substituted)
+
+
 class ReadinessProbe(_Strict):
+    """SkyPilot's `service.readiness_probe`; its options are classified in PROBE_OPTIONS (above),
+    which says where a new one goes."""
+
     path: Annotated[str, Field(pattern=r"^/", max_length=2048)]
     # From the end of provisioning: the first run that sees the instance running (SkyPilot's
     # DEFAULT_INITIAL_DELAY_SECONDS, sky/serve/constants.py, is the default).
@@ -252,22 +292,41 @@ class ReadinessProbe(_Strict):
         ) from None
 
     def variables(self) -> set[str]:
-        """The `$NAME`s its path, headers and post_data mention (filled from envs and secrets)."""
-        return _variables(self.path) | _variables(self.headers) | _variables(self.post_data)
+        """The `$NAME`s its substituted options (path, headers, post_data) mention (filled from envs
+        and secrets)."""
+        return set().union(*(_variables(getattr(self, name)) for name in _SUBSTITUTED))
 
     def resolved(self, values: Mapping[str, str]) -> ReadinessProbe:
-        """This probe with `$NAME` and `${NAME}` in its path, headers and post_data replaced from
-        `values` (the version's envs and secrets), as SkyPilot fills its service section; a name
-        not in `values` stays as written."""
+        """This probe with `$NAME` and `${NAME}` in its substituted options (path, headers, post_data)
+        replaced from `values` (the version's envs and secrets), as SkyPilot fills its service section;
+        a name not in `values` stays as written."""
         if not self.variables() & set(values):
             return self
-        return self.model_copy(
-            update={
-                "path": _substitute(self.path, values),
-                "headers": _substituted(self.headers, values),
-                "post_data": _substituted(self.post_data, values),
-            }
-        )
+        return self.model_copy(update={name: _substituted(getattr(self, name), values) for name in _SUBSTITUTED})
+
+    def unsendable_by_alb(self) -> list[str]:
+        """The options this probe sets that an ALB health check cannot send (PROBE_OPTIONS)."""
+        fields = type(self).model_fields
+        return [
+            name
+            for name, option in PROBE_OPTIONS.items()
+            if option.unsendable_by_alb and getattr(self, name) != fields[name].get_default(call_default_factory=True)
+        ]
+
+    @property
+    def method(self) -> str:
+        """A POST of `post_data` (as JSON) when it is set, else a GET."""
+        return "GET" if self.post_data is None else "POST"
+
+    def request(self) -> tuple[str, dict[str, str], bytes | None]:
+        """What the probe sends to `path`: its method, headers and body (`post_data` as JSON, with a
+        JSON Content-Type unless its headers give one)."""
+        headers = dict(self.headers)
+        if self.post_data is None:
+            return self.method, headers, None
+        if not any(key.lower() == "content-type" for key in headers):
+            headers["Content-Type"] = "application/json"
+        return self.method, headers, json.dumps(self.post_data).encode()
 
     @field_validator("timeout_seconds")
     @classmethod

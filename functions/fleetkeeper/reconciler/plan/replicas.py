@@ -133,7 +133,7 @@ def _plan_replicas(
     spot_ready = sum(1 for r in new if r.market is Market.SPOT and r.status is ReplicaStatus.READY)
     overprovision = target.spec.overprovision if target is not None else 0
     wanted_by = wanted_by_market(markets, wanted, spot_ready, overprovision)
-    for market in (Market.SPOT, Market.ON_DEMAND):
+    for market in wanted_by:  # spot first, then its on-demand fallback
         bought = [r for r in new if r.market is market]
         if len(bought) <= wanted_by[market]:
             continue
