@@ -19,10 +19,10 @@ list the members from the enum, in its order:
   otherwise the ALB's algorithm (`ALGORITHMS`, fleetkeeper.reconciler.balancers.alb) and the local
   balancer's picker (`PICKERS`, fleetkeeper.local.balancer), and its words in `_POLICY_NOTES` if it
   needs some in the spec's refusal;
-- an update mode: how old replicas go (`GOING`, fleetkeeper.reconciler.plan.replicas), and the
+- an update mode: how it rolls out (`ROLLOUTS`, fleetkeeper.reconciler.plan.replicas), and the
   api's and the CLI's `--mode` (both read the enum);
 - a market: how the planner counts it (fleetkeeper.reconciler.plan.markets.wanted) and how each
-  driver buys it (the EC2 driver's `_MARKET_OPTIONS`, fleetkeeper.reconciler.drivers.ec2);
+  driver buys it (the EC2 driver's `MARKET_OPTIONS`, fleetkeeper.reconciler.drivers.ec2);
 - an isolation: what the process driver resolves it to (fleetkeeper.local.process_driver).
 
 A readiness-probe option is a field, not a choice: see `PROBE_OPTIONS` in fleetkeeper.spec.service.
