@@ -186,8 +186,8 @@ class EndpointRecord:
     # (fleetkeeper.wake.demand): set by the reconciler while an autoscaled service has no replica in its
     # endpoint; None: the route forwards to the target group.
     waking_since: str | None = None
-    # The load balancer the endpoint is on (its ARN): the stack's template ALB or one of the shards
-    # the reconciler made (fleetkeeper.reconciler.balancers.alb). None: recorded before shards,
+    # The load balancer the endpoint is on (its ARN): the stack's template ALB or one of the pools
+    # the reconciler made (fleetkeeper.reconciler.balancers.alb). None: recorded before pools,
     # so the template's. A service never moves while it has an endpoint.
     load_balancer: str | None = None
 

@@ -258,8 +258,8 @@ class LocalBalancer:
     def forget(self) -> None:
         return None  # nothing learnt: the local balancer is its own state
 
-    def retire_shards(self, now: datetime) -> list[str]:
-        return []  # one local balancer, no quota: never a shard to retire
+    def retire_pools(self, now: datetime) -> list[str]:
+        return []  # one local balancer, no quota: never a pool to retire
 
     # -- embedded mode ------------------------------------------------------------------------------
 

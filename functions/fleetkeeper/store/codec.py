@@ -196,7 +196,7 @@ def endpoint_from_item(item: Mapping[str, Any]) -> EndpointRecord:
         route=str(item["route"]),
         dimensions=tuple(sorted((str(k), str(v)) for k, v in dimensions.items())),
         waking_since=str(item["waking_since"]) if item.get("waking_since") else None,
-        # Absent from endpoints recorded before shards: the stack's template ALB.
+        # Absent from endpoints recorded before pools: the stack's template ALB.
         load_balancer=str(item["load_balancer"]) if item.get("load_balancer") else None,
     )
 
