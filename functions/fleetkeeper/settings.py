@@ -241,7 +241,7 @@ class AlbSettings:
     # Pools (fleetkeeper.reconciler.balancers.alb, docs/architecture/load-balancer-pools.md): more
     # ALBs made by the reconciler like the template's. No security group: none is made, and a full
     # ALB refuses the next service (AlbBalancer.pools_enabled). `scheme`: the ALBs' (internal or
-    # internet-facing), not the services' URLs' (http or https: AlbBalancer.url_scheme).
+    # internet-facing), not the services' URLs' (http or https: AlbBalancer.protocol).
     subnet_ids: tuple[str, ...] = ()
     security_group_id: str | None = None
     scheme: str = "internal"

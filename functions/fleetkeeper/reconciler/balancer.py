@@ -107,8 +107,8 @@ def target_group_name(uid: str, stack: str = "") -> str:
 # ("This name must be unique per region per account, can have a maximum of 32 characters, must
 # contain only alphanumeric characters or hyphens, must not begin or end with a hyphen, and must not
 # begin with "internal-"", CreateLoadBalancer's Name in botocore's model; fk-<12>-<2 digits> is 18.)
-# The tag's key keeps the word pools had when they were called shards: the load balancers and wake
-# groups of deployed stacks carry it, and the ones made from now on are tagged alike.
+# The tag's key says shard, as on the load balancers and wake groups deployed stacks already have:
+# kept, so that theirs and the ones made next carry the same tag (a pool is not a dispatcher's shard).
 POOL_TAG = "fleetkeeper:shard"
 MAX_LOAD_BALANCER_NAME = 32
 

@@ -50,8 +50,9 @@ class Routes(Pools):
     _listings: dict[str, list[dict[str, Any]]] = field(default_factory=dict, init=False, repr=False)
 
     @property
-    def url_scheme(self) -> str:
-        """The services' URLs' scheme (not the ALB's `scheme`, internal or internet-facing)."""
+    def protocol(self) -> str:
+        """The endpoint URLs' `http` or `https` (https with a certificate); not the ALBs' `scheme`, which is
+        internal or internet-facing (docs/ARCHITECTURE.md, glossary)."""
         return "https" if self.settings.certificate_arn else "http"
 
     def forget(self) -> None:
@@ -105,9 +106,9 @@ class Routes(Pools):
         action = self._route_action(group, waking=waking, pool=pool)
         domain = self.settings.domain_name
         if domain:
-            return self._host_rule(pool, service, group, action, tags), f"{self.url_scheme}://{service}.{domain}"
+            return self._host_rule(pool, service, group, action, tags), f"{self.protocol}://{service}.{domain}"
         route, port = self._service_listener(pool, group, tags, recorded)
-        return route, f"{self.url_scheme}://{pool.dns_name}:{port}"
+        return route, f"{self.protocol}://{pool.dns_name}:{port}"
 
     def _remove_rules(self, pool: AlbPool, group: str, recorded: str | None) -> None:
         """Every host rule on `pool` that forwards to `group` (or is the recorded one: a route on the
