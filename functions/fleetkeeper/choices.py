@@ -16,7 +16,7 @@ until every consumer has one (it lists them), and the spec's error messages and 
 list the members from the enum, in its order:
 
 - a load-balancing policy: its entry in `_BALANCED_AS` here if it is balanced as another one;
-  otherwise the ALB's algorithm (`ALGORITHMS`, fleetkeeper.reconciler.balancers.alb) and the local
+  otherwise the ALB's algorithm (`ALGORITHMS`, fleetkeeper.reconciler.balancers.alb.target_groups) and the local
   balancer's picker (`PICKERS`, fleetkeeper.local.balancer), and its words in `_POLICY_NOTES` if it
   needs some in the spec's refusal;
 - an update mode: how it rolls out (`ROLLOUTS`, fleetkeeper.reconciler.plan.replicas), and the

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from botocore.exceptions import ClientError
 
+from fleetkeeper.choices import LoadBalancingPolicy
 from fleetkeeper.reconciler.balancer import (
     MANAGED_TAG,
     MANAGED_VALUE,
@@ -37,8 +38,12 @@ if TYPE_CHECKING:
     from fleetkeeper.model import EndpointConfig, EndpointRecord
     from fleetkeeper.reconciler.balancer import Target
 
-# SkyPilot's policy names -> the target group's load_balancing.algorithm.type.
-ALGORITHMS = {"least_load": "least_outstanding_requests", "round_robin": "round_robin"}
+# Each policy a load balancer runs (LoadBalancingPolicy.balanced) -> the target group's
+# load_balancing.algorithm.type (tests/test_choices.py holds it to one per policy).
+ALGORITHMS = {
+    LoadBalancingPolicy.LEAST_LOAD: "least_outstanding_requests",
+    LoadBalancingPolicy.ROUND_ROBIN: "round_robin",
+}
 # The ALB's own health check, on top of the reconciler's readiness probes: its path, matcher and
 # timing come from the endpoint's config (fleetkeeper.reconciler.health_check); a new target is
 # healthy after 2 checks (ALB's minimum), so it serves two intervals after registration.
