@@ -12,18 +12,18 @@ contract), the Lambda handlers, the embedded mode and the CLI may all read it.
 Adding a choice
 ---------------
 Add one member to its enum here, then its behaviour in each consumer; tests/test_choices.py fails
-until every consumer has one (it lists them), and the spec's error messages and the CLI's choices
-list the members from the enum, in its order:
+until every consumer has one (it lists them). The spec's error messages and `fleetkeeper local
+--isolation` list the members from the enum, in its order.
 
 - a load-balancing policy: its entry in `_BALANCED_AS` here if it is balanced as another one;
-  otherwise the ALB's algorithm (`ALGORITHMS`, fleetkeeper.reconciler.balancers.alb.target_groups) and the local
-  balancer's picker (`PICKERS`, fleetkeeper.local.balancer), and its words in `_POLICY_NOTES` if it
-  needs some in the spec's refusal;
-- an update mode: how it rolls out (`ROLLOUTS`, fleetkeeper.reconciler.plan.replicas), and the
-  api's and the CLI's `--mode` (both read the enum);
-- a market: how the planner counts it (fleetkeeper.reconciler.plan.markets.wanted) and how each
-  driver buys it (the EC2 driver's `MARKET_OPTIONS`, fleetkeeper.reconciler.drivers.ec2);
-- an isolation: what the process driver resolves it to (fleetkeeper.local.process_driver).
+  otherwise the ALB's algorithm (`ALGORITHMS`, fleetkeeper.reconciler.balancers.alb.target_groups)
+  and the local balancer's picker (`PICKERS`, fleetkeeper.local.balancer), and its words in
+  `_POLICY_NOTES` if it needs some in the spec's refusal;
+- an update mode: how it rolls out (`ROLLOUTS`, fleetkeeper.reconciler.plan.replicas); the spec and
+  the api read the enum, and `fleetkeeper update --mode` lists its choices (fleetkeeper.cli.main);
+- a market: how the planner counts it (fleetkeeper.reconciler.plan.markets.wanted_by_market) and
+  how each driver buys it (the EC2 driver's `MARKET_OPTIONS`, fleetkeeper.reconciler.drivers.ec2);
+- an isolation: what the process driver resolves it to (`RESOLVED`, fleetkeeper.local.process_driver).
 
 A readiness-probe option is a field, not a choice: see `PROBE_OPTIONS` in fleetkeeper.spec.service.
 """
