@@ -243,10 +243,10 @@ PROBE_OPTIONS: dict[str, ProbeOption] = {
 _SUBSTITUTED = tuple(name for name, option in PROBE_OPTIONS.items() if option.substituted)
 
 
+# SkyPilot's `service.readiness_probe`; its options are classified in PROBE_OPTIONS (above), which
+# says where a new one goes. (A comment, not a docstring: pydantic would publish a docstring as the
+# schema's description in docs/openapi.json.)
 class ReadinessProbe(_Strict):
-    """SkyPilot's `service.readiness_probe`; its options are classified in PROBE_OPTIONS (above),
-    which says where a new one goes."""
-
     path: Annotated[str, Field(pattern=r"^/", max_length=2048)]
     # From the end of provisioning: the first run that sees the instance running (SkyPilot's
     # DEFAULT_INITIAL_DELAY_SECONDS, sky/serve/constants.py, is the default).
