@@ -11,10 +11,11 @@ from typing import Any
 
 import pytest
 
+from fleetkeeper.cli.args import build_parser
 from fleetkeeper.cli.doctor import Account, Answer, Doctor, doctor_spec
 from fleetkeeper.cli.doctor_options import Options, options_from
 from fleetkeeper.cli.http import ApiClient, ApiError, Response, Unreachable
-from fleetkeeper.cli.main import build_parser, run
+from fleetkeeper.cli.main import run
 from fleetkeeper.cli.steps import Deadline, StepFailed, StepRunner, StepSkipped, Verdict, wait_until
 
 API = "https://abc123.execute-api.us-east-1.amazonaws.com/api"
