@@ -64,14 +64,14 @@ ALB_LISTENER_PORTS_ENV = "FLEETKEEPER_ALB_LISTENER_PORTS"
 # The stack's wake target: a target group of type lambda (template.yaml's WakeTargetGroup) that a
 # service's route forwards to while it has no replica (fleetkeeper.wake.demand).
 WAKE_TARGET_GROUP_ENV = "FLEETKEEPER_WAKE_TARGET_GROUP_ARN"
-# Load-balancer shards (docs/architecture/load-balancer-shards.md): what the reconciler needs to make
-# more ALBs like the template's when one is full. Without a security group no shard is made.
+# Load-balancer pools (docs/architecture/load-balancer-pools.md): what the reconciler needs to make
+# more ALBs like the template's when one is full. Without a security group no pool is made.
 ALB_SECURITY_GROUP_ENV = "FLEETKEEPER_ALB_SECURITY_GROUP_ID"
 ALB_SCHEME_ENV = "FLEETKEEPER_ALB_SCHEME"
 ALB_IDLE_TIMEOUT_ENV = "FLEETKEEPER_ALB_IDLE_TIMEOUT"
 WAKE_FUNCTION_ARN_ENV = "FLEETKEEPER_WAKE_FUNCTION_ARN"
 # With a domain: the Route 53 hosted zone where the reconciler publishes NAME.<domain> for services
-# on shards past the first (the user's wildcard record points at the template's ALB only).
+# on pools past the first (the user's wildcard record points at the template's ALB only).
 HOSTED_ZONE_ID_ENV = "FLEETKEEPER_HOSTED_ZONE_ID"
 DOMAIN_NAME_ENV = "FLEETKEEPER_DOMAIN_NAME"
 # The autoscaler's request-rate window (fleetkeeper.reconciler.metrics): its length and how far back
@@ -241,9 +241,10 @@ class AlbSettings:
     # The wake target's target group (None: routes stay on the target groups; a service at zero
     # then cannot wake by itself on AWS).
     wake_target_group: str | None = None
-    # Shards (fleetkeeper.reconciler.balancers.alb, docs/architecture/load-balancer-shards.md): more
+    # Pools (fleetkeeper.reconciler.balancers.alb, docs/architecture/load-balancer-pools.md): more
     # ALBs made by the reconciler like the template's. No security group: none is made, and a full
-    # ALB refuses the next service (AlbBalancer.shards_enabled).
+    # ALB refuses the next service (AlbBalancer.pools_enabled). `scheme`: the ALBs' (internal or
+    # internet-facing), not the services' URLs' (http or https: AlbBalancer.protocol).
     subnet_ids: tuple[str, ...] = ()
     security_group_id: str | None = None
     scheme: str = "internal"

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 from unittest import mock
@@ -27,6 +27,7 @@ import time_machine
 from fleetkeeper import aws
 from fleetkeeper.local.template import create_queue, create_table
 from fleetkeeper.reconciler.balancers import alb as alb_module
+from fleetkeeper.reconciler.balancers.alb import balancer as alb_balancer_module
 from fleetkeeper.reconciler.driver import (
     MANAGED_TAG,
     REPLICA_TAG,
@@ -125,9 +126,9 @@ def make_stack(stack_id: str, *, balanced: bool, adopt_untagged: bool = False) -
         env.update(
             {
                 "FLEETKEEPER_LOAD_BALANCER": "alb",
-                "FLEETKEEPER_ALB_ARN": alb.arn,
-                "FLEETKEEPER_ALB_DNS_NAME": alb.dns_name,
-                "FLEETKEEPER_ALB_VPC_ID": alb.vpc_id,
+                "FLEETKEEPER_ALB_ARN": alb.settings.arn,
+                "FLEETKEEPER_ALB_DNS_NAME": alb.settings.dns_name,
+                "FLEETKEEPER_ALB_VPC_ID": alb.settings.vpc_id,
                 # Each stack's own range, as on one shared ALB they could not be; here they are apart.
                 "FLEETKEEPER_ALB_LISTENER_PORTS": "10000-10049",
             }
@@ -274,16 +275,16 @@ class _AlbBeforeStackIds(alb_module.AlbBalancer):
     target groups named `fk-<uid>`, nothing tagged with a stack id."""
 
     def ensure(self, service: str, uid: str, config: Any, known: Any) -> Any:
-        if self.stack_id not in _BeforeStackIds.OLD:
+        if self.settings.stack_id not in _BeforeStackIds.OLD:
             return super().ensure(service, uid, config, known)
-        stack, self.stack_id = self.stack_id, ""
+        settings, self.settings = self.settings, replace(self.settings, stack_id="")
         try:
             return super().ensure(service, uid, config, known)
         finally:
-            self.stack_id = stack
+            self.settings = settings
 
     def _adopt_recorded(self, arn: str) -> None:
-        if self.stack_id not in _BeforeStackIds.OLD:
+        if self.settings.stack_id not in _BeforeStackIds.OLD:
             super()._adopt_recorded(arn)
 
 
@@ -292,9 +293,11 @@ def test_an_upgraded_stack_adopts_its_own_replicas_without_a_restart_and_no_othe
 ) -> None:
     monkeypatch.setattr(ec2_driver_module, "Ec2Driver", _BeforeStackIds)
     monkeypatch.setattr(alb_module, "AlbBalancer", _AlbBeforeStackIds)
-    tags_of = alb_module._tags
+    tags_of = alb_balancer_module.service_tags
     monkeypatch.setattr(
-        alb_module, "_tags", lambda *args: [t for t in tags_of(*args) if t["Key"] != STACK_TAG or t["Value"]]
+        alb_balancer_module,
+        "service_tags",
+        lambda *args: [t for t in tags_of(*args) if t["Key"] != STACK_TAG or t["Value"]],
     )
     # Both deployed with the adoption on: the upgraded stack's own are adopted, the other takes none.
     old, new = (make_stack(STACK_IDS[n], balanced=True, adopt_untagged=True) for n in range(2))

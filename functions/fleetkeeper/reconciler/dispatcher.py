@@ -58,7 +58,7 @@ class DispatchReport:
     identities_made: list[str] = field(default_factory=list)  # owners' scopes
     identities_refused: dict[str, str] = field(default_factory=dict)  # scope -> why IAM would not
     identities_removed: list[str] = field(default_factory=list)  # owners' scopes
-    shards_retired: list[str] = field(default_factory=list)  # load balancers the stack made and deleted
+    pools_retired: list[str] = field(default_factory=list)  # load balancers the stack made and deleted
     # The call the invocation's deadline stopped (its steps after it were not done), else None.
     out_of_time: str | None = None
 
@@ -68,7 +68,7 @@ class DispatchReport:
             "identities_made": self.identities_made,
             "identities_refused": self.identities_refused,
             "identities_removed": self.identities_removed,
-            "shards_retired": self.shards_retired,
+            "pools_retired": self.pools_retired,
             "services": self.services,
             "shards": self.shards,
             "send_calls": self.send_calls,
@@ -128,9 +128,9 @@ class Dispatcher:
         }
         if self.identities is not None:
             report.identities_removed = self._sweep_identities(listed)
-        report.shards_retired = self._retire_shards(now)
+        report.pools_retired = self._retire_pools(now)
 
-    def _retire_shards(self, now: datetime) -> list[str]:
+    def _retire_pools(self, now: datetime) -> list[str]:
         """The load balancers the stack made for more endpoints and no longer uses go (their own
         grace period keeps one a worker may be placing a service on); a failure is logged, and the
         next period tries again."""
@@ -138,14 +138,14 @@ class Dispatcher:
         if balancer is None:
             return []
         try:
-            retired = balancer.retire_shards(now)
+            retired = balancer.retire_pools(now)
         except aws.DeadlineReached:
             raise
         except Exception:
-            logger.exception("the sweep of load balancer shards failed; the next dispatch retries")
+            logger.exception("the sweep of load balancer pools failed; the next dispatch retries")
             return []
         for name in retired:
-            logger.info("load balancer shard %s deleted: it carried no service any more", name)
+            logger.info("load balancer pool %s deleted: it carried no service any more", name)
         return retired
 
     def _ensure_identities(self, listed: Sequence[Listed], report: DispatchReport) -> None:
