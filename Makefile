@@ -147,14 +147,23 @@ soak: $(STAMP)
 # Mutation testing (slow, so not part of `make test`): mutmut changes MUTATE_PATHS (paths under
 # functions/, globs allowed) one small edit at a time and runs only MUTATE_TESTS, the tests that
 # exercise them, against each mutant; a mutant no test fails on "survived". It runs in $(MUTATE_DIR)
-# (the package and tests linked in, mutmut's copy under $(MUTATE_DIR)/mutants), fresh each time.
-# The default scope is the planner's package (reconciler/plan/) and the store package (store/), with
-# their tests (tests/reconciler/plan/, one test module per planner module, and the store's).
+# (the package, the tests, template.yaml and docs/ linked in: the api tests check answers against
+# docs/openapi.json; mutmut's copy under $(MUTATE_DIR)/mutants), fresh each time.
+# The default scope is the planner's package (reconciler/plan/) against every planner test file
+# (tests/reconciler/plan/test_*.py), and the store package (store/) against the store's tests.
 # `make mutate MUTATE_PATHS=fleetkeeper/store/keys.py MUTATE_TESTS=tests/store/test_store.py` narrows it;
 # then `cd $(MUTATE_DIR) && ../$(BIN)/mutmut show NAME` prints one mutant's diff.
+# Floors: after the run, .ci/mutation_floors.py fails `make mutate` when a module's killed share
+# (killed + timeout over all but skipped mutants) is below its floor in MUTATE_FLOORS; every planner
+# module must have one (a narrowed run checks only the modules it mutated). A floor is the measured
+# share rounded down to 5% (one 5% lower on a 5% mark): after a run that raised a module's share, or for a new
+# module, `.venv/bin/python .ci/mutation_floors.py --measured $(MUTATE_DIR)/results.txt` prints the
+# measured floors to copy in (docs/architecture/testing.md, "Mutation testing").
 MUTATE_PATHS   ?= fleetkeeper/reconciler/plan/*.py \
                   $(patsubst functions/%,%,$(wildcard functions/fleetkeeper/store.py functions/fleetkeeper/store/*.py))
-MUTATE_TESTS   ?= $(wildcard tests/reconciler/plan/test_*.py tests/store/test_*.py tests/reconciler/test_store*.py)
+MUTATE_TESTS   ?= $(wildcard tests/reconciler/plan/test_*.py) \
+                  $(wildcard tests/store/test_*.py tests/reconciler/test_store*.py)
+MUTATE_FLOORS  ?= tests/mutation_floors.toml
 MUTATE_WORKERS ?= $(PYTEST_WORKERS)
 MUTATE_DIR     := .mutmut
 MUTATE_STAMP   := $(VENV)/.installed-mutate
@@ -167,16 +176,18 @@ $(MUTATE_STAMP): $(STAMP)
 mutate: $(MUTATE_STAMP)
 	rm -rf $(MUTATE_DIR)
 	mkdir -p $(MUTATE_DIR)
-	ln -s ../functions/fleetkeeper ../tests ../template.yaml $(MUTATE_DIR)/
+	ln -s ../functions/fleetkeeper ../tests ../template.yaml ../docs $(MUTATE_DIR)/
 	{ cat pyproject.toml; echo; echo '[tool.mutmut]'; \
 	  echo 'source_paths = ["fleetkeeper"]'; \
 	  echo 'only_mutate = [$(foreach p,$(MUTATE_PATHS),"$(p)"$(comma))]'; \
 	  echo 'pytest_add_cli_args_test_selection = [$(foreach t,$(MUTATE_TESTS),"$(t)"$(comma))]'; \
 	  echo 'pytest_add_cli_args = ["-p", "no:xdist", "-p", "no:cacheprovider"]'; \
-	  echo 'also_copy = ["template.yaml"]'; \
+	  echo 'also_copy = ["template.yaml", "docs"]'; \
 	} > $(MUTATE_DIR)/pyproject.toml
 	cd $(MUTATE_DIR) && ../$(BIN)/mutmut run --max-children $(MUTATE_WORKERS)
 	cd $(MUTATE_DIR) && ../$(BIN)/mutmut results
+	cd $(MUTATE_DIR) && ../$(BIN)/mutmut results --all true > results.txt
+	$(BIN)/python .ci/mutation_floors.py --floors $(MUTATE_FLOORS) $(MUTATE_DIR)/results.txt
 
 # A smoke test of a deployed stack, with your own AWS credentials (docs/DEPLOY.md, "Smoke test"):
 # `make smoke-aws STACK=fleetkeeper [SECOND_OWNER_ROLE=arn:aws:iam::...:role/NAME] [DOCTOR_ARGS=...]`

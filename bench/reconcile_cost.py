@@ -75,12 +75,12 @@ from fleetkeeper.reconciler.driver import (  # noqa: E402
     LaunchRequest,
 )
 from fleetkeeper.reconciler.drivers.ec2 import Ec2Driver  # noqa: E402
-from fleetkeeper.reconciler.shell import Reconciler  # noqa: E402
+from fleetkeeper.reconciler.run import Reconciler  # noqa: E402
 from fleetkeeper.settings import DEFAULT_STACK_ID, Ec2Settings  # noqa: E402
 from fleetkeeper.spec.service import ServiceSpec  # noqa: E402
 from fleetkeeper.store.codec import from_raw, replica_item, service_item, to_raw, version_item  # noqa: E402
 from fleetkeeper.store.keys import new_uid  # noqa: E402
-from fleetkeeper.store.reconciler import ReconcilerStore  # noqa: E402
+from fleetkeeper.store.runs import ReconcilerStore  # noqa: E402
 from fleetkeeper.store.table import Table  # noqa: E402
 
 TABLE = "fleetkeeper-bench"

@@ -46,14 +46,14 @@ from reconcile_cost import (
 from fleetkeeper import aws
 from fleetkeeper.local.template import create_queue, create_table
 from fleetkeeper.model import to_iso
-from fleetkeeper.reconciler.budget import Budget
-from fleetkeeper.reconciler.dispatch import Shard
+from fleetkeeper.reconciler.budget import ShardBudget
 from fleetkeeper.reconciler.dispatcher import Dispatcher
 from fleetkeeper.reconciler.driver import UID_TAG
+from fleetkeeper.reconciler.fanout import Shard
 from fleetkeeper.reconciler.queue import ShardQueue
-from fleetkeeper.reconciler.shell import Reconciler
+from fleetkeeper.reconciler.run import Reconciler
 from fleetkeeper.settings import DEFAULT_READ_CONCURRENCY, DEFAULT_SHARD_SIZE
-from fleetkeeper.store.reconciler import ReconcilerStore
+from fleetkeeper.store.runs import ReconcilerStore
 from fleetkeeper.store.table import Table
 
 
@@ -207,7 +207,7 @@ def _period(reconciler: Reconciler, queue: ShardQueue, meter: Meter) -> dict[str
         cpu, moto, wall = time.process_time(), meter.moto_cpu, time.perf_counter()
         # moto's wall time is not AWS's (a shard that takes a second on AWS can take a minute
         # here): the budget never bites in this benchmark, which counts calls and CPU.
-        budget = Budget(lambda: 3600.0)
+        budget = ShardBudget(lambda: 3600.0)
         reconciler.driver = _driver()
         report = reconciler.run_shard(shard.ordered(), budget)
         calls = {api: n - before.get(api, 0) for api, n in meter.calls.items() if n - before.get(api, 0)}

@@ -31,7 +31,7 @@ TOP = "\n{}\n"
 VIOLATIONS = [
     # handlers -> services -> store -> model/spec
     ("layers", "fleetkeeper.store", "import fleetkeeper.api.services", LAZY),
-    ("layers", "fleetkeeper.store", "from fleetkeeper.reconciler import shell", TOP),
+    ("layers", "fleetkeeper.store", "from fleetkeeper.reconciler import run", TOP),
     ("layers", "fleetkeeper.model", "from fleetkeeper.store import Store", TYPE_ONLY),
     ("layers", "fleetkeeper.spec.service", "from fleetkeeper.cleanup import logic", LAZY),
     ("layers", "fleetkeeper.api.services", "import fleetkeeper.api.handler", LAZY),
@@ -45,6 +45,7 @@ VIOLATIONS = [
     ("pure-planner", "fleetkeeper.reconciler.plan.spot_warnings", "import time", LAZY),
     ("pure-planner", "fleetkeeper.reconciler.plan", "from fleetkeeper.reconciler.probe import probe_all", TOP),
     ("pure-planner", "fleetkeeper.reconciler.plan.observe", "from fleetkeeper.store import Store", TYPE_ONLY),
+    ("pure-planner", "fleetkeeper.reconciler.plan.replicas", "from fleetkeeper.reconciler.apply import Applier", LAZY),
     # Indirectly: the planner imports the model, the model would import the AWS clients.
     ("pure-planner", "fleetkeeper.model", "from fleetkeeper import aws", LAZY),
     # What Lambda runs never imports the embedded mode, the CLI or what its bundle lacks.

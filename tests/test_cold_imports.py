@@ -94,8 +94,8 @@ def test_the_api_builds_no_model_at_import() -> None:
 @pytest.mark.parametrize(
     ("module", "deferred"),
     [
-        # The reconciler's whole work (shell, planner, drivers, spec) is imported by its first run.
-        ("fleetkeeper.reconciler.handler", ["fleetkeeper.reconciler.shell", "fleetkeeper.spec.service", "boto3"]),
+        # The reconciler's whole work (run, planner, drivers, spec) is imported by its first run.
+        ("fleetkeeper.reconciler.handler", ["fleetkeeper.reconciler.run", "fleetkeeper.spec.service", "boto3"]),
         ("fleetkeeper.cleanup.handler", ["fleetkeeper.spec.service", "fleetkeeper.spec.placement", "boto3"]),
         ("fleetkeeper.wake.handler", ["fleetkeeper.spec.service", "fleetkeeper.spec.placement", "boto3", "pydantic"]),
     ],

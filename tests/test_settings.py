@@ -128,6 +128,7 @@ def test_every_variable_is_read() -> None:
         ("FLEETKEEPER_LOAD_BALANCER", "nginx", "expected 'none', 'alb' or 'local'"),
         ("FLEETKEEPER_ALB_LISTENER_PORTS", "10000-", "expected FROM-TO"),
         ("FLEETKEEPER_ALB_LISTENER_PORTS", "10049-10000", "expected 1 <= FROM <= TO <= 65535"),
+        ("FLEETKEEPER_ADOPT_UNTAGGED_REPLICAS", "yes", "expected 'true' or 'false'"),
     ],
 )
 def test_a_value_that_does_not_parse_names_the_variable(variable: str, value: str, problem: str) -> None:

@@ -7,7 +7,11 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import TYPE_CHECKING, Literal
 
+# Defined with the other choices (fleetkeeper.choices), and imported from here too.
+from fleetkeeper.choices import Market as Market
+
 if TYPE_CHECKING:
+    from fleetkeeper.choices import LoadBalancingPolicy, UpdateMode
     from fleetkeeper.spec.service import ServiceSpec
 
 
@@ -110,13 +114,6 @@ class BalancerState(StrEnum):
     DRAINING = "DRAINING"
 
 
-class Market(StrEnum):
-    """How a replica's instance is bought: decided when the replica is claimed, never changed."""
-
-    ON_DEMAND = "on-demand"
-    SPOT = "spot"
-
-
 class InterruptionKind(StrEnum):
     """The warnings EC2 sends about a running instance (EventBridge, source aws.ec2)."""
 
@@ -136,9 +133,6 @@ class Interruption:
     kind: InterruptionKind
     instance_id: str
     at: str  # when AWS sent it (the event's time)
-
-
-UpdateMode = str  # "rolling" | "blue_green", validated by the spec and the api
 
 
 def ready_of(ready: int, wanted: int) -> str:
@@ -166,7 +160,7 @@ class EndpointConfig:
     """What the load balancer is told about a service, from its target version's spec."""
 
     port: int  # the target group's port (each target is registered with its own version's port)
-    policy: str  # least_load | round_robin (spec.LOAD_BALANCING_POLICIES)
+    policy: LoadBalancingPolicy  # as balanced (`LoadBalancingPolicy.balanced_as`)
     drain_seconds: int
     # The ALB's own health check (fleetkeeper.reconciler.health_check): the readiness probe's path
     # when the ALB can send it, else "/" passing on any 200-499; the defaults are what endpoints
@@ -192,8 +186,8 @@ class EndpointRecord:
     # (fleetkeeper.wake.demand): set by the reconciler while an autoscaled service has no replica in its
     # endpoint; None: the route forwards to the target group.
     waking_since: str | None = None
-    # The load balancer the endpoint is on (its ARN): the stack's template ALB or one of the shards
-    # the reconciler made (fleetkeeper.reconciler.balancers.alb). None: recorded before shards,
+    # The load balancer the endpoint is on (its ARN): the stack's template ALB or one of the pools
+    # the reconciler made (fleetkeeper.reconciler.balancers.alb). None: recorded before pools,
     # so the template's. A service never moves while it has an endpoint.
     load_balancer: str | None = None
 
@@ -285,7 +279,7 @@ class VersionRecord:
     uid: str
     version: int
     spec: ServiceSpec
-    mode: str
+    mode: UpdateMode
     created_at: str
     state: VersionState = VersionState.NEW
     state_message: str = ""

@@ -24,6 +24,9 @@ TABLE_NAME_ENV = "TABLE_NAME"
 # template.yaml derives it from AWS::StackId; the embedded mode sets its own. Every AWS resource the
 # stack creates carries it.
 STACK_ID_ENV = "FLEETKEEPER_STACK_ID"
+# Whether the reconciler adopts this stack's replicas from before stacks had ids (template.yaml's
+# AdoptUntaggedReplicas, "false" by default; fleetkeeper.reconciler.legacy, removed in 0.2.0).
+ADOPT_UNTAGGED_REPLICAS_ENV = "FLEETKEEPER_ADOPT_UNTAGGED_REPLICAS"
 DRIVER_ENV = "FLEETKEEPER_DRIVER"
 PROBE_BUDGET_ENV = "FLEETKEEPER_PROBE_BUDGET_SECONDS"
 KICK_QUEUE_URL_ENV = "FLEETKEEPER_KICK_QUEUE_URL"
@@ -44,7 +47,7 @@ REPLICA_LOG_GROUP_ENV = "FLEETKEEPER_REPLICA_LOG_GROUP"
 # the permissions and the permissions boundary of an owner's role.
 REPLICA_IDENTITY_ENV = "FLEETKEEPER_REPLICA_IDENTITY"
 REPLICA_POLICY_ARN_ENV = "FLEETKEEPER_REPLICA_POLICY_ARN"
-# The scheduled run's fan-out (fleetkeeper.reconciler.dispatch): the dispatcher's queue, its
+# The scheduled run's fan-out (fleetkeeper.reconciler.fanout): the dispatcher's queue, its
 # schedule (the period every shard must fit in), the shard size; a worker's reads and margins.
 RECONCILE_QUEUE_URL_ENV = "FLEETKEEPER_RECONCILE_QUEUE_URL"
 RECONCILE_SCHEDULE_ENV = "FLEETKEEPER_RECONCILE_SCHEDULE"
@@ -61,14 +64,14 @@ ALB_LISTENER_PORTS_ENV = "FLEETKEEPER_ALB_LISTENER_PORTS"
 # The stack's wake target: a target group of type lambda (template.yaml's WakeTargetGroup) that a
 # service's route forwards to while it has no replica (fleetkeeper.wake.demand).
 WAKE_TARGET_GROUP_ENV = "FLEETKEEPER_WAKE_TARGET_GROUP_ARN"
-# Load-balancer shards (docs/architecture/load-balancer-shards.md): what the reconciler needs to make
-# more ALBs like the template's when one is full. Without a security group no shard is made.
+# Load-balancer pools (docs/architecture/load-balancer-pools.md): what the reconciler needs to make
+# more ALBs like the template's when one is full. Without a security group no pool is made.
 ALB_SECURITY_GROUP_ENV = "FLEETKEEPER_ALB_SECURITY_GROUP_ID"
 ALB_SCHEME_ENV = "FLEETKEEPER_ALB_SCHEME"
 ALB_IDLE_TIMEOUT_ENV = "FLEETKEEPER_ALB_IDLE_TIMEOUT"
 WAKE_FUNCTION_ARN_ENV = "FLEETKEEPER_WAKE_FUNCTION_ARN"
 # With a domain: the Route 53 hosted zone where the reconciler publishes NAME.<domain> for services
-# on shards past the first (the user's wildcard record points at the template's ALB only).
+# on pools past the first (the user's wildcard record points at the template's ALB only).
 HOSTED_ZONE_ID_ENV = "FLEETKEEPER_HOSTED_ZONE_ID"
 DOMAIN_NAME_ENV = "FLEETKEEPER_DOMAIN_NAME"
 # The autoscaler's request-rate window (fleetkeeper.reconciler.metrics): its length and how far back
@@ -95,7 +98,7 @@ DEFAULT_INSTANCE_TYPE = "t3.small"
 DEFAULT_PROBE_BUDGET_SECONDS = 20.0
 # The longest probe timeout the run's probe phase holds (its budget at least this plus the headroom a
 # probe needs to start: a worker, a connection); a probe with a longer timeout than the budget leaves
-# is a long probe, run off the run's critical path (reconciler.shell).
+# is a long probe, run off the run's critical path (reconciler.probing).
 MAX_PROBE_TIMEOUT_SECONDS = 15
 PROBE_HEADROOM_SECONDS = 5.0
 MIN_PROBE_BUDGET_SECONDS = MAX_PROBE_TIMEOUT_SECONDS + PROBE_HEADROOM_SECONDS
@@ -103,7 +106,7 @@ MIN_PROBE_BUDGET_SECONDS = MAX_PROBE_TIMEOUT_SECONDS + PROBE_HEADROOM_SECONDS
 # controller is resident), but a probe here must end inside one reconciler invocation (template.yaml's
 # ReconcilerFunction Timeout, 120 s): a Lambda cannot hold a connection for the next one. A long probe
 # (longer than the run's probe budget) starts with the run's probes and is planned in a second pass
-# before the invocation ends (reconciler.shell). A shard's run has its period (~55 s) for it; one
+# before the invocation ends (reconciler.run). A shard's run has its period (~55 s) for it; one
 # whose replica has not answered when that is spent is no verdict, and the replica's service gets a
 # follow-up: a run of its own (a kick), which has the whole invocation. So the bound is that run's:
 # 120 s, less the worker's service margin (10 s, for the second pass's reads and writes), a probe's
@@ -115,8 +118,8 @@ MAX_READINESS_TIMEOUT_SECONDS = 90
 # first failed probe to the one that ends the window (probed every 10 s meanwhile: the follow-ups).
 CONSECUTIVE_FAILURE_SECONDS = 180
 DEFAULT_SCHEDULE = "rate(1 minute)"
-DEFAULT_SHARD_SIZE = 100  # fleetkeeper.reconciler.dispatch says why
-MAX_SHARD_SIZE = 199  # EC2's 200 filter values a Describe call, less the managed tag's value (dispatch.py)
+DEFAULT_SHARD_SIZE = 100  # fleetkeeper.reconciler.fanout says why
+MAX_SHARD_SIZE = 199  # EC2's 200 filter values a Describe call, less the managed tag's value (fanout.py)
 # Queries in flight per worker: 8 keep a 100-service shard's reads near a second without a burst
 # that an on-demand table's new partition would throttle.
 DEFAULT_READ_CONCURRENCY = 8
@@ -238,9 +241,10 @@ class AlbSettings:
     # The wake target's target group (None: routes stay on the target groups; a service at zero
     # then cannot wake by itself on AWS).
     wake_target_group: str | None = None
-    # Shards (fleetkeeper.reconciler.balancers.alb, docs/architecture/load-balancer-shards.md): more
+    # Pools (fleetkeeper.reconciler.balancers.alb, docs/architecture/load-balancer-pools.md): more
     # ALBs made by the reconciler like the template's. No security group: none is made, and a full
-    # ALB refuses the next service (AlbBalancer.shards_enabled).
+    # ALB refuses the next service (AlbBalancer.pools_enabled). `scheme`: the ALBs' (internal or
+    # internet-facing), not the services' URLs' (http or https: AlbBalancer.protocol).
     subnet_ids: tuple[str, ...] = ()
     security_group_id: str | None = None
     scheme: str = "internal"
@@ -322,6 +326,9 @@ class Settings:
     # Canonical principal patterns of the stack's administrators (empty: none; every service then
     # answers only to its owner and the principals it names).
     admin_principals: tuple[str, ...] = ()
+    # The reconciler's: tag this stack's replicas from before stacks had ids with its id and keep them
+    # (fleetkeeper.reconciler.legacy). Off (the default): they are left alone, as foreign instances are.
+    adopt_untagged_replicas: bool = False
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> Settings:
@@ -355,6 +362,7 @@ class Settings:
             secrets_key_id=environ.get(SECRETS_KEY_ID_ENV) or None,
             region=environ.get("AWS_REGION") or environ.get("AWS_DEFAULT_REGION") or None,
             admin_principals=_principals(environ, ADMIN_PRINCIPALS_ENV),
+            adopt_untagged_replicas=_flag(environ, ADOPT_UNTAGGED_REPLICAS_ENV),
         )
 
 
@@ -433,6 +441,14 @@ def _principals(environ: Mapping[str, str], name: str) -> tuple[str, ...]:
         except PrincipalError as exc:
             raise SettingsError(f"{name}: {exc}") from None
     return tuple(patterns)
+
+
+def _flag(environ: Mapping[str, str], name: str) -> bool:
+    """ "true" or "false" (a stack parameter's AllowedValues); unset or empty: false."""
+    raw = environ.get(name) or "false"
+    if raw not in ("true", "false"):
+        raise SettingsError(f"{name}={raw!r}: expected 'true' or 'false'")
+    return raw == "true"
 
 
 def _driver(kind: str) -> DriverKind:

@@ -12,7 +12,7 @@ import pytest
 from fleetkeeper.cli.render import service_detail
 from fleetkeeper.cli.waiting import desired_replicas
 from fleetkeeper.model import AutoscalerState, Recommendation, from_iso, to_iso, utcnow
-from fleetkeeper.store.reconciler import ReconcilerStore
+from fleetkeeper.store.runs import ReconcilerStore
 from fleetkeeper.store.table import Table
 from tests.support import TABLE
 from tests.support.handler_client import HandlerClient

@@ -180,7 +180,7 @@ def test_a_throttled_idempotency_record_is_a_503(strict_aws: StrictAws, web: Han
 
 def test_the_reconciler_store_reports_the_same_contention(strict_aws: StrictAws, web: HandlerClient) -> None:
     from fleetkeeper.model import ServiceStatus
-    from fleetkeeper.store.reconciler import ReconcilerStore
+    from fleetkeeper.store.runs import ReconcilerStore
     from fleetkeeper.store.table import Table
 
     store = ReconcilerStore(Table(TABLE))

@@ -8,7 +8,7 @@ from typing import Any
 
 from fleetkeeper import aws
 from fleetkeeper.model import AutoscalerState, Recommendation, to_iso
-from fleetkeeper.store.reconciler import ReconcilerStore
+from fleetkeeper.store.runs import ReconcilerStore
 from fleetkeeper.store.table import Table
 from tests.support import TABLE
 from tests.support.builders import ENDPOINT

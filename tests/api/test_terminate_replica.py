@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 from fleetkeeper.model import ReplicaStatus
 from fleetkeeper.store.commands import CommandStore
-from fleetkeeper.store.reconciler import ReconcilerStore
+from fleetkeeper.store.runs import ReconcilerStore
 from fleetkeeper.store.table import Table
 from tests.api.test_owners import TEAM_A, TEAM_B, create, grant, session
 from tests.support import TABLE

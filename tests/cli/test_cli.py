@@ -12,6 +12,7 @@ import pytest
 from botocore.stub import Stubber
 
 from fleetkeeper.cli import render
+from fleetkeeper.cli.args import build_parser
 from fleetkeeper.cli.http import (
     ApiClient,
     ApiError,
@@ -21,7 +22,7 @@ from fleetkeeper.cli.http import (
     is_loopback,
     resolve_api_url,
 )
-from fleetkeeper.cli.main import build_parser, run
+from fleetkeeper.cli.main import run
 from fleetkeeper.cli.waiting import Goal, Progress, judge, wait_for
 from fleetkeeper.local.auth import RUNTIME_DIR_ENV, LocalCredential, new_token, publish, withdraw
 from fleetkeeper.local.server import parser as local_parser
@@ -338,9 +339,9 @@ def test_events_lists_them_oldest_first_and_status_shows_the_last_few() -> None:
 def test_events_follow_prints_each_new_or_repeated_event_once_until_the_service_is_gone(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    import fleetkeeper.cli.main as cli_main
+    import fleetkeeper.cli.commands.read as events_command
 
-    monkeypatch.setattr(cli_main.time, "sleep", lambda _s: None)
+    monkeypatch.setattr(events_command.time, "sleep", lambda _s: None)
 
     def event(reason: str, count: int = 1, when: str = "2026-01-01T00:00:00.000Z") -> dict[str, Any]:
         first = "2026-01-01T00:00:00.000Z"

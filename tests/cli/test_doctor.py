@@ -11,10 +11,11 @@ from typing import Any
 
 import pytest
 
+from fleetkeeper.cli.args import build_parser
 from fleetkeeper.cli.doctor import Account, Answer, Doctor, doctor_spec
 from fleetkeeper.cli.doctor_options import Options, options_from
 from fleetkeeper.cli.http import ApiClient, ApiError, Response, Unreachable
-from fleetkeeper.cli.main import build_parser, run
+from fleetkeeper.cli.main import run
 from fleetkeeper.cli.steps import Deadline, StepFailed, StepRunner, StepSkipped, Verdict, wait_until
 
 API = "https://abc123.execute-api.us-east-1.amazonaws.com/api"
@@ -406,3 +407,46 @@ def test_the_api_blipping_while_a_step_waits_is_no_verdict() -> None:
     assert result.verdict is Verdict.PASS, result.detail
     assert result.elapsed == 2  # two polls lost, one a second
     assert "the API answered 503: Service Unavailable" in subject.err.getvalue()  # type: ignore[attr-defined]
+
+
+def test_serve_waits_for_the_replica_to_be_recorded_ready_after_its_endpoint_answered() -> None:
+    # A replica can answer before the reconciler's next pass records it READY (a clean-clone run saw
+    # "answered HTTP 200 ... (REPLICA_INIT v1)"): the step passes only on the promised status.
+    api, clock, out = FakeApi(), Clock(), io.StringIO()
+    subject = doctor(api, clock, out)
+    subject.get = lambda url: Answer(200, "fk-doctor-abc123 v1\n")
+    subject.runner.run("create", 10, subject.create)
+    view = api.services[subject.name]
+    view.update(status="REPLICA_INIT", status_message="1 replica starting", endpoint="http://endpoint.example")
+    recorded_ready_at = clock.now + 3
+
+    def request(method: str, path: str, body: Any = None, *, raw: bool = False) -> Response:
+        if clock.now >= recorded_ready_at:
+            view["status"] = "READY"
+        return FakeApi.request(api, method, path, body, raw=raw)
+
+    api.request = request  # type: ignore[method-assign]
+
+    result = subject.runner.run("serve", 30, subject.serve)
+
+    assert result.verdict is Verdict.PASS, result.detail
+    assert result.detail.endswith("answered HTTP 200 'fk-doctor-abc123 v1' (READY v1)")
+    assert result.elapsed == 3
+
+
+def test_serve_fails_when_the_endpoint_answers_but_the_service_is_never_recorded_ready() -> None:
+    api, clock, out = FakeApi(), Clock(), io.StringIO()
+    subject = doctor(api, clock, out)
+    subject.get = lambda url: Answer(200, "fk-doctor-abc123 v1\n")
+    subject.runner.run("create", 10, subject.create)
+    api.services[subject.name].update(
+        status="REPLICA_INIT", status_message="1 replica starting", endpoint="http://endpoint.example"
+    )
+
+    result = subject.runner.run("serve", 30, subject.serve)
+
+    assert result.verdict is Verdict.FAIL
+    assert result.detail.endswith(
+        "expected fk-doctor-abc123 to be recorded READY after its endpoint answered within 30s; "
+        "last seen: REPLICA_INIT: 1 replica starting"
+    )

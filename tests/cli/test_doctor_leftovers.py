@@ -161,10 +161,10 @@ def test_only_the_stacks_load_balancers_are_read(world: dict[str, Any]) -> None:
     stranger = elbv2.create_load_balancer(Name="someone-else", Subnets=world["subnets"], Scheme="internal")[
         "LoadBalancers"
     ][0]
-    shard = elbv2.create_load_balancer(Name=f"fk-{STACK}-1", Subnets=world["subnets"], Scheme="internal")[
+    pool = elbv2.create_load_balancer(Name=f"fk-{STACK}-1", Subnets=world["subnets"], Scheme="internal")[
         "LoadBalancers"
     ][0]
-    for balancer, port in ((stranger, 10001), (shard, 10002)):
+    for balancer, port in ((stranger, 10001), (pool, 10002)):
         elbv2.create_listener(
             LoadBalancerArn=balancer["LoadBalancerArn"],
             Protocol="HTTP",
@@ -174,7 +174,7 @@ def test_only_the_stacks_load_balancers_are_read(world: dict[str, Any]) -> None:
         )
 
     found = checker(world).routes([WEB])
-    assert len(found) == 1 and "(port 10002)" in found[0]  # the shard's, not the stranger's
+    assert len(found) == 1 and "(port 10002)" in found[0]  # the pool's, not the stranger's
 
 
 def test_a_refused_read_names_the_iam_action_it_needs(world: dict[str, Any]) -> None:

@@ -11,7 +11,9 @@ from typing import Any
 import pytest
 import yaml
 
-from fleetkeeper.cli.main import build_parser, derived_name, run, summary
+from fleetkeeper.cli.args import build_parser, summary
+from fleetkeeper.cli.main import run
+from fleetkeeper.cli.spec_input import derived_name
 from fleetkeeper.local.auth import RUNTIME_DIR_ENV
 from tests.cli.test_cli import ScriptedClient, not_found, view
 
@@ -171,7 +173,7 @@ def test_status_endpoint_without_one_yet_exits_1_and_says_why() -> None:
 
 def test_status_watch_refreshes_count_times(monkeypatch: pytest.MonkeyPatch) -> None:
     sleeps: list[float] = []
-    monkeypatch.setattr("fleetkeeper.cli.main.time.sleep", sleeps.append)
+    monkeypatch.setattr("fleetkeeper.cli.commands.status.time.sleep", sleeps.append)
     client = ScriptedClient(
         {("GET", "/v1/services?limit=100"): [{"services": [named("web", status=s)]} for s in ("REPLICA_INIT", "READY")]}
     )
@@ -184,7 +186,7 @@ def test_status_watch_refreshes_count_times(monkeypatch: pytest.MonkeyPatch) -> 
 def test_status_watch_as_json_is_one_document_a_line_and_ends_when_the_service_is_gone(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr("fleetkeeper.cli.main.time.sleep", lambda _s: None)
+    monkeypatch.setattr("fleetkeeper.cli.commands.status.time.sleep", lambda _s: None)
     client = ScriptedClient({("GET", "/v1/services/web"): [view("UPDATING"), view("READY"), not_found()]})
     code, out, err = cli(["status", "web", "--watch", "-o", "json"], client)
     assert code == 0 and err == "web is gone\n"
@@ -195,7 +197,7 @@ def test_status_watch_ends_quietly_on_ctrl_c(monkeypatch: pytest.MonkeyPatch) ->
     def interrupt(_seconds: float) -> None:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr("fleetkeeper.cli.main.time.sleep", interrupt)
+    monkeypatch.setattr("fleetkeeper.cli.commands.status.time.sleep", interrupt)
     client = ScriptedClient(listing("web"))
     code, out, _ = cli(["status", "-w"], client)
     assert code == 0 and "web" in out

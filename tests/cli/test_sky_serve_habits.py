@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from fleetkeeper.cli.http import ApiError
-from fleetkeeper.cli.main import overridden
+from fleetkeeper.cli.spec_input import overridden
 from tests.cli.test_cli import ScriptedClient, not_found, view
 from tests.cli.test_habits import cli, listing, named, no_running_local  # noqa: F401 - the autouse fixture
 

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 from fleetkeeper.cli.http import UsageError
-from fleetkeeper.cli.main import apply_values, read_env_file
+from fleetkeeper.cli.spec_input import apply_values, read_env_file
 from fleetkeeper.cli.workdir import listing, pack
 
 if TYPE_CHECKING:

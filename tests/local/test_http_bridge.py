@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from fleetkeeper.api.handler import MAX_BODY_BYTES, lambda_handler
+from fleetkeeper.api.handler import lambda_handler
+from fleetkeeper.api.refusals import MAX_BODY_BYTES
 from fleetkeeper.local.auth import CREDENTIAL_FILE, LocalCredential
 from fleetkeeper.local.http_bridge import KICK_PATH, ApiBridge
 from tests.support.local_process import serving_bridge

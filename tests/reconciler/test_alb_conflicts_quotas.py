@@ -52,7 +52,7 @@ def test_a_priority_taken_between_describe_and_create_is_retried_with_the_next(
     aws: None, strict_aws: StrictAws, server: ProbeServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     world, balancer = alb_world(server, monkeypatch, domain="svc.example.com")
-    listener = balancer.listener_arn
+    listener = balancer.settings.listener_arn
     assert listener is not None
 
     def other_worker() -> None:
@@ -81,7 +81,7 @@ def test_a_port_taken_between_describe_and_create_is_retried_with_the_next(
 
     def other_worker() -> None:
         raw_client("elbv2").create_listener(
-            LoadBalancerArn=balancer.arn, Protocol="HTTP", Port=10000, DefaultActions=[NOT_FOUND]
+            LoadBalancerArn=balancer.settings.arn, Protocol="HTTP", Port=10000, DefaultActions=[NOT_FOUND]
         )
 
     strict_aws.elbv2.before("CreateListener", other_worker)
@@ -102,7 +102,7 @@ def test_conflicts_are_retried_a_bounded_number_of_times(
 
     def other_worker() -> None:
         raw_client("elbv2").create_listener(
-            LoadBalancerArn=balancer.arn, Protocol="HTTP", Port=next(taken), DefaultActions=[NOT_FOUND]
+            LoadBalancerArn=balancer.settings.arn, Protocol="HTTP", Port=next(taken), DefaultActions=[NOT_FOUND]
         )
 
     for _ in range(10):

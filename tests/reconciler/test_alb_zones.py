@@ -33,7 +33,7 @@ def test_a_replica_in_a_zone_the_alb_lacks_says_it_gets_no_requests(
     monkeypatch.setenv("FLEETKEEPER_REPLICA_HOST", "127.0.0.1")
     balancer = make_alb()  # subnets in us-east-1a and us-east-1b
     ec2 = raw_client("ec2")
-    subnet = ec2.create_subnet(VpcId=balancer.vpc_id, CidrBlock="10.42.3.0/24", AvailabilityZone="us-east-1c")
+    subnet = ec2.create_subnet(VpcId=balancer.settings.vpc_id, CidrBlock="10.42.3.0/24", AvailabilityZone="us-east-1c")
     monkeypatch.setenv("FLEETKEEPER_SUBNET_IDS", subnet["Subnet"]["SubnetId"])  # the replicas' subnet
     world = World(server, balancer=balancer)
     world.create(service={"readiness_probe": "/health", "replicas": 1, "ports": server.port})
@@ -66,7 +66,9 @@ def test_a_replica_in_a_covered_zone_has_nothing_to_say(
 ) -> None:
     monkeypatch.setenv("FLEETKEEPER_REPLICA_HOST", "127.0.0.1")
     balancer = make_alb()
-    subnets = raw_client("ec2").describe_subnets(Filters=[{"Name": "vpc-id", "Values": [balancer.vpc_id]}])["Subnets"]
+    subnets = raw_client("ec2").describe_subnets(Filters=[{"Name": "vpc-id", "Values": [balancer.settings.vpc_id]}])[
+        "Subnets"
+    ]
     monkeypatch.setenv("FLEETKEEPER_SUBNET_IDS", ",".join(s["SubnetId"] for s in subnets))
     world = World(server, balancer=balancer)
     world.create(service={"readiness_probe": "/health", "replicas": 2, "ports": server.port})
@@ -97,11 +99,13 @@ def _zone_world(
     ec2 = raw_client("ec2")
     alb_subnets = [
         s["SubnetId"]
-        for s in ec2.describe_subnets(Filters=[{"Name": "vpc-id", "Values": [balancer.vpc_id]}])["Subnets"]
+        for s in ec2.describe_subnets(Filters=[{"Name": "vpc-id", "Values": [balancer.settings.vpc_id]}])["Subnets"]
     ]
     replica_subnets: dict[str, str] = {}
     for n, zone in enumerate(replica_zones):
-        made = ec2.create_subnet(VpcId=balancer.vpc_id, CidrBlock=f"10.42.{10 + n}.0/24", AvailabilityZone=zone)
+        made = ec2.create_subnet(
+            VpcId=balancer.settings.vpc_id, CidrBlock=f"10.42.{10 + n}.0/24", AvailabilityZone=zone
+        )
         replica_subnets[made["Subnet"]["SubnetId"]] = zone
     monkeypatch.setenv("FLEETKEEPER_SUBNET_IDS", ",".join(replica_subnets))
     monkeypatch.setenv("FLEETKEEPER_LOAD_BALANCER_SUBNET_IDS", ",".join(alb_subnets))

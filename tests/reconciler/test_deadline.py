@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from fleetkeeper.reconciler.dispatch import Shard
+from fleetkeeper.reconciler.fanout import Shard
 from tests.reconciler.test_fanout import shard_event
 from tests.support.reconciler_world import assert_converged
 

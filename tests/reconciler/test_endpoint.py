@@ -69,18 +69,18 @@ def test_create_makes_the_endpoint_registers_every_ready_replica_and_then_costs_
     state = world.store.load("svc")
     assert state is not None and state.service.endpoint is not None
     endpoint = state.service.endpoint
-    assert endpoint.url == f"http://{balancer.dns_name}:10000"
+    assert endpoint.url == f"http://{balancer.settings.dns_name}:10000"
     assert endpoint.config.policy == "least_load" and endpoint.config.drain_seconds == 120  # SkyPilot's
     group = elbv2().describe_target_groups(Names=[target_group_name(uid, DEFAULT_STACK_ID)])["TargetGroups"][0]
     assert endpoint.target_group == group["TargetGroupArn"]
     assert group["HealthCheckPath"] == "/health" and group["Port"] == server.port
     assert attributes(endpoint.target_group)["load_balancing.algorithm.type"] == "least_outstanding_requests"
     assert attributes(endpoint.target_group)["deregistration_delay.timeout_seconds"] == "120"
-    listeners = elbv2().describe_listeners(LoadBalancerArn=balancer.arn)["Listeners"]
+    listeners = elbv2().describe_listeners(LoadBalancerArn=balancer.settings.arn)["Listeners"]
     assert [(listener["Port"], listener["Protocol"]) for listener in listeners] == [(10000, "HTTP")]
     assert listeners[0]["DefaultActions"][0]["TargetGroupArn"] == endpoint.target_group
     assert dict(endpoint.dimensions) == {
-        "LoadBalancer": balancer.arn.split(":loadbalancer/")[1],
+        "LoadBalancer": balancer.settings.arn.split(":loadbalancer/")[1],
         "TargetGroup": endpoint.target_group.rsplit(":", 1)[1],
     }
     # Every READY replica is in the target group, on its port, and recorded so.
@@ -107,7 +107,7 @@ def test_create_makes_the_endpoint_registers_every_ready_replica_and_then_costs_
     assert state.service.endpoint.config.policy == "round_robin"
     assert attributes(state.service.endpoint.target_group)["load_balancing.algorithm.type"] == "round_robin"
     assert state.service.endpoint.url == endpoint.url
-    assert len(elbv2().describe_listeners(LoadBalancerArn=balancer.arn)["Listeners"]) == 1
+    assert len(elbv2().describe_listeners(LoadBalancerArn=balancer.settings.arn)["Listeners"]) == 1
     mark = world.log.mark()
     world.run()
     assert elbv2_calls(world, mark) == []
@@ -213,8 +213,10 @@ def test_with_a_domain_each_service_gets_a_host_rule_on_the_shared_https_listene
         assert state is not None and state.service.endpoint is not None
         urls[name] = state.service.endpoint.url
     assert urls == {"api": "https://api.svc.example.com", "web": "https://web.svc.example.com"}
-    assert balancer.listener_arn is not None
-    rules = [r for r in elbv2().describe_rules(ListenerArn=balancer.listener_arn)["Rules"] if not r["IsDefault"]]
+    assert balancer.settings.listener_arn is not None
+    rules = [
+        r for r in elbv2().describe_rules(ListenerArn=balancer.settings.listener_arn)["Rules"] if not r["IsDefault"]
+    ]
     hosts = sorted((r["Priority"], r["Conditions"][0]["HostHeaderConfig"]["Values"][0]) for r in rules)
     assert hosts == [("1", "api.svc.example.com"), ("2", "web.svc.example.com")]
     assert alb_resources(balancer)["listeners"] == []  # no per-service listener with a domain
@@ -233,9 +235,12 @@ def test_without_a_domain_a_certificate_makes_each_listener_https(
     world.converge()
     state = world.store.load("svc")
     assert state is not None and state.service.endpoint is not None
-    assert state.service.endpoint.url == f"https://{balancer.dns_name}:10000"
-    listener = elbv2().describe_listeners(LoadBalancerArn=balancer.arn)["Listeners"][0]
-    assert listener["Protocol"] == "HTTPS" and listener["Certificates"][0]["CertificateArn"] == balancer.certificate_arn
+    assert state.service.endpoint.url == f"https://{balancer.settings.dns_name}:10000"
+    listener = elbv2().describe_listeners(LoadBalancerArn=balancer.settings.arn)["Listeners"][0]
+    assert (
+        listener["Protocol"] == "HTTPS"
+        and listener["Certificates"][0]["CertificateArn"] == balancer.settings.certificate_arn
+    )
 
 
 def test_every_listener_port_taken_fails_that_service_only(

@@ -12,8 +12,10 @@ import pytest
 
 from fleetkeeper import aws
 from fleetkeeper.model import ServiceStatus
-from fleetkeeper.reconciler.budget import Budget
-from fleetkeeper.reconciler.dispatch import (
+from fleetkeeper.reconciler.budget import ShardBudget
+from fleetkeeper.reconciler.dispatcher import Dispatcher
+from fleetkeeper.reconciler.drivers.ec2 import Ec2Driver
+from fleetkeeper.reconciler.fanout import (
     SQS_BATCH_ENTRIES,
     SQS_MAX_PAYLOAD_BYTES,
     Shard,
@@ -22,8 +24,6 @@ from fleetkeeper.reconciler.dispatch import (
     make_shards,
     rotated,
 )
-from fleetkeeper.reconciler.dispatcher import Dispatcher
-from fleetkeeper.reconciler.drivers.ec2 import Ec2Driver
 from fleetkeeper.reconciler.plan import Policy
 from fleetkeeper.reconciler.queue import ShardQueue
 from fleetkeeper.settings import MAX_SHARD_SIZE
@@ -236,7 +236,7 @@ def test_short_runs_stop_in_time_and_rotation_still_brings_every_service_to_read
             def remaining(context: Any = context) -> float:
                 return context.get_remaining_time_in_millis() / 1000 - 0.2
 
-            budget = Budget(remaining, service_margin=0.8, action_margin=0.4)
+            budget = ShardBudget(remaining, service_margin=0.8, action_margin=0.4)
             report = world.reconciler.run_shard(rotated(names, run), budget)
             left = context.get_remaining_time_in_millis()
         assert left >= 300, f"run {run} returned with {left} ms left"  # never near Lambda's kill
@@ -258,7 +258,7 @@ def test_short_runs_stop_in_time_and_rotation_still_brings_every_service_to_read
 def test_a_service_cut_short_before_a_launch_is_launched_by_the_next_run(world: World) -> None:
     world.create(replicas=2)
     # Room to start a service, none for a launch: the run claims the replicas and stops there.
-    budget = Budget(lambda: 1.0, service_margin=0.5, action_margin=2.0)
+    budget = ShardBudget(lambda: 1.0, service_margin=0.5, action_margin=2.0)
     report = world.reconciler.run_shard(["svc"], budget)
     assert report.cut_short == ["svc"] and report.actions == {"Claim": 1}
     assert world.instances() == []

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 from fleetkeeper.model import ReplicaStatus
-from fleetkeeper.reconciler import shell
+from fleetkeeper.reconciler import probing
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 
 @pytest.fixture
 def lowered(world: World, server: ProbeServer, monkeypatch: pytest.MonkeyPatch) -> Iterator[World]:
-    monkeypatch.setattr(shell, "MAX_PROBE_TIMEOUT_SECONDS", 1)  # the run's phase holds 1 s probes
+    monkeypatch.setattr(probing, "MAX_PROBE_TIMEOUT_SECONDS", 1)  # the run's phase holds 1 s probes
     world.reconciler.probe_budget_seconds = 1
     try:
         yield world
@@ -82,7 +82,7 @@ def test_a_long_probe_its_run_cannot_hold_is_no_verdict_and_its_own_run_judges_i
     """A shard's run has its period for long probes; one still in flight when that is spent is no
     verdict (a READY replica stays READY, never "no verdict" failed), and the service gets a follow-up:
     a run of its own (a kick), which has the whole invocation and judges it."""
-    from fleetkeeper.reconciler.budget import Budget
+    from fleetkeeper.reconciler.budget import ShardBudget
 
     world = lowered
     world.create(service={**slow_service(3), "ports": server.port})
@@ -90,7 +90,7 @@ def test_a_long_probe_its_run_cannot_hold_is_no_verdict_and_its_own_run_judges_i
     asked: list[tuple[str, int]] = []
     world.reconciler.follow_up = lambda name, delay, due: asked.append((name, delay))
     server.status, server.delay = 503, 2.0  # failing now, and slower than the 1.5 s the shard can give
-    budget = Budget(remaining=lambda: 11.5, service_margin=10.0)
+    budget = ShardBudget(remaining=lambda: 11.5, service_margin=10.0)
     report = world.reconciler.run_shard(["svc"], budget)
     assert report.errors == []
     state = world.store.load("svc")

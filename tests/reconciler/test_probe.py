@@ -60,7 +60,7 @@ def test_the_probe_phase_is_bounded_and_a_late_probe_is_a_failed_one(http: str) 
     assert time.monotonic() - started < 2.5
     assert results["/health"].ok
     # No verdict: the run's own phase counts it a failed probe, the long probes' phase leaves it to a
-    # run of its own when it could not give the probe its timeout (reconciler.shell).
+    # run of its own when it could not give the probe its timeout (reconciler.run).
     assert results["/slow"] == ProbeResult(http, False, "no verdict within the run's 1s probe budget", answered=False)
 
 

@@ -12,7 +12,7 @@ from fleetkeeper.spec.service import ServiceSpec
 from fleetkeeper.store.codec import from_raw, replica_from_item, replica_item, to_raw
 from fleetkeeper.store.commands import CommandStore
 from fleetkeeper.store.errors import Superseded
-from fleetkeeper.store.reconciler import ReconcilerStore
+from fleetkeeper.store.runs import ReconcilerStore
 from fleetkeeper.store.table import TRANSACT_ITEM_LIMIT, Table
 from tests.support.specs import hello_spec
 

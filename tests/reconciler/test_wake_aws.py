@@ -67,13 +67,13 @@ class Stack:
         alb = make_alb()
         group = elbv2.create_target_group(Name="fkwake-0123456789ab", TargetType="lambda")["TargetGroups"][0]
         elbv2.register_targets(TargetGroupArn=group["TargetGroupArn"], Targets=[{"Id": FUNCTION}])
-        self.alb: AlbBalancer = replace(alb, wake_target_group=group["TargetGroupArn"])
+        self.alb: AlbBalancer = replace(alb, settings=replace(alb.settings, wake_target_group=group["TargetGroupArn"]))
         self.rates = RequestRates(window_seconds=60, lag_seconds=0)
         self.world = World(server, balancer=self.alb, rates=self.rates)
         queue = raw_client("sqs").create_queue(QueueName="kicks")["QueueUrl"]
         self.queue = queue
         monkeypatch.setenv("TABLE_NAME", TABLE)
-        monkeypatch.setenv("FLEETKEEPER_ALB_ARN", self.alb.arn)
+        monkeypatch.setenv("FLEETKEEPER_ALB_ARN", self.alb.settings.arn)
         monkeypatch.delenv("FLEETKEEPER_DOMAIN_NAME", raising=False)
         wake_handler.reset()
         # The function's process, with the world's clock (a warm instance: its memo carries over).
@@ -89,7 +89,7 @@ class Stack:
         return self.world.clock().timestamp()
 
     def get(self, port: int) -> Any:
-        return self.strict.elbv2.request(self.alb.arn, port, self.world.clock())
+        return self.strict.elbv2.request(self.alb.settings.arn, port, self.world.clock())
 
     def kicks(self) -> list[str]:
         sqs = raw_client("sqs")
@@ -167,7 +167,7 @@ def test_a_service_at_zero_wakes_through_the_wake_target_and_returns_to_zero(sta
     # At zero: no replica, the listener on the wake target; steady (no write, no ELB call).
     assert stack.serving() == [] and stack.target() == 0
     assert stack.state().service.endpoint.waking
-    assert stack.default_action() == stack.alb.wake_target_group
+    assert stack.default_action() == stack.alb.settings.wake_target_group
     mark = world.log.mark()
     world.run()
     assert world.log.mutations(mark) == []
@@ -201,7 +201,7 @@ def test_a_service_at_zero_wakes_through_the_wake_target_and_returns_to_zero(sta
     assert stack.target() == 0
     world.converge()
     assert stack.serving() == [] and stack.state().service.endpoint.waking
-    assert stack.default_action() == stack.alb.wake_target_group
+    assert stack.default_action() == stack.alb.settings.wake_target_group
     world.clock.advance(wake.WAKE_COALESCE_SECONDS)
     assert stack.get(stack.port()).status == 503
     assert stack.kicks() == ["svc"]
@@ -220,9 +220,9 @@ def test_delete_removes_a_listener_that_forwards_to_the_wake_target(stack: Stack
     world.converge()
     assert world.store.load("svc") is None
     elbv2 = raw_client("elbv2")
-    assert elbv2.describe_listeners(LoadBalancerArn=stack.alb.arn)["Listeners"] == []
+    assert elbv2.describe_listeners(LoadBalancerArn=stack.alb.settings.arn)["Listeners"] == []
     groups = [g["TargetGroupArn"] for g in elbv2.describe_target_groups()["TargetGroups"]]
-    assert groups == [stack.alb.wake_target_group]
+    assert groups == [stack.alb.settings.wake_target_group]
 
 
 def test_the_wake_target_answers_404_for_a_port_no_service_has(stack: Stack) -> None:
@@ -278,9 +278,9 @@ def test_a_crash_between_moving_the_route_and_recording_it_is_completed_by_the_n
     world.run()  # (one run: later ones may scale the idle service back to zero, a legitimate move)
     endpoint = stack.state().service.endpoint
     assert endpoint.waking is waking
-    wanted = stack.alb.wake_target_group if waking else endpoint.target_group
+    wanted = stack.alb.settings.wake_target_group if waking else endpoint.target_group
     assert stack.default_action() == wanted
-    assert len(raw_client("elbv2").describe_listeners(LoadBalancerArn=stack.alb.arn)["Listeners"]) == 1
+    assert len(raw_client("elbv2").describe_listeners(LoadBalancerArn=stack.alb.settings.arn)["Listeners"]) == 1
 
 
 def test_with_a_domain_the_host_rule_moves_and_the_wake_target_finds_the_service_by_host(
@@ -295,7 +295,7 @@ def test_with_a_domain_the_host_rule_moves_and_the_wake_target_finds_the_service
     alb = make_alb(domain="svc.example.com")
     group = elbv2.create_target_group(Name="fkwake-0123456789ab", TargetType="lambda")["TargetGroups"][0]
     elbv2.register_targets(TargetGroupArn=group["TargetGroupArn"], Targets=[{"Id": FUNCTION}])
-    alb = replace(alb, wake_target_group=group["TargetGroupArn"])
+    alb = replace(alb, settings=replace(alb.settings, wake_target_group=group["TargetGroupArn"]))
     world = World(server, balancer=alb, rates=RequestRates(window_seconds=60, lag_seconds=0))
     monkeypatch.setenv("TABLE_NAME", TABLE)
     monkeypatch.setenv("FLEETKEEPER_DOMAIN_NAME", "svc.example.com")
@@ -311,12 +311,12 @@ def test_with_a_domain_the_host_rule_moves_and_the_wake_target_finds_the_service
         state = world.store.load("api")
         assert state is not None and state.service.endpoint is not None and state.service.endpoint.waking
         rule = elbv2.describe_rules(RuleArns=[state.service.endpoint.route])["Rules"][0]
-        assert sends_to(rule["Actions"]) == alb.wake_target_group
+        assert sends_to(rule["Actions"]) == alb.settings.wake_target_group
         # The service's own group stays in the forward (weight 0): the ALB keeps health checking it.
         assert state.service.endpoint.target_group in kept_in_forward(rule["Actions"])
 
         def get(host: str) -> Any:
-            return strict_aws.elbv2.request(alb.arn, 80, world.clock(), host=host)
+            return strict_aws.elbv2.request(alb.settings.arn, 80, world.clock(), host=host)
 
         assert get("other.svc.example.com").status == 404  # the listener's default: no such service
         answer = get("api.svc.example.com")

@@ -27,8 +27,10 @@ import contextlib
 import heapq
 import itertools
 import json
+import logging
 import random
 import threading
+import traceback
 import uuid
 from collections import Counter
 from dataclasses import dataclass, field
@@ -37,17 +39,19 @@ from functools import cache
 from typing import TYPE_CHECKING, Any
 
 import time_machine
+from botocore.exceptions import ClientError
 
 from fleetkeeper import aws
 from fleetkeeper.model import Interruption, InterruptionKind, ReplicaStatus, ServiceStatus, VersionState, to_iso
-from fleetkeeper.reconciler.budget import Budget
-from fleetkeeper.reconciler.dispatch import rotated
+from fleetkeeper.reconciler.budget import ShardBudget
 from fleetkeeper.reconciler.driver import MANAGED_TAG, REPLICA_TAG, SERVICE_TAG, STACK_TAG, UID_TAG, VERSION_TAG
+from fleetkeeper.reconciler.fanout import rotated
 from fleetkeeper.reconciler.plan import Policy, ProbeResult
 from fleetkeeper.reconciler.state_changes import StateChange
 from fleetkeeper.settings import DEFAULT_STACK_ID
 from fleetkeeper.store.codec import from_raw, state_from_items
-from tests.strict_aws import STATE_REASONS, FaultRates, LambdaTimeout, StrictAws
+from fleetkeeper.store.errors import Contention
+from tests.strict_aws import STATE_REASONS, Fault, FaultRates, LambdaTimeout, StrictAws
 from tests.support import TABLE
 from tests.support.cleanup_support import CleanupContext, lambda_record
 from tests.support.handler_client import HandlerClient, HttpResult
@@ -59,7 +63,7 @@ if TYPE_CHECKING:
 
     from fleetkeeper.model import ServiceState
     from fleetkeeper.reconciler.probe import ProbeTarget
-    from fleetkeeper.reconciler.shell import RunReport
+    from fleetkeeper.reconciler.report import RunReport
 
 NAMES = ("alpha", "beta", "gamma")
 BASE = datetime(2026, 1, 1, tzinfo=UTC)
@@ -94,6 +98,73 @@ CONSEQUENCES = {"final-state", "converges"}
 
 class SimCrash(BaseException):
     """The reconciler's process dies at an AWS call (not an Exception: nothing in the shell catches it)."""
+
+
+# The error code botocore raises for a fault the strict layer answered, by the fault's kind, where
+# they differ: a throttle's or a refusal's kind is its code, a transaction conflict cancels the whole
+# transaction. Kinds with a colon (`denied:...` by IAM, `model:...` by the service model, `hang:...`)
+# are findings about fleetkeeper (a missing permission, a malformed request, an unreachable
+# endpoint), never AWS's bad luck: a run that fails on one fails its seed.
+_CODE_OF_FAULT = {"TransactionConflict": "TransactionCanceledException"}
+
+
+def _chain(exc: BaseException) -> Iterator[BaseException]:
+    """`exc` and every exception it was raised from or while handling (`__cause__`, `__context__`)."""
+    seen: set[int] = set()
+    todo = [exc]
+    while todo:
+        current = todo.pop()
+        if id(current) in seen:
+            continue
+        seen.add(id(current))
+        yield current
+        todo += [e for e in (current.__cause__, current.__context__) if e is not None]
+
+
+class _LoggedExceptions(logging.Handler):
+    """The exceptions fleetkeeper's code logs (with `exc_info`) on one thread: what it caught and
+    went on from, as the shell does for one service's failure."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.thread = threading.get_ident()
+        self.caught: list[BaseException] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.thread == self.thread and record.exc_info and record.exc_info[1] is not None:
+            self.caught.append(record.exc_info[1])
+
+
+@contextlib.contextmanager
+def _logged_exceptions() -> Iterator[list[BaseException]]:
+    handler = _LoggedExceptions()
+    logger = logging.getLogger("fleetkeeper")
+    logger.addHandler(handler)
+    try:
+        yield handler.caught
+    finally:
+        logger.removeHandler(handler)
+
+
+def injected_fault(exc: BaseException, faults: Sequence[Fault]) -> Fault | None:
+    """The injected fault `exc` comes from: an AWS error in its chain whose operation and code are
+    those of a fault among `faults` (the ones injected while it ran), or the store's `Contention` on
+    a torn read when a read was torn. None: `exc` is a bug."""
+    for error in _chain(exc):
+        if isinstance(error, Contention) and error.reason.startswith("torn read"):
+            # A torn read is a successful answer, only incomplete: no AWS error, the store's own.
+            torn = next((fault for fault in faults if fault.kind == "TornRead"), None)
+            if torn is not None:
+                return torn
+        if not isinstance(error, ClientError):
+            continue
+        code = error.response.get("Error", {}).get("Code")
+        for fault in faults:
+            if ":" in fault.kind or fault.operation != error.operation_name:
+                continue
+            if _CODE_OF_FAULT.get(fault.kind, fault.kind) == code:
+                return fault
+    return None
 
 
 class Violation(AssertionError):
@@ -535,8 +606,8 @@ class Simulation:
         return verdicts
 
     def _reconciler(self) -> Any:
-        from fleetkeeper.reconciler.shell import Reconciler
-        from fleetkeeper.store.reconciler import ReconcilerStore
+        from fleetkeeper.reconciler.run import Reconciler
+        from fleetkeeper.store.runs import ReconcilerStore
         from fleetkeeper.store.table import Table
 
         return Reconciler(
@@ -601,7 +672,7 @@ class Simulation:
     def _one_run(
         self,
         name: str | None,
-        budget: Budget | None = None,
+        budget: ShardBudget | None = None,
         interruption: Interruption | None = None,
         *,
         followup: int | None = None,
@@ -612,27 +683,21 @@ class Simulation:
         started only while the budget allows (and no sweep: that is the dispatcher's)."""
         self.hooks.start()
         self._snapshot_live()  # the surge bound compares with what this very run started from
-        with self.strict.acting_as("reconciler"):
+        before = len(self.strict.faults_injected)
+        with self.strict.acting_as("reconciler"), _logged_exceptions() as logged:
             try:
-                if interruption is not None:
-                    report = self._reconciler().interrupt(interruption)
-                elif change is not None:
-                    report = self._reconciler().instance_changed(change)
-                elif name:
-                    report = self._reconciler().run_one(name, followup=followup)
-                elif budget is not None:
-                    reconciler = self._reconciler()
-                    names = [entry.name for entry in reconciler.store.list_services()]
-                    run = int(self.strict.clock.time()) // 60
-                    report = reconciler.run_shard(rotated(sorted(names), run), budget)
-                else:
-                    report = self._reconciler().run_all()
-            except SimCrash as crash:
-                return f"crashed ({crash})", None
-            except LambdaTimeout:
-                return "timed out", None
-            except Exception as exc:  # the whole run failed (AWS contention); the schedule retries
-                return f"failed ({type(exc).__name__})", None
+                outcome, report = self._invoke(name, budget, interruption, followup=followup, change=change)
+            except Exception as exc:
+                # The whole run failed on a fault injected into it (AWS contention): the schedule
+                # retries. On anything else (a TypeError, a refusal nobody injected) the seed fails.
+                self._injected_or_fail(exc, before, "a reconciler run")
+                outcome, report = f"failed ({type(exc).__name__})", None
+        for caught in logged:
+            # What the shell caught, logged and went on from (one service's trouble must not starve
+            # the others): the same rule, or a TypeError in one service's planning would pass.
+            self._injected_or_fail(caught, before, "a reconciler run (caught and logged by it)")
+        if report is None:
+            return outcome, None
         # Only the scheduled run sweeps orphans: an interruption's or a state change's run (no name
         # either: the reconciler finds the service from the instance) reconciles one service and
         # sweeps nothing, so it proves nothing about what the sweep leaves.
@@ -640,6 +705,42 @@ class Simulation:
         if scheduled and not report.errors:
             self.full_runs_at.append(self.strict.clock.time())
         return "done", report
+
+    def _invoke(
+        self,
+        name: str | None,
+        budget: ShardBudget | None,
+        interruption: Interruption | None,
+        *,
+        followup: int | None,
+        change: StateChange | None,
+    ) -> tuple[str, RunReport | None]:
+        """The reconciler invocation `_one_run` describes: done (with its report), crashed or timed
+        out (without); an Exception it raises is `_one_run`'s to judge."""
+        try:
+            if interruption is not None:
+                return "done", self._reconciler().interrupt(interruption)
+            if change is not None:
+                return "done", self._reconciler().instance_changed(change)
+            if name:
+                return "done", self._reconciler().run_one(name, followup=followup)
+            if budget is not None:
+                reconciler = self._reconciler()
+                names = [entry.name for entry in reconciler.store.list_services()]
+                run = int(self.strict.clock.time()) // 60
+                return "done", reconciler.run_shard(rotated(sorted(names), run), budget)
+            return "done", self._reconciler().run_all()
+        except SimCrash as crash:
+            return f"crashed ({crash})", None
+        except LambdaTimeout:
+            return "timed out", None
+
+    def _injected_or_fail(self, exc: Exception, before: int, what: str) -> None:
+        """Returns when `exc` comes from a fault injected since `faults_injected[before]`; raises a
+        violation carrying its traceback otherwise."""
+        if injected_fault(exc, self.strict.faults_injected[before:]) is None:
+            trace = "".join(traceback.format_exception(exc))
+            raise Violation("fails-only-on-injected-faults", f"{what} failed on no injected fault:\n{trace}") from exc
 
     def _after_run(
         self, label: str, outcome: str, report: RunReport | None, scope: str | None = None, advance: float = 60
@@ -675,7 +776,9 @@ class Simulation:
         context = self.strict.lambda_context(timeout_seconds=timeout, function_name="fleetkeeper-reconciler")
         # A scheduled run with a Lambda timeout is a shard worker, which watches its time (what it
         # does not finish is the next run's); margins of about two calls, so a kill can still come.
-        budget = Budget(lambda: context.get_remaining_time_in_millis() / 1000, service_margin=0.5, action_margin=0.3)
+        budget = ShardBudget(
+            lambda: context.get_remaining_time_in_millis() / 1000, service_margin=0.5, action_margin=0.3
+        )
         try:
             outcome, report = self._one_run(name, budget if name is None else None)
         finally:
@@ -689,12 +792,15 @@ class Simulation:
         k = self.rng.randint(1, 20)
         paused, resume = threading.Event(), threading.Event()
         result: list[tuple[str, RunReport | None]] = []
+        raised: list[Violation] = []
 
         def run_a() -> None:
             self.hooks.start()
             self.hooks.pause_at[threading.get_ident()] = (k, paused, resume)
             try:
                 result.append(self._one_run_counted(name_a))
+            except Violation as violation:  # the seed fails on the main thread, as for run B
+                raised.append(violation)
             finally:
                 self.hooks.pause_at.pop(threading.get_ident(), None)
                 paused.set()
@@ -707,6 +813,8 @@ class Simulation:
         self._log(f"interleave: A=run({name_a or 'all'}) paused at call {k}; B=run({name_b or 'all'}): {outcome_b}")
         resume.set()
         thread.join()
+        if raised:
+            raise raised[0]
         outcome_a, report_a = result[0]
         self._after_run("interleave: A resumed", outcome_a, None)  # A's view is stale by design
         del report_a, report_b
@@ -748,11 +856,13 @@ class Simulation:
         """Hand `batch` to the cleanup handler; returns the records it failed."""
         from fleetkeeper.cleanup import handler
 
+        before = len(self.strict.faults_injected)
         with self.strict.acting_as("cleanup"):
             try:
                 answer = handler.lambda_handler({"Records": batch}, CleanupContext())
-            except Exception:
-                return batch  # every record failed: Lambda retries the batch
+            except Exception as exc:
+                self._injected_or_fail(exc, before, "a cleanup delivery")
+                return batch  # every record failed on an injected fault: Lambda retries the batch
         failed_ids = {f["itemIdentifier"] for f in answer["batchItemFailures"]}
         failed = [r for r in batch if r["dynamodb"]["SequenceNumber"] in failed_ids]
         for record in batch:
@@ -923,8 +1033,8 @@ class Simulation:
 
     def _neighbour_reconciler(self) -> Any:
         from fleetkeeper.reconciler.drivers.ec2 import Ec2Driver
-        from fleetkeeper.reconciler.shell import Reconciler
-        from fleetkeeper.store.reconciler import ReconcilerStore
+        from fleetkeeper.reconciler.run import Reconciler
+        from fleetkeeper.store.runs import ReconcilerStore
         from fleetkeeper.store.table import Table
 
         def healthy(targets: Sequence[ProbeTarget], budget: float) -> dict[Hashable, ProbeResult]:
@@ -942,13 +1052,19 @@ class Simulation:
     def _neighbour_run(self) -> str:
         """One scheduled run of the neighbouring stack (its services, then its orphan sweep)."""
         self.acting_stack = NEIGHBOUR_STACK
+        before = len(self.strict.faults_injected)
         try:
-            with self.strict.acting_as("reconciler"):
+            with self.strict.acting_as("reconciler"), _logged_exceptions() as logged:
                 report = self._neighbour_reconciler().run_all()
-        except (Exception, LambdaTimeout) as exc:
+        except LambdaTimeout as exc:
+            return f"failed ({type(exc).__name__})"
+        except Exception as exc:
+            self._injected_or_fail(exc, before, "the neighbouring stack's reconciler run")
             return f"failed ({type(exc).__name__})"
         finally:
             self.acting_stack = MAIN_STACK
+        for caught in logged:
+            self._injected_or_fail(caught, before, "the neighbouring stack's reconciler run (caught and logged by it)")
         return json.dumps(report.as_dict(), sort_keys=True)
 
     def _neighbour_step(self) -> None:
@@ -957,9 +1073,11 @@ class Simulation:
             from fleetkeeper.store.commands import CommandStore
             from fleetkeeper.store.table import Table
 
+            before = len(self.strict.faults_injected)
             try:
                 ServiceCommands(CommandStore(Table(NEIGHBOUR_TABLE)), now=lambda: to_iso(self.now())).delete(NAMES[1])
             except Exception as exc:  # contention drawn by the strict layer: the next step tries again
+                self._injected_or_fail(exc, before, "the neighbouring stack's delete")
                 self._log(f"neighbour: delete {NAMES[1]} failed ({type(exc).__name__})")
             else:
                 self.neighbour_deleted = True

@@ -2,7 +2,7 @@
 context mark), with PyYAML's own context and problem, and the line itself (fleetkeeper.spec.yaml_errors).
 
 The CLI is the one place a spec is YAML text (the api takes JSON): `fleetkeeper up`/`update` read
-the file with cli.main.load_spec; no API is needed to see the error (exit code 2 before any request).
+the file with cli.spec_input.load_spec; no API is needed to see the error (exit code 2 before any request).
 """
 
 from __future__ import annotations
@@ -14,7 +14,8 @@ import pytest
 import yaml
 
 from fleetkeeper.cli.http import UsageError
-from fleetkeeper.cli.main import load_spec, run
+from fleetkeeper.cli.main import run
+from fleetkeeper.cli.spec_input import load_spec
 from fleetkeeper.spec import yaml_errors
 
 if TYPE_CHECKING:

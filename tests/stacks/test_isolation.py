@@ -8,14 +8,15 @@ the same name in every stack; time is moved past the orphan grace period so that
 could take another stack's replicas has had its chance.
 
 Then a stack upgraded in place: replicas launched by the release before stack ids (no stack tag, the
-token `fk-<uid>-<n>`) are adopted by their own stack without a restart, and by no other.
+token `fk-<uid>-<n>`) are adopted by their own stack without a restart, and by no other, while the
+stacks' adoption is on (AdoptUntaggedReplicas=true); with it off (the default), by none.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 from unittest import mock
@@ -26,6 +27,7 @@ import time_machine
 from fleetkeeper import aws
 from fleetkeeper.local.template import create_queue, create_table
 from fleetkeeper.reconciler.balancers import alb as alb_module
+from fleetkeeper.reconciler.balancers.alb import balancer as alb_balancer_module
 from fleetkeeper.reconciler.driver import (
     MANAGED_TAG,
     REPLICA_TAG,
@@ -106,7 +108,7 @@ class Stack:
         return [i for report in [*runs, *sweeps] for i in (report.get(key) or [])]
 
 
-def make_stack(stack_id: str, *, balanced: bool) -> Stack:
+def make_stack(stack_id: str, *, balanced: bool, adopt_untagged: bool = False) -> Stack:
     table = f"fleetkeeper-{stack_id}"
     create_table(aws.dynamodb(), table)
     env = {
@@ -117,14 +119,16 @@ def make_stack(stack_id: str, *, balanced: bool) -> Stack:
         "FLEETKEEPER_REPLICA_HOST": "127.0.0.1",
         "FLEETKEEPER_PROBE_BUDGET_SECONDS": "20",
     }
+    if adopt_untagged:  # template.yaml's AdoptUntaggedReplicas=true (fleetkeeper.reconciler.legacy)
+        env["FLEETKEEPER_ADOPT_UNTAGGED_REPLICAS"] = "true"
     if balanced:
         alb = make_alb(name=f"fk-{stack_id}-alb")
         env.update(
             {
                 "FLEETKEEPER_LOAD_BALANCER": "alb",
-                "FLEETKEEPER_ALB_ARN": alb.arn,
-                "FLEETKEEPER_ALB_DNS_NAME": alb.dns_name,
-                "FLEETKEEPER_ALB_VPC_ID": alb.vpc_id,
+                "FLEETKEEPER_ALB_ARN": alb.settings.arn,
+                "FLEETKEEPER_ALB_DNS_NAME": alb.settings.dns_name,
+                "FLEETKEEPER_ALB_VPC_ID": alb.settings.vpc_id,
                 # Each stack's own range, as on one shared ALB they could not be; here they are apart.
                 "FLEETKEEPER_ALB_LISTENER_PORTS": "10000-10049",
             }
@@ -271,16 +275,16 @@ class _AlbBeforeStackIds(alb_module.AlbBalancer):
     target groups named `fk-<uid>`, nothing tagged with a stack id."""
 
     def ensure(self, service: str, uid: str, config: Any, known: Any) -> Any:
-        if self.stack_id not in _BeforeStackIds.OLD:
+        if self.settings.stack_id not in _BeforeStackIds.OLD:
             return super().ensure(service, uid, config, known)
-        stack, self.stack_id = self.stack_id, ""
+        settings, self.settings = self.settings, replace(self.settings, stack_id="")
         try:
             return super().ensure(service, uid, config, known)
         finally:
-            self.stack_id = stack
+            self.settings = settings
 
     def _adopt_recorded(self, arn: str) -> None:
-        if self.stack_id not in _BeforeStackIds.OLD:
+        if self.settings.stack_id not in _BeforeStackIds.OLD:
             super()._adopt_recorded(arn)
 
 
@@ -289,11 +293,14 @@ def test_an_upgraded_stack_adopts_its_own_replicas_without_a_restart_and_no_othe
 ) -> None:
     monkeypatch.setattr(ec2_driver_module, "Ec2Driver", _BeforeStackIds)
     monkeypatch.setattr(alb_module, "AlbBalancer", _AlbBeforeStackIds)
-    tags_of = alb_module._tags
+    tags_of = alb_balancer_module.service_tags
     monkeypatch.setattr(
-        alb_module, "_tags", lambda *args: [t for t in tags_of(*args) if t["Key"] != STACK_TAG or t["Value"]]
+        alb_balancer_module,
+        "service_tags",
+        lambda *args: [t for t in tags_of(*args) if t["Key"] != STACK_TAG or t["Value"]],
     )
-    old, new = (make_stack(STACK_IDS[n], balanced=True) for n in range(2))
+    # Both deployed with the adoption on: the upgraded stack's own are adopted, the other takes none.
+    old, new = (make_stack(STACK_IDS[n], balanced=True, adopt_untagged=True) for n in range(2))
     _BeforeStackIds.OLD = {old.stack_id}
     # The old release ran under the old release's template, whose grants the strict layer does not
     # have: its calls are not judged. From the upgrade on, every call is.
@@ -356,6 +363,43 @@ def test_an_upgraded_stack_adopts_its_own_replicas_without_a_restart_and_no_othe
     (described,) = instances({"Name": "instance-id", "Values": [leftover]})
     assert described["State"]["Name"] == "running" and STACK_TAG not in tags(described)
     assert tags(described)[UID_TAG] == gone_uid
+
+
+def test_with_the_adoption_off_an_upgraded_stack_leaves_its_replicas_from_before_stack_ids_alone(
+    clock: Any, stack_server: ProbeServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(ec2_driver_module, "Ec2Driver", _BeforeStackIds)
+    # The old release counts its untagged replicas as its own (here: the adoption on, its tagging a no-op).
+    old = make_stack(STACK_IDS[0], balanced=False, adopt_untagged=True)
+    _BeforeStackIds.OLD = {old.stack_id}
+    controller = active_controller()  # the old release's calls are not judged (as above)
+    with controller.calling_as(None) if controller is not None else contextlib.nullcontext():
+        assert old.api("POST", "/v1/services", {"name": "web", "spec": spec_dict(stack_server.port)}).status == 201
+        converge([old])
+    legacy = old.replica_instances("web")
+    assert legacy and old.service("web")["status"] == "READY"
+
+    # The upgrade, with AdoptUntaggedReplicas at its default, "false": no replica of the old release
+    # is tagged, kept or terminated.
+    _BeforeStackIds.OLD = set()
+    del old.env["FLEETKEEPER_ADOPT_UNTAGGED_REPLICAS"]
+    old.runs.clear()
+    old.dispatches.clear()
+    converge([old])
+    assert old.reported("adopted_instances") == []
+    assert set(legacy.values()) <= set(old.reported("foreign_instances"))
+    assert old.reported("orphans_terminated") == []
+    # Its service does not count them: once their instances are lost to it (Policy.lost_instance_grace),
+    # their replicas are replaced by instances tagged with its id, and they are still left alone.
+    clock.shift(Policy().lost_instance_grace + timedelta(minutes=1))
+    converge([old])
+    replaced = old.replica_instances("web")
+    assert set(replaced.values()).isdisjoint(legacy.values()) and old.service("web")["status"] == "READY"
+    assert sorted(live_instances_of(old.stack_id)) == sorted(replaced.values())
+    assert old.reported("adopted_instances") == [] and old.reported("orphans_terminated") == []
+    for instance_id in legacy.values():
+        (described,) = instances({"Name": "instance-id", "Values": [instance_id]})
+        assert described["State"]["Name"] == "running" and STACK_TAG not in tags(described)
 
 
 # --- what else a stack creates ----------------------------------------------------------------------

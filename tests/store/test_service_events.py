@@ -50,7 +50,7 @@ def _reasons(world: World) -> list[str]:
 def test_a_service_life_reports_its_events_newest_first_and_a_steady_run_writes_none(
     strict_aws: StrictAws, world: World, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level("INFO", logger="fleetkeeper.reconciler.shell")
+    caplog.set_level("INFO", logger="fleetkeeper.reconciler.apply")
     world.create(replicas=1)
     world.converge()
     # Each recorded status is one structured line: the dashboard's ready-vs-target table.

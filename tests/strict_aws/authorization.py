@@ -567,7 +567,7 @@ class Authorizer:
                 own(arn, extra=_tags_context(tags) if op == "AddTags" else None)
         else:
             checks.append(Check(f"elasticloadbalancing:{op}", "*"))
-        # The stack's own load balancer, not one of its shards (fk-<stack key>-<n>, alb.py).
+        # The stack's own load balancer, not one of its pools (fk-<stack key>-<n>, balancers/alb/pools.py).
         own_alb = alb if alb and not re.fullmatch(r"app/fk-[a-z0-9]+-\d+/[^/]+", alb) else None
         return checks, Bindings(stack_key=stack_key or stack_policies._STACK_KEY_OF_TEMPLATE, alb_full_name=own_alb)
 

@@ -30,8 +30,8 @@ HANDLERS: dict[tuple[str, str], str] = {
 
 # Functions of shared modules that only one function calls (a test may call them directly).
 OWNED_FUNCTIONS: dict[tuple[str, str], str] = {
-    # The dispatcher's sweep of empty shards (reconciler/dispatcher.py, _retire_shards).
-    ("fleetkeeper.reconciler.balancers.alb", "retire_shards"): "DispatcherFunction",
+    # The dispatcher's sweep of empty load balancer pools (reconciler/dispatcher.py, _retire_pools).
+    ("fleetkeeper.reconciler.balancers.alb.pools", "retire_pools"): "DispatcherFunction",
     # The owners' identities are made and removed by the dispatcher (IdentityKeeper); the reconciler
     # only reads their records (ReplicaIdentities, the same module).
     ("fleetkeeper.replicas.identity", "ensure"): "DispatcherFunction",
@@ -43,7 +43,7 @@ OWNED_FUNCTIONS: dict[tuple[str, str], str] = {
 # reconciler package they live in.
 MODULES: tuple[tuple[str, str], ...] = (
     ("fleetkeeper.reconciler.dispatcher", "DispatcherFunction"),
-    ("fleetkeeper.reconciler.dispatch", "DispatcherFunction"),
+    ("fleetkeeper.reconciler.fanout", "DispatcherFunction"),
     ("fleetkeeper.reconciler", "ReconcilerFunction"),
     ("fleetkeeper.api", "ApiFunction"),
     ("fleetkeeper.cleanup", "CleanupFunction"),

@@ -156,6 +156,7 @@ class StackPolicies:
         self.resolvers = [BoundResolver(t, bindings) for t in _translations()]
         # Resolved once per resource: every call on it asks again.
         self._resource_policies: dict[str, tuple[list[dict[str, Any]], bool]] = {}
+        self._targets: list[tuple[str, tuple[str, ...], dict[str, Any]]] | None = None
 
     def function_role(self, function: str) -> RolePolicies:
         first = self.resolvers[0]
@@ -203,29 +204,45 @@ class StackPolicies:
         return self._resource_policies[arn]
 
     def _find_resource_policies(self, arn: str) -> tuple[list[dict[str, Any]], bool]:
-        resolver = self.resolvers[0]
         found: list[dict[str, Any]] = []
         key_policy = False
+        for kind, targets, document in self._resource_policy_targets():
+            if kind == "AWS::DynamoDB::Table":
+                hit = any(arn == t or arn.startswith(t + "/index/") for t in targets)
+            elif kind == "AWS::S3::BucketPolicy":
+                hit = any(arn == t or arn.startswith(t + "/") for t in targets)
+            else:
+                hit = arn in targets
+            if hit:
+                found.append(document)
+                key_policy = key_policy or kind == "AWS::KMS::Key"
+        return found, key_policy
+
+    def _resource_policy_targets(self) -> list[tuple[str, tuple[str, ...], dict[str, Any]]]:
+        """(kind, the ARNs it is for, the policy) of every resource-based policy of the template, in
+        the template's order: resolved once, not for every new ARN a call names (a test of 1,000
+        services names 1,000 target groups)."""
+        if self._targets is not None:
+            return self._targets
+        resolver = self.resolvers[0]
+        targets: list[tuple[str, tuple[str, ...], dict[str, Any]]] = []
         for lid, body in resolver.resources.items():
             kind, props = body["Type"], body.get("Properties") or {}
             if not _condition_holds(resolver, body):
                 continue
             if kind == "AWS::DynamoDB::Table" and props.get("ResourcePolicy"):
-                table_arn = resolver.get_att(lid, "Arn")
-                if arn == table_arn or arn.startswith(table_arn + "/index/"):
-                    found.append(resolver.resolve(props["ResourcePolicy"]["PolicyDocument"]))
+                document = resolver.resolve(props["ResourcePolicy"]["PolicyDocument"])
+                targets.append((kind, (resolver.get_att(lid, "Arn"),), document))
             elif kind == "AWS::SQS::QueuePolicy":
-                queues = resolver.resolve(props["Queues"])
-                if any(_queue_arn(url) == arn for url in queues):
-                    found.append(resolver.resolve(props["PolicyDocument"]))
+                queues = tuple(_queue_arn(url) for url in resolver.resolve(props["Queues"]))
+                targets.append((kind, queues, resolver.resolve(props["PolicyDocument"])))
             elif kind == "AWS::S3::BucketPolicy":
                 bucket = f"arn:aws:s3:::{resolver.resolve(props['Bucket'])}"
-                if arn == bucket or arn.startswith(bucket + "/"):
-                    found.append(resolver.resolve(props["PolicyDocument"]))
-            elif kind == "AWS::KMS::Key" and arn == resolver.get_att(lid, "Arn"):
-                found.append(resolver.resolve(props["KeyPolicy"]))
-                key_policy = True
-        return found, key_policy
+                targets.append((kind, (bucket,), resolver.resolve(props["PolicyDocument"])))
+            elif kind == "AWS::KMS::Key":
+                targets.append((kind, (resolver.get_att(lid, "Arn"),), resolver.resolve(props["KeyPolicy"])))
+        self._targets = targets
+        return targets
 
 
 def queue_ids() -> list[str]:

@@ -23,7 +23,7 @@ from fleetkeeper.store.commands import CommandStore
 from fleetkeeper.store.errors import Contention
 from fleetkeeper.store.keys import SERVICES_INDEX, service_pk, version_sk
 from fleetkeeper.store.reads import ServiceReads
-from fleetkeeper.store.reconciler import ReconcilerStore
+from fleetkeeper.store.runs import ReconcilerStore
 from fleetkeeper.store.table import Table
 from tests.strict_aws import STATE_REASONS, FaultRates, LambdaTimeout, StrictAws
 from tests.support import TABLE

@@ -58,6 +58,7 @@ a policy this evaluator cannot read is never judged "denied" by accident.
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -169,6 +170,9 @@ def statements(policy: dict[str, Any]) -> list[dict[str, Any]]:
     return found
 
 
+# The strict layer evaluates the same policies' patterns for every call it judges: each pattern is
+# translated to a regular expression and compiled once, not at every evaluation.
+@functools.lru_cache(maxsize=8192)
 def _glob(pattern: str, *, ignore_case: bool) -> re.Pattern[str]:
     parts = []
     for char in pattern:
@@ -203,6 +207,11 @@ def substitute(text: str, request: Request) -> str | None:
 
 def _literal_glob(pattern: str, value: str, *, ignore_case: bool) -> bool:
     """glob_match where \\x00STAR\\x00 / \\x00QMARK\\x00 are the literal characters."""
+    return _literal_pattern(pattern, ignore_case=ignore_case).fullmatch(value) is not None
+
+
+@functools.lru_cache(maxsize=8192)
+def _literal_pattern(pattern: str, *, ignore_case: bool) -> re.Pattern[str]:
     regex = []
     index = 0
     while index < len(pattern):
@@ -217,7 +226,7 @@ def _literal_glob(pattern: str, value: str, *, ignore_case: bool) -> bool:
             regex.append(".*" if char == "*" else "." if char == "?" else re.escape(char))
             index += 1
     flags = re.DOTALL | (re.IGNORECASE if ignore_case else 0)
-    return re.compile("".join(regex), flags).fullmatch(value) is not None
+    return re.compile("".join(regex), flags)
 
 
 def _resource_matches(patterns: list[Any], request: Request) -> bool:
@@ -229,7 +238,13 @@ def _resource_matches(patterns: list[Any], request: Request) -> bool:
 
 
 def _action_matches(patterns: list[Any], action: str) -> bool:
-    return any(glob_match(str(p), action, ignore_case=True) for p in patterns)
+    return _actions_match(tuple(str(p) for p in patterns), action)
+
+
+@functools.lru_cache(maxsize=65536)
+def _actions_match(patterns: tuple[str, ...], action: str) -> bool:
+    # A statement's Action list against an action: the same few pairs for every call the layer judges.
+    return any(glob_match(p, action, ignore_case=True) for p in patterns)
 
 
 # --- conditions ---------------------------------------------------------------------------------

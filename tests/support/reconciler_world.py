@@ -29,11 +29,12 @@ from fleetkeeper.reconciler.balancers.alb import AlbBalancer
 from fleetkeeper.reconciler.driver import MANAGED_TAG, REPLICA_TAG, UID_TAG
 from fleetkeeper.reconciler.drivers.ec2 import Ec2Driver
 from fleetkeeper.reconciler.plan import Policy
-from fleetkeeper.reconciler.shell import Reconciler, RunReport
-from fleetkeeper.settings import Ec2Settings
+from fleetkeeper.reconciler.report import RunReport
+from fleetkeeper.reconciler.run import Reconciler
+from fleetkeeper.settings import AlbSettings, Ec2Settings
 from fleetkeeper.spec.service import ServiceSpec
 from fleetkeeper.store.commands import CommandStore
-from fleetkeeper.store.reconciler import ReconcilerStore
+from fleetkeeper.store.runs import ReconcilerStore
 from fleetkeeper.store.table import Table
 from tests.strict_aws import active_controller
 from tests.support import TABLE
@@ -353,17 +354,19 @@ def make_alb(
             args["Certificates"] = [{"CertificateArn": cert}]
         listener = elbv2.create_listener(**args)["Listeners"][0]["ListenerArn"]
     return AlbBalancer(
-        arn=arn,
-        dns_name=dns,
-        vpc_id=vpc,
-        listener_arn=listener,
-        domain_name=domain,
-        certificate_arn=cert,
-        listener_ports=ports,
+        AlbSettings(
+            arn=arn,
+            dns_name=dns,
+            vpc_id=vpc,
+            listener_arn=listener,
+            domain_name=domain,
+            certificate_arn=cert,
+            listener_ports=ports,
+        )
     )
 
 
-def make_sharded_alb(
+def make_pooled_alb(
     *,
     domain: str | None = None,
     zone: bool = False,
@@ -371,14 +374,14 @@ def make_sharded_alb(
     stack: str = "0123456789ab",
     function: str = "arn:aws:lambda:us-east-1:123456789012:function:fk-wake",
 ) -> AlbBalancer:
-    """The stack's ALB (make_alb) with what the template passes for shards: its subnets, its security
+    """The stack's ALB (make_alb) with what the template passes for pools: its subnets, its security
     group, the wake group and function, and with `zone` a hosted zone of the domain in moto."""
     alb = make_alb(domain=domain, name=f"tpl-{stack}")
     elbv2 = raw_client("elbv2")
-    described = elbv2.describe_load_balancers(LoadBalancerArns=[alb.arn])["LoadBalancers"][0]
+    described = elbv2.describe_load_balancers(LoadBalancerArns=[alb.settings.arn])["LoadBalancers"][0]
     subnets = tuple(az["SubnetId"] for az in described["AvailabilityZones"])
     group = World._raw_ec2().create_security_group(
-        GroupName=f"fk-alb-{stack}", Description="the stack's load balancers", VpcId=alb.vpc_id
+        GroupName=f"fk-alb-{stack}", Description="the stack's load balancers", VpcId=alb.settings.vpc_id
     )["GroupId"]
     wake_group = None
     if wake:
@@ -396,8 +399,8 @@ def make_sharded_alb(
         controller = active_controller()
         if controller is not None:
             controller.nat_gateway = True
-    return replace(
-        alb,
+    settings = replace(
+        alb.settings,
         stack_id=stack,
         subnet_ids=subnets,
         security_group_id=group,
@@ -405,6 +408,7 @@ def make_sharded_alb(
         wake_function_arn=function if wake else None,
         hosted_zone_id=hosted_zone,
     )
+    return AlbBalancer(settings)
 
 
 def alb_resources(balancer: AlbBalancer) -> dict[str, list[str]]:
@@ -413,13 +417,15 @@ def alb_resources(balancer: AlbBalancer) -> dict[str, list[str]]:
     groups = [g["TargetGroupArn"] for g in elbv2.describe_target_groups()["TargetGroups"]]
     listeners = [
         listener["ListenerArn"]
-        for listener in elbv2.describe_listeners(LoadBalancerArn=balancer.arn)["Listeners"]
-        if listener["ListenerArn"] != balancer.listener_arn
+        for listener in elbv2.describe_listeners(LoadBalancerArn=balancer.settings.arn)["Listeners"]
+        if listener["ListenerArn"] != balancer.settings.listener_arn
     ]
     rules = []
-    if balancer.listener_arn:
+    if balancer.settings.listener_arn:
         rules = [
-            r["RuleArn"] for r in elbv2.describe_rules(ListenerArn=balancer.listener_arn)["Rules"] if not r["IsDefault"]
+            r["RuleArn"]
+            for r in elbv2.describe_rules(ListenerArn=balancer.settings.listener_arn)["Rules"]
+            if not r["IsDefault"]
         ]
     return {"target_groups": groups, "listeners": listeners, "rules": rules}
 

@@ -202,12 +202,13 @@ def test_tags_are_only_added_when_creating(translated: dict[str, Any]) -> None:
 
 
 def test_the_reconciler_may_do_what_the_alb_adapter_does(translated: dict[str, Any]) -> None:
-    """Every elbv2 operation of fleetkeeper/reconciler/balancers/alb.py is granted (and no other)."""
+    """Every elbv2 operation of fleetkeeper/reconciler/balancers/alb/ is granted (and no other)."""
     from pathlib import Path
 
     import fleetkeeper.reconciler.balancers.alb as alb_module
 
-    source = Path(alb_module.__file__).read_text()
+    # The package's every module (alb/__init__.py and its parts).
+    source = "".join(part.read_text() for part in sorted(Path(alb_module.__file__).parent.glob("*.py")))
     used = {
         "".join(part.title() for part in name.split("_"))
         for name in (

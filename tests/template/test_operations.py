@@ -135,7 +135,7 @@ def test_the_dashboard_shows_what_the_issue_asks_for(with_reconciler: dict[str, 
         ("AWS/ApiGateway", "Latency", "<AWS::StackName>-api"),
         ("AWS/SQS", "ApproximateNumberOfMessagesVisible", "<CleanupFailureQueue.QueueName>"),  # the DLQ
     } <= metrics
-    # Ready vs target per service: the reconciler's "status recorded" lines (reconciler/shell.py).
+    # Ready vs target per service: the reconciler's "status recorded" lines (reconciler/apply.py).
     (table,) = [w for w in widgets if w["type"] == "log"]
     query = table["properties"]["query"]
     assert "SOURCE '<ReconcilerLogGroup>'" in query and "filter message = 'status recorded'" in query

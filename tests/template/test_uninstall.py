@@ -1,7 +1,7 @@
 """The uninstall custom resource in template.yaml (fleetkeeper/uninstall): present in every
 configuration, outside the VPC, given what its cleanup works on, deleted before what it unblocks and
 after what makes things (tests/uninstall/test_delete_order.py walks the whole order), and its role's
-permissions, evaluated with the IAM evaluator: only this stack's instances, roles on its path, shards,
+permissions, evaluated with the IAM evaluator: only this stack's instances, roles on its path, load balancer pools,
 target groups, routes of its own ALB, records under its domain, parameters of its table, objects of
 its bucket, its own stack's status."""
 
@@ -122,11 +122,11 @@ def test_it_removes_only_the_roles_and_profiles_on_this_stacks_path(translated: 
         assert not may(translated, action, own)
 
 
-def test_it_deletes_only_this_stacks_shards_groups_and_routes(translated: dict[str, Any]) -> None:
+def test_it_deletes_only_this_stacks_pools_groups_and_routes(translated: dict[str, Any]) -> None:
     alb = Resolver(translated).get_att("LoadBalancerResource", "LoadBalancerFullName")
-    shard = f"{ELB}:loadbalancer/app/fk-{STACK_KEY}-1/50dc6c495c0c9188"
-    assert may(translated, "elasticloadbalancing:DeleteLoadBalancer", shard, carrying())
-    assert not may(translated, "elasticloadbalancing:DeleteLoadBalancer", shard, carrying(NEIGHBOUR))
+    pool = f"{ELB}:loadbalancer/app/fk-{STACK_KEY}-1/50dc6c495c0c9188"
+    assert may(translated, "elasticloadbalancing:DeleteLoadBalancer", pool, carrying())
+    assert not may(translated, "elasticloadbalancing:DeleteLoadBalancer", pool, carrying(NEIGHBOUR))
     neighbour = f"{ELB}:loadbalancer/app/fk-{NEIGHBOUR}-1/50dc6c495c0c9188"
     assert not may(translated, "elasticloadbalancing:DeleteLoadBalancer", neighbour, carrying(NEIGHBOUR))
     # The template's ALB is CloudFormation's.
@@ -148,7 +148,7 @@ def test_it_deletes_only_this_stacks_shards_groups_and_routes(translated: dict[s
     assert may(translated, "elasticloadbalancing:DeleteRule", rule, managed)
     assert not may(translated, "elasticloadbalancing:DeleteRule", rule)
     for action in ("elasticloadbalancing:CreateLoadBalancer", "elasticloadbalancing:ModifyListener"):
-        assert not may(translated, action, shard, carrying())
+        assert not may(translated, action, pool, carrying())
 
 
 def test_it_deletes_only_a_records_under_the_domain_in_its_zone(with_zone: dict[str, Any]) -> None:

@@ -101,7 +101,7 @@ def test_the_wake_role_may_only_record_demand_on_service_items_kick_and_find_a_p
         "logs:PutLogEvents",
         "dynamodb:UpdateItem",
         "sqs:SendMessage",
-        "elasticloadbalancing:DescribeLoadBalancers",  # a shard's, by its name
+        "elasticloadbalancing:DescribeLoadBalancers",  # a pool's, by its name
         "elasticloadbalancing:DescribeListeners",
         "elasticloadbalancing:DescribeTags",
     }

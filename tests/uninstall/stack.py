@@ -5,7 +5,7 @@ what the code made (the ALB, its security group and the replicas' ingress from i
 listener, WakeTargetGroup, ReplicaOwnerPolicy, WorkdirBucket, the replicas' log group; the table is
 the world's), with the names and tags template.yaml gives them. `run_the_code` then has the real
 code make what it makes at run time: services launched by the reconciler with their owners' roles,
-their endpoints through the alb adapter (past the template's ALB onto shards, with Route 53
+their endpoints through the alb adapter (past the template's ALB onto pools, with Route 53
 records), one of them routed to the wake target (a service at zero), secrets, workdir copies and
 the api's HMAC key. Then `fleetkeeper down --all`: every service deleted, nothing run after it.
 
@@ -33,10 +33,11 @@ from typing import TYPE_CHECKING, Any
 
 from fleetkeeper.api.request_hmac import key_parameter
 from fleetkeeper.model import EndpointConfig
-from fleetkeeper.reconciler.balancers.alb import AlbBalancer, ShardQuotas
+from fleetkeeper.reconciler.balancers.alb import AlbBalancer, PoolQuotas
 from fleetkeeper.replicas.identity import owner_scope
 from fleetkeeper.replicas.secrets import SecretStore, parameter_prefix
 from fleetkeeper.replicas.workdirs import S3WorkdirStore
+from fleetkeeper.settings import AlbSettings
 from fleetkeeper.spec.service import ServiceSpec
 from tests.strict_aws import active_controller
 from tests.support.cfn import PSEUDO, Resolver
@@ -146,7 +147,7 @@ def deploy(
         logs.create_log_group(logGroupName=group)
         physical[logical] = group
     physical["Table"] = table
-    alb = AlbBalancer(
+    settings = AlbSettings(
         arn=made["LoadBalancerArn"],
         dns_name=made["DNSName"],
         vpc_id=vpc,
@@ -158,9 +159,9 @@ def deploy(
         security_group_id=alb_group,
         wake_function_arn=WAKE_FUNCTION,
         hosted_zone_id=zone_id,
-        # One service per load balancer: three services make two shards.
-        quotas=ShardQuotas(listeners=1, rules=1),
     )
+    # One service per load balancer: three services make two pools.
+    alb = AlbBalancer(settings, quotas=PoolQuotas(listeners=1, rules=1))
     return Deployed(stack, physical, alb, table, bucket, policy, replica_group, zone_id, domain)
 
 
@@ -226,7 +227,7 @@ def run_the_code(
         controller.iam.settle()
     world.converge()
     assert len(world.instances()) == services
-    # Endpoints: the template's ALB, then shards (with a domain and a zone, records for the shards').
+    # Endpoints: the template's ALB, then pools (with a domain and a zone, records for the pools').
     records = {name: stack.alb.ensure(name, uid, CONFIG, None) for name, uid in uids.items()}
     if waking:  # a service at zero: its route forwards to the wake target
         stack.alb.route(records["svc0"], waking=True)
@@ -291,7 +292,7 @@ def leftovers(stack: Deployed) -> dict[str, list[str]]:
     found["load balancers"] = [
         b["LoadBalancerName"]
         for b in elbv2.describe_load_balancers()["LoadBalancers"]
-        if b["LoadBalancerName"].startswith(f"fk-{stack.stack}-") or b["LoadBalancerArn"] == stack.alb.arn
+        if b["LoadBalancerName"].startswith(f"fk-{stack.stack}-") or b["LoadBalancerArn"] == stack.alb.settings.arn
     ]
     found["target groups"] = [
         g["TargetGroupName"]

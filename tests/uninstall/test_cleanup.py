@@ -45,7 +45,7 @@ def properties(stack: Deployed) -> dict[str, Any]:
         "TableName": stack.table,
         "WorkdirBucket": stack.bucket,
         "ReplicaOwnerPolicyArn": stack.policy_arn,
-        "LoadBalancerArn": stack.alb.arn,
+        "LoadBalancerArn": stack.alb.settings.arn,
         "LoadBalancerSecurityGroupId": stack.physical["LoadBalancerSecurityGroup"],
         "WakeTargetGroupArn": stack.physical["WakeTargetGroup"],
         "HostedZoneId": "",
@@ -79,7 +79,7 @@ def clean(stack: Deployed, *, seconds: float = 900.0, pause: float = 10.0) -> An
             table_name=stack.table,
             workdir_bucket=stack.bucket,
             replica_policy_arn=stack.policy_arn,
-            load_balancer_arn=stack.alb.arn,
+            load_balancer_arn=stack.alb.settings.arn,
             security_group_id=stack.physical["LoadBalancerSecurityGroup"],
         ),
         remaining=lambda: seconds - clock[0],
@@ -241,13 +241,13 @@ def test_a_time_bound_stops_between_calls(stack: Deployed) -> None:
     assert 100.0 - calls[-1] < 30.0 <= 100.0 - calls[-2]
 
 
-def test_interfaces_of_deleted_shards_are_waited_for_then_reported(stack: Deployed) -> None:
+def test_interfaces_of_deleted_pools_are_waited_for_then_reported(stack: Deployed) -> None:
     """A deleted ALB's network interfaces stay in its security group for minutes (AWS releases
     them), and EC2 refuses to delete the group meanwhile: the cleanup waits, bounded."""
     ec2 = raw_client("ec2")
     group = stack.physical["LoadBalancerSecurityGroup"]
-    subnet = stack.alb.subnet_ids[0]
-    shard_interface = ec2.create_network_interface(
+    subnet = stack.alb.settings.subnet_ids[0]
+    pool_interface = ec2.create_network_interface(
         SubnetId=subnet, Groups=[group], Description=f"ELB app/fk-{STACK}-1/50dc6c495c0c9188"
     )["NetworkInterface"]["NetworkInterfaceId"]
     # The template ALB's own interfaces are CloudFormation's to wait for, another stack's not ours.
@@ -257,7 +257,7 @@ def test_interfaces_of_deleted_shards_are_waited_for_then_reported(stack: Deploy
     assert not waited.complete
     assert waited.left["network interfaces"] == 1
     assert "time ran out while AWS finished" in waited.summary()
-    ec2.delete_network_interface(NetworkInterfaceId=shard_interface)  # AWS released it
+    ec2.delete_network_interface(NetworkInterfaceId=pool_interface)  # AWS released it
     assert clean(stack).complete
 
 
@@ -273,7 +273,7 @@ def test_another_stacks_instances_and_an_instance_without_its_token_are_left(sta
     assert instance_state(ours) in {"shutting-down", "terminated"}
 
 
-def test_records_only_the_stacks_shards_aliases_under_its_domain(strict_aws: Any, table: str) -> None:
+def test_records_only_the_stacks_pools_aliases_under_its_domain(strict_aws: Any, table: str) -> None:
     route53 = raw_client("route53")
     zone = route53.create_hosted_zone(Name="example.com", CallerReference="z")["HostedZone"]["Id"].rsplit("/", 1)[-1]
 
@@ -296,7 +296,7 @@ def test_records_only_the_stacks_shards_aliases_under_its_domain(strict_aws: Any
                 alias(
                     "c.svc.example.com", "internal-fk-fedcba987654-1-1.us-east-1.elb.amazonaws.com"
                 ),  # another stack's
-                alias("d.svc.example.com", "internal-tpl-alb-1.us-east-1.elb.amazonaws.com"),  # shard 0: the wildcard's
+                alias("d.svc.example.com", "internal-tpl-alb-1.us-east-1.elb.amazonaws.com"),  # pool 0: the wildcard's
                 alias("e.other.example.com", f"internal-fk-{STACK}-1-1.us-east-1.elb.amazonaws.com"),  # not the domain
                 alias("*.svc.example.com", f"internal-fk-{STACK}-1-1.us-east-1.elb.amazonaws.com"),  # the user's
             ]
@@ -309,7 +309,7 @@ def test_records_only_the_stacks_shards_aliases_under_its_domain(strict_aws: Any
             table,
             stack.bucket,
             stack.policy_arn,
-            load_balancer_arn=stack.alb.arn,
+            load_balancer_arn=stack.alb.settings.arn,
             hosted_zone_id=zone,
             domain_name="svc.example.com",
         ),
@@ -348,7 +348,7 @@ def test_much_to_delete_goes_through_every_page_and_batch(stack: Deployed, stric
     tags = [{"Key": "fleetkeeper:managed", "Value": "true"}, {"Key": "fleetkeeper:stack", "Value": STACK}]
     for n in range(45):
         elbv2.create_target_group(
-            Name=f"fk-{STACK}-{n:016x}", Protocol="HTTP", Port=80, VpcId=stack.alb.vpc_id, Tags=tags
+            Name=f"fk-{STACK}-{n:016x}", Protocol="HTTP", Port=80, VpcId=stack.alb.settings.vpc_id, Tags=tags
         )
     for n in range(25):
         ssm.put_parameter(Name=f"/fleetkeeper/{stack.table}/web/{n:016x}/ref0", Value="{}", Type="SecureString")

@@ -153,7 +153,7 @@ def assert_deleted_completely(
     stack: Deployed, endpoint: ResponseEndpoint, calls: list[tuple[str, str]] | None = None
 ) -> None:
     before = leftovers(stack)
-    # What the code made is there: instances, shards and their groups, roles, secrets (and records).
+    # What the code made is there: instances, pools and their groups, roles, secrets (and records).
     assert {"instances", "load balancers", "target groups", "roles", "instance profiles", "parameters"} <= set(
         before
     ), before
@@ -184,7 +184,7 @@ def test_sam_delete_right_after_down_all_completes_with_nothing_left(
 
 
 def test_without_a_domain_too(world: World, monkeypatch: pytest.MonkeyPatch, endpoint: ResponseEndpoint) -> None:
-    """Without a domain the services' routes are listeners of their own, on the template's ALB and shards."""
+    """Without a domain the services' routes are listeners of their own, on the template's ALB and pools."""
     stack = deploy(table=TABLE)
     run_the_code(world, stack, monkeypatch)
     assert_deleted_completely(stack, endpoint)
@@ -201,11 +201,11 @@ def test_without_the_cleanup_aws_refuses_the_delete(deployed: Deployed) -> None:
     assert {"instances", "load balancers", "roles", "records", "parameters", "buckets"} <= set(left), left
 
 
-def test_without_the_cleanup_shards_hold_the_security_group_and_objects_the_bucket(
+def test_without_the_cleanup_pools_hold_the_security_group_and_objects_the_bucket(
     world: World, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """With ReplicaIdentity shared no owner's role holds ReplicaOwnerPolicy, so CloudFormation gets as
-    far as the security group (the shards use it) and the bucket (the objects)."""
+    far as the security group (the pools use it) and the bucket (the objects)."""
     stack = deploy(table=TABLE)
     run_the_code(world, stack, monkeypatch, waking=False, identity="shared")
     template = without_uninstall(translate(overrides={"ReplicaIdentity": "shared"}))
@@ -221,7 +221,7 @@ def test_a_second_stack_in_the_account_keeps_everything(
     deployed: Deployed, endpoint: ResponseEndpoint, world: World
 ) -> None:
     """Another stack of the template in the same account, Region and hosted zone: its instances,
-    shards, target groups, records, roles, secrets and objects are not this stack's to delete."""
+    pools, target groups, records, roles, secrets and objects are not this stack's to delete."""
     from fleetkeeper.reconciler.driver import client_token
     from fleetkeeper.replicas.secrets import SecretStore, parameter_prefix
 

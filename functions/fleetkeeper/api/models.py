@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from fleetkeeper.choices import UpdateMode
 from fleetkeeper.model import to_iso, utcnow
 from fleetkeeper.owners.access import MAX_GRANTS
 from fleetkeeper.owners.principals import MAX_PRINCIPAL_LENGTH
@@ -45,7 +46,7 @@ class CreateServiceRequest(_Request):
 
 class UpdateServiceRequest(_Request):
     spec: ServiceSpec
-    mode: Literal["rolling", "blue_green"] | None = None
+    mode: UpdateMode | None = None
 
 
 class RollbackRequest(_Request):
@@ -219,7 +220,7 @@ class ServiceTarget(ServiceSummary):
 
     spec: dict[str, Any] | None = Field(description="the target version's spec")
     placement: PlacementView | None = Field(description="the target version's candidate instance types")
-    mode: str | None = Field(description="how the target version rolls out: rolling or blue_green")
+    mode: str | None = Field(description=f"how the target version rolls out: {' or '.join(UpdateMode)}")
 
 
 class PendingScaling(_Model):

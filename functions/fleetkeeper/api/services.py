@@ -55,6 +55,7 @@ if TYPE_CHECKING:
     from aws_lambda_powertools.utilities.idempotency import IdempotencyConfig
 
     from fleetkeeper.api.request_hmac import RequestHmac
+    from fleetkeeper.choices import UpdateMode
     from fleetkeeper.model import AccessGrant, VersionRecord
     from fleetkeeper.replicas.secrets import SecretStore
     from fleetkeeper.replicas.workdirs import Upload, WorkdirStore
@@ -262,7 +263,9 @@ class ServiceCommands:
                     uid, owner = found.uid, found.owner
         return store.upload(digest, size, service, uid, owner)
 
-    def update(self, name: str, spec: ServiceSpec, *, mode: str | None, expected_generation: int | None) -> Written:
+    def update(
+        self, name: str, spec: ServiceSpec, *, mode: UpdateMode | None, expected_generation: int | None
+    ) -> Written:
         """A new version, unless the spec (workdir digest and secret values included) is the target's:
         then nothing is written, as `kubectl apply` of an unchanged object."""
         _check_spec(name, spec, "updates", self.region)

@@ -175,7 +175,7 @@ def iam() -> Any:
 
 
 def route53() -> Any:
-    """Route 53 (no type stubs installed): the reconciler's records for services on extra shards."""
+    """Route 53 (no type stubs installed): the reconciler's records for services on extra load balancer pools."""
     return _client("route53")
 
 

@@ -106,7 +106,9 @@ class Budget:
 
 
 @dataclass
-class Progress:
+class CleanupCounts:
+    """What one cleanup of an incarnation has done so far (the handler's log and metric read it)."""
+
     deleted: int = 0  # keys DynamoDB confirmed deleted (gone afterwards, whether or not they existed)
     batch_calls: int = 0
     retries: int = 0  # BatchWriteItem calls again for UnprocessedItems
@@ -115,9 +117,9 @@ class Progress:
 class CleanupError(Exception):
     """This record could not be completed now; the stream will deliver it again."""
 
-    def __init__(self, message: str, progress: Progress | None = None) -> None:
+    def __init__(self, message: str, progress: CleanupCounts | None = None) -> None:
         super().__init__(message)
-        self.progress = progress or Progress()
+        self.progress = progress or CleanupCounts()
 
 
 class MalformedRecord(CleanupError):
@@ -147,10 +149,10 @@ class Cleaner:
     sleep: Callable[[float], None] = time.sleep
     jitter: Callable[[float], float] = full_jitter
 
-    progress: Progress = field(default_factory=Progress)  # also readable when run() raised
+    progress: CleanupCounts = field(default_factory=CleanupCounts)  # also readable when run() raised
 
-    def run(self) -> Progress:
-        progress = self.progress = Progress()
+    def run(self) -> CleanupCounts:
+        progress = self.progress = CleanupCounts()
         # Reading the keys is calls too (a Query per page): each is held to the budget like a delete.
         keys = self.children.keys(before_each_query=lambda: self._require_time_for_a_call(progress))
         try:
@@ -164,14 +166,14 @@ class Cleaner:
             ) from reached
         return progress
 
-    def _require_time_for_a_call(self, progress: Progress, *, pending: int = 0, pause: float = 0.0) -> None:
+    def _require_time_for_a_call(self, progress: CleanupCounts, *, pending: int = 0, pause: float = 0.0) -> None:
         if self.budget.allows_call(pause):
             return
         if pending:
             raise OutOfTime(f"time budget spent retrying {pending} deferred delete(s); the retry continues", progress)
         raise OutOfTime(f"time budget spent after deleting {progress.deleted} item(s); the retry continues", progress)
 
-    def _delete_chunk(self, chunk: list[RawItem], progress: Progress) -> None:
+    def _delete_chunk(self, chunk: list[RawItem], progress: CleanupCounts) -> None:
         pending = chunk
         for attempt in range(1, self.policy.attempts + 1):
             if attempt == 1:

@@ -243,9 +243,26 @@ class Doctor:
 
     def serve(self, deadline: Deadline) -> str:
         endpoint, answer, _ = self._until_reply(deadline, self.you, self.name, self._reply(self.name, 1))
-        # The service as it is once its endpoint answered (the view of the poll that got the answer
-        # may be from just before its replica was recorded READY).
-        view = self.you.client.request("GET", f"/v1/services/{self.name}").body
+        # A replica can answer before the reconciler has recorded it READY (its probe is the next
+        # pass's work), so the step also waits for the status the control plane promises.
+        last = "-"
+
+        def ready() -> dict[str, Any] | None:
+            nonlocal last
+            view = self._poll(self.you, self.name, "serve", deadline)
+            if view is None:
+                return None
+            last = f"{view.get('status')}: {view.get('status_message') or '-'}"
+            return view if view.get("status") == "READY" else None
+
+        view = wait_until(
+            deadline,
+            ready,
+            expected=f"{self.name} to be recorded READY after its endpoint answered",
+            seen=lambda: last,
+            interval=self.options.interval,
+            sleep=self.sleep,
+        )
         return f"GET {endpoint}/ answered {answer.describe()} ({view['status']} v{view['target_version']})"
 
     def update(self, deadline: Deadline) -> str:

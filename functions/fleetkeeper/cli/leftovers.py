@@ -9,7 +9,7 @@ fleetkeeper.reconciler's drivers make them:
 - target groups: `elasticloadbalancing:DescribeTargetGroups` by the deterministic name
   `fk-<stack id>-<uid>` (TargetGroupNotFound is the answer wanted);
 - routes: on the stack's load balancers (the template's, found by the `LoadBalancerDnsName` output,
-  and its shards `fk-<stack id>-<n>`: `DescribeLoadBalancers`), every listener
+  and its pools `fk-<stack id>-<n>`: `DescribeLoadBalancers`), every listener
   (`DescribeListeners`) and every rule of the listeners no service owns (`DescribeRules`), with
   their tags (`DescribeTags`, 20 resources a call): a listener or rule carrying one of the uids, or a
   rule for the host `NAME.<domain>`, is left.
@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from botocore.exceptions import BotoCoreError, ClientError
 
-from fleetkeeper.reconciler.balancer import SERVICE_TAG, UID_TAG, shard_number, target_group_name
+from fleetkeeper.reconciler.balancer import SERVICE_TAG, UID_TAG, pool_number, target_group_name
 from fleetkeeper.reconciler.driver import REPLICA_TAG, STACK_TAG
 
 if TYPE_CHECKING:
@@ -137,13 +137,13 @@ class AwsLeftovers:
         return left
 
     def _stack_balancers(self) -> Iterator[str]:
-        """The stack's load balancers: the template's (by its DNS name) and its shards (by name)."""
+        """The stack's load balancers: the template's (by its DNS name) and its pools (by name)."""
         for balancer in _pages(
             self.elbv2, "describe_load_balancers", "elasticloadbalancing:DescribeLoadBalancers", "LoadBalancers"
         ):
             name = str(balancer.get("LoadBalancerName", ""))
             dns = str(balancer.get("DNSName", "")).lower()
-            if (self.load_balancer_dns and dns == self.load_balancer_dns) or shard_number(name, self.stack_id):
+            if (self.load_balancer_dns and dns == self.load_balancer_dns) or pool_number(name, self.stack_id):
                 yield str(balancer["LoadBalancerArn"])
 
     def _tags(self, arns: list[str]) -> dict[str, dict[str, str]]:

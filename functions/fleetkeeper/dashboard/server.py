@@ -139,7 +139,9 @@ class Dashboard:
         try:
             response = await handler(request)
         except web.HTTPException as exc:
-            response = exc
+            # Raised on (aiohttp answers a raised one as it answers a returned one; returning one is deprecated).
+            _secured(exc)
+            raise
         except ApiError as exc:
             status = exc.status if 400 <= exc.status < 600 else 502
             response = self._html(
@@ -264,7 +266,7 @@ class Dashboard:
             return self._html(render.message_page(self.frame, "login link spent", words), status=403)
         response = web.HTTPSeeOther("/")
         response.set_cookie(self.gate.cookie_name, session, httponly=True, samesite="Strict", path="/")
-        return response
+        raise response
 
     async def static(self, request: web.Request) -> web.StreamResponse:
         name = request.match_info["file"]

@@ -6,8 +6,8 @@ targets, `drain_states` reports each deregistered target's requests in flight, `
 port. Like the ALB it
 
 - sends a request to a registered target only (the reconciler registers READY replicas only), by
-  the service's policy: `least_load` (the target with the fewest requests in flight, ties in turn)
-  or `round_robin`;
+  the service's policy (`PICKERS`): `least_load` (the target with the fewest requests in flight, ties
+  in turn) or `round_robin`;
 - serves only requests addressed to it (`Host: 127.0.0.1:<port>` or `localhost:<port>`, else 403):
   a page that rebinds a name of its own to 127.0.0.1 cannot reach the replicas through the browser;
 - passes the method, path, query, headers and body on unchanged (hop-by-hop headers aside), adding
@@ -49,6 +49,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from fleetkeeper import aws
+from fleetkeeper.choices import LoadBalancingPolicy
 from fleetkeeper.local.auth import forbidden_host
 from fleetkeeper.model import EndpointRecord
 from fleetkeeper.reconciler.balancer import METRIC_NAME, METRIC_NAMESPACE, DrainState, target_group_name
@@ -104,6 +105,23 @@ class _Target:
     unreachable_until: float = 0.0  # time.monotonic(): skipped by `pick` until then
 
 
+def _fewest_in_flight(rotated: Sequence[tuple[str, _Target]]) -> tuple[str, _Target]:
+    return min(rotated, key=lambda pair: pair[1].in_flight)
+
+
+def _next_in_turn(rotated: Sequence[tuple[str, _Target]]) -> tuple[str, _Target]:
+    return rotated[0]
+
+
+# Each policy a load balancer runs (LoadBalancingPolicy.balanced) -> the target it picks among the
+# candidates, rotated to start at this request's turn (so ties go in turn); tests/test_choices.py
+# holds it to one per policy.
+PICKERS: Mapping[LoadBalancingPolicy, Callable[[Sequence[tuple[str, _Target]]], tuple[str, _Target]]] = {
+    LoadBalancingPolicy.LEAST_LOAD: _fewest_in_flight,
+    LoadBalancingPolicy.ROUND_ROBIN: _next_in_turn,
+}
+
+
 @dataclass
 class _Endpoint:
     """One service incarnation's port and targets (touched on the event loop thread only)."""
@@ -111,7 +129,7 @@ class _Endpoint:
     service: str
     uid: str
     port: int
-    policy: str
+    policy: LoadBalancingPolicy
     drain_seconds: int
     server: Any  # asyncio.Server
     handler: Any  # aiohttp.web_server.Server
@@ -137,10 +155,7 @@ class _Endpoint:
         now = time.monotonic()
         candidates = [(k, t) for k, t in candidates if t.unreachable_until <= now] or candidates
         start = next(self.turn) % len(candidates)
-        rotated = candidates[start:] + candidates[:start]
-        if self.policy == "round_robin":
-            return rotated[0]
-        return min(rotated, key=lambda pair: pair[1].in_flight)
+        return PICKERS[self.policy](candidates[start:] + candidates[:start])
 
 
 class LocalBalancer:
@@ -243,8 +258,8 @@ class LocalBalancer:
     def forget(self) -> None:
         return None  # nothing learnt: the local balancer is its own state
 
-    def retire_shards(self, now: datetime) -> list[str]:
-        return []  # one local balancer, no quota: never a shard to retire
+    def retire_pools(self, now: datetime) -> list[str]:
+        return []  # one local balancer, no quota: never a pool to retire
 
     # -- embedded mode ------------------------------------------------------------------------------
 
@@ -383,8 +398,9 @@ class LocalBalancer:
     # -- proxying -----------------------------------------------------------------------------------
 
     async def _proxy(self, endpoint: _Endpoint, request: web.BaseRequest) -> web.StreamResponse:
+        """One request, sent to a registered target picked by the endpoint's policy; one the replica
+        never got goes to another target (or a body-less idempotent one the replica dropped)."""
         import aiohttp
-        from aiohttp import web
 
         refused = forbidden_host(request.headers.getall("Host", []), *_own_authorities(endpoint.port))
         if refused is not None:
@@ -434,35 +450,7 @@ class LocalBalancer:
                 except (aiohttp.ClientError, TimeoutError) as exc:
                     return _error(502, "bad_gateway", f"replica of service {endpoint.service} failed: {exc!r}")
                 target.unreachable_until = 0.0  # it answered
-                async with upstream:
-                    response = web.StreamResponse(status=upstream.status, reason=upstream.reason)
-                    for name, value in upstream.headers.items():
-                        if name.lower() not in _HOP_BY_HOP:
-                            response.headers.add(name, value)
-                    length = upstream.headers.get("Content-Length")
-                    if length is None and request.method != "HEAD" and upstream.status not in (204, 304):
-                        response.enable_chunked_encoding()
-                    try:
-                        await response.prepare(request)
-                    except ConnectionResetError:
-                        return response  # the client left before the answer's headers: a normal end
-                    try:
-                        async for chunk in upstream.content.iter_any():
-                            try:
-                                await response.write(chunk)
-                            except ConnectionResetError:
-                                # The client left mid-answer: stop reading the replica (its
-                                # connection is closed with `upstream`: the replica sees it go too).
-                                upstream.close()
-                                return response
-                        with contextlib.suppress(ConnectionResetError):
-                            await response.write_eof()
-                    except (aiohttp.ClientError, TimeoutError):
-                        # The replica went away mid-answer: the client sees the connection end, as
-                        # behind the ALB, never a truncated answer passed off as whole.
-                        if request.transport is not None:
-                            request.transport.close()
-                    return response
+                return await _relay(request, upstream)
             finally:
                 target.in_flight -= 1
 
@@ -571,6 +559,43 @@ def _own_authorities(port: int) -> tuple[str, str]:
     the browser then treats the answers as that page's. Such a request carries the page's name in
     Host and is refused, by the embedded API's own check (fleetkeeper.local.auth.forbidden_host)."""
     return f"{LOOPBACK}:{port}", f"localhost:{port}"
+
+
+async def _relay(request: web.BaseRequest, upstream: aiohttp.ClientResponse) -> web.StreamResponse:
+    """Streams the replica's answer to the client: its status and headers (hop-by-hop aside), then its
+    body as it comes; a client that leaves, or a replica that goes, ends it as behind the ALB."""
+    import aiohttp
+    from aiohttp import web
+
+    async with upstream:
+        response = web.StreamResponse(status=upstream.status, reason=upstream.reason)
+        for name, value in upstream.headers.items():
+            if name.lower() not in _HOP_BY_HOP:
+                response.headers.add(name, value)
+        length = upstream.headers.get("Content-Length")
+        if length is None and request.method != "HEAD" and upstream.status not in (204, 304):
+            response.enable_chunked_encoding()
+        try:
+            await response.prepare(request)
+        except ConnectionResetError:
+            return response  # the client left before the answer's headers: a normal end
+        try:
+            async for chunk in upstream.content.iter_any():
+                try:
+                    await response.write(chunk)
+                except ConnectionResetError:
+                    # The client left mid-answer: stop reading the replica (its
+                    # connection is closed with `upstream`: the replica sees it go too).
+                    upstream.close()
+                    return response
+            with contextlib.suppress(ConnectionResetError):
+                await response.write_eof()
+        except (aiohttp.ClientError, TimeoutError):
+            # The replica went away mid-answer: the client sees the connection end, as
+            # behind the ALB, never a truncated answer passed off as whole.
+            if request.transport is not None:
+                request.transport.close()
+        return response
 
 
 def _error(status: int, code: str, message: str) -> web.Response:

@@ -16,12 +16,12 @@ import urllib.request
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from fleetkeeper.choices import Isolation, values
 from fleetkeeper.cli.main import run as cli
 from fleetkeeper.local.options import (
     DEFAULT_METRICS_INTERVAL,
     DEFAULT_PORT,
     DEFAULT_TICK,
-    ISOLATIONS,
     MAX_TICK,
     Options,
     seconds,
@@ -99,7 +99,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="seconds between the endpoints' request counts, which the autoscaler reads "
         f"(default {DEFAULT_METRICS_INTERVAL:g}; `make local METRICS_INTERVAL=2`)",
     )
-    parser.add_argument("--isolation", choices=ISOLATIONS, default="auto")
+    parser.add_argument("--isolation", choices=values(Isolation), default=Isolation.AUTO.value)
     parser.add_argument("-v", "--verbose", action="store_true", help="print the handlers' logs (INFO), every run's too")
     args = parser.parse_args(argv)
 

@@ -107,7 +107,7 @@ class ApiBridge(ThreadingHTTPServer):
         principal: str | None = None,
     ) -> None:
         if max_body_bytes is None:
-            from fleetkeeper.api.handler import MAX_BODY_BYTES  # the api's own limit, not restated
+            from fleetkeeper.api.refusals import MAX_BODY_BYTES  # the api's own limit, not restated
 
             max_body_bytes = MAX_BODY_BYTES
         super().__init__(address, _RequestHandler)

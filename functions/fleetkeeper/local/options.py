@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from fleetkeeper.choices import Isolation, values
+
 if TYPE_CHECKING:
     from collections.abc import Callable
 
@@ -22,7 +24,6 @@ TABLE = "fleetkeeper-local"
 # (the ALB's minute would leave the autoscaler blind for two minutes at a laptop).
 DEFAULT_IDLE_TIMEOUT = 300.0
 DEFAULT_METRICS_INTERVAL = 5.0
-ISOLATIONS = ("auto", "netns", "shared")
 # The dashboard (fleetkeeper.dashboard): beside the API's default port; with another --port, any free one.
 DEFAULT_DASHBOARD_PORT = DEFAULT_PORT + 1
 NO_DASHBOARD = -1
@@ -68,7 +69,7 @@ class Options:
     table: str = TABLE
     idle_timeout: float = DEFAULT_IDLE_TIMEOUT
     metrics_interval: float = DEFAULT_METRICS_INTERVAL
-    isolation: str = "auto"
+    isolation: str = Isolation.AUTO
     # None: DEFAULT_DASHBOARD_PORT beside the default API port, else a free one; NO_DASHBOARD: none.
     dashboard_port: int | None = None
     allow_actions: bool = False
@@ -113,8 +114,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--isolation",
-        choices=ISOLATIONS,
-        default="auto",
+        choices=values(Isolation),
+        default=Isolation.AUTO.value,
         help="how replicas get a host of their own: netns (a network namespace each, PORT = the spec's port), "
         "shared (this machine's loopback, a free PORT each), auto (netns where Linux allows it; the default)",
     )

@@ -61,6 +61,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, ClassVar
 
+from fleetkeeper.choices import Isolation, values
 from fleetkeeper.local import netns
 from fleetkeeper.local.stderr_tail import StderrTee
 from fleetkeeper.model import Market, to_iso, utcnow
@@ -82,18 +83,18 @@ from fleetkeeper.settings import LOCAL_STACK_ID, TABLE_NAME_ENV, WORKDIR_DIR_ENV
 from fleetkeeper.spec import runtime, task_variables
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Sequence
+    from collections.abc import Callable, Mapping, Sequence
 
 LOCAL_DIR_ENV = "FLEETKEEPER_LOCAL_DIR"
 DEFAULT_LOCAL_DIR = ".fleetkeeper"
 LOOPBACK = "127.0.0.1"
-# How replicas get a host of their own: "netns" (a network namespace each), "shared" (this machine's
-# loopback, a port each), or "auto" (the default): netns where the machine allows it.
+# How replicas get a host of their own (fleetkeeper.choices' Isolation): "netns" (a network namespace
+# each), "shared" (this machine's loopback, a port each), or "auto" (the default): netns where the
+# machine allows it.
 ISOLATION_ENV = "FLEETKEEPER_LOCAL_ISOLATION"
-NETNS = "netns"
-SHARED = "shared"
-AUTO = "auto"
-ISOLATIONS = (AUTO, NETNS, SHARED)
+NETNS = Isolation.NETNS
+SHARED = Isolation.SHARED
+AUTO = Isolation.AUTO
 # What apps print when their port is taken (Python, Go, Node, Rust, Java...).
 _ADDRESS_IN_USE = re.compile(r"address already in use|EADDRINUSE|Errno 98|os error 98|BindException", re.IGNORECASE)
 _PORT_IN_TEXT = re.compile(r":(\d{2,5})\b")
@@ -471,6 +472,8 @@ class ProcessDriver:
     # -- internals -------------------------------------------------------------------------------------
 
     def _start(self, request: LaunchRequest) -> _Replica:
+        """Runs a replica as a process group of its own (in a network namespace under netns
+        isolation), its output appended to its log, as an EC2 replica's boot runs the spec."""
         spec = request.spec
         isolated = self.isolation == NETNS
         # In a namespace of its own the app gets the spec's port, as on EC2; sharing this machine's
@@ -490,24 +493,8 @@ class ProcessDriver:
             f"{request.version}, PORT={app_port} on {host}, started {started}\n".encode()
         )
         log.flush()
-        env = {k: v for k, v in os.environ.items() if not k.startswith(_PRIVATE_PREFIXES)}
-        env.update(spec.envs)
-        env.update(secrets)
-        env["PORT"] = str(app_port)
-        # `~` is the replica's own directory, as /home/ubuntu is an EC2 replica's: `cd ~/sky_workdir`,
-        # `tee ~/server.log` stay inside it.
-        env["HOME"] = str(work_dir.parent)
-        # SkyPilot's task variables and fleetkeeper's own, as an EC2 replica has them (over envs and
-        # secrets): this host is the node, the accelerators those of the first candidate type.
         first = task_variables.first_instance_type(spec)
-        env.update(
-            task_variables.variables(
-                request.service, request.uid, request.version, request.replica_id, first, node_ip=LOOPBACK
-            )
-        )
-        # A local replica listens on loopback only, whatever its spec says (on EC2 it binds all
-        # interfaces, so the reconciler's probes reach it): see examples/hello.
-        env["HOST"] = LOOPBACK
+        env = self._environment(request, app_port, work_dir, secrets, first)
         setup = runtime.task_script(spec.setup) if spec.setup else ""
         command = ["bash", "-c", _WRAPPER, "fleetkeeper-replica", setup, runtime.task_script(spec.run)]
         self._seq += 1
@@ -532,8 +519,52 @@ class ProcessDriver:
         assert process.stderr is not None  # stderr=PIPE
         stderr = StderrTee(process.stderr, log, name=f"replica-{self._seq}-stderr")
         relay = netns.HostRelay(socket_path) if isolated else None
-        instance = Instance(
-            instance_id=f"local-{self._seq}-pid{process.pid}",
+        instance = self._instance(request, process.pid, started, first)
+        self._start_sampler()
+        return _Replica(
+            instance=instance,
+            process=process,
+            port=relay.port if relay is not None else app_port,
+            log_path=log_path,
+            log=log,
+            app_port=app_port,
+            spec_port=spec.port,
+            relay=relay,
+            explain=None if isolated else self._port_taken,
+            stderr=stderr,
+            secrets=tuple(secrets.values()),
+            offline=isolated,
+        )
+
+    def _environment(
+        self, request: LaunchRequest, app_port: int, work_dir: Path, secrets: dict[str, str], first: str | None
+    ) -> dict[str, str]:
+        """The replica's environment: this one's minus the control plane's own variables, then the spec's
+        envs and secrets, then the variables an EC2 replica gets."""
+        spec = request.spec
+        env = {k: v for k, v in os.environ.items() if not k.startswith(_PRIVATE_PREFIXES)}
+        env.update(spec.envs)
+        env.update(secrets)
+        env["PORT"] = str(app_port)
+        # `~` is the replica's own directory, as /home/ubuntu is an EC2 replica's: `cd ~/sky_workdir`,
+        # `tee ~/server.log` stay inside it.
+        env["HOME"] = str(work_dir.parent)
+        # SkyPilot's task variables and fleetkeeper's own, as an EC2 replica has them (over envs and
+        # secrets): this host is the node, the accelerators those of the first candidate type.
+        env.update(
+            task_variables.variables(
+                request.service, request.uid, request.version, request.replica_id, first, node_ip=LOOPBACK
+            )
+        )
+        # A local replica listens on loopback only, whatever its spec says (on EC2 it binds all
+        # interfaces, so the reconciler's probes reach it): see examples/hello.
+        env["HOST"] = LOOPBACK
+        return env
+
+    def _instance(self, request: LaunchRequest, pid: int, started: str, first: str | None) -> Instance:
+        """The replica process as the reconciler sees an instance, tagged as RunInstances tags one."""
+        return Instance(
+            instance_id=f"local-{self._seq}-pid{pid}",
             state=InstanceState.RUNNING,
             service=request.service,
             uid=request.uid,
@@ -553,21 +584,6 @@ class ProcessDriver:
                 VERSION_TAG: str(request.version),
                 REPLICA_TAG: str(request.replica_id),
             },
-        )
-        self._start_sampler()
-        return _Replica(
-            instance=instance,
-            process=process,
-            port=relay.port if relay is not None else app_port,
-            log_path=log_path,
-            log=log,
-            app_port=app_port,
-            spec_port=spec.port,
-            relay=relay,
-            explain=None if isolated else self._port_taken,
-            stderr=stderr,
-            secrets=tuple(secrets.values()),
-            offline=isolated,
         )
 
     def _sockets(self) -> Path:
@@ -701,16 +717,29 @@ def namespaces_available() -> tuple[bool, str]:
         return _availability
 
 
-def _resolve_isolation(asked: str) -> tuple[str, str]:
-    """The isolation replicas get, and why: AUTO is NETNS where the machine allows it."""
-    if asked not in ISOLATIONS:
-        raise ValueError(f"{ISOLATION_ENV}={asked!r}: use one of {', '.join(ISOLATIONS)}")
-    if asked == SHARED:
-        return SHARED, "--isolation shared"
+def _resolve_isolation(asked: str) -> tuple[Isolation, str]:
+    """The isolation replicas get, and why (`RESOLVED`: each Isolation's, AUTO is NETNS where the
+    machine allows it)."""
+    if asked not in values(Isolation):
+        raise ValueError(f"{ISOLATION_ENV}={asked!r}: use one of {', '.join(Isolation)}")
+    return RESOLVED[Isolation(asked)]()
+
+
+def _netns() -> tuple[Isolation, str]:
     ok, note = namespaces_available()
     if ok:
         return NETNS, note
     return SHARED, f"no network namespaces here: {note}"
+
+
+# What each isolation asked for resolves to, and why (tests/test_choices.py: one per Isolation).
+# NETNS asked for where the machine has no namespaces is SHARED too: `fleetkeeper local` refuses
+# it before the driver is made (fleetkeeper.local.server, IsolationUnavailable).
+RESOLVED: Mapping[Isolation, Callable[[], tuple[Isolation, str]]] = {
+    Isolation.AUTO: _netns,
+    Isolation.NETNS: _netns,
+    Isolation.SHARED: lambda: (SHARED, "--isolation shared"),
+}
 
 
 def _processes() -> list[Path]:

@@ -25,7 +25,7 @@ import signal
 import sys
 import threading
 import warnings
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from fleetkeeper import aws
 from fleetkeeper.local import auth, moto_memory
@@ -127,6 +127,15 @@ def quiet_library_warnings() -> None:
     warnings.filterwarnings("ignore", message="No application metrics to publish", category=UserWarning)
 
 
+class _Handlers(NamedTuple):
+    """The control plane's Lambda handlers, as the embedded mode calls them."""
+
+    api: Handler
+    reconciler: Handler
+    dispatch: Handler
+    cleanup: Handler
+
+
 def _without_metrics(handler: Handler) -> Handler:
     """A handler whose Powertools metrics are dropped after each invocation.
 
@@ -212,6 +221,8 @@ class EmbeddedControlPlane:
         return f"{network}; GPUs simulated (none is used)"
 
     def start(self) -> None:
+        """The in-memory AWS, the handlers and the threads that call them: the api's HTTP front, the
+        reconcile loop, the table stream's pump and the dashboard."""
         if self.options.isolation == NETNS:
             ok, note = namespaces_available()
             if not ok:
@@ -224,7 +235,27 @@ class EmbeddedControlPlane:
             prune_earlier_runs(self.options.local_dir)  # their services died with their in-memory AWS
         self.logs_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         template = load_template()
+        queue_url = self._start_aws(template)
+        handlers = self._load_handlers()
+        self._loop = ReconcileLoop(
+            handlers.reconciler, tick=self.options.tick, dispatcher=handlers.dispatch, queue_url=queue_url
+        )
+        self._pump = self._stream_pump(template, handlers.cleanup)
+        self._reconciler_handler = handlers.reconciler
+        bridge = self._start_bridge(handlers.api)
+        self._spawn("api-server", bridge.serve_forever)
+        self._serving = True
+        self._start_dashboard()
+        if self._loop is not None:
+            self._loop.start()
+        if self._pump is not None:
+            pump = self._pump
+            # Named after the function: readable logs tell the handlers apart by thread.
+            self._spawn(pump.source.function_name, lambda: pump.run(self._stop_pump, interval=0.25))
 
+    def _start_aws(self, template: dict[str, Any]) -> str:
+        """The in-memory AWS, its table and reconcile queue (as the template declares them); the
+        queue's URL."""
         logging.getLogger("werkzeug").setLevel(logging.WARNING)  # moto's server logs every AWS call
         self._moto = InMemoryAws(LOOPBACK, self.aws_access_key_id)
         self.aws_endpoint = self._moto.start()
@@ -233,7 +264,10 @@ class EmbeddedControlPlane:
         create_table(aws.dynamodb(), self.options.table, template)
         queue_url = create_queue(aws.sqs(), f"{self.options.table}-reconcile", "ReconcileQueue", template)
         os.environ[RECONCILE_QUEUE_URL_ENV] = queue_url
+        return queue_url
 
+    def _load_handlers(self) -> _Handlers:
+        """The four handlers, imported once the environment points them at the in-memory AWS."""
         # Imported only now: the handlers read their settings (pointed at moto above) on first use.
         from fleetkeeper.api.handler import lambda_handler as api_handler
         from fleetkeeper.cleanup.handler import lambda_handler as cleanup_handler
@@ -248,15 +282,16 @@ class EmbeddedControlPlane:
         cleanup_handler = _without_metrics(cleanup_handler)
         reconciler_handler = _without_metrics(reconciler_handler)
         dispatch_handler = _without_metrics(dispatch_handler)
-        self._loop = ReconcileLoop(
-            reconciler_handler, tick=self.options.tick, dispatcher=dispatch_handler, queue_url=queue_url
-        )
+        return _Handlers(api_handler, reconciler_handler, dispatch_handler, cleanup_handler)
+
+    def _stream_pump(self, template: dict[str, Any], cleanup_handler: Handler) -> StreamPump:
+        """The table stream's one reader, feeding the cleanup handler as Lambda's event source would."""
         source = StreamSource.from_template(template)
         if source is None:
             raise RuntimeError("template.yaml declares no DynamoDB event for CleanupFunction")
         stream_arn = aws.dynamodb().describe_table(TableName=self.options.table)["Table"]["LatestStreamArn"]
         table = self.options.table
-        self._pump = StreamPump(
+        return StreamPump(
             _streams_client(self.aws_endpoint),
             stream_arn,
             source,
@@ -265,8 +300,9 @@ class EmbeddedControlPlane:
             on_checkpoint=lambda shard_id, sequence: moto_memory.trim_stream(table, shard_id, sequence),
         )
 
-        self._reconciler_handler = reconciler_handler
-        self._bridge = ApiBridge(
+    def _start_bridge(self, api_handler: Handler) -> ApiBridge:
+        """The HTTP front of the api handler, and the credential the CLI and dashboard find it by."""
+        self._bridge = bridge = ApiBridge(
             (LOOPBACK, self.options.port),
             api_handler,
             token=self.token,
@@ -290,15 +326,7 @@ class EmbeddedControlPlane:
             self._bridge.url, self.token, os.getpid(), self.aws_endpoint, self.aws_access_key_id
         )
         self.published = auth.publish(credential, self.options.local_dir)
-        self._spawn("api-server", self._bridge.serve_forever)
-        self._serving = True
-        self._start_dashboard()
-        if self._loop is not None:
-            self._loop.start()
-        if self._pump is not None:
-            pump = self._pump
-            # Named after the function: readable logs tell the handlers apart by thread.
-            self._spawn(pump.source.function_name, lambda: pump.run(self._stop_pump, interval=0.25))
+        return bridge
 
     def _start_dashboard(self) -> None:
         """The dashboard, calling this run's API with its credential as the CLI does. A port that is

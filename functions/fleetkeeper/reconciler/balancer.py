@@ -100,21 +100,23 @@ def target_group_name(uid: str, stack: str = "") -> str:
     return name
 
 
-# Load-balancer shards (docs/architecture/load-balancer-shards.md). Shard 0 is the template's ALB and
-# its wake target group `fkwake-<stack>`; shard n >= 1 is the ALB `fk-<stack>-<n>` the reconciler
-# made, with the wake target group `fkwake-<stack>-<n>`. Deterministic names: a retried or
-# concurrent create finds the same one. ("This name must be unique per region per account, can have
-# a maximum of 32 characters, must contain only alphanumeric characters or hyphens, must not begin or
-# end with a hyphen, and must not begin with "internal-"", CreateLoadBalancer's Name in botocore's
-# model; fk-<12>-<2 digits> is 18.)
-SHARD_TAG = "fleetkeeper:shard"
+# Load-balancer pools (docs/architecture/load-balancer-pools.md): the load balancers that each host
+# several services. Pool 0 is the template's ALB and its wake target group `fkwake-<stack>`; pool
+# n >= 1 is the ALB `fk-<stack>-<n>` the reconciler made, with the wake target group
+# `fkwake-<stack>-<n>`. Deterministic names: a retried or concurrent create finds the same one.
+# ("This name must be unique per region per account, can have a maximum of 32 characters, must
+# contain only alphanumeric characters or hyphens, must not begin or end with a hyphen, and must not
+# begin with "internal-"", CreateLoadBalancer's Name in botocore's model; fk-<12>-<2 digits> is 18.)
+# The tag's key says shard, as on the load balancers and wake groups deployed stacks already have:
+# kept, so that theirs and the ones made next carry the same tag (a pool is not a dispatcher's shard).
+POOL_TAG = "fleetkeeper:shard"
 MAX_LOAD_BALANCER_NAME = 32
 
 
-def shard_name(stack: str, number: int) -> str:
-    """The ALB name of extra shard `number` (>= 1)."""
+def pool_name(stack: str, number: int) -> str:
+    """The ALB name of extra pool `number` (>= 1)."""
     if number < 1:
-        raise ValueError("shard 0 is the template's load balancer")
+        raise ValueError("pool 0 is the template's load balancer")
     name = f"fk-{stack}-{number}"
     if len(name) > MAX_LOAD_BALANCER_NAME:
         raise ValueError(f"load balancer name {name!r} is over ELB's {MAX_LOAD_BALANCER_NAME} characters")
@@ -122,17 +124,17 @@ def shard_name(stack: str, number: int) -> str:
 
 
 def wake_group_name(stack: str, number: int) -> str:
-    """The wake target group of shard `number` (a target group is attached to one load balancer only)."""
+    """The wake target group of pool `number` (a target group is attached to one load balancer only)."""
     return f"fkwake-{stack}" if number == 0 else f"fkwake-{stack}-{number}"
 
 
-def shard_number(name: str, stack: str) -> int | None:
-    """The shard a load balancer name `fk-<stack>-<n>` is (None: not one of this stack's shards)."""
+def pool_number(name: str, stack: str) -> int | None:
+    """The pool a load balancer name `fk-<stack>-<n>` is (None: not one of this stack's pools)."""
     return _numbered(name, f"fk-{stack}-")
 
 
-def wake_group_shard(name: str, stack: str) -> int | None:
-    """The shard a wake target group name serves (None: not this stack's)."""
+def wake_group_pool(name: str, stack: str) -> int | None:
+    """The pool a wake target group name serves (None: not this stack's)."""
     return 0 if name == f"fkwake-{stack}" else _numbered(name, f"fkwake-{stack}-")
 
 
@@ -191,7 +193,7 @@ class LoadBalancer(Protocol):
         each run observes again)."""
         ...
 
-    def retire_shards(self, now: datetime) -> list[str]:
+    def retire_pools(self, now: datetime) -> list[str]:
         """Delete the load balancers the stack made for more endpoints and no longer uses (the
-        dispatcher's, once a period); the names of those deleted. A balancer without shards: []."""
+        dispatcher's, once a period); the names of those deleted. A balancer without pools: []."""
         ...

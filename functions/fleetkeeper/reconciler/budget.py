@@ -1,4 +1,7 @@
-"""A worker's time budget: what is left of its invocation, and the margins it keeps.
+"""A shard worker's time budget (`ShardBudget`): what is left of its invocation, and the margins it keeps.
+
+(Not the cleanup's `fleetkeeper.cleanup.logic.Budget`, which gates each DynamoDB call on the
+invocation's time alone.)
 
 A shard worker must return before Lambda kills it (its timeout) and before the next period hands the
 same services out again (the shard's `not_after`). It checks the budget at two points only:
@@ -58,7 +61,7 @@ _SLOWEST_FACTOR = 1.25
 
 
 @dataclass
-class Budget:
+class ShardBudget:
     """`remaining()` is the seconds this worker may still use (it may fall below zero)."""
 
     remaining: Callable[[], float]

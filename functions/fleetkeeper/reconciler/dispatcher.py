@@ -1,7 +1,7 @@
 """The dispatcher: the scheduled run's first step, once a period, in one small invocation.
 
 It lists the services from the index (one paginated Query), sends them to the reconcile queue in
-shards (fleetkeeper.reconciler.dispatch), then runs the orphan sweep: the one step that needs every
+shards (fleetkeeper.reconciler.fanout), then runs the orphan sweep: the one step that needs every
 managed instance (a full DescribeInstances) and every live uid, so it runs here, once a period,
 and never in the workers, which describe only their shard's instances. For the same reason it keeps
 the replica identities (fleetkeeper.replicas.identity): before the shards go out it makes (and records)
@@ -23,16 +23,17 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from fleetkeeper import aws
-from fleetkeeper.reconciler.dispatch import make_shards, run_index
+from fleetkeeper.reconciler.fanout import make_shards, run_index
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
     from datetime import datetime
 
     from fleetkeeper.reconciler.queue import ShardQueue
-    from fleetkeeper.reconciler.shell import Reconciler, RunReport
+    from fleetkeeper.reconciler.report import RunReport
+    from fleetkeeper.reconciler.run import Reconciler
     from fleetkeeper.replicas.identity import IdentityKeeper
-    from fleetkeeper.store.reconciler import Listed
+    from fleetkeeper.store.runs import Listed
 
 logger = logging.getLogger(__name__)
 
@@ -57,7 +58,7 @@ class DispatchReport:
     identities_made: list[str] = field(default_factory=list)  # owners' scopes
     identities_refused: dict[str, str] = field(default_factory=dict)  # scope -> why IAM would not
     identities_removed: list[str] = field(default_factory=list)  # owners' scopes
-    shards_retired: list[str] = field(default_factory=list)  # load balancers the stack made and deleted
+    pools_retired: list[str] = field(default_factory=list)  # load balancers the stack made and deleted
     # The call the invocation's deadline stopped (its steps after it were not done), else None.
     out_of_time: str | None = None
 
@@ -67,7 +68,7 @@ class DispatchReport:
             "identities_made": self.identities_made,
             "identities_refused": self.identities_refused,
             "identities_removed": self.identities_removed,
-            "shards_retired": self.shards_retired,
+            "pools_retired": self.pools_retired,
             "services": self.services,
             "shards": self.shards,
             "send_calls": self.send_calls,
@@ -127,9 +128,9 @@ class Dispatcher:
         }
         if self.identities is not None:
             report.identities_removed = self._sweep_identities(listed)
-        report.shards_retired = self._retire_shards(now)
+        report.pools_retired = self._retire_pools(now)
 
-    def _retire_shards(self, now: datetime) -> list[str]:
+    def _retire_pools(self, now: datetime) -> list[str]:
         """The load balancers the stack made for more endpoints and no longer uses go (their own
         grace period keeps one a worker may be placing a service on); a failure is logged, and the
         next period tries again."""
@@ -137,14 +138,14 @@ class Dispatcher:
         if balancer is None:
             return []
         try:
-            retired = balancer.retire_shards(now)
+            retired = balancer.retire_pools(now)
         except aws.DeadlineReached:
             raise
         except Exception:
-            logger.exception("the sweep of load balancer shards failed; the next dispatch retries")
+            logger.exception("the sweep of load balancer pools failed; the next dispatch retries")
             return []
         for name in retired:
-            logger.info("load balancer shard %s deleted: it carried no service any more", name)
+            logger.info("load balancer pool %s deleted: it carried no service any more", name)
         return retired
 
     def _ensure_identities(self, listed: Sequence[Listed], report: DispatchReport) -> None:

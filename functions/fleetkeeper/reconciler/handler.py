@@ -47,13 +47,13 @@ if TYPE_CHECKING:
     from aws_lambda_powertools.utilities.typing import LambdaContext
 
     from fleetkeeper.reconciler.dispatcher import Dispatcher
-    from fleetkeeper.reconciler.shell import Reconciler
+    from fleetkeeper.reconciler.run import Reconciler
 
 logger = Logger()
 # ReconcileCompleted, once per run that got to the end: the stack's "no completed run in 5 minutes"
 # alarm watches it (namespace and `service` dimension from POWERTOOLS_* in template.yaml).
 metrics = Metrics()
-# The shell logs through the stdlib logger "fleetkeeper.reconciler.shell": give its "fleetkeeper"
+# The reconciler logs through stdlib loggers (fleetkeeper.reconciler.run, .apply...): give their "fleetkeeper"
 # ancestor Powertools' JSON handler (it must exist first: Powertools configures registered loggers).
 logging.getLogger("fleetkeeper")
 copy_config_to_registered_loggers(source_logger=logger, include={"fleetkeeper"})
@@ -77,8 +77,8 @@ def build_reconciler(settings: Settings) -> Reconciler:
     from fleetkeeper.reconciler.balancers import make_balancer
     from fleetkeeper.reconciler.drivers import make_driver
     from fleetkeeper.reconciler.metrics import RequestRates
-    from fleetkeeper.reconciler.shell import Reconciler
-    from fleetkeeper.store.reconciler import ReconcilerStore
+    from fleetkeeper.reconciler.run import Reconciler
+    from fleetkeeper.store.runs import ReconcilerStore
     from fleetkeeper.store.table import Table
 
     balancer = make_balancer(settings)
@@ -98,6 +98,7 @@ def build_reconciler(settings: Settings) -> Reconciler:
         driver=make_driver(settings),
         probe_budget_seconds=settings.probe_budget_seconds,
         read_concurrency=settings.read_concurrency,
+        adopt_untagged_replicas=settings.adopt_untagged_replicas,
         balancer=balancer,
         rates=rates,
     )
@@ -291,8 +292,8 @@ def _run_record(
 
 
 def _run_shard(reconciler: Reconciler, settings: Settings, body: str, context: LambdaContext) -> dict[str, Any]:
-    from fleetkeeper.reconciler.budget import Budget
-    from fleetkeeper.reconciler.dispatch import Shard, ShardError
+    from fleetkeeper.reconciler.budget import ShardBudget
+    from fleetkeeper.reconciler.fanout import Shard, ShardError
 
     try:
         shard = Shard.from_body(body)
@@ -310,7 +311,7 @@ def _run_shard(reconciler: Reconciler, settings: Settings, body: str, context: L
         # It waited in the queue past its period: the next dispatch has handed its services out again.
         logger.warning("shard %d of run %d is stale: skipped", shard.index, shard.run)
         return {"shard": shard.index, "run": shard.run, "stale": True, "skipped": list(shard.services)}
-    budget = Budget(remaining, settings.service_margin_seconds, settings.action_margin_seconds)
+    budget = ShardBudget(remaining, settings.service_margin_seconds, settings.action_margin_seconds)
     report = reconciler.run_shard(shard.ordered(), budget)
     summary = {"shard": shard.index, "run": shard.run, **report.as_dict()}
     _log_run(summary, kick=None)

@@ -74,8 +74,7 @@ def alb_check(probe: ReadinessProbe, envs: Mapping[str, str]) -> HealthCheck:
     sendable = (
         len(resolved.path) <= PATH_MAX
         and not resolved.variables()
-        and not resolved.headers
-        and resolved.post_data is None
+        and not resolved.unsendable_by_alb()  # headers, post_data (spec.service.PROBE_OPTIONS)
     )
     if sendable:
         return HealthCheck(resolved.path, PROBE_CODES, timeout, interval)

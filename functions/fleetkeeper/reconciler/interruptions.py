@@ -7,7 +7,7 @@ Two detail types (source `aws.ec2`), each naming one instance in `detail.instanc
 
 The stack's InterruptionRule (template.yaml) puts each on the kick queue, trimmed by an input
 transformer to the fields read here, so the worker records the warning on the replica and reconciles
-its service at once (fleetkeeper.reconciler.shell.Reconciler.interrupt). A whole EventBridge event,
+its service at once (fleetkeeper.reconciler.instance_events.interrupt). A whole EventBridge event,
 as a direct invoke or `fleetkeeper local`'s simulation sends it, reads the same.
 """
 

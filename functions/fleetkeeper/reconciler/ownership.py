@@ -7,12 +7,12 @@ ClientToken (`fk-<stack>-<uid>-<replica>`), which only the launcher could set, s
 onto another instance makes nothing any stack's (plan.launched_by_fleetkeeper).
 
 A stack upgraded in place still runs replicas launched before stacks had ids: no stack tag, the old
-token `fk-<uid>-<replica>`. Such an instance is adopted (tagged with this stack's id, then treated as
-any other of its instances) only when its uid is one of this stack's own services' (read from its
-own table: uids are random per incarnation, so another stack's table never holds it). One whose uid
-this stack does not know is never adopted, and never swept as an orphan either: without the tag
-nothing proves it is this stack's (docs/architecture/stacks-and-security.md, "A stack upgraded in
-place", says what an operator does with the leftovers of services deleted before the upgrade).
+token `fk-<uid>-<replica>`. Such an instance is LEGACY when its uid is one of this stack's own
+services' (fleetkeeper.reconciler.legacy, which adopts it only while the stack's setting says so,
+and is removed with it). One whose uid this stack does not know is never adopted, and never swept
+as an orphan either: without the tag nothing proves it is this stack's
+(docs/architecture/stacks-and-security.md, "A stack upgraded in place", says what an operator does
+with the leftovers of services deleted before the upgrade).
 
 Every part of the reconciler that acts on an instance asks `ownership` (or `is_ours`) first: the
 shell's runs and sweep, a spot warning's handling, and any later worker that acts on one instance.
@@ -23,7 +23,7 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import TYPE_CHECKING
 
-from fleetkeeper.reconciler.driver import client_token
+from fleetkeeper.reconciler.legacy import is_legacy
 from fleetkeeper.reconciler.plan import launched_by_fleetkeeper
 
 if TYPE_CHECKING:
@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 class Ownership(StrEnum):
     # Tagged with this stack's id, launched by fleetkeeper with a token for it (or adopted earlier).
     OURS = "ours"
-    # Launched by this stack before stacks had ids: ours once tagged (ReplicaDriver.adopt).
+    # Launched by this stack before stacks had ids: ours once tagged (fleetkeeper.reconciler.legacy).
     LEGACY = "legacy"
     # Another stack's, or launched by something other than fleetkeeper: never touched.
     FOREIGN = "foreign"
@@ -51,7 +51,7 @@ def ownership(instance: Instance, stack_id: str, own_uids: Set[str] = frozenset(
         return Ownership.FOREIGN
     if instance.stack:
         return Ownership.OURS if instance.stack == stack_id else Ownership.FOREIGN
-    if instance.uid in own_uids and is_legacy_token(instance):
+    if is_legacy(instance, own_uids):
         return Ownership.LEGACY
     return Ownership.FOREIGN
 
@@ -59,10 +59,3 @@ def ownership(instance: Instance, stack_id: str, own_uids: Set[str] = frozenset(
 def is_ours(instance: Instance, stack_id: str, own_uids: Set[str] = frozenset()) -> bool:
     """Whether this stack may act on `instance` (adopting it first when it is LEGACY)."""
     return ownership(instance, stack_id, own_uids) is not Ownership.FOREIGN
-
-
-def is_legacy_token(instance: Instance) -> bool:
-    """Whether the instance's ClientToken is one a launch made before stacks had ids."""
-    token = instance.client_token or ""
-    base = client_token(instance.uid, instance.replica_id)
-    return token == base or token.startswith(base + "-")

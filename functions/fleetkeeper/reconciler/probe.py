@@ -16,7 +16,6 @@ the result its typed `boot_failure`.
 from __future__ import annotations
 
 import http.client
-import json
 import socket
 import time
 import urllib.parse
@@ -169,12 +168,7 @@ def probe_one(target: ProbeTarget) -> ProbeResult:
     """One probe, over within `timeout_seconds` (plus scheduling noise) whatever the replica does, its
     redirects within the replica included."""
     probe = target.probe
-    headers = dict(probe.headers)
-    data: bytes | None = None
-    if probe.post_data is not None:
-        data = json.dumps(probe.post_data).encode()
-        if not any(key.lower() == "content-type" for key in headers):
-            headers["Content-Type"] = "application/json"
+    method, headers, data = probe.request()
     # A spec stored before the limit existed may ask for more: it gets the longest a probe may take.
     seconds = min(probe.timeout_seconds, MAX_READINESS_TIMEOUT_SECONDS)
     url = urllib.parse.urlsplit(target.base_url + probe.path)
@@ -182,7 +176,6 @@ def probe_one(target: ProbeTarget) -> ProbeResult:
         return ProbeResult(target.base_url, False, f"not an http URL: {target.base_url}")
     replica = (url.hostname.lower(), url.port or 80)
     deadline = time.monotonic() + seconds
-    method = "POST" if data is not None else "GET"
     for _ in range(MAX_REDIRECTS + 1):
         path = (url.path or "/") + (f"?{url.query}" if url.query else "")
         answer = _exchange(target, url.hostname, url.port, method, path, data, headers, deadline, seconds)
@@ -266,7 +259,7 @@ def probe_all(targets: Sequence[ProbeTarget], budget_seconds: float) -> dict[Has
     A probe still queued or running when the budget is spent has `answered` False ("no verdict"). The
     run's own phase counts it a failed probe (a READY replica that cannot answer in time is not ready,
     and must not stay READY for ever because its probe never got to run); the long probes' phase, when
-    it could not give a probe its whole timeout, leaves it to a run of its own (reconciler.shell).
+    it could not give a probe its whole timeout, leaves it to a run of its own (reconciler.run).
     Each probe is over within its own timeout, which the spec keeps inside an invocation
     (`settings.MAX_READINESS_TIMEOUT_SECONDS`); the shell gives the probes that do not fit the run's
     probe budget a phase of their own, off the run's critical path.

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from fleetkeeper import aws
-from fleetkeeper.reconciler.dispatch import Shard, batches
+from fleetkeeper.reconciler.fanout import Shard, batches
 
 if TYPE_CHECKING:
     from collections.abc import Sequence

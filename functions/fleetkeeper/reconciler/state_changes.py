@@ -5,7 +5,7 @@ Detail type "EC2 Instance State-change Notification" (source `aws.ec2`) names on
 (template.yaml) sends the states that end a replica's service (stopping, stopped, shutting-down,
 terminated) to the kick queue, trimmed by an input transformer to these fields, so the worker
 reconciles the service whose replica it was at once instead of at the next scheduled run
-(fleetkeeper.reconciler.shell.Reconciler.instance_changed). The event carries no tags: the rule
+(fleetkeeper.reconciler.instance_events.instance_changed). The event carries no tags: the rule
 matches every instance of the account and Region, and the worker keeps only the stack's.
 """
 

@@ -23,6 +23,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
+from fleetkeeper.choices import DEFAULT_LOAD_BALANCING_POLICY, DEFAULT_UPDATE_MODE, LoadBalancingPolicy, UpdateMode
 from fleetkeeper.errors import InvalidRequest
 from fleetkeeper.settings import CONSECUTIVE_FAILURE_SECONDS, MAX_READINESS_TIMEOUT_SECONDS, MAX_SERVICE_NAME_LENGTH
 
@@ -75,15 +76,9 @@ def root_device_of_parameter(parameter: str) -> str | None:
     )
 
 
-# The endpoint's load balancing policies, by SkyPilot Serve's names: `least_load` (SkyPilot's default)
-# sends a request to the replica with the fewest in flight (the ALB's least_outstanding_requests),
-# `round_robin` to each in turn (the ALB's round_robin).
-# SkyPilot's `instance_aware_least_load` (the fewest in flight relative to each replica's per-accelerator
-# target) is least_load here: an ALB target group has no per-target weights, and sending each request to
-# the replica with the fewest in flight already gives a faster replica more (it finishes sooner).
-LOAD_BALANCING_POLICIES = ("least_load", "round_robin", "instance_aware_least_load")
-DEFAULT_LOAD_BALANCING_POLICY = "least_load"
-_BALANCED_AS = {"instance_aware_least_load": "least_load"}
+# The endpoint's load balancing policies, by SkyPilot Serve's names, are fleetkeeper.choices'
+# LoadBalancingPolicy (SkyPilot's instance_aware_least_load is balanced as least_load there).
+LOAD_BALANCING_POLICIES = tuple(LoadBalancingPolicy)
 # How long a replica leaving the endpoint may finish its requests in flight before it is terminated
 # (the ALB's deregistration delay; its range is 0-3600 s). SkyPilot's 120 s: a model server's
 # streamed answers get two minutes to finish before the replica goes.
@@ -211,6 +206,46 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True, defer_build=True)
 
 
+@dataclass(frozen=True)
+class ProbeOption:
+    """How fleetkeeper treats one field of `ReadinessProbe` beyond validating it."""
+
+    # Its `$NAME`s are filled from the version's envs and secrets (SkyPilot's substitution):
+    # `ReadinessProbe.variables` and `resolved` read it.
+    substituted: bool = False
+    # An ALB health check cannot send it: a probe that sets it (to anything but its default) gets the
+    # fallback check (fleetkeeper.reconciler.health_check reads it).
+    unsendable_by_alb: bool = False
+
+
+# Every field of ReadinessProbe, classified (tests/test_choices.py fails while one is missing).
+#
+# Adding a probe option:
+# 1. its field on ReadinessProbe, with a default: stored specs (version items) without it must keep
+#    decoding, and read as the default (`stored_spec`); a rule that only keeps new specs out checks
+#    `_stored(info)`;
+# 2. its entry here;
+# 3. its behaviour: what the probe sends is `ReadinessProbe.request` (the reconciler's prober,
+#    fleetkeeper.reconciler.probe, and the planner's status messages read it); what a verdict waits
+#    for is the planner's (fleetkeeper.reconciler.plan.observe reads `timeout_seconds`,
+#    `initial_delay_seconds` and `failure_window_seconds`);
+# 4. its words in docs/architecture/spec-and-placement.md ("Probes and updates").
+# A probe option is control-plane only (a change takes effect in place: spec/changes.py's
+# `readiness_probe`), and the ALB health check's timing follows `timeout_seconds` alone.
+PROBE_OPTIONS: dict[str, ProbeOption] = {
+    "path": ProbeOption(substituted=True),
+    "initial_delay_seconds": ProbeOption(),
+    "timeout_seconds": ProbeOption(),
+    "headers": ProbeOption(substituted=True, unsendable_by_alb=True),
+    "post_data": ProbeOption(substituted=True, unsendable_by_alb=True),
+    "consecutive_failure_threshold_timeout": ProbeOption(),
+}
+_SUBSTITUTED = tuple(name for name, option in PROBE_OPTIONS.items() if option.substituted)
+
+
+# SkyPilot's `service.readiness_probe`; its options are classified in PROBE_OPTIONS (above), which
+# says where a new one goes. (A comment, not a docstring: pydantic would publish a docstring as the
+# schema's description in docs/openapi.json.)
 class ReadinessProbe(_Strict):
     path: Annotated[str, Field(pattern=r"^/", max_length=2048)]
     # From the end of provisioning: the first run that sees the instance running (SkyPilot's
@@ -257,22 +292,41 @@ class ReadinessProbe(_Strict):
         ) from None
 
     def variables(self) -> set[str]:
-        """The `$NAME`s its path, headers and post_data mention (filled from envs and secrets)."""
-        return _variables(self.path) | _variables(self.headers) | _variables(self.post_data)
+        """The `$NAME`s its substituted options (path, headers, post_data) mention (filled from envs
+        and secrets)."""
+        return set().union(*(_variables(getattr(self, name)) for name in _SUBSTITUTED))
 
     def resolved(self, values: Mapping[str, str]) -> ReadinessProbe:
-        """This probe with `$NAME` and `${NAME}` in its path, headers and post_data replaced from
-        `values` (the version's envs and secrets), as SkyPilot fills its service section; a name
-        not in `values` stays as written."""
+        """This probe with `$NAME` and `${NAME}` in its substituted options (path, headers, post_data)
+        replaced from `values` (the version's envs and secrets), as SkyPilot fills its service section;
+        a name not in `values` stays as written."""
         if not self.variables() & set(values):
             return self
-        return self.model_copy(
-            update={
-                "path": _substitute(self.path, values),
-                "headers": _substituted(self.headers, values),
-                "post_data": _substituted(self.post_data, values),
-            }
-        )
+        return self.model_copy(update={name: _substituted(getattr(self, name), values) for name in _SUBSTITUTED})
+
+    def unsendable_by_alb(self) -> list[str]:
+        """The options this probe sets that an ALB health check cannot send (PROBE_OPTIONS)."""
+        fields = type(self).model_fields
+        return [
+            name
+            for name, option in PROBE_OPTIONS.items()
+            if option.unsendable_by_alb and getattr(self, name) != fields[name].get_default(call_default_factory=True)
+        ]
+
+    @property
+    def method(self) -> str:
+        """A POST of `post_data` (as JSON) when it is set, else a GET."""
+        return "GET" if self.post_data is None else "POST"
+
+    def request(self) -> tuple[str, dict[str, str], bytes | None]:
+        """What the probe sends to `path`: its method, headers and body (`post_data` as JSON, with a
+        JSON Content-Type unless its headers give one)."""
+        headers = dict(self.headers)
+        if self.post_data is None:
+            return self.method, headers, None
+        if not any(key.lower() == "content-type" for key in headers):
+            headers["Content-Type"] = "application/json"
+        return self.method, headers, json.dumps(self.post_data).encode()
 
     @field_validator("timeout_seconds")
     @classmethod
@@ -387,10 +441,7 @@ class ServiceSection(_Strict):
     @classmethod
     def _known_policy(cls, value: str | None) -> str | None:
         if value is not None and value not in LOAD_BALANCING_POLICIES:
-            raise ValueError(
-                f"{value!r} is not a load balancing policy: use least_load (the default: the replica with the "
-                "fewest requests in flight), round_robin or instance_aware_least_load"
-            )
+            raise ValueError(f"{value!r} is not a load balancing policy: use {LoadBalancingPolicy.in_words()}")
         return value
 
     @field_validator("readiness_probe", mode="before")
@@ -737,13 +788,13 @@ class Resources(_Placed):
 
 
 class UpdatePolicy(_Strict):
-    mode: Literal["rolling", "blue_green"] = "rolling"
+    mode: UpdateMode = DEFAULT_UPDATE_MODE
     max_surge: Annotated[int, Field(ge=0, le=1000)] = 1
     max_unavailable: Annotated[int, Field(ge=0, le=1000)] = 0
 
     @model_validator(mode="after")
     def _can_make_progress(self) -> UpdatePolicy:
-        if self.mode == "rolling" and self.max_surge == 0 and self.max_unavailable == 0:
+        if self.mode is UpdateMode.ROLLING and self.max_surge == 0 and self.max_unavailable == 0:
             raise ValueError("a rolling update needs max_surge or max_unavailable above 0 to make progress")
         return self
 
@@ -996,11 +1047,11 @@ class ServiceSpec(_Strict):
         return opened[0] if opened else DEFAULT_PORT
 
     @property
-    def load_balancing_policy(self) -> str:
-        """The endpoint's policy: `service.load_balancing_policy` (instance_aware_least_load as least_load),
-        else least_load."""
-        policy = self.service.load_balancing_policy or DEFAULT_LOAD_BALANCING_POLICY
-        return _BALANCED_AS.get(policy, policy)
+    def load_balancing_policy(self) -> LoadBalancingPolicy:
+        """The endpoint's policy: `service.load_balancing_policy` as balanced (instance_aware_least_load
+        as least_load), else least_load."""
+        policy = LoadBalancingPolicy(self.service.load_balancing_policy or DEFAULT_LOAD_BALANCING_POLICY)
+        return policy.balanced_as
 
     @property
     def drain_seconds(self) -> int:

@@ -12,6 +12,7 @@ import json
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from fleetkeeper.choices import LoadBalancingPolicy, UpdateMode
 from fleetkeeper.model import (
     AccessGrant,
     AutoscalerState,
@@ -173,13 +174,13 @@ def endpoint_item(endpoint: EndpointRecord) -> Item:
     }
 
 
-_OLD_CHECK = EndpointConfig(port=0, policy="", drain_seconds=0, health_path="/")
+_OLD_CHECK = EndpointConfig(port=0, policy=LoadBalancingPolicy.LEAST_LOAD, drain_seconds=0, health_path="/")
 
 
 def endpoint_from_item(item: Mapping[str, Any]) -> EndpointRecord:
     config = EndpointConfig(
         port=int(item["port"]),
-        policy=str(item["policy"]),
+        policy=LoadBalancingPolicy(str(item["policy"])),
         drain_seconds=int(item["drain_seconds"]),
         health_path=str(item["health_path"]),
         # Absent from endpoints recorded before the check followed the probe: what they were made with.
@@ -195,7 +196,7 @@ def endpoint_from_item(item: Mapping[str, Any]) -> EndpointRecord:
         route=str(item["route"]),
         dimensions=tuple(sorted((str(k), str(v)) for k, v in dimensions.items())),
         waking_since=str(item["waking_since"]) if item.get("waking_since") else None,
-        # Absent from endpoints recorded before shards: the stack's template ALB.
+        # Absent from endpoints recorded before pools: the stack's template ALB.
         load_balancer=str(item["load_balancer"]) if item.get("load_balancer") else None,
     )
 
@@ -279,7 +280,7 @@ def version_from_item(item: Mapping[str, Any]) -> VersionRecord:
         version=int(item["version"]),
         # Validated once per text, not on every read of every version (store/specs.py).
         spec=specs.parsed(str(item["spec"])),
-        mode=str(item["mode"]),
+        mode=UpdateMode(str(item["mode"])),
         created_at=str(item["created_at"]),
         state=VersionState(item.get("state", VersionState.NEW.value)),
         state_message=str(item.get("state_message", "")),

@@ -51,6 +51,7 @@ if TYPE_CHECKING:
 
     from mypy_boto3_dynamodb.type_defs import AttributeValueTypeDef, TransactWriteItemTypeDef
 
+    from fleetkeeper.choices import UpdateMode
     from fleetkeeper.model import AccessGrant
     from fleetkeeper.service_events import Event, EventRecord
     from fleetkeeper.spec.service import ServiceSpec
@@ -138,7 +139,7 @@ class CommandStore:
         self,
         name: str,
         spec: ServiceSpec,
-        mode: str,
+        mode: UpdateMode,
         now: str,
         *,
         status_message: str,
@@ -206,7 +207,7 @@ class CommandStore:
         self,
         state: ServiceState,
         spec: ServiceSpec,
-        mode: str,
+        mode: UpdateMode,
         now: str,
         *,
         expected_generation: int | None,

@@ -6,7 +6,7 @@ launched with a ClientToken it derives (fleetkeeper.reconciler.ownership); load 
 `fk-<stack id>-<n>` and tagged with its id; target groups named for it (`fk-<stack id>-*`, the
 legacy `fk-<uid>`, `fkwake-<stack id>-<n>`) and tagged with its id; listeners and rules of its own
 ALB and listeners that carry the managed tag; alias records in its hosted zone that point at one of
-its shards (their DNS names carry its id); roles and instance profiles on its path
+its pools (their DNS names carry its id); roles and instance profiles on its path
 `/fleetkeeper/<stack id>/`; parameters under its table's name; objects of its own bucket.
 
 A pass walks the kinds in the order their deletions unblock each other:
@@ -14,11 +14,11 @@ A pass walks the kinds in the order their deletions unblock each other:
     instances        terminated (their owners' roles go below; EC2 stops them in a minute or two)
     routes           the code's listeners on the template's ALB and rules on its listeners: a target
                      group is refused (ResourceInUse) while one forwards to it
-    records          before the shards they point at, while their names still say whose they are
-    load balancers   the shards (their listeners and rules go with them)
-    interfaces       a deleted shard's network interfaces, which AWS releases within minutes: until
+    records          before the pools they point at, while their names still say whose they are
+    load balancers   the pools (their listeners and rules go with them)
+    interfaces       a deleted pool's network interfaces, which AWS releases within minutes: until
                      then the template's security group cannot be deleted (DependencyViolation)
-    target groups    the services' and the shards' wake groups, once no route forwards to them
+    target groups    the services' and the pools' wake groups, once no route forwards to them
     replica roles    detached from ReplicaOwnerPolicy (which IAM refuses to delete while attached),
                      out of their profiles, both deleted
     parameters       the secrets under /fleetkeeper/<table>/ and the api's HMAC key
@@ -48,8 +48,8 @@ from fleetkeeper.reconciler.balancer import (
     MANAGED_TAG,
     MANAGED_VALUE,
     STACK_TAG,
-    shard_number,
-    wake_group_shard,
+    pool_number,
+    wake_group_pool,
 )
 from fleetkeeper.reconciler.driver import InstanceState
 from fleetkeeper.reconciler.drivers.ec2 import Ec2Driver
@@ -103,9 +103,9 @@ class StackScope:
     hosted_zone_id: str = ""
     domain_name: str = ""
 
-    def owns_shard_dns(self, dns_name: str) -> bool:
-        """Whether an alias target is one of this stack's shards n >= 1: an ALB's DNS name begins with
-        its name (`internal-` first for an internal one), and a shard's name carries the stack id."""
+    def owns_pool_dns(self, dns_name: str) -> bool:
+        """Whether an alias target is one of this stack's pools n >= 1: an ALB's DNS name begins with
+        its name (`internal-` first for an internal one), and a pool's name carries the stack id."""
         name = dns_name.lower().rstrip(".").removeprefix("dualstack.").removeprefix("internal-")
         return re.match(rf"fk-{re.escape(self.stack_id)}-[1-9][0-9]*-[a-z0-9-]*\.", name) is not None
 
@@ -183,8 +183,8 @@ class Uninstall:
             found["rules"] += self.template_rules()
             if self.scope.hosted_zone_id and self.scope.domain_name:
                 found["records"] += self.records()
-            found["load balancers"] += len(self.shards())
-            interfaces = self.shard_interfaces() if self.scope.security_group_id else 0
+            found["load balancers"] += len(self.pools())
+            interfaces = self.pool_interfaces() if self.scope.security_group_id else 0
             found["network interfaces"] += interfaces
             waiting["network interfaces"] += interfaces
             groups, in_use = self.target_groups()
@@ -233,8 +233,8 @@ class Uninstall:
         return len(managed)
 
     def records(self) -> int:
-        """The alias A records under the domain that point at one of the stack's shards (the
-        reconciler publishes NAME.<domain> for services past shard 0; the wildcard is the user's)."""
+        """The alias A records under the domain that point at one of the stack's pools (the
+        reconciler publishes NAME.<domain> for services past pool 0; the wildcard is the user's)."""
         suffix = "." + self.scope.domain_name.lower().rstrip(".")
         ours = [
             record
@@ -242,13 +242,13 @@ class Uninstall:
             if record.get("Type") == "A"
             and str(record.get("Name", "")).lower().rstrip(".").endswith(suffix)
             and not str(record.get("Name", "")).startswith(("*", "\\052"))
-            and self.scope.owns_shard_dns(str((record.get("AliasTarget") or {}).get("DNSName", "")))
+            and self.scope.owns_pool_dns(str((record.get("AliasTarget") or {}).get("DNSName", "")))
         ]
         for start in range(0, len(ours), _RECORDS_PER_BATCH):
             self._delete_records(ours[start : start + _RECORDS_PER_BATCH])
         return len(ours)
 
-    def shards(self) -> list[str]:
+    def pools(self) -> list[str]:
         """Delete the load balancers the stack made past its first (their listeners and rules go with
         them: *DeleteLoadBalancer*); the ARNs found."""
         elbv2 = aws.elbv2()
@@ -260,7 +260,7 @@ class Uninstall:
             named.extend(
                 str(b["LoadBalancerArn"])
                 for b in page.get("LoadBalancers", [])
-                if shard_number(str(b.get("LoadBalancerName", "")), self.scope.stack_id) is not None
+                if pool_number(str(b.get("LoadBalancerName", "")), self.scope.stack_id) is not None
             )
             if not page.get("NextMarker"):
                 break
@@ -270,8 +270,8 @@ class Uninstall:
             self._delete("load balancers", elbv2.delete_load_balancer, LoadBalancerArn=arn)
         return ours
 
-    def shard_interfaces(self) -> int:
-        """Network interfaces of the stack's (deleted) shards still in the template's security group:
+    def pool_interfaces(self) -> int:
+        """Network interfaces of the stack's (deleted) pools still in the template's security group:
         an ALB's carry the description `ELB app/<name>/<id>`. Only waited for: they are AWS's."""
         self._tick()
         prefix = f"ELB app/fk-{self.scope.stack_id}-"
@@ -281,7 +281,7 @@ class Uninstall:
             page = aws.ec2().describe_network_interfaces(**kwargs)
             for interface in page.get("NetworkInterfaces", []):
                 described = str(interface.get("Description", ""))
-                if described.startswith(prefix) and shard_number(described.split("/")[1], self.scope.stack_id):
+                if described.startswith(prefix) and pool_number(described.split("/")[1], self.scope.stack_id):
                     found += 1
             if not page.get("NextToken"):
                 return found
@@ -289,7 +289,7 @@ class Uninstall:
             kwargs["NextToken"] = page["NextToken"]
 
     def target_groups(self) -> tuple[int, int]:
-        """Delete the services' target groups and the shards' wake groups (the template's own wake
+        """Delete the services' target groups and the pools' wake groups (the template's own wake
         group carries no managed tag: CloudFormation's); (found, still in use by a route)."""
         elbv2 = aws.elbv2()
         named: list[str] = []
@@ -395,8 +395,8 @@ class Uninstall:
     def _our_group_name(self, group: Mapping[str, Any]) -> bool:
         name = str(group.get("TargetGroupName", ""))
         stack = self.scope.stack_id
-        shard = wake_group_shard(name, stack)
-        return name.startswith(f"fk-{stack}-") or _LEGACY_GROUP.fullmatch(name) is not None or bool(shard)
+        pool = wake_group_pool(name, stack)
+        return name.startswith(f"fk-{stack}-") or _LEGACY_GROUP.fullmatch(name) is not None or bool(pool)
 
     def _elb_tags(self, arns: Sequence[str]) -> dict[str, dict[str, str]]:
         """{arn: its tags}, 20 ARNs a DescribeTags; one gone meanwhile is left out."""

@@ -10,10 +10,10 @@ with the ALB's own `x-forwarded-port`):
 - without one: the listener port (`x-forwarded-port`) on the load balancer that invoked it: each
   service has a listener of its own, which the reconciler tagged with the service's name. The load
   balancer is the one whose wake group the event names (`requestContext.elb.targetGroupArn`): the
-  template's `fkwake-<stack>` is the template's ALB, a shard's `fkwake-<stack>-<n>` the shard
-  `fk-<stack>-<n>` (docs/architecture/load-balancer-shards.md). Looked up per (shard, port) and
-  process (DescribeLoadBalancers for a shard, DescribeListeners + DescribeTags) and kept for
-  `_PORT_CACHE_SECONDS`, the shard's ARN too: a retired shard made again has another ARN.
+  template's `fkwake-<stack>` is the template's ALB, a pool's `fkwake-<stack>-<n>` the pool
+  `fk-<stack>-<n>` (docs/architecture/load-balancer-pools.md). Looked up per (pool, port) and
+  process (DescribeLoadBalancers for a pool, DescribeListeners + DescribeTags) and kept for
+  `_PORT_CACHE_SECONDS`, the pool's ARN too: a retired pool made again has another ARN.
 
 Small and quick to start: it imports boto3 and the store's one write, nothing of the api or the
 reconciler; outside the VPC (it calls DynamoDB, SQS and ELB only).
@@ -34,8 +34,8 @@ from fleetkeeper.reconciler.balancer import (
     MANAGED_TAG,
     MANAGED_VALUE,
     SERVICE_TAG,
-    shard_name,
-    wake_group_shard,
+    pool_name,
+    wake_group_pool,
 )
 from fleetkeeper.settings import ALB_ARN_ENV, DOMAIN_NAME_ENV, Settings, stack_id_of
 from fleetkeeper.store.table import Table
@@ -50,10 +50,10 @@ logger.setLevel(logging.INFO)
 
 _PORT_CACHE_SECONDS = 60.0
 _ports: dict[tuple[int, int], tuple[str | None, float]] = {}
-# Shard number -> (its load balancer's ARN, until when that is trusted): a shard the dispatcher
+# Pool number -> (its load balancer's ARN, until when that is trusted): a pool the dispatcher
 # retired and the reconciler made again under the same name has another ARN, so the answer is kept
 # no longer than a port's.
-_shards: dict[int, tuple[str | None, float]] = {}
+_pools: dict[int, tuple[str | None, float]] = {}
 _recorder: DemandRecorder | None = None
 # Requests one client may have recorded, per process (fleetkeeper.wake.sources).
 _sources = SourceBound()
@@ -115,43 +115,43 @@ def service_of(headers: Mapping[str, str], environ: Mapping[str, str], target_gr
     stack = stack_id_of(environ)
     group_name = target_group.split(":targetgroup/", 1)[-1].split("/", 1)[0] if target_group else ""
     # Only this stack's wake groups may invoke the function (its permissions' SourceArn): a group
-    # that is not a shard's is the template's.
-    shard = (wake_group_shard(group_name, stack) if group_name else None) or 0
-    return _service_on_port(port, shard, stack, environ.get(ALB_ARN_ENV, ""))
+    # that is not a pool's is the template's.
+    pool = (wake_group_pool(group_name, stack) if group_name else None) or 0
+    return _service_on_port(port, pool, stack, environ.get(ALB_ARN_ENV, ""))
 
 
-def _service_on_port(port: int, shard: int, stack: str, alb_arn: str) -> str | None:
-    cached = _ports.get((shard, port))
+def _service_on_port(port: int, pool: int, stack: str, alb_arn: str) -> str | None:
+    cached = _ports.get((pool, port))
     now = time.monotonic()
     if cached is not None and cached[1] > now:
         return cached[0]
-    balancer = alb_arn if shard == 0 else _shard_arn(shard, stack, now)
+    balancer = alb_arn if pool == 0 else _pool_arn(pool, stack, now)
     try:
         name = _look_up_port(port, balancer) if balancer else None
     except ClientError as exc:
-        if _code(exc) != "LoadBalancerNotFound" or shard == 0:
+        if _code(exc) != "LoadBalancerNotFound" or pool == 0:
             raise
-        # The shard went since its ARN was looked up (retired, perhaps made again): look again.
-        _shards.pop(shard, None)
-        balancer = _shard_arn(shard, stack, now)
+        # The pool went since its ARN was looked up (retired, perhaps made again): look again.
+        _pools.pop(pool, None)
+        balancer = _pool_arn(pool, stack, now)
         name = _look_up_port(port, balancer) if balancer else None
-    _ports[(shard, port)] = (name, now + _PORT_CACHE_SECONDS)
+    _ports[(pool, port)] = (name, now + _PORT_CACHE_SECONDS)
     return name
 
 
-def _shard_arn(shard: int, stack: str, now: float) -> str | None:
-    """The ARN of the stack's load balancer shard `shard` (>= 1), by its deterministic name."""
-    cached = _shards.get(shard)
+def _pool_arn(pool: int, stack: str, now: float) -> str | None:
+    """The ARN of the stack's load balancer pool `pool` (>= 1), by its deterministic name."""
+    cached = _pools.get(pool)
     if cached is not None and cached[1] > now:
         return cached[0]
     try:
-        found = aws.elbv2().describe_load_balancers(Names=[shard_name(stack, shard)])["LoadBalancers"]
+        found = aws.elbv2().describe_load_balancers(Names=[pool_name(stack, pool)])["LoadBalancers"]
     except ClientError as exc:
         if _code(exc) != "LoadBalancerNotFound":
             raise
         found = []
     arn = str(found[0]["LoadBalancerArn"]) if found else None
-    _shards[shard] = (arn, now + _PORT_CACHE_SECONDS)
+    _pools[pool] = (arn, now + _PORT_CACHE_SECONDS)
     return arn
 
 
@@ -199,4 +199,4 @@ def reset() -> None:
     _recorder = None
     _sources = SourceBound()
     _ports.clear()
-    _shards.clear()
+    _pools.clear()

@@ -35,7 +35,7 @@ def make_balancer(settings: Settings) -> LoadBalancer | None:
         from fleetkeeper.reconciler.balancers.alb import AlbBalancer
 
         settings.alb.check()
-        return AlbBalancer.from_settings(settings.alb)
+        return AlbBalancer(settings.alb)
     factory = _registered.get(settings.balancer)
     if factory is None:
         raise ValueError(

@@ -47,13 +47,14 @@ from fleetkeeper.store.identities import IdentityRecords
 from fleetkeeper.store.table import Table
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Mapping, Sequence
 
     from mypy_boto3_ec2 import EC2Client
     from mypy_boto3_ec2.literals import InstanceTypeType, VolumeTypeType
     from mypy_boto3_ec2.type_defs import (
         EbsBlockDeviceTypeDef,
         FilterTypeDef,
+        InstanceMarketOptionsRequestTypeDef,
         InstanceTypeDef,
         RunInstancesRequestTypeDef,
         TagTypeDef,
@@ -99,6 +100,15 @@ _DESCRIBED: dict[str, frozenset[str]] = {
     ),
 }
 _TERMINATE_CHUNK = 500
+# How RunInstances buys each market (None: on demand, its default); tests/test_choices.py holds it to
+# one per Market. A spot instance is a one-time request AWS terminates when it takes the capacity back.
+MARKET_OPTIONS: Mapping[Market, InstanceMarketOptionsRequestTypeDef | None] = {
+    Market.ON_DEMAND: None,
+    Market.SPOT: {
+        "MarketType": "spot",
+        "SpotOptions": {"SpotInstanceType": "one-time", "InstanceInterruptionBehavior": "terminate"},
+    },
+}
 _LIVE_STATES = ["pending", "running", "stopping", "stopped"]
 # Errors that are about this request at this moment, not about the launch: botocore already retried
 # them; let them fail the run (the next run retries) rather than count as a refusal of the version.
@@ -395,11 +405,9 @@ class Ec2Driver:
             args["IamInstanceProfile"] = {"Name": profile.name}
         elif self.instance_profile_arn:
             args["IamInstanceProfile"] = {"Arn": self.instance_profile_arn}
-        if request.market is Market.SPOT:
-            args["InstanceMarketOptions"] = {
-                "MarketType": "spot",
-                "SpotOptions": {"SpotInstanceType": "one-time", "InstanceInterruptionBehavior": "terminate"},
-            }
+        market_options = MARKET_OPTIONS[request.market]
+        if market_options is not None:
+            args["InstanceMarketOptions"] = market_options
         volume = resources.root_volume
         if volume is not None:
             ebs: EbsBlockDeviceTypeDef = {

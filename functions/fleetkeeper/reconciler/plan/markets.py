@@ -19,7 +19,8 @@ def wanted_by_market(
     all on demand; with it, `base_ondemand_fallback_replicas` on demand and the rest spot, plus (with
     `dynamic_ondemand_fallback`) one on-demand replica for each wanted spot replica not READY; never
     more on demand than the target without its `overprovision` (FallbackRequestRateAutoscaler: no
-    on-demand fallback for overprovisioned replicas)."""
+    on-demand fallback for overprovisioned replicas). Every Market is a key, spot first: the order
+    the planner scales them down in (tests/test_choices.py)."""
     if markets is None or not markets.spot:
         return {Market.SPOT: 0, Market.ON_DEMAND: wanted}
     target = max(wanted - overprovision, 0)

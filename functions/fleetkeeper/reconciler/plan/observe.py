@@ -29,7 +29,6 @@ from fleetkeeper.reconciler.plan.failures import (
     termination_cause,
 )
 from fleetkeeper.reconciler.plan.lifecycle import GONE_STATES, LEAVING
-from fleetkeeper.settings import CONSECUTIVE_FAILURE_SECONDS
 
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence, Set
@@ -352,7 +351,7 @@ def _not_found_while_starting(record: ReplicaRecord, state: ServiceState, asked:
 
 def _probe_request(record: ReplicaRecord, state: ServiceState) -> str:
     probe = _probe_of(record, state)
-    return f"{'GET' if probe.post_data is None else 'POST'} {probe.path}"
+    return f"{probe.method} {probe.path}"
 
 
 def _probe_of(record: ReplicaRecord, state: ServiceState) -> ReadinessProbe:
@@ -361,7 +360,7 @@ def _probe_of(record: ReplicaRecord, state: ServiceState) -> ReadinessProbe:
 
     version = state.versions.get(record.version) or state.target
     if version is None:
-        return ReadinessProbe(path="/", consecutive_failure_threshold_timeout=CONSECUTIVE_FAILURE_SECONDS)
+        return ReadinessProbe(path="/")  # SkyPilot's default probe, its failure window the default one
     return version.spec.service.readiness_probe
 
 

@@ -4,8 +4,10 @@ claims that fill the gap."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from fleetkeeper.choices import UpdateMode
 from fleetkeeper.model import (
     Market,
     ReplicaRecord,
@@ -23,12 +25,13 @@ from fleetkeeper.reconciler.plan.scale import wanted_replicas
 from fleetkeeper.reconciler.plan.spot_warnings import _plan_warned
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping, Set
+    from collections.abc import Callable, Mapping, Set
     from datetime import datetime
 
     from fleetkeeper.reconciler.driver import Instance
     from fleetkeeper.reconciler.plan.policy import Policy
     from fleetkeeper.reconciler.plan.work import _Work
+    from fleetkeeper.spec.service import ServiceSpec
 
 
 TERMINATED_BY_REQUEST = "terminated by request (fleetkeeper down --replica-id)"
@@ -37,6 +40,45 @@ TERMINATED_BY_REQUEST = "terminated by request (fleetkeeper down --replica-id)"
 def _removal_order(record: ReplicaRecord) -> tuple[bool, int]:
     """Which replicas go first when there are too many: not-ready ones, then the newest."""
     return (record.status is ReplicaStatus.READY, -record.replica_id)
+
+
+@dataclass(frozen=True)
+class _Rollout:
+    """What an update mode decides from: the target's spec, the old version's READY replicas, and the
+    target's replicas (`ready_new` READY of `new`; `wanted` in all, `total` with its fallback)."""
+
+    spec: ServiceSpec
+    old_ready: list[ReplicaRecord]
+    ready_new: int
+    wanted: int
+    total: int
+    new: int
+    room: int  # replicas the target may still claim
+
+
+def _blue_green(r: _Rollout) -> tuple[list[ReplicaRecord], int]:
+    """SkyPilot's switch: once the new version has min_replicas READY (at least one), all traffic goes
+    to it and the old version goes; the rest of `wanted` keeps booting."""
+    going = r.old_ready if r.ready_new >= min(r.wanted, max(r.spec.min_replicas, 1)) else []
+    return going, r.room
+
+
+def _rolling(r: _Rollout) -> tuple[list[ReplicaRecord], int]:
+    """Keep at least `wanted - max_unavailable` ready; oldest versions go first. The surge is over
+    every replica the target wants, on-demand fallback ones included."""
+    update = r.spec.update
+    removable = max(r.ready_new + len(r.old_ready) - max(r.wanted - update.max_unavailable, 0), 0)
+    going = sorted(r.old_ready, key=lambda record: (record.version, record.replica_id))[:removable]
+    staying = len(r.old_ready) - len(going)
+    return going, min(r.room, max(r.total + update.max_surge - r.new - staying, 0))
+
+
+# How each update mode rolls out: the old version's READY replicas that go in this run, and the room
+# the target has left to claim (tests/test_choices.py holds it to one per UpdateMode).
+ROLLOUTS: Mapping[UpdateMode, Callable[[_Rollout], tuple[list[ReplicaRecord], int]]] = {
+    UpdateMode.ROLLING: _rolling,
+    UpdateMode.BLUE_GREEN: _blue_green,
+}
 
 
 def _plan_replicas(
@@ -91,7 +133,7 @@ def _plan_replicas(
     spot_ready = sum(1 for r in new if r.market is Market.SPOT and r.status is ReplicaStatus.READY)
     overprovision = target.spec.overprovision if target is not None else 0
     wanted_by = wanted_by_market(markets, wanted, spot_ready, overprovision)
-    for market in (Market.SPOT, Market.ON_DEMAND):
+    for market in wanted_by:  # spot first, then its on-demand fallback
         bought = [r for r in new if r.market is market]
         if len(bought) <= wanted_by[market]:
             continue
@@ -110,7 +152,6 @@ def _plan_replicas(
     total = sum(wanted_by.values())
     room = total - len(new)
     if old and target is not None:
-        update = target.spec.update
         replaced = f"replaced by version {target_number} ({target.mode})"
         # Old replicas that serve nothing go at once in both modes: they hold no availability.
         old_ready = [r for r in old if r.status is ReplicaStatus.READY]
@@ -120,18 +161,11 @@ def _plan_replicas(
         if target_failed:
             # Nothing replaces them (a FAILED target launches nothing): what still serves keeps
             # serving until the user updates the service or rolls back to a READY version.
-            going = []
-        elif target.mode == "blue_green":
-            # SkyPilot's switch: once the new version has min_replicas READY (at least one), all
-            # traffic goes to it and the old version goes; the rest of `wanted` keeps booting.
-            going = old_ready if ready_new >= min(wanted, max(target.spec.min_replicas, 1)) else []
+            going: list[ReplicaRecord] = []
         else:
-            # Rolling: keep at least `wanted - max_unavailable` ready; oldest versions go first. The
-            # surge is over every replica the target wants, on-demand fallback ones included.
-            removable = max(ready_new + len(old_ready) - max(wanted - update.max_unavailable, 0), 0)
-            going = sorted(old_ready, key=lambda r: (r.version, r.replica_id))[:removable]
-            staying = len(old_ready) - len(going)
-            room = min(room, max(total + update.max_surge - len(new) - staying, 0))
+            going, room = ROLLOUTS[target.mode](
+                _Rollout(target.spec, old_ready, ready_new, wanted, total, len(new), room)
+            )
         for record in going:
             work.drain(record.replica_id, replaced, live)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from fleetkeeper.choices import DEFAULT_UPDATE_MODE
 from fleetkeeper.model import (
     ReplicaRecord,
     ReplicaStatus,
@@ -66,7 +67,7 @@ def service_status(
             progress = f"{reason}; no earlier version was ever READY: launching stopped until the service is updated"
     elif old_left:
         status = ServiceStatus.UPDATING
-        mode = target.mode if target is not None else "rolling"
+        mode = target.mode if target is not None else DEFAULT_UPDATE_MODE
         progress = (
             f"updating to version {target_number} ({mode}): {ready}/{wanted} new ready, "
             f"{len(old_left)} old replica(s) left"

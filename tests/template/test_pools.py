@@ -1,4 +1,4 @@
-"""Load-balancer shards in template.yaml (docs/architecture/load-balancer-shards.md): what the
+"""Load-balancer pools in template.yaml (docs/architecture/load-balancer-pools.md): what the
 reconciler and the dispatcher are given to make and retire more ALBs, and their permissions,
 evaluated with the IAM evaluator: only `fk-<stack id>-*` load balancers and `fkwake-<stack id>-*`
 wake groups, only tagged with this stack's id; a neighbouring stack's ALB cannot be changed or
@@ -56,7 +56,7 @@ def carrying(stack: str = STACK_KEY) -> dict[str, Any]:
     return {"aws:ResourceTag/fleetkeeper:managed": "true", "aws:ResourceTag/fleetkeeper:stack": stack}
 
 
-def test_the_reconciler_is_given_what_a_shard_is_made_with(translated: dict[str, Any]) -> None:
+def test_the_reconciler_is_given_what_a_pool_is_made_with(translated: dict[str, Any]) -> None:
     env = reconciler_env(translated)
     resolver = Resolver(translated)
     assert env["FLEETKEEPER_ALB_SECURITY_GROUP_ID"] == resolver.ref("LoadBalancerSecurityGroup")
@@ -68,12 +68,12 @@ def test_the_reconciler_is_given_what_a_shard_is_made_with(translated: dict[str,
     values = {k: str(v) for k, v in env.items()} | {"TABLE_NAME": "t"}
     values["FLEETKEEPER_LOAD_BALANCER_SUBNET_IDS"] = subnets if isinstance(subnets, str) else ",".join(subnets)
     settings = Settings.from_env(values)
-    assert AlbBalancer.from_settings(settings.alb).shards_enabled
+    assert AlbBalancer(settings.alb).pools_enabled
     assert settings.alb.scheme == "internal" and settings.alb.idle_timeout == 300
     assert settings.alb.subnet_ids and settings.alb.security_group_id
 
 
-def test_the_dispatcher_knows_the_shards_as_the_reconciler_does(translated: dict[str, Any]) -> None:
+def test_the_dispatcher_knows_the_pools_as_the_reconciler_does(translated: dict[str, Any]) -> None:
     reconciler = reconciler_env(translated)
     dispatcher = props(translated, "DispatcherFunction")["Environment"]["Variables"]
     for key in (
@@ -116,7 +116,7 @@ def test_the_reconciler_makes_only_its_own_stacks_load_balancers(translated: dic
     assert not may(translated, fn, "elasticloadbalancing:DeleteLoadBalancer", OWN, carrying())
 
 
-def test_the_reconciler_makes_its_shards_wake_groups_only(translated: dict[str, Any]) -> None:
+def test_the_reconciler_makes_its_pools_wake_groups_only(translated: dict[str, Any]) -> None:
     fn = "ReconcilerFunction"
     own = f"{ELB}:targetgroup/fkwake-{STACK_KEY}-3/0123456789abcdef"
     template = f"{ELB}:targetgroup/fkwake-{STACK_KEY}/0123456789abcdef"
@@ -128,7 +128,7 @@ def test_the_reconciler_makes_its_shards_wake_groups_only(translated: dict[str, 
     assert not may(translated, fn, "elasticloadbalancing:RegisterTargets", neighbour, carrying("ffffffffffff"))
 
 
-def test_the_dispatcher_retires_only_its_own_stacks_shards(translated: dict[str, Any]) -> None:
+def test_the_dispatcher_retires_only_its_own_stacks_pools(translated: dict[str, Any]) -> None:
     fn = "DispatcherFunction"
     assert may(translated, fn, "elasticloadbalancing:DeleteLoadBalancer", OWN, carrying())
     # A neighbouring stack's ALB cannot be deleted: not by name, not by tag.
@@ -151,7 +151,7 @@ def test_the_dispatcher_retires_only_its_own_stacks_shards(translated: dict[str,
 MANAGED = "fleetkeeper:managed"
 
 
-def test_the_wake_function_may_be_invoked_for_the_shards_wake_groups(translated: dict[str, Any]) -> None:
+def test_the_wake_function_may_be_invoked_for_the_pools_wake_groups(translated: dict[str, Any]) -> None:
     permission = props(translated, "WakeShardsInvokePermission")
     assert permission["Principal"] == "elasticloadbalancing.amazonaws.com"
     assert permission["SourceAccount"] == ACCOUNT
@@ -189,14 +189,15 @@ def test_records_only_under_the_domain_in_its_zone(with_zone: dict[str, Any], tr
 
 
 def test_every_elbv2_call_of_the_adapter_is_granted(translated: dict[str, Any]) -> None:
-    """Each elbv2 operation alb.py calls is granted to the reconciler, or (retiring shards) to the
+    """Each elbv2 operation alb/ calls is granted to the reconciler, or (retiring pools) to the
     dispatcher; and Route 53's two to the reconciler with a hosted zone."""
     import re
     from pathlib import Path
 
     import fleetkeeper.reconciler.balancers.alb as alb_module
 
-    source = Path(alb_module.__file__).read_text()
+    # The package's every module (alb/__init__.py and its parts).
+    source = "".join(part.read_text() for part in sorted(Path(alb_module.__file__).parent.glob("*.py")))
     called = {
         "".join(part.title() for part in name.split("_")) for name in re.findall(r"self\.elbv2\.([a-z_]+)\b", source)
     }
@@ -221,5 +222,5 @@ def test_a_scheme_the_template_cannot_give_is_refused() -> None:
     with pytest.raises(SettingsError, match="FLEETKEEPER_ALB_SCHEME"):
         Settings.from_env({"TABLE_NAME": "t", "FLEETKEEPER_ALB_SCHEME": "none"})
     bare = Settings.from_env({"TABLE_NAME": "t"})
-    # No security group, no subnets: no shard is ever made.
-    assert not AlbBalancer.from_settings(bare.alb).shards_enabled
+    # No security group, no subnets: no pool is ever made.
+    assert not AlbBalancer(bare.alb).pools_enabled

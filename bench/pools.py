@@ -1,14 +1,14 @@
-"""Load-balancer shards (docs/architecture/load-balancer-shards.md): what placing N services costs in
+"""Load-balancer pools (docs/architecture/load-balancer-pools.md): what placing N services costs in
 AWS calls, how many load balancers they take, what a steady stack costs per period, and the
 hourly price per service and per idle stack.
 
 On the strict-AWS layer over in-process moto (tests/strict_aws: ELB's quotas per ALB and per
 Region), as the tests run it. Placements go through the ALB adapter directly, one new balancer
-(a worker's run: what it learnt of the shards is forgotten) per RUN services, which is how a
+(a worker's run: what it learnt of the pools is forgotten) per RUN services, which is how a
 worker's shard of services meets them. Calls are counted with a botocore hook on the adapter's own
 clients. Nothing leaves the process.
 
-    PYTHONPATH=functions:. .venv/bin/python bench/shards.py [--services 1000] [--run 50]
+    PYTHONPATH=functions:. .venv/bin/python bench/pools.py [--services 1000] [--run 50]
         [--alb-hour 0.0225]
 
 The price is an input: --alb-hour is the ALB's hourly charge in us-east-1 as AWS's pricing page
@@ -65,13 +65,13 @@ def place(services: int, run: int, *, domain: str | None) -> dict[str, Any]:
     from fleetkeeper.model import EndpointConfig
     from tests.strict_aws import StrictAws
     from tests.support.moto_tuning import amis_file
-    from tests.support.reconciler_world import make_sharded_alb
+    from tests.support.reconciler_world import make_pooled_alb
 
     os.environ["MOTO_AMIS_PATH"] = amis_file()
     aws.reset_clients()
     config = EndpointConfig(port=8080, policy="least_load", drain_seconds=30, health_path="/")
     with mock_aws(), StrictAws(seed=1).active():
-        template = make_sharded_alb(domain=domain, zone=domain is not None)
+        template = make_pooled_alb(domain=domain, zone=domain is not None)
         calls = Calls()
         calls.hook(aws.elbv2())
         calls.hook(aws.route53())
@@ -85,26 +85,26 @@ def place(services: int, run: int, *, domain: str | None) -> dict[str, Any]:
             records.append(balancer.ensure(f"s{n}", f"{n:016x}", config, None))
         seconds = time.perf_counter() - started
         placing = dict(calls.counts)
-        shards = len({r.load_balancer for r in records})
-        # The steady state of the shards: the dispatcher's sweep, once a period (a steady service's
+        pools = len({r.load_balancer for r in records})
+        # The steady state of the pools: the dispatcher's sweep, once a period (a steady service's
         # run calls no balancer at all: tests/reconciler/test_endpoint.py shows it, not measured here).
         calls.counts.clear()
         balancer = replace(template)
         balancer.forget()
-        balancer.retire_shards(datetime(2026, 1, 1, tzinfo=UTC))
+        balancer.retire_pools(datetime(2026, 1, 1, tzinfo=UTC))
         sweep = calls.total()
-        # Every service deleted: the sweep tags the empty shards, then deletes them.
+        # Every service deleted: the sweep tags the empty pools, then deletes them.
         for n, record in enumerate(records):
             if n % run == 0:
                 balancer = replace(template)
                 balancer.forget()
             balancer.remove(f"s{n}", f"{n:016x}", record)
         balancer = replace(template)
-        balancer.retire_shards(datetime(2026, 1, 1, tzinfo=UTC))
-        retired = balancer.retire_shards(datetime(2026, 1, 1, tzinfo=UTC) + timedelta(hours=1))
+        balancer.retire_pools(datetime(2026, 1, 1, tzinfo=UTC))
+        retired = balancer.retire_pools(datetime(2026, 1, 1, tzinfo=UTC) + timedelta(hours=1))
     aws.reset_clients()
     return {
-        "shards": shards,
+        "pools": pools,
         "calls": placing,
         "seconds": seconds,
         "sweep_calls": sweep,
@@ -123,20 +123,20 @@ def main() -> None:
         total = sum(result["calls"].values())
         elbv2 = {op: n for (svc, op), n in sorted(result["calls"].items()) if svc == "elbv2"}
         route53 = sum(n for (svc, _), n in result["calls"].items() if svc == "route53")
-        per_service = HOURS_PER_MONTH * args.alb_hour * result["shards"] / args.services
+        per_service = HOURS_PER_MONTH * args.alb_hour * result["pools"] / args.services
         print(f"== {args.services} services {label} ({args.run} per run)")
-        print(f"load balancers: {result['shards']} (the template's + {result['shards'] - 1} shards)")
+        print(f"load balancers: {result['pools']} (the template's + {result['pools'] - 1} pools)")
         print(f"AWS calls to place them: {total} ({total / args.services:.2f} per service; Route 53: {route53})")
         print("  elbv2: " + ", ".join(f"{op} {n}" for op, n in elbv2.items()))
         print(f"wall time on moto behind the strict layer: {result['seconds']:.1f} s")
-        print(f"steady state: the dispatcher's sweep of the shards, {result['sweep_calls']} calls per period")
-        print(f"after every service is deleted: {result['retired']} shards retired by the sweep")
+        print(f"steady state: the dispatcher's sweep of the pools, {result['sweep_calls']} calls per period")
+        print(f"after every service is deleted: {result['retired']} pools retired by the sweep")
         print(
-            f"ALB hours: ${args.alb_hour * result['shards']:.4f}/h for all of them, "
+            f"ALB hours: ${args.alb_hour * result['pools']:.4f}/h for all of them, "
             f"${per_service:.3f} per service per month (LCUs aside)"
         )
     idle = HOURS_PER_MONTH * args.alb_hour
-    print(f"== an idle stack: one ALB (the template's), ${idle:.2f} per month; no shard (they go with their services)")
+    print(f"== an idle stack: one ALB (the template's), ${idle:.2f} per month; no pool (they go with their services)")
 
 
 if __name__ == "__main__":
