@@ -24,7 +24,7 @@ path elsewhere, which goes with it:
 - reconciler/driver.py: `client_token` without a stack, `ReplicaDriver.adopt` (and the drivers' `adopt`);
 - reconciler/plan/observe.py: `launched_by_fleetkeeper` accepting the token without a stack;
 - reconciler/drivers/ec2.py: the listing by uid without the stack filter, `find_instance`'s own uid;
-- reconciler/balancers/alb.py: target groups named `fk-<uid>` (`_find_target_group`, `_legacy`,
+- reconciler/balancers/alb/: target groups named `fk-<uid>` (`_find_target_group`, `_legacy`,
   `_adopt_recorded`), which do not read the switch;
 - uninstall/cleanup.py: `_LEGACY_GROUP`;
 - template.yaml: AdoptUntaggedReplicas, the AdoptsUntagged condition, ReconcilerAdoptionPolicy.
