@@ -176,42 +176,7 @@ def _observe(
     if record.status in LEAVING:
         return record
     if instance is None:
-        if record.instance_id is None:
-            if described is None:
-                return record  # claimed or refused, not launched: the launch step deals with it
-            # Launched by a run that died before recording it, and the instance died too. A retry
-            # under the same ClientToken would only return that dead instance: replace the replica.
-            record = replace(record, instance_id=described.instance_id)
-        if described is None:
-            since = _seconds_since(record.launched_at, now)
-            if since is not None and since < policy.lost_instance_grace.total_seconds():
-                return record  # not visible yet: DescribeInstances lags RunInstances
-            why, code = "is gone", INSTANCE_LOST
-        else:
-            reason = f" ({described.state_reason})" if described.state_reason else ""
-            why, code = f"is {described.state.value}{reason}", described.state_reason_code or INSTANCE_LOST
-        cause = termination_cause(code)
-        if code == APP_EXITED:
-            # The app itself ended (it crashed, or its `run` returned): say so, in its words.
-            return replace(
-                record,
-                status=ReplicaStatus.FAILED,
-                status_message=f"the replica's app ended by itself ({described.state_reason if described else why})",
-                failure_code=code,
-                cause=FailureCause.VERSION,
-            )
-        told = (
-            SPOT_RECLAIMED
-            if cause is FailureCause.SPOT_RECLAIM
-            else ENVIRONMENT_TERMINATIONS.get(code, "terminated outside fleetkeeper")
-        )
-        return replace(
-            record,
-            status=ReplicaStatus.PREEMPTED,
-            status_message=f"instance {record.instance_id} {why}: {told}",
-            failure_code=code,
-            cause=cause,
-        )
+        return _without_instance(record, described, now, policy)
     if record.instance_id != instance.instance_id:
         # Adopt: launched by a run that crashed before recording it (or found by tag after a race).
         record = replace(
@@ -257,6 +222,54 @@ def _observe(
             failure_code=probe.boot_failure,
             cause=FailureCause.ENVIRONMENT,
         )
+    return _judged(record, probe, state, now)
+
+
+def _without_instance(
+    record: ReplicaRecord, described: Instance | None, now: datetime, policy: Policy
+) -> ReplicaRecord:
+    """The replica's next record when its instance is not live: not launched yet, not visible yet, or
+    ended (as last described, with why)."""
+    if record.instance_id is None:
+        if described is None:
+            return record  # claimed or refused, not launched: the launch step deals with it
+        # Launched by a run that died before recording it, and the instance died too. A retry
+        # under the same ClientToken would only return that dead instance: replace the replica.
+        record = replace(record, instance_id=described.instance_id)
+    if described is None:
+        since = _seconds_since(record.launched_at, now)
+        if since is not None and since < policy.lost_instance_grace.total_seconds():
+            return record  # not visible yet: DescribeInstances lags RunInstances
+        why, code = "is gone", INSTANCE_LOST
+    else:
+        reason = f" ({described.state_reason})" if described.state_reason else ""
+        why, code = f"is {described.state.value}{reason}", described.state_reason_code or INSTANCE_LOST
+    cause = termination_cause(code)
+    if code == APP_EXITED:
+        # The app itself ended (it crashed, or its `run` returned): say so, in its words.
+        return replace(
+            record,
+            status=ReplicaStatus.FAILED,
+            status_message=f"the replica's app ended by itself ({described.state_reason if described else why})",
+            failure_code=code,
+            cause=FailureCause.VERSION,
+        )
+    told = (
+        SPOT_RECLAIMED
+        if cause is FailureCause.SPOT_RECLAIM
+        else ENVIRONMENT_TERMINATIONS.get(code, "terminated outside fleetkeeper")
+    )
+    return replace(
+        record,
+        status=ReplicaStatus.PREEMPTED,
+        status_message=f"instance {record.instance_id} {why}: {told}",
+        failure_code=code,
+        cause=cause,
+    )
+
+
+def _judged(record: ReplicaRecord, probe: ProbeResult, state: ServiceState, now: datetime) -> ReplicaRecord:
+    """The replica's next record given a probe verdict on its running instance."""
     # A verdict is judged at the moment it was asked for (a long probe planned later carries it).
     asked = probe.started_at or now
     if probe.ok:

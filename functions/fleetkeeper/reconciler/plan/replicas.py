@@ -169,6 +169,22 @@ def _plan_replicas(
         for record in going:
             work.drain(record.replica_id, replaced, live)
 
+    return _launches(state, new, live, work, wanted_by, room, now, policy)
+
+
+def _launches(
+    state: ServiceState,
+    new: list[ReplicaRecord],
+    live: Mapping[int, Instance],
+    work: _Work,
+    wanted_by: Mapping[Market, int],
+    room: int,
+    now: datetime,
+    policy: Policy,
+) -> list[Action]:
+    """The target's launches: its claimed replicas not launched yet (after their backoff), then claims
+    for the `room` left (spot first), within the run's launch cap."""
+    service, target, target_number = state.service, state.target, state.service.target_version
     actions: list[Action] = []
     for record in sorted(new, key=lambda r: r.replica_id):
         waiting = record.instance_id is not None or record.replica_id in live
