@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
+from fleetkeeper.choices import UpdateMode, values
 from fleetkeeper.cli.cloudlogs import since_seconds
 from fleetkeeper.cli.doctor_options import add_arguments as add_doctor_arguments
 from fleetkeeper.cli.help_text import COMMAND_HELP
@@ -186,7 +187,7 @@ def _up_and_update(commands: Any, shared: _Shared) -> None:
     update = _command(commands, "update", [shared.common, shared.output, shared.waiting])
     update.add_argument("name", metavar="NAME")
     update.add_argument("spec", type=Path, metavar="SPEC.yaml")
-    update.add_argument("--mode", choices=["rolling", "blue_green"], help="default: the spec's update.mode")
+    update.add_argument("--mode", choices=values(UpdateMode), help="default: the spec's update.mode")
     _spec_inputs(update)
     _resource_overrides(update)
 
