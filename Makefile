@@ -15,7 +15,7 @@ METRICS_INTERVAL ?= 5
 PYTEST_WORKERS ?= 2
 PYTEST_DIST    ?= --dist load --maxschedchunk 1
 
-.PHONY: local test lint typecheck imports cfn unit fuzz mutate bench openapi clean sim soak browser screenshots
+.PHONY: local test check check-tests lint typecheck imports cfn unit fuzz mutate bench openapi clean sim soak browser screenshots
 
 # checkov and the SAM CLI pin boto3 (and each other's dependencies) to exact versions that clash
 # with ours and with each other, so each gets a venv of its own under .venv-tools/.
@@ -111,6 +111,21 @@ unit: $(STAMP) browser
 	   echo "no user namespaces here: running pytest with the normal network"; \
 	   $(BIN)/python -m pytest -n $(PYTEST_WORKERS) $(PYTEST_DIST) $(PYTEST_ARGS); \
 	 fi
+
+# The fast loop: lint, types, the import contracts and the tests that need neither moto, nor a local
+# process, nor a browser, and are not among the longest (tests/conftest.py marks them `integration`
+# and `slow`), in the same loopback-only namespace; about a minute on 2 cores (docs/PERFORMANCE.md).
+# `make test` runs everything.
+CHECK_TESTS := -q -m "not slow and not integration"
+check-tests: $(STAMP)
+	+@if unshare -rn true 2>/dev/null && command -v ip >/dev/null 2>&1; then \
+	   unshare -rn sh -c 'ip link set lo up && exec $(BIN)/python -m pytest -n $(PYTEST_WORKERS) $(PYTEST_DIST) $(CHECK_TESTS) $(PYTEST_ARGS)'; \
+	 else \
+	   $(BIN)/python -m pytest -n $(PYTEST_WORKERS) $(PYTEST_DIST) $(CHECK_TESTS) $(PYTEST_ARGS); \
+	 fi
+
+check:
+	@$(MAKE) --no-print-directory -k -j 4 --output-sync=target lint typecheck imports check-tests
 
 # Everything at once, on make's jobs: the three venvs install side by side, the suite starts as soon
 # as .venv is ready (while checkov's and the SAM CLI's venvs are still installing) and the checks run

@@ -107,15 +107,30 @@ LONG_FIRST = (
     "tests/local/test_server.py::",  # `fleetkeeper local` subprocesses
     "tests/simulation/test_reactions.py::",
     "tests/stacks/test_isolation.py::",
-    "tests/local/test_auth_e2e.py::",
     "tests/local/test_fixed_port_e2e.py::",
+    "tests/replicas/test_boot_propagation.py::",  # waits out IAM's propagation on a real clock
 )
 
 
+# What `make check` leaves to `make test`: the tests on moto (the `aws` fixture, and everything built
+# on it), the ones that start processes or a browser, and the simulation.
+INTEGRATION_FIXTURES = frozenset({"aws", "plane", "local_plane", "dashboard", "browser"})
+INTEGRATION_PATHS = ("tests/local/", "tests/simulation/", "tests/uninstall/", "tests/stacks/", "tests/dashboard/")
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """LONG_FIRST's tests are marked `slow` and go first; moto-backed and process tests are marked
+    `integration`. `make check` runs neither (`-m "not slow and not integration"`)."""
+
     def rank(item: pytest.Item) -> int:
         return next((n for n, prefix in enumerate(LONG_FIRST) if item.nodeid.startswith(prefix)), len(LONG_FIRST))
 
+    for item in items:
+        if rank(item) < len(LONG_FIRST):
+            item.add_marker(pytest.mark.slow)
+        fixtures = set(getattr(item, "fixturenames", ()))
+        if fixtures & INTEGRATION_FIXTURES or item.nodeid.startswith(INTEGRATION_PATHS) or "e2e" in item.keywords:
+            item.add_marker(pytest.mark.integration)
     items.sort(key=rank)  # stable: every other test keeps its place
 
 

@@ -1,0 +1,25 @@
+"""tests/conftest.py's LONG_FIRST (the `slow` tests, scheduled first) names tests that exist: a renamed
+module or test would otherwise silently lose its place at the front, and its `slow` mark."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from tests.conftest import LONG_FIRST
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_every_long_first_entry_names_a_test_module_and_function_that_exist() -> None:
+    missing = []
+    for entry in LONG_FIRST:
+        path, _, test = entry.partition("::")
+        module = ROOT / path
+        if not module.is_file():
+            missing.append(f"{entry}: no module {path}")
+            continue
+        name = re.split(r"[\[]", test)[0]
+        if name and not re.search(rf"^def {re.escape(name)}\(", module.read_text(encoding="utf-8"), re.M):
+            missing.append(f"{entry}: no test {name} in {path}")
+    assert missing == []
