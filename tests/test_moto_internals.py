@@ -195,6 +195,8 @@ INTERNALS = (
     Internal("Instance#lifecycle", _STRICT + "ec2.py, tests/simulation/sim.py"),
     Internal("Instance#client_token", "tests/reconciler/test_shell.py"),
     Internal("Instance#placement", _STRICT + "elbv2.py"),
+    Internal("Instance#state", _STRICT + "ec2.py _forgotten (its name: terminated)"),
+    Internal("Instance#id", _STRICT + "ec2.py"),
     # -- ELB, IAM, KMS, Route 53
     Internal("moto.elbv2.models:elbv2_backends", _STRICT + "elbv2.py, " + _STRICT + "authorization.py"),
     Internal("ElbBackend#load_balancers", _STRICT + "elbv2.py"),

@@ -100,6 +100,12 @@ class _Token:
     instance_ids: tuple[str, ...]
 
 
+# "Recently terminated instances might appear in the returned results. This interval is usually less
+# than one hour." (https://docs.aws.amazon.com/AWSEC2/latest/APIReference/API_DescribeInstances.html).
+# moto lists them for ever; the layer drops a terminated instance from DescribeInstances one hour
+# after it first saw it terminated (its id is then InvalidInstanceID.NotFound, as for any unknown id).
+TERMINATED_VISIBLE_SECONDS = 3600.0
+
 # RunInstances' ClientToken: "Constraints: Maximum 64 ASCII characters"
 # (https://docs.aws.amazon.com/AWSEC2/latest/APIReference/API_RunInstances.html).
 MAX_CLIENT_TOKEN = 64
@@ -118,6 +124,8 @@ class Ec2Layer:
         self.launched_at: dict[str, float] = {}  # instance id -> the layer's clock when launched
         self.client_tokens: dict[tuple[str, str], _Token] = {}  # (region, token): a token is per Region
         self.capacity_rules: list[CapacityRule] = []
+        self.terminated_visible_for: float | None = TERMINATED_VISIBLE_SECONDS
+        self.terminated_seen: dict[str, float] = {}  # instance id -> the layer's clock when first seen terminated
 
     # -- what the test configures --
 
@@ -185,9 +193,25 @@ class Ec2Layer:
             initiated = "User" if code == "Client.UserInitiatedShutdown" else "Service"
             instance._reason = f"{initiated} initiated ({datetime.now(UTC):%Y-%m-%d %H:%M:%S} GMT)"
 
+    def set_terminated_visibility(self, seconds: float | None) -> None:
+        """How long DescribeInstances still lists a terminated instance (None: for ever, as moto does)."""
+        with self.lock:
+            self.terminated_visible_for = seconds
+
     def visible(self, instance_id: str) -> bool:
         launched = self.launched_at.get(instance_id)
         return launched is None or self._strict.clock.time() >= launched + self.describe_lag
+
+    def _forgotten(self, region: str) -> set[str]:
+        """The terminated instances DescribeInstances no longer lists (after noting newly terminated ones)."""
+        if self.terminated_visible_for is None:
+            return set()
+        now = self._strict.clock.time()
+        for reservation in self._backend(region).reservations.values():
+            for instance in reservation.instances:
+                if instance.id not in self.terminated_seen and instance.state == "terminated":
+                    self.terminated_seen[instance.id] = now
+        return {i for i, seen in self.terminated_seen.items() if now >= seen + self.terminated_visible_for}
 
     # -- the request path --
 
@@ -208,9 +232,12 @@ class Ec2Layer:
                 )
             if call.operation == "RunInstances":
                 return self._run_instances(call)
+            hidden: set[str] = set()
             if call.operation in self.lag_operations and self.describe_lag > 0:
-                return self._hiding_lagging_instances(call)
-            return call.send()
+                hidden = {i for i in self.launched_at if not self.visible(i)}
+            if call.operation == "DescribeInstances":
+                hidden |= self._forgotten(call.region)
+            return self._hiding(call, hidden) if hidden else call.send()
 
     def _run_instances(self, call: Call) -> Response:
         token = call.param("ClientToken")
@@ -316,10 +343,8 @@ class Ec2Layer:
                 zone = names[0]
         return zone, ", ".join(n for n in names if n != zone)
 
-    def _hiding_lagging_instances(self, call: Call) -> Response:
-        hidden = {i for i in self.launched_at if not self.visible(i)}
-        if not hidden:
-            return call.send()
+    def _hiding(self, call: Call, hidden: set[str]) -> Response:
+        """The call, answered by moto as if the `hidden` instances did not exist."""
         backend = self._backend(call.region)
         original = backend.reservations
         shown: OrderedDict[str, Any] = OrderedDict()

@@ -497,6 +497,30 @@ def test_a_launched_instance_is_invisible_to_describe_for_the_lag(strict_aws: St
     assert found is not None and found.instance_id == launched.instance_id
 
 
+def test_a_terminated_instance_is_listed_for_an_hour_then_not_at_all(strict_aws: StrictAws) -> None:
+    # DescribeInstances: "Recently terminated instances might appear in the returned results. This
+    # interval is usually less than one hour." moto lists them for ever.
+    driver = Ec2Driver(default_image_parameter="/aws/service/ami-amazon-linux-latest/al2023-ami-kernel-default-x86_64")
+    kept, ended = driver.launch(_request(1)), driver.launch(_request(2))
+    aws.ec2().terminate_instances(InstanceIds=[ended.instance_id])
+
+    listed = {i.instance_id: i.state.value for i in driver.list_instances()}
+    assert listed == {kept.instance_id: "running", ended.instance_id: "terminated"}
+
+    strict_aws.clock.advance(3599)
+    assert ended.instance_id in {i.instance_id for i in driver.list_instances()}
+
+    strict_aws.clock.advance(1)
+    assert [i.instance_id for i in driver.list_instances()] == [kept.instance_id]
+    assert driver.instance(ended.instance_id) is None  # by id: InvalidInstanceID.NotFound
+    with pytest.raises(ClientError) as caught:
+        aws.ec2().describe_instances(InstanceIds=[ended.instance_id])
+    assert _code(caught.value) == "InvalidInstanceID.NotFound"
+
+    strict_aws.ec2.set_terminated_visibility(None)  # moto's own semantics, when a test asks for them
+    assert ended.instance_id in {i.instance_id for i in driver.list_instances()}
+
+
 def _default_subnets() -> list[dict[str, Any]]:
     subnets: list[dict[str, Any]] = aws.ec2().describe_subnets(  # type: ignore[assignment]
         Filters=[{"Name": "default-for-az", "Values": ["true"]}]
