@@ -190,8 +190,12 @@ def test_the_dashboard_in_a_browser_shows_a_rollout_and_acts_only_when_asked_by_
     # The one-time link logs in and lands on the services, refreshed in place by the page's script.
     browser.get(dashboard_link)
     assert browser.current_url == origin + "/"
-    eventually(lambda: "READY" in text_of(browser, 'tr[data-name="web"]'), 60, what="web READY in the table")
-    assert "2 / 2" in text_of(browser, 'tr[data-name="web"]')
+    # `up --wait` returns once the service is READY, which one ready replica of two already makes it.
+    eventually(
+        lambda: "READY" in (row := text_of(browser, 'tr[data-name="web"]')) and "2 / 2" in row,
+        60,
+        what="web READY in the table with both replicas",
+    )
     eventually(lambda: "refreshed" in text_of(browser, "#refreshed"), 30, what="the script refreshing the table")
     screenshot(browser, "services")
 
