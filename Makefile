@@ -103,14 +103,18 @@ browser:
 
 # The suite runs inside a network namespace with only loopback up where Linux allows it, so a
 # test that tried to reach anything but 127.0.0.1 fails instead of sending traffic.
+define pytest_loopback
+if unshare -rn true 2>/dev/null && command -v ip >/dev/null 2>&1; then \
+   echo "running pytest in a loopback-only network namespace"; \
+   unshare -rn sh -c 'ip link set lo up && exec $(BIN)/python -m pytest -n $(PYTEST_WORKERS) $(PYTEST_DIST) $(1)'; \
+ else \
+   echo "no user namespaces here: running pytest with the normal network"; \
+   $(BIN)/python -m pytest -n $(PYTEST_WORKERS) $(PYTEST_DIST) $(1); \
+ fi
+endef
+
 unit: $(STAMP) browser
-	+@if unshare -rn true 2>/dev/null && command -v ip >/dev/null 2>&1; then \
-	   echo "running pytest in a loopback-only network namespace"; \
-	   unshare -rn sh -c 'ip link set lo up && exec $(BIN)/python -m pytest -n $(PYTEST_WORKERS) $(PYTEST_DIST) $(PYTEST_ARGS)'; \
-	 else \
-	   echo "no user namespaces here: running pytest with the normal network"; \
-	   $(BIN)/python -m pytest -n $(PYTEST_WORKERS) $(PYTEST_DIST) $(PYTEST_ARGS); \
-	 fi
+	+@$(call pytest_loopback,$(PYTEST_ARGS))
 
 # The fast loop: lint, types, the import contracts and the tests that need neither moto, nor a local
 # process, nor a browser, and are not among the longest (tests/conftest.py marks them `integration`
@@ -118,11 +122,7 @@ unit: $(STAMP) browser
 # `make test` runs everything.
 CHECK_TESTS := -q -m "not slow and not integration"
 check-tests: $(STAMP)
-	+@if unshare -rn true 2>/dev/null && command -v ip >/dev/null 2>&1; then \
-	   unshare -rn sh -c 'ip link set lo up && exec $(BIN)/python -m pytest -n $(PYTEST_WORKERS) $(PYTEST_DIST) $(CHECK_TESTS) $(PYTEST_ARGS)'; \
-	 else \
-	   $(BIN)/python -m pytest -n $(PYTEST_WORKERS) $(PYTEST_DIST) $(CHECK_TESTS) $(PYTEST_ARGS); \
-	 fi
+	+@$(call pytest_loopback,$(CHECK_TESTS) $(PYTEST_ARGS))
 
 check:
 	@$(MAKE) --no-print-directory -k -j 4 --output-sync=target lint typecheck imports check-tests
