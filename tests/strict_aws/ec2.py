@@ -23,7 +23,9 @@ Configured by the test:
 - terminations by AWS with real `StateReason` codes (`terminate_by_aws`).
 
 Also always on: a Describe call's filters may carry at most 200 values in all
-(`FilterLimitExceeded`, HTTP 400); moto takes any number.
+(`FilterLimitExceeded`, HTTP 400); moto takes any number. And DescribeInstances lists a terminated
+instance for an hour after its termination, then never again (`set_terminated_visibility`; moto
+lists it for ever); the other EC2 calls still know it, as moto does.
 """
 
 from __future__ import annotations
@@ -189,6 +191,7 @@ class Ec2Layer:
             if code == "Server.SpotInstanceTermination" and instance.lifecycle != "spot":
                 raise ValueError(f"{instance_id} is not a spot instance: AWS reclaims only spot instances")
             backend.terminate_instances([instance_id])
+            self.terminated_seen.setdefault(instance_id, self._strict.clock.time())
             instance.state_reason = StateReason(f"{code}: {STATE_REASONS[code]}", code)
             initiated = "User" if code == "Client.UserInitiatedShutdown" else "Service"
             instance._reason = f"{initiated} initiated ({datetime.now(UTC):%Y-%m-%d %H:%M:%S} GMT)"
@@ -203,7 +206,9 @@ class Ec2Layer:
         return launched is None or self._strict.clock.time() >= launched + self.describe_lag
 
     def _forgotten(self, region: str) -> set[str]:
-        """The terminated instances DescribeInstances no longer lists (after noting newly terminated ones)."""
+        """The terminated instances DescribeInstances no longer lists. A termination is stamped when
+        it happens (TerminateInstances through the layer, `terminate_by_aws`); the scan stamps the
+        ones moto made by itself (a spot reclaim the test made in moto's backend) when first seen."""
         if self.terminated_visible_for is None:
             return set()
         now = self._strict.clock.time()
@@ -237,7 +242,13 @@ class Ec2Layer:
                 hidden = {i for i in self.launched_at if not self.visible(i)}
             if call.operation == "DescribeInstances":
                 hidden |= self._forgotten(call.region)
-            return self._hiding(call, hidden) if hidden else call.send()
+            response = self._hiding(call, hidden) if hidden else call.send()
+            if call.operation == "TerminateInstances" and response[0] == 200:
+                now = self._strict.clock.time()
+                for key, instance_id in call.form():
+                    if key.startswith("InstanceId."):
+                        self.terminated_seen.setdefault(instance_id, now)
+            return response
 
     def _run_instances(self, call: Call) -> Response:
         token = call.param("ClientToken")

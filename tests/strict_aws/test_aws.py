@@ -508,7 +508,8 @@ def test_a_terminated_instance_is_listed_for_an_hour_then_not_at_all(strict_aws:
     assert listed == {kept.instance_id: "running", ended.instance_id: "terminated"}
 
     strict_aws.clock.advance(3599)
-    assert ended.instance_id in {i.instance_id for i in driver.list_instances()}
+    listed = {i.instance_id: i.state.value for i in driver.list_instances()}
+    assert listed == {kept.instance_id: "running", ended.instance_id: "terminated"}
 
     strict_aws.clock.advance(1)
     assert [i.instance_id for i in driver.list_instances()] == [kept.instance_id]
@@ -518,7 +519,22 @@ def test_a_terminated_instance_is_listed_for_an_hour_then_not_at_all(strict_aws:
     assert _code(caught.value) == "InvalidInstanceID.NotFound"
 
     strict_aws.ec2.set_terminated_visibility(None)  # moto's own semantics, when a test asks for them
-    assert ended.instance_id in {i.instance_id for i in driver.list_instances()}
+    listed = {i.instance_id: i.state.value for i in driver.list_instances()}
+    assert listed == {kept.instance_id: "running", ended.instance_id: "terminated"}
+
+
+@pytest.mark.parametrize("by", ["TerminateInstances", "AWS"])
+def test_the_hour_counts_from_the_termination_not_from_the_first_describe(strict_aws: StrictAws, by: str) -> None:
+    driver = Ec2Driver(default_image_parameter="/aws/service/ami-amazon-linux-latest/al2023-ami-kernel-default-x86_64")
+    kept, ended = driver.launch(_request(1)), driver.launch(_request(2))
+    if by == "AWS":
+        strict_aws.ec2.terminate_by_aws(ended.instance_id, "Server.InternalError")
+    else:
+        aws.ec2().terminate_instances(InstanceIds=[ended.instance_id])
+
+    strict_aws.clock.advance(3600)  # no DescribeInstances in between
+
+    assert [i.instance_id for i in driver.list_instances()] == [kept.instance_id]
 
 
 def _default_subnets() -> list[dict[str, Any]]:
