@@ -112,10 +112,18 @@ LONG_FIRST = (
 )
 
 
-# What `make check` leaves to `make test`: the tests on moto (the `aws` fixture, and everything built
-# on it), the ones that start processes or a browser, and the simulation.
-INTEGRATION_FIXTURES = frozenset({"aws", "plane", "local_plane", "dashboard", "browser"})
-INTEGRATION_PATHS = ("tests/local/", "tests/simulation/", "tests/uninstall/", "tests/stacks/", "tests/dashboard/")
+# What `make check` leaves to `make test`: the tests on moto (the `aws` fixture and everything built on
+# it, moto's server for the replicas' boot, template/test_replica_identity.py's own mock, moto in a
+# fresh interpreter), the ones that start processes or a browser, and the simulation.
+INTEGRATION_FIXTURES = frozenset({"aws", "endpoints", "made", "plane", "dashboard", "browser"})
+INTEGRATION_PATHS = (
+    "tests/local/",
+    "tests/simulation/",
+    "tests/uninstall/",
+    "tests/stacks/",
+    "tests/dashboard/",
+    "tests/test_moto_internals.py",
+)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
