@@ -7,6 +7,7 @@ sets from stack parameters.
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
 
@@ -407,7 +408,8 @@ class Ec2Driver:
             args["IamInstanceProfile"] = {"Arn": self.instance_profile_arn}
         market_options = MARKET_OPTIONS[request.market]
         if market_options is not None:
-            args["InstanceMarketOptions"] = market_options
+            # A copy: each call's arguments are its own (the table is shared by every launch).
+            args["InstanceMarketOptions"] = copy.deepcopy(market_options)
         volume = resources.root_volume
         if volume is not None:
             ebs: EbsBlockDeviceTypeDef = {
