@@ -63,9 +63,12 @@ class TargetGroups(ElbParts):
 
     # The load balancers each target group found this run is attached to, by its ARN.
     _attached: dict[str, list[str]] = field(default_factory=dict, init=False, repr=False)
+    # The target groups named before stacks had ids that this run knows carry this stack's id.
+    _adopted: set[str] = field(default_factory=set, init=False, repr=False)
 
     def forget(self) -> None:
         self._attached.clear()
+        self._adopted.clear()
         super().forget()
 
     # -- registrations ---------------------------------------------------------------------------------
@@ -211,11 +214,15 @@ class TargetGroups(ElbParts):
 
     def _adopt_recorded(self, arn: str) -> None:
         """A target group this stack's table records, named before stacks had ids: tag it with this
-        stack's id before changing it (idempotent; the IAM policy changes only tagged ones, and lets
-        the tag be added only where there is none). One named with this stack's id carries it already."""
-        if _name_of(arn).startswith(f"fk-{self.settings.stack_id}-"):
+        stack's id before changing it (the IAM policy changes only tagged ones). One named with this
+        stack's id carries it already. The tag is added only where there is none: the grant's `Null`
+        condition on `aws:ResourceTag/fleetkeeper:stack` denies AddTags on a group that has it, so an
+        adopted group is asked about once a run (DescribeTags), not tagged again."""
+        if _name_of(arn).startswith(f"fk-{self.settings.stack_id}-") or arn in self._adopted:
             return
-        self._tag_stack(arn)
+        if self._tags_of(arn).get(STACK_TAG) != self.settings.stack_id:
+            self._tag_stack(arn)
+        self._adopted.add(arn)
 
     def _target_group(
         self, uid: str, config: EndpointConfig, tags: list[TagTypeDef], known: EndpointRecord | None
