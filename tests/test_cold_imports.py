@@ -68,6 +68,7 @@ API_DEFERRED = [
     "fleetkeeper.api.request_hmac",
     # The OpenAPI document's generator: GET /v1/openapi.json only.
     "fleetkeeper.api.openapi",
+    "fleetkeeper.api.openapi_document",
     # Never in the api's import: the reconciler's code, boto3, botocore's clients, and Powertools'
     # resolvers, whose package imports every resolver it has (asyncio with AppSync's).
     "fleetkeeper.reconciler",

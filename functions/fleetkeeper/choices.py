@@ -20,7 +20,7 @@ until every consumer has one (it lists them). The spec's error messages and `fle
   and the local balancer's picker (`PICKERS`, fleetkeeper.local.balancer), and its words in
   `_POLICY_NOTES` if it needs some in the spec's refusal;
 - an update mode: how it rolls out (`ROLLOUTS`, fleetkeeper.reconciler.plan.replicas); the spec and
-  the api read the enum, and `fleetkeeper update --mode` lists its choices (fleetkeeper.cli.main);
+  the api read the enum, and `fleetkeeper update --mode` offers them (fleetkeeper.cli.args);
 - a market: how the planner counts it (fleetkeeper.reconciler.plan.markets.wanted_by_market) and
   how each driver buys it (the EC2 driver's `MARKET_OPTIONS`, fleetkeeper.reconciler.drivers.ec2);
 - an isolation: what the process driver resolves it to (`RESOLVED`, fleetkeeper.local.process_driver).

@@ -281,7 +281,7 @@ def service_metrics(
 )
 def rollback_service(name: ServiceNameParam, if_match: IfMatchHeader = None) -> Reply[ServiceWritten]:
     # The body is optional (POST with none rolls back to the previous version): read here, so an empty
-    # body is not a validation error; openapijson_reply() documents it.
+    # body is not a validation error; openapi_document._as_answered documents it.
     request = _optional_body(RollbackRequest)
     expected = expected_generation(if_match)
     state = commands().rollback(name, request.version, expected_generation=expected)
