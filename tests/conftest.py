@@ -114,7 +114,8 @@ LONG_FIRST = (
 
 # What `make check` leaves to `make test`: the tests on moto (the `aws` fixture and everything built on
 # it, moto's server for the replicas' boot, template/test_replica_identity.py's own mock, moto in a
-# fresh interpreter), the ones that start processes or a browser, and the simulation.
+# fresh interpreter: its internals, its tunings against its own code), the ones that start processes
+# or a browser, and the simulation.
 INTEGRATION_FIXTURES = frozenset({"aws", "endpoints", "made", "plane", "dashboard", "browser"})
 INTEGRATION_PATHS = (
     "tests/local/",
@@ -123,6 +124,7 @@ INTEGRATION_PATHS = (
     "tests/stacks/",
     "tests/dashboard/",
     "tests/test_moto_internals.py",
+    "tests/test_moto_tuning.py",
 )
 
 

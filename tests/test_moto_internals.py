@@ -129,6 +129,61 @@ INTERNALS = (
         ("self", "context"),
     ),
     Internal(
+        "moto.core.serialize:ResponseSerializer.get_value",
+        "tests/support/moto_tuning.py quick_value_picking replaces it",
+        ("self", "value", "key", "shape"),
+    ),
+    Internal(
+        "moto.core.serialize:AttributePicker.__call__",
+        "tests/support/moto_tuning.py quick_value_picking",
+        ("self", "context"),
+    ),
+    Internal(
+        "moto.core.serialize:XFormedAttributePicker.get_possible_keys",
+        "tests/support/moto_tuning.py quick_value_picking",
+        ("self", "context"),
+    ),
+    Internal(
+        "moto.core.serialize:AttributePickerContext",
+        "tests/support/moto_tuning.py quick_value_picking (by keyword)",
+        ("obj", "key", "shape", "operation_model", "service_model", "key_path"),
+    ),
+    Internal(
+        "moto.core.serialize:get_value", "tests/support/moto_tuning.py quick_value_picking", ("obj", "key", "default")
+    ),
+    Internal("moto.core.serialize:MISSING", "tests/support/moto_tuning.py quick_value_picking"),
+    Internal(
+        "moto.dynamodb.parsing.ast_nodes:DepthFirstTraverser.traverse",
+        "tests/support/moto_tuning.py one_pass_traversal replaces it",
+        ("self", "node"),
+    ),
+    Internal(
+        "moto.dynamodb.parsing.ast_nodes:DepthFirstTraverser.traverse_node_recursively",
+        "tests/support/moto_tuning.py one_pass_traversal (walks as it does)",
+        ("self", "node", "child_id"),
+    ),
+    Internal(
+        "moto.dynamodb.parsing.ast_nodes:DepthFirstTraverser.process",
+        "tests/support/moto_tuning.py one_pass_traversal (picks as it does)",
+        ("self", "node"),
+    ),
+    Internal(
+        "moto.dynamodb.parsing.ast_nodes:DepthFirstTraverser.nodes_to_be_processed",
+        "tests/support/moto_tuning.py one_pass_traversal",
+        ("self",),
+    ),
+    Internal(
+        "moto.dynamodb.parsing.ast_nodes:DepthFirstTraverser.pre_processing_of_child",
+        "tests/support/moto_tuning.py one_pass_traversal",
+        ("self", "parent_node", "child_id"),
+    ),
+    Internal(
+        "moto.dynamodb.parsing.ast_nodes:DepthFirstTraverser._processing_map",
+        "tests/support/moto_tuning.py one_pass_traversal",
+        ("self",),
+    ),
+    Internal("moto.dynamodb.parsing.ast_nodes:Node", "tests/support/moto_tuning.py one_pass_traversal"),
+    Internal(
         "moto.ssm.models:ParameterDict._check_loading_status", "tests/support/public_images.py install", ("self", "key")
     ),
     Internal(

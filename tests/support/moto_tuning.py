@@ -1,4 +1,4 @@
-"""Four changes to how moto does its work, not to what it answers: the suite spent much of its time
+"""Six changes to how moto does its work, not to what it answers: the suite spent much of its time
 in them (tests/conftest.py applies them before any mock starts).
 
 - `amis_file()`: moto builds every default AMI, each with a volume and a snapshot, whenever it
@@ -24,6 +24,16 @@ in them (tests/conftest.py applies them before any mock starts).
   field of every object it answers with, which attribute names to try: a pure function of the
   object's class (and its `Meta`), the field and its shape (and the shape's parent), worked out
   anew each time (a fifth of a DescribeInstances answer's cost). Worked out once per combination.
+- `quick_value_picking()`: for every field of every answer, moto's serializer also builds a context
+  object and the field's dotted path, then tests the path against each of the service's response
+  transformers (EC2 has a dozen): the suite's largest single cost (a sixth of its CPU, measured with
+  py-spy over `make unit`). The names to try come from the memo above; the path is built only when a
+  transformer's path could end with the field's name, the only case in which one can match. The
+  same value comes out, transformed by the same transformer.
+- `one_pass_traversal()`: moto validates an UpdateExpression with ten passes over its tree, and each
+  pass asks, at every node, for a fresh tuple of the node classes it processes and then which of them
+  the node is (abstract classes, so a slow `isinstance`). A pass asks once per traversal, and once per
+  node class; the nodes are visited, processed and replaced in the same order.
 """
 
 from __future__ import annotations
@@ -131,9 +141,127 @@ def remembered_attribute_names() -> None:
     AttributePicker.get_possible_keys = get_possible_keys  # type: ignore[method-assign]
 
 
+def quick_value_picking() -> None:
+    from moto.core import serialize
+
+    original = serialize.ResponseSerializer.get_value
+    if getattr(original, "quick", False):
+        return
+    picker_call = serialize.AttributePicker.__call__
+    possible_keys = serialize.XFormedAttributePicker.get_possible_keys
+    lookup = serialize.get_value
+    missing = serialize.MISSING
+    # (providers, class, field, id(Meta), id(shape), id(parent)) -> (Meta, shape, parent, names), as above.
+    names_memo: dict[tuple[Any, ...], tuple[Any, Any, Any, tuple[str, ...]]] = {}
+    # (the transformers' paths, field) -> the paths, in the transformers' order, that could match the field.
+    paths_memo: dict[tuple[tuple[str, ...], str], tuple[str, ...]] = {}
+
+    def get_value(self: Any, value: Any, key: str, shape: Any) -> Any:
+        picker = self._value_picker
+        kind = type(picker)
+        # Only moto's own picker, as moto's execute_result makes it; any other goes the usual way.
+        if kind.__call__ is not picker_call or kind.get_possible_keys is not possible_keys:
+            return original(self, value, key, shape)
+        meta = getattr(value, "Meta", None)
+        parent = getattr(shape, "parent", None)
+        memo_key = (tuple(picker.alias_providers), type(value), key, id(meta), id(shape), id(parent))
+        entry = names_memo.get(memo_key)
+        if entry is None or entry[0] is not meta or entry[1] is not shape or entry[2] is not parent:
+            if len(names_memo) >= _ALIAS_MEMO_LIMIT:
+                names_memo.clear()
+            context = serialize.AttributePickerContext(
+                obj=value,
+                key=key,
+                shape=shape,
+                operation_model=self.operation_model,
+                service_model=self.operation_model.service_model,
+                key_path=".".join(self.path),
+            )
+            entry = (meta, shape, parent, tuple(picker.get_possible_keys(context)))
+            names_memo[memo_key] = entry
+        picked = None
+        for name in entry[3]:
+            found = lookup(value, name, missing)
+            if found is not missing:
+                picked = found
+                break
+        transformers = picker.response_transformers
+        if not transformers:
+            return picked
+        paths_key = (tuple(transformers), key)
+        candidates = paths_memo.get(paths_key)
+        if candidates is None:
+            if len(paths_memo) >= _ALIAS_MEMO_LIMIT:
+                paths_memo.clear()
+            # The full path ends with ".<key>": a transformer's path can be a suffix of it only if it
+            # is a suffix of the key, or ends with the key.
+            candidates = tuple(path for path in transformers if key.endswith(path) or path.endswith(key))
+            paths_memo[paths_key] = candidates
+        if candidates:
+            key_path = f"{'.'.join(self.path)}.{key}"
+            for path in candidates:
+                if key_path.endswith(path):
+                    return transformers[path](picked)
+        return picked
+
+    get_value.quick = True  # type: ignore[attr-defined]
+    serialize.ResponseSerializer.get_value = get_value  # type: ignore[method-assign]
+
+
+def one_pass_traversal() -> None:
+    from moto.dynamodb.parsing.ast_nodes import DepthFirstTraverser, Node
+
+    original = DepthFirstTraverser.traverse
+    if getattr(original, "one_pass", False):
+        return
+    own = {name: DepthFirstTraverser.__dict__[name] for name in ("traverse_node_recursively", "process")}
+
+    def traverse(self: Any, node: Any) -> Any:
+        kind = type(self)
+        # A traverser that walks or processes in its own way goes the usual way.
+        if any(getattr(kind, name) is not function for name, function in own.items()):
+            return original(self, node)
+        processing = self._processing_map()
+        processed = self.nodes_to_be_processed()
+        # What the walk asks of a node depends on its class only: (a Node?, processed?, the processor
+        # process() would pick), asked once per class.
+        by_class: dict[type, tuple[bool, bool, Any]] = {}
+
+        def judged(node: Any) -> tuple[bool, bool, Any]:
+            node_class = type(node)
+            verdict = by_class.get(node_class)
+            if verdict is None:
+                is_node, is_processed = isinstance(node, Node), isinstance(node, processed)
+                chosen = next((p for cls, p in processing.items() if isinstance(node, cls)), None)
+                verdict = by_class[node_class] = (is_node, is_processed, chosen)
+            return verdict
+
+        def visit(node: Any, child_id: int = -1) -> Any:
+            is_node, is_processed, chosen = judged(node)
+            if is_node:
+                parent_node = node.parent
+                if node.children is not None:
+                    for i, child_node in enumerate(node.children):
+                        self.pre_processing_of_child(node, i)
+                        visit(child_node, i)
+                if is_processed:
+                    node = chosen(node) if chosen is not None else None
+                    node.parent = parent_node  # type: ignore[attr-defined]
+                    if parent_node:
+                        parent_node.children[child_id] = node
+            return node
+
+        return visit(node)
+
+    traverse.one_pass = True  # type: ignore[attr-defined]
+    DepthFirstTraverser.traverse = traverse  # type: ignore[method-assign]
+
+
 def install() -> None:
     """Every tuning above that patches moto's classes (conftest applies them before any mock starts)."""
     share_stream_records()
     lean_transaction_backups()
     direct_tag_lookup()
     remembered_attribute_names()
+    quick_value_picking()
+    one_pass_traversal()

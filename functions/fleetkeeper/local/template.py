@@ -51,6 +51,18 @@ _parsed: dict[Path, tuple[tuple[int, int], dict[str, Any]]] = {}
 
 def load_template(path: Path = TEMPLATE_PATH) -> dict[str, Any]:
     """The template at `path` as a document of its own (the caller may change it)."""
+    return copy.deepcopy(_parsed_template(path))
+
+
+def load_resource(logical_id: str, path: Path = TEMPLATE_PATH) -> dict[str, Any]:
+    """One resource of the template at `path`, as a document of its own: a copy of it alone, not of
+    the whole template (a table per test would otherwise copy every resource each time)."""
+    found: dict[str, Any] = copy.deepcopy(_parsed_template(path)["Resources"][logical_id])
+    return found
+
+
+def _parsed_template(path: Path) -> dict[str, Any]:
+    """The template as parsed, shared: parsed again only when the file changed. Never hand it out."""
     if not path.exists():
         raise FileNotFoundError(f"{path} not found: run fleetkeeper from a checkout of the repository")
     stat = path.stat()
@@ -60,7 +72,7 @@ def load_template(path: Path = TEMPLATE_PATH) -> dict[str, Any]:
         with path.open(encoding="utf-8") as handle:
             document: dict[str, Any] = yaml.load(handle, Loader=_CfnLoader)
         cached = _parsed[path] = (stamp, document)
-    return copy.deepcopy(cached[1])
+    return cached[1]
 
 
 def resource(template: dict[str, Any], logical_id: str) -> dict[str, Any]:
@@ -86,7 +98,7 @@ def create_table_kwargs(template: dict[str, Any], table_name: str) -> dict[str, 
 
 def create_table(client: DynamoDBClient, table_name: str, template: dict[str, Any] | None = None) -> None:
     """Create the table as template.yaml declares it, with its TTL setting, and wait until it exists."""
-    template = template or load_template()
+    template = template or {"Resources": {"Table": load_resource("Table")}}
     client.create_table(**create_table_kwargs(template, table_name))
     client.get_waiter("table_exists").wait(TableName=table_name, WaiterConfig={"Delay": 1, "MaxAttempts": 30})
     ttl = resource(template, "Table")["Properties"].get("TimeToLiveSpecification")
@@ -100,7 +112,7 @@ _QUEUE_ATTRIBUTES = ("MessageRetentionPeriod", "VisibilityTimeout", "MaximumMess
 
 def create_queue(client: SQSClient, queue_name: str, logical_id: str, template: dict[str, Any] | None = None) -> str:
     """Create the queue `logical_id` of template.yaml (its attributes as declared); returns its URL."""
-    template = template or load_template()
+    template = template or {"Resources": {logical_id: load_resource(logical_id)}}
     props = resource(template, logical_id)["Properties"]
     attributes = {
         name: str(props[name]).lower() if isinstance(props[name], bool) else str(props[name])
