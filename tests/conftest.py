@@ -78,21 +78,22 @@ pytest_plugins = ["tests.support.cfn", "tests.support.reconciler_world"]
 # order (`--dist load --maxschedchunk 1`): long tests left for the end would keep one worker busy
 # while the other idles; started first, the rest fills in around them and both workers end within a
 # short test of each other. The e2e modules wait on processes and clocks more than they compute (a
-# worker on them leaves the CPU to the other); each module's tests stay next to each other, so a
+# worker on them leaves the CPU to the other), so they alternate with CPU-bound entries: while one
+# worker waits on an e2e test, the other computes. Each module's tests stay next to each other, so a
 # worker starts its `fleetkeeper local` once. The rest are CPU-bound on moto. Within an entry, tests
 # keep their collection order.
 LONG_FIRST = (
     "tests/local/test_endpoint_e2e.py::",
-    "tests/local/test_e2e.py::",
-    "tests/local/test_auth_e2e.py::",
     # 1,000 services each, on the strict layer's ELB (about 113 s and 81 s in a clean-clone `make test`).
     "tests/reconciler/test_alb_pools.py::test_a_thousand_services_with_a_domain_fill_eleven_and_each_gets_its_record",
     "tests/reconciler/test_alb_pools.py::test_a_thousand_services_without_a_domain_fill_twenty_load_balancers",
+    "tests/local/test_e2e.py::",
     "tests/simulation/test_simulation.py::",  # 200 steps per seed
+    "tests/local/test_auth_e2e.py::",
     "tests/simulation/test_replay.py::",  # each seed run twice
     "tests/local/test_wake_e2e.py::",  # to zero, a wake, to zero and a wake again
-    "tests/local/test_doctor_e2e.py::",  # the whole smoke test against `fleetkeeper local`
     "tests/simulation/test_reclaim_wave.py::",  # eight simulated minutes of a wave per seed
+    "tests/local/test_doctor_e2e.py::",  # the whole smoke test against `fleetkeeper local`
     "tests/reconciler/test_crash.py::test_a_crash_at_every_aws_call_is_completed_by_the_next_runs[replica-died-",
     "tests/reconciler/test_crash.py::test_a_crash_at_every_aws_call_is_completed_by_the_next_runs[update-",
     "tests/reconciler/test_crash.py::",  # a fresh world per crash point

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -26,6 +26,9 @@ from fleetkeeper.choices import (
 from fleetkeeper.errors import InvalidRequest
 from fleetkeeper.spec.service import PROBE_OPTIONS, MarketPolicy, ReadinessProbe, parse_spec, stored_spec
 from tests.support.specs import hello_spec
+
+if TYPE_CHECKING:
+    from enum import StrEnum
 
 BALANCED = set(LoadBalancingPolicy.balanced())
 
@@ -277,3 +280,18 @@ def test_the_prober_sends_what_the_probe_requests() -> None:
         "content-type": "text/plain"
     }
     assert ReadinessProbe(path="/").request() == ("GET", {}, None)
+
+
+# Every value a released fleetkeeper could have stored: the store decodes each into its enum (choices.py,
+# "Removing or renaming a choice"). Add a new member's value here once it is released.
+RELEASED = {
+    LoadBalancingPolicy: ("least_load", "round_robin", "instance_aware_least_load"),
+    UpdateMode: ("rolling", "blue_green"),
+    Market: ("on-demand", "spot"),
+}
+
+
+@pytest.mark.parametrize("choice", list(RELEASED), ids=lambda choice: choice.__name__)
+def test_no_stored_choice_loses_a_released_value(choice: type[StrEnum]) -> None:
+    gone = [value for value in RELEASED[choice] if value not in values(choice)]
+    assert gone == [], f"{choice.__name__} no longer has {gone}: items stored with them could not be read"

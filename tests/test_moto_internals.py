@@ -93,10 +93,16 @@ INTERNALS = (
     Internal("moto.moto_server.werkzeug_app:MotoRequestHandler", _IN_MEMORY + " InMemoryAws.start"),
     Internal("moto.moto_server.werkzeug_app:create_backend_app", _IN_MEMORY + " InMemoryAws.start", ("service",)),
     # -- the world's objects: what those modules and the strict layer read and write on them
-    Internal("Table#items", _MEMORY + ", " + _STRICT + "dynamodb.py (a partition: a dict of range key -> item)"),
+    Internal(
+        "Table#items",
+        _MEMORY
+        + ", "
+        + _STRICT
+        + "dynamodb.py, tests/support/moto_tuning.py (a partition: a dict of range key -> item)",
+    ),
     Internal("Table#stream_shard", _MEMORY + ", tests/simulation/sim.py"),
     Internal("Table#hash_key_attr", _MEMORY + ", " + _STRICT + "dynamodb.py"),
-    Internal("Table#range_key_attr", _MEMORY + ", " + _STRICT + "dynamodb.py"),
+    Internal("Table#range_key_attr", _MEMORY + ", " + _STRICT + "dynamodb.py, tests/support/moto_tuning.py"),
     Internal("Table#table_key_attrs", _STRICT + "dynamodb.py"),
     Internal("Table#table_arn", "tests/simulation/sim.py"),
     Internal("Table#latest_stream_label", "tests/simulation/sim.py"),
@@ -180,6 +186,16 @@ INTERNALS = (
     Internal(
         "moto.dynamodb.parsing.ast_nodes:DepthFirstTraverser._processing_map",
         "tests/support/moto_tuning.py one_pass_traversal",
+        ("self",),
+    ),
+    Internal(
+        "moto.dynamodb.models.table:Table.query",
+        "tests/support/moto_tuning.py partitioned_queries replaces it (by name)",
+        ("self", "hash_key", "range_comparison", "range_objs", "limit", "exclusive_start_key"),
+    ),
+    Internal(
+        "moto.dynamodb.models.table:Table.all_items",
+        "tests/support/moto_tuning.py partitioned_queries replaces it",
         ("self",),
     ),
     Internal("moto.dynamodb.parsing.ast_nodes:Node", "tests/support/moto_tuning.py one_pass_traversal"),

@@ -25,6 +25,14 @@ until every consumer has one (it lists them). The spec's error messages and `fle
   how each driver buys it (the EC2 driver's `MARKET_OPTIONS`, fleetkeeper.reconciler.drivers.ec2);
 - an isolation: what the process driver resolves it to (`RESOLVED`, fleetkeeper.local.process_driver).
 
+Removing or renaming a choice
+-----------------------------
+Don't: the table keeps the values of `LoadBalancingPolicy`, `UpdateMode` and `Market` (in stored
+specs and replicas), and the store decodes them into these enums, so a stored value the running
+code lacks fails every read of its service (after a rollback to a release before one was added,
+too). tests/test_choices.py lists every released value and fails when one is gone. Retiring a
+choice means first accepting it as an alias of another, for as long as a stored item may hold it.
+
 A readiness-probe option is a field, not a choice: see `PROBE_OPTIONS` in fleetkeeper.spec.service.
 """
 

@@ -1,4 +1,4 @@
-"""Six changes to how moto does its work, not to what it answers: the suite spent much of its time
+"""Seven changes to how moto does its work, not to what it answers: the suite spent much of its time
 in them (tests/conftest.py applies them before any mock starts).
 
 - `amis_file()`: moto builds every default AMI, each with a volume and a snapshot, whenever it
@@ -39,9 +39,11 @@ in them (tests/conftest.py applies them before any mock starts).
 from __future__ import annotations
 
 import contextlib
+import inspect
 import json
 import os
 import tempfile
+import threading
 from importlib.metadata import version
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -257,6 +259,44 @@ def one_pass_traversal() -> None:
     DepthFirstTraverser.traverse = traverse  # type: ignore[method-assign]
 
 
+_querying = threading.local()
+
+
+def partitioned_queries() -> None:
+    from moto.dynamodb.models.table import Table
+
+    original_query, original_all_items = Table.query, Table.all_items
+    if getattr(original_query, "partitioned", False):
+        return
+    signature = inspect.signature(original_query)
+
+    def query(self: Any, *args: Any, **kwargs: Any) -> Any:
+        asked = signature.bind(self, *args, **kwargs).arguments
+        # (table, partition key or None for an index's Query), for all_items below, in this thread only.
+        _querying.asked = (self, None if asked.get("index_name") else asked.get("hash_key"))
+        try:
+            return original_query(self, *args, **kwargs)
+        finally:
+            _querying.asked = None
+
+    def all_items(self: Any) -> Any:
+        asked = getattr(_querying, "asked", None)
+        if asked is None or asked[0] is not self:
+            return original_all_items(self)
+        partition_key = asked[1]
+        if partition_key is None:
+            stored = list(self.items.values())
+        else:
+            stored = [self.items[partition_key]] if partition_key in self.items else []
+        if not self.range_key_attr:
+            return stored
+        return [item for partition in stored for item in partition.values()]
+
+    query.partitioned = True  # type: ignore[attr-defined]
+    Table.query = query  # type: ignore[method-assign]
+    Table.all_items = all_items  # type: ignore[method-assign]
+
+
 def install() -> None:
     """Every tuning above that patches moto's classes (conftest applies them before any mock starts)."""
     share_stream_records()
@@ -265,3 +305,4 @@ def install() -> None:
     remembered_attribute_names()
     quick_value_picking()
     one_pass_traversal()
+    partitioned_queries()
