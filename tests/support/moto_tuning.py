@@ -116,28 +116,42 @@ def direct_tag_lookup() -> None:
 _ALIAS_MEMO_LIMIT = 200_000
 
 
+class _NamesMemo:
+    """The attribute names moto's pickers try for a field: a pure function of the alias providers, the
+    object's class (and its `Meta`), the field and its shape (and the shape's parent), kept per
+    combination. (providers, class, field, id(Meta), id(shape), id(parent)) -> (Meta, shape, parent,
+    names): the objects themselves are kept, so that an id is never another object's while its entry
+    stands."""
+
+    def __init__(self) -> None:
+        self._entries: dict[tuple[Any, ...], tuple[Any, Any, Any, tuple[str, ...]]] = {}
+
+    def names(self, providers: Any, obj: Any, key: str, shape: Any, work_out: Any) -> tuple[str, ...]:
+        meta = getattr(obj, "Meta", None)
+        parent = getattr(shape, "parent", None)
+        memo_key = (tuple(providers), type(obj), key, id(meta), id(shape), id(parent))
+        entry = self._entries.get(memo_key)
+        if entry is None or entry[0] is not meta or entry[1] is not shape or entry[2] is not parent:
+            if len(self._entries) >= _ALIAS_MEMO_LIMIT:
+                self._entries.clear()
+            entry = (meta, shape, parent, tuple(work_out()))
+            self._entries[memo_key] = entry
+        return entry[3]
+
+
 def remembered_attribute_names() -> None:
     from moto.core.serialize import AttributePicker
 
     original = AttributePicker.get_possible_keys
     if getattr(original, "remembered", False):
         return
-    # (providers, class, field, id(Meta), id(shape), id(parent)) -> (Meta, shape, parent, names): the
-    # objects themselves are kept, so that an id is never another object's while its entry stands.
-    memo: dict[tuple[Any, ...], tuple[Any, Any, Any, tuple[str, ...]]] = {}
+    memo = _NamesMemo()
 
     def get_possible_keys(self: Any, context: Any) -> Iterator[str]:
-        obj, shape = context.obj, context.shape
-        meta = getattr(obj, "Meta", None)
-        parent = getattr(shape, "parent", None)
-        key = (tuple(self.alias_providers), type(obj), context.key, id(meta), id(shape), id(parent))
-        entry = memo.get(key)
-        if entry is None or entry[0] is not meta or entry[1] is not shape or entry[2] is not parent:
-            if len(memo) >= _ALIAS_MEMO_LIMIT:
-                memo.clear()
-            entry = (meta, shape, parent, tuple(original(self, context)))
-            memo[key] = entry
-        return iter(entry[3])
+        names = memo.names(
+            self.alias_providers, context.obj, context.key, context.shape, lambda: original(self, context)
+        )
+        return iter(names)
 
     get_possible_keys.remembered = True  # type: ignore[attr-defined]
     AttributePicker.get_possible_keys = get_possible_keys  # type: ignore[method-assign]
@@ -153,8 +167,7 @@ def quick_value_picking() -> None:
     possible_keys = serialize.XFormedAttributePicker.get_possible_keys
     lookup = serialize.get_value
     missing = serialize.MISSING
-    # (providers, class, field, id(Meta), id(shape), id(parent)) -> (Meta, shape, parent, names), as above.
-    names_memo: dict[tuple[Any, ...], tuple[Any, Any, Any, tuple[str, ...]]] = {}
+    names_memo = _NamesMemo()
     # (the transformers' paths, field) -> the paths, in the transformers' order, that could match the field.
     paths_memo: dict[tuple[tuple[str, ...], str], tuple[str, ...]] = {}
 
@@ -164,13 +177,8 @@ def quick_value_picking() -> None:
         # Only moto's own picker, as moto's execute_result makes it; any other goes the usual way.
         if kind.__call__ is not picker_call or kind.get_possible_keys is not possible_keys:
             return original(self, value, key, shape)
-        meta = getattr(value, "Meta", None)
-        parent = getattr(shape, "parent", None)
-        memo_key = (tuple(picker.alias_providers), type(value), key, id(meta), id(shape), id(parent))
-        entry = names_memo.get(memo_key)
-        if entry is None or entry[0] is not meta or entry[1] is not shape or entry[2] is not parent:
-            if len(names_memo) >= _ALIAS_MEMO_LIMIT:
-                names_memo.clear()
+
+        def work_out() -> Any:
             context = serialize.AttributePickerContext(
                 obj=value,
                 key=key,
@@ -179,10 +187,11 @@ def quick_value_picking() -> None:
                 service_model=self.operation_model.service_model,
                 key_path=".".join(self.path),
             )
-            entry = (meta, shape, parent, tuple(picker.get_possible_keys(context)))
-            names_memo[memo_key] = entry
+            return picker.get_possible_keys(context)
+
+        names = names_memo.names(picker.alias_providers, value, key, shape, work_out)
         picked = None
-        for name in entry[3]:
+        for name in names:
             found = lookup(value, name, missing)
             if found is not missing:
                 picked = found
