@@ -34,11 +34,31 @@ CFN_TEMPLATES   := template.yaml $(wildcard infra/*.yaml)
 
 # The Lambda bundle's pins (functions/requirements.txt: boto3 and botocore) constrain the dev install,
 # so the suite runs the SDK release the functions ship with.
-$(STAMP): pyproject.toml functions/requirements.txt
+# Every install goes through uv (pinned, in a venv of its own, itself installed by pip): it installs
+# the three venvs of `make test` in seconds of CPU where pip took about four minutes of it on 2 cores
+# (docs/PERFORMANCE.md), and it leaves bytecode to be compiled on first import, of the modules used
+# only. uv reads PyPI, not pip's configuration: where uv cannot be installed or cannot install (a
+# mirror only pip.conf names, say), pip does the install instead, with the same arguments.
+UV_VERSION := 0.13.9
+UV         := $(TOOLS)/uv/bin/uv
+UV_STAMP   := $(TOOLS)/uv/.installed-$(UV_VERSION)
+
+$(UV_STAMP):
+	@test -x $(TOOLS)/uv/bin/python || $(PYTHON) -m venv $(TOOLS)/uv
+	@$(TOOLS)/uv/bin/python -m pip install --quiet "uv==$(UV_VERSION)" || echo "could not install uv: pip installs instead"
+	@touch $@
+
+# $(call install,venv,arguments): install the arguments into that venv, with uv, else with pip.
+define install
+{ test -x $(UV) && $(UV) pip install --quiet --python $(1)/bin/python $(2); } || \
+  { echo "installing with pip instead of uv"; $(1)/bin/python -m pip install --quiet --upgrade pip && \
+    $(1)/bin/python -m pip install --quiet $(2); }
+endef
+
+$(STAMP): pyproject.toml functions/requirements.txt | $(UV_STAMP)
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "fleetkeeper needs Python 3.11 or newer")'
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev]' -c functions/requirements.txt
+	$(call install,$(VENV),-e '.[dev]' -c functions/requirements.txt)
 	@touch $(STAMP)
 
 # `make local` needs the embedded mode's runtime only (the `local` extra: moto, aiohttp), not the
@@ -46,12 +66,11 @@ $(STAMP): pyproject.toml functions/requirements.txt
 # toolchain already has the runtime too.
 LOCAL_STAMP := $(VENV)/.installed-local
 
-$(LOCAL_STAMP): pyproject.toml functions/requirements.txt
+$(LOCAL_STAMP): pyproject.toml functions/requirements.txt | $(UV_STAMP)
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "fleetkeeper needs Python 3.11 or newer")'
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	@if [ -f $(STAMP) ] && [ $(STAMP) -nt pyproject.toml ] && [ $(STAMP) -nt functions/requirements.txt ]; then :; else \
-	   $(BIN)/python -m pip install --quiet --upgrade pip && \
-	   $(BIN)/python -m pip install --quiet -e '.[local]' -c functions/requirements.txt; fi
+	   $(call install,$(VENV),-e '.[local]' -c functions/requirements.txt); fi
 	@touch $@
 
 # `make local VERBOSE=1` also prints the handlers' INFO logs, every reconciler run's included.
@@ -70,14 +89,14 @@ typecheck: $(STAMP)
 imports: $(STAMP)
 	$(BIN)/lint-imports --no-cache
 
-$(CHECKOV_STAMP):
+$(CHECKOV_STAMP): | $(UV_STAMP)
 	@test -x $(TOOLS)/checkov/bin/python || $(PYTHON) -m venv $(TOOLS)/checkov
-	$(TOOLS)/checkov/bin/python -m pip install --quiet "checkov==$(CHECKOV_VERSION)"
+	$(call install,$(TOOLS)/checkov,"checkov==$(CHECKOV_VERSION)")
 	@touch $@
 
-$(SAM_STAMP):
+$(SAM_STAMP): | $(UV_STAMP)
 	@test -x $(TOOLS)/sam/bin/python || $(PYTHON) -m venv $(TOOLS)/sam
-	$(TOOLS)/sam/bin/python -m pip install --quiet "aws-sam-cli==$(SAM_CLI_VERSION)"
+	$(call install,$(TOOLS)/sam,"aws-sam-cli==$(SAM_CLI_VERSION)")
 	@touch $@
 
 # cfn-lint, `sam validate` (SAM's translator, then its cfn-lint mode) and checkov, all offline.
@@ -185,7 +204,7 @@ MUTATE_STAMP   := $(VENV)/.installed-mutate
 comma          := ,
 
 $(MUTATE_STAMP): $(STAMP)
-	$(BIN)/python -m pip install --quiet -e '.[dev,mutate]' -c functions/requirements.txt
+	$(call install,$(VENV),-e '.[dev,mutate]' -c functions/requirements.txt)
 	@touch $@
 
 mutate: $(MUTATE_STAMP)

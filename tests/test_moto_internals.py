@@ -200,6 +200,66 @@ INTERNALS = (
     ),
     Internal("moto.dynamodb.parsing.ast_nodes:Node", "tests/support/moto_tuning.py one_pass_traversal"),
     Internal(
+        "moto.core.serialize:ResponseSerializer._serialize_type_structure",
+        "tests/support/moto_tuning.py quick_structures replaces it",
+        ("self", "serialized", "value", "shape", "key"),
+    ),
+    Internal(
+        "moto.core.serialize:ResponseSerializer._serialize_structure_member",
+        "tests/support/moto_tuning.py quick_structures (serializes a member as it does)",
+        ("self", "serialized", "value", "shape", "key"),
+    ),
+    Internal(
+        "moto.core.serialize:ResponseSerializer._serialize",
+        "tests/support/moto_tuning.py quick_structures",
+        ("self", "serialized", "value", "shape", "key"),
+    ),
+    Internal(
+        "moto.core.serialize:ResponseSerializer._default_serialize",
+        "tests/support/moto_tuning.py quick_structures",
+        ("self", "serialized", "value", "shape", "key"),
+    ),
+    Internal("moto.core.serialize:ResponseSerializer.MAP_TYPE", "tests/support/moto_tuning.py quick_structures"),
+    Internal(
+        "moto.dynamodb.parsing.validators:ActionCountValidator.verify_action_counts",
+        "tests/support/moto_tuning.py counted_clauses replaces it",
+        ("self", "node"),
+    ),
+    Internal(
+        "moto.dynamodb.parsing.ast_nodes:Node.find_clauses",
+        "tests/support/moto_tuning.py counted_clauses (counts what it lists)",
+        ("self", "clause_types"),
+    ),
+    *(
+        Internal(f"moto.dynamodb.parsing.{path}", "tests/support/moto_tuning.py counted_clauses")
+        for path in (
+            "ast_nodes:Expression",
+            "ast_nodes:UpdateExpressionFunction",
+            "validators:UpdateExpressionAddClause",
+            "validators:UpdateExpressionRemoveClause",
+            "validators:UpdateExpressionSetClause",
+        )
+    ),
+    Internal(
+        "moto.dynamodb.parsing.validators:TooManyClauses", "tests/support/moto_tuning.py counted_clauses", ("_type",)
+    ),
+    Internal(
+        "moto.core.responses:method_names_from_class",
+        "tests/support/moto_tuning.py direct_method_lookup replaces it (call_action asks `in` only)",
+        ("clazz",),
+    ),
+    # botocore's, pinned with the Lambda bundle (functions/requirements.txt), checked the same way.
+    Internal(
+        "botocore.loaders:create_loader",
+        "tests/support/moto_tuning.py shared_botocore_loader replaces it",
+        ("search_path_string",),
+    ),
+    Internal(
+        "botocore.session:create_loader",
+        "tests/support/moto_tuning.py shared_botocore_loader replaces it (session.py's own name)",
+        ("search_path_string",),
+    ),
+    Internal(
         "moto.ssm.models:ParameterDict._check_loading_status", "tests/support/public_images.py install", ("self", "key")
     ),
     Internal(
