@@ -36,9 +36,11 @@ CFN_TEMPLATES   := template.yaml $(wildcard infra/*.yaml)
 # so the suite runs the SDK release the functions ship with.
 # Every install goes through uv (pinned, in a venv of its own, itself installed by pip): it installs
 # the three venvs of `make test` in seconds of CPU where pip took about four minutes of it on 2 cores
-# (docs/PERFORMANCE.md), and it leaves bytecode to be compiled on first import, of the modules used
-# only. uv reads PyPI, not pip's configuration: where uv cannot be installed or cannot install (a
-# mirror only pip.conf names, say), pip does the install instead, with the same arguments.
+# (docs/PERFORMANCE.md). It compiles .venv's bytecode at install, as pip does: where a machine sets
+# PYTHONDONTWRITEBYTECODE, nothing would cache it later and every process would compile botocore,
+# moto and the rest again (twice the CPU of an import). uv reads PyPI, not pip's configuration:
+# where uv cannot be installed or cannot install (a mirror only pip.conf names, say), pip does the
+# install instead, with the same arguments.
 UV_VERSION := 0.13.9
 UV         := $(TOOLS)/uv/bin/uv
 UV_STAMP   := $(TOOLS)/uv/.installed-$(UV_VERSION)
@@ -48,9 +50,12 @@ $(UV_STAMP):
 	@$(TOOLS)/uv/bin/python -m pip install --quiet "uv==$(UV_VERSION)" || echo "could not install uv: pip installs instead"
 	@touch $@
 
-# $(call install,venv,arguments): install the arguments into that venv, with uv, else with pip.
+# $(call install,venv,arguments[,--compile-bytecode]): install the arguments into that venv, with uv
+# (compiling their bytecode when asked), else with pip. The tool venvs skip it: checkov and the SAM
+# CLI run once or twice per `make test`, and compiling all they install costs more than what those
+# runs compile on the way.
 define install
-{ test -x $(UV) && $(UV) pip install --quiet --python $(1)/bin/python $(2); } || \
+{ test -x $(UV) && $(UV) pip install --quiet $(3) --python $(1)/bin/python $(2); } || \
   { echo "installing with pip instead of uv"; $(1)/bin/python -m pip install --quiet --upgrade pip && \
     $(1)/bin/python -m pip install --quiet $(2); }
 endef
@@ -58,7 +63,7 @@ endef
 $(STAMP): pyproject.toml functions/requirements.txt | $(UV_STAMP)
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "fleetkeeper needs Python 3.11 or newer")'
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(call install,$(VENV),-e '.[dev]' -c functions/requirements.txt)
+	$(call install,$(VENV),-e '.[dev]' -c functions/requirements.txt,--compile-bytecode)
 	@touch $(STAMP)
 
 # `make local` needs the embedded mode's runtime only (the `local` extra: moto, aiohttp), not the
@@ -70,7 +75,7 @@ $(LOCAL_STAMP): pyproject.toml functions/requirements.txt | $(UV_STAMP)
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "fleetkeeper needs Python 3.11 or newer")'
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	@if [ -f $(STAMP) ] && [ $(STAMP) -nt pyproject.toml ] && [ $(STAMP) -nt functions/requirements.txt ]; then :; else \
-	   $(call install,$(VENV),-e '.[local]' -c functions/requirements.txt); fi
+	   $(call install,$(VENV),-e '.[local]' -c functions/requirements.txt,--compile-bytecode); fi
 	@touch $@
 
 # `make local VERBOSE=1` also prints the handlers' INFO logs, every reconciler run's included.
@@ -122,13 +127,18 @@ browser:
 
 # The suite runs inside a network namespace with only loopback up where Linux allows it, so a
 # test that tried to reach anything but 127.0.0.1 fails instead of sending traffic.
+# It runs with Python's bytecode cache on (PYTHONDONTWRITEBYTECODE unset, where a machine sets it):
+# the suite starts a few hundred Python processes (`fleetkeeper local`, the CLI, fresh interpreters),
+# each of which would otherwise compile the project's sources again, about 0.3 s of CPU each.
+# (__pycache__/ is ignored by git.)
+PYTEST := env -u PYTHONDONTWRITEBYTECODE $(BIN)/python -m pytest -n $(PYTEST_WORKERS) $(PYTEST_DIST)
 define pytest_loopback
 if unshare -rn true 2>/dev/null && command -v ip >/dev/null 2>&1; then \
    echo "running pytest in a loopback-only network namespace"; \
-   unshare -rn sh -c 'ip link set lo up && exec $(BIN)/python -m pytest -n $(PYTEST_WORKERS) $(PYTEST_DIST) $(1)'; \
+   unshare -rn sh -c 'ip link set lo up && exec $(PYTEST) $(1)'; \
  else \
    echo "no user namespaces here: running pytest with the normal network"; \
-   $(BIN)/python -m pytest -n $(PYTEST_WORKERS) $(PYTEST_DIST) $(1); \
+   $(PYTEST) $(1); \
  fi
 endef
 
@@ -204,7 +214,7 @@ MUTATE_STAMP   := $(VENV)/.installed-mutate
 comma          := ,
 
 $(MUTATE_STAMP): $(STAMP)
-	$(call install,$(VENV),-e '.[dev,mutate]' -c functions/requirements.txt)
+	$(call install,$(VENV),-e '.[dev,mutate]' -c functions/requirements.txt,--compile-bytecode)
 	@touch $@
 
 mutate: $(MUTATE_STAMP)

@@ -255,6 +255,16 @@ INTERNALS = (
         ("search_path_string",),
     ),
     Internal(
+        "botocore.hooks:EventAliaser.__init__",
+        "tests/support/moto_tuning.py shared_event_aliases (sets _alias_name_cache, read by _alias_event_name)",
+        ("self", "event_emitter", "event_aliases"),
+    ),
+    Internal(
+        "botocore.hooks:EventAliaser._alias_event_name",
+        "tests/support/moto_tuning.py shared_event_aliases (its _alias_name_cache)",
+        ("self", "event_name"),
+    ),
+    Internal(
         "botocore.session:create_loader",
         "tests/support/moto_tuning.py shared_botocore_loader replaces it (session.py's own name)",
         ("search_path_string",),

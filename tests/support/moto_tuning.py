@@ -45,6 +45,8 @@ were measured with py-spy over a whole `make unit`).
 - `partitioned_queries()`: a Query reads its partition's items as stored, not the whole table sorted.
 - `shared_botocore_loader()`: every botocore session reads the service models through one loader,
   not one each (4% of the suite's CPU went to parsing the same JSON files again).
+- `shared_event_aliases()`: botocore's sessions and clients with the same event aliases share the
+  event names they have renamed, instead of each renaming every event again.
 - `direct_method_lookup()`: moto asks whether the action is a method of its response class without
   listing the class's every member first.
 """
@@ -501,6 +503,29 @@ def shared_botocore_loader() -> None:
     botocore.session.create_loader = create_loader  # type: ignore[attr-defined]
 
 
+def shared_event_aliases() -> None:
+    """botocore renames every event a session or client registers or emits through its aliases
+    (`EventAliaser._alias_event_name`), remembering each name per aliaser: every new session (one per
+    fleetkeeper client, each boto3.Session) and every client (a copy of its session's aliaser) starts
+    with none remembered and works out the same names again. The renamed name is a function of the
+    name and the aliases (in their order), so aliasers with the same aliases share what they
+    remember."""
+    from botocore.hooks import EventAliaser
+
+    original = EventAliaser.__init__
+    if getattr(original, "shared", False):
+        return
+    remembered: dict[tuple[tuple[Any, Any], ...], dict[str, str]] = {}
+
+    def __init__(self: Any, event_emitter: Any, event_aliases: Any = None) -> None:
+        original(self, event_emitter, event_aliases)
+        aliases = tuple(self._event_aliases.items())
+        self._alias_name_cache = remembered.setdefault(aliases, {})
+
+    __init__.shared = True  # type: ignore[attr-defined]
+    EventAliaser.__init__ = __init__  # type: ignore[method-assign]
+
+
 def direct_method_lookup() -> None:
     """moto's call_action lists every function of the response class (`inspect.getmembers`: dir,
     sorted, a getattr each) to ask whether the action is one of them: 1% of the suite's CPU. The
@@ -548,4 +573,5 @@ def install() -> None:
     counted_clauses()
     partitioned_queries()
     shared_botocore_loader()
+    shared_event_aliases()
     direct_method_lookup()
